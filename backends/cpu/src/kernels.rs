@@ -1,0 +1,331 @@
+//! The CPU kernels, one per op code, registered with `inventory` so adding an op is
+//! adding a file-local `submit!`; the dispatcher sorts them by op code at first use.
+
+use moe_plugin_api::{into_result, ops, q8::quantize_row, types, OpParams, TensorRef};
+use rayon::prelude::*;
+
+use crate::{
+    buffers::{tensor_bytes, Buffers},
+    formats, settings, ActivationMode,
+};
+
+/// One kernel: runs an op and returns the name of the code path it took (counted).
+pub struct CpuKernel {
+    pub op: u32,
+    pub name: &'static str,
+    pub run: fn(&Buffers, &OpParams, &[TensorRef]) -> Result<&'static str, String>,
+}
+
+inventory::collect!(CpuKernel);
+
+/// The kernel table, sorted by op code (inventory's order differs between builds).
+pub fn table() -> &'static [&'static CpuKernel] {
+    static TABLE: std::sync::OnceLock<Vec<&'static CpuKernel>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut v: Vec<&'static CpuKernel> = inventory::iter::<CpuKernel>.into_iter().collect();
+        v.sort_by_key(|k| k.op);
+        v
+    })
+}
+
+fn args<const N: usize>(a: &[TensorRef], op: &str) -> Result<[TensorRef; N], String> {
+    a.try_into()
+        .map_err(|_| format!("{op}: expected {N} tensor arguments, got {}", a.len()))
+}
+
+fn same_len(op: &str, a: usize, b: usize) -> Result<(), String> {
+    if a != b {
+        return Err(format!("{op}: shape mismatch ({a} vs {b} values)"));
+    }
+    Ok(())
+}
+
+inventory::submit! { CpuKernel { op: ops::GET_ROWS, name: "get_rows", run: get_rows } }
+fn get_rows(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
+    let [table, ids, out] = args::<3>(a, "get_rows")?;
+    let ids = b.i32s(&ids)?;
+    let out = b.f32s_mut(&out)?;
+    let (cols, rows) = (table.dims[0] as usize, table.dims[1] as usize);
+    same_len("get_rows", out.len(), cols * ids.len())?;
+    let fmts = formats();
+    let fmt = fmts.get(&table.type_id);
+    let all = b.bytes(&table, tensor_bytes(&table, fmt)?)?;
+    let row_bytes = all.len() / rows.max(1);
+    for (i, &id) in ids.iter().enumerate() {
+        let r = usize::try_from(id)
+            .ok()
+            .filter(|&r| r < rows)
+            .ok_or_else(|| format!("get_rows: row id {id} outside 0..{rows}"))?;
+        let src = &all[r * row_bytes..(r + 1) * row_bytes];
+        let dst = &mut out[i * cols..(i + 1) * cols];
+        match fmt {
+            _ if table.type_id == types::F32 => {
+                for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                    *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                }
+            }
+            Some(f) => into_result((f.decode)(table.variant, src.into(), dst.into()))?,
+            None => return Err(format!("get_rows: no format for type {}", table.type_id)),
+        }
+    }
+    Ok("get_rows")
+}
+
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    // Eight independent accumulators let the compiler vectorise the reduction.
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] = x[i].mul_add(y[i], acc[i]);
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+inventory::submit! { CpuKernel { op: ops::MATMUL, name: "matmul", run: matmul } }
+fn matmul(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
+    let [w, x, out] = args::<3>(a, "matmul")?;
+    let (k, m) = (w.dims[0] as usize, w.dims[1] as usize);
+    let xs = b.f32s(&x)?;
+    let out = b.f32s_mut(&out)?;
+    if xs.len() % k.max(1) != 0 {
+        return Err(format!("matmul: input of {} values is not columns of {k}", xs.len()));
+    }
+    let n = xs.len() / k.max(1);
+    same_len("matmul", out.len(), m * n)?;
+    let fmts = formats();
+    let fmt = fmts.get(&w.type_id);
+    let wb = b.bytes(&w, tensor_bytes(&w, fmt)?)?;
+    let row_bytes = wb.len() / m.max(1);
+    // Enough chunks to balance the pool, big enough to amortise the plugin call.
+    let chunk = (m / (rayon::current_num_threads() * 8)).clamp(1, 64);
+    let out_addr = out.as_mut_ptr() as usize;
+    let scatter = |r0: usize, tmp: &[f32], rows: usize| {
+        // tmp is [n][rows]; out is [n][m]. Called per chunk, writes disjoint entries.
+        let out_ptr = out_addr;
+        for c in 0..n {
+            for r in 0..rows {
+                // SAFETY: each chunk owns rows r0..r0+rows of every column.
+                unsafe { *(out_ptr as *mut f32).add(c * m + r0 + r) = tmp[c * rows + r] };
+            }
+        }
+    };
+    if w.type_id == types::F32 {
+        let ws: &[f32] = bytemuck_f32(wb)?;
+        (0..m).into_par_iter().step_by(chunk).for_each(|r0| {
+            let rows = chunk.min(m - r0);
+            let mut tmp = vec![0f32; rows * n];
+            for c in 0..n {
+                let xc = &xs[c * k..(c + 1) * k];
+                for r in 0..rows {
+                    tmp[c * rows + r] = dot_f32(&ws[(r0 + r) * k..(r0 + r + 1) * k], xc);
+                }
+            }
+            scatter(r0, &tmp, rows);
+        });
+        return Ok("matmul_f32");
+    }
+    let f = fmt.ok_or_else(|| format!("matmul: no quant format for type {}", w.type_id))?;
+    let use_q8 = settings().activation == ActivationMode::Q8 && k % 32 == 0 && n <= 8;
+    if use_q8 {
+        let mut act = Vec::with_capacity(n * k / 32);
+        for c in 0..n {
+            quantize_row(&xs[c * k..(c + 1) * k], &mut act);
+        }
+        let res: Result<(), String> = (0..m).into_par_iter().step_by(chunk).try_for_each(|r0| {
+            let rows = chunk.min(m - r0);
+            let mut tmp = vec![0f32; rows * n];
+            let src = &wb[r0 * row_bytes..(r0 + rows) * row_bytes];
+            into_result((f.dot_q8)(w.variant, src.into(), k as u64, act.as_slice().into(), tmp.as_mut_slice().into()))?;
+            scatter(r0, &tmp, rows);
+            Ok(())
+        });
+        res?;
+        return Ok("matmul_q8_dot");
+    }
+    // Prefill / f32 mode: decode a chunk of rows once, reuse it for every column.
+    let res: Result<(), String> = (0..m).into_par_iter().step_by(chunk).try_for_each(|r0| {
+        let rows = chunk.min(m - r0);
+        let mut deq = vec![0f32; rows * k];
+        let src = &wb[r0 * row_bytes..(r0 + rows) * row_bytes];
+        into_result((f.decode)(w.variant, src.into(), deq.as_mut_slice().into()))?;
+        let mut tmp = vec![0f32; rows * n];
+        for c in 0..n {
+            let xc = &xs[c * k..(c + 1) * k];
+            for r in 0..rows {
+                tmp[c * rows + r] = dot_f32(&deq[r * k..(r + 1) * k], xc);
+            }
+        }
+        scatter(r0, &tmp, rows);
+        Ok(())
+    });
+    res?;
+    Ok("matmul_decode_f32")
+}
+
+fn bytemuck_f32(b: &[u8]) -> Result<&[f32], String> {
+    if b.as_ptr() as usize % 4 != 0 || b.len() % 4 != 0 {
+        return Err("f32 weights misaligned".into());
+    }
+    // SAFETY: alignment and length checked; every bit pattern is a valid f32.
+    Ok(unsafe { std::slice::from_raw_parts(b.as_ptr() as *const f32, b.len() / 4) })
+}
+
+inventory::submit! { CpuKernel { op: ops::RMS_NORM, name: "rms_norm", run: rms_norm } }
+fn rms_norm(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
+    let [x, w, out] = args::<3>(a, "rms_norm")?;
+    let d = x.dims[0] as usize;
+    let (xs, ws, out) = (b.f32s(&x)?, b.f32s(&w)?, b.f32s_mut(&out)?);
+    same_len("rms_norm", ws.len(), d)?;
+    same_len("rms_norm", out.len(), xs.len())?;
+    let eps = p.f[0];
+    out.par_chunks_mut(d)
+        .zip(xs.par_chunks(d))
+        .for_each(|(o, x)| {
+            let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
+            let s = 1.0 / (ms + eps).sqrt();
+            for ((o, x), w) in o.iter_mut().zip(x).zip(ws) {
+                *o = x * s * w;
+            }
+        });
+    Ok("rms_norm")
+}
+
+inventory::submit! { CpuKernel { op: ops::ROPE, name: "rope", run: rope } }
+fn rope(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
+    let [x, pos, out] = args::<3>(a, "rope")?;
+    let (hd, heads) = (x.dims[0] as usize, x.dims[1] as usize);
+    let (xs, ps, out) = (b.f32s(&x)?, b.i32s(&pos)?, b.f32s_mut(&out)?);
+    same_len("rope", out.len(), xs.len())?;
+    same_len("rope", ps.len() * hd * heads, xs.len())?;
+    let (base, scale) = (p.f[0], p.f[1]);
+    let n_rot = (p.i[0] as usize).min(hd);
+    let neox = p.i[1] == 2;
+    if n_rot % 2 != 0 {
+        return Err(format!("rope: rotated dims {n_rot} must be even"));
+    }
+    out.par_chunks_mut(hd * heads)
+        .zip(xs.par_chunks(hd * heads))
+        .zip(ps.par_iter())
+        .for_each(|((o, x), &pos)| {
+            o.copy_from_slice(x);
+            for h in 0..heads {
+                let (o, x) = (&mut o[h * hd..(h + 1) * hd], &x[h * hd..(h + 1) * hd]);
+                for i in 0..n_rot / 2 {
+                    let theta = pos as f32 * scale * base.powf(-2.0 * i as f32 / n_rot as f32);
+                    let (sin, cos) = theta.sin_cos();
+                    let (a, bb) = if neox { (i, i + n_rot / 2) } else { (2 * i, 2 * i + 1) };
+                    o[a] = x[a] * cos - x[bb] * sin;
+                    o[bb] = x[a] * sin + x[bb] * cos;
+                }
+            }
+        });
+    Ok("rope")
+}
+
+/// Cache geometry [hd, kv_heads, ctx, slots] and a (slot, pos) -> row offset check.
+fn cache_row(cache: &TensorRef, slot: i32, pos: i32) -> Result<usize, String> {
+    let (row, ctx, slots) = (
+        (cache.dims[0] * cache.dims[1]) as usize,
+        cache.dims[2] as usize,
+        cache.dims[3] as usize,
+    );
+    let (s, p) = (slot as usize, pos as usize);
+    if slot < 0 || pos < 0 || s >= slots || p >= ctx {
+        return Err(format!("slot {slot} / position {pos} outside a cache of {slots} x {ctx}"));
+    }
+    Ok((s * ctx + p) * row)
+}
+
+inventory::submit! { CpuKernel { op: ops::KV_STORE, name: "kv_store", run: kv_store } }
+fn kv_store(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
+    let [src, cache, slot, pos] = args::<4>(a, "kv_store")?;
+    let row = (cache.dims[0] * cache.dims[1]) as usize;
+    let (xs, cs, ss, ps) = (b.f32s(&src)?, b.f32s_mut(&cache)?, b.i32s(&slot)?, b.i32s(&pos)?);
+    same_len("kv_store", xs.len(), row * ss.len())?;
+    same_len("kv_store", ss.len(), ps.len())?;
+    for (t, (&s, &p)) in ss.iter().zip(ps).enumerate() {
+        let at = cache_row(&cache, s, p)?;
+        cs[at..at + row].copy_from_slice(&xs[t * row..(t + 1) * row]);
+    }
+    Ok("kv_store")
+}
+
+inventory::submit! { CpuKernel { op: ops::ATTENTION, name: "attention", run: attention } }
+fn attention(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
+    let [q, kc, vc, slot, pos, out] = args::<6>(a, "attention")?;
+    let (hd, heads) = (q.dims[0] as usize, q.dims[1] as usize);
+    let kvh = kc.dims[1] as usize;
+    if kc.dims != vc.dims || kc.dims[0] as usize != hd || kvh == 0 || heads % kvh != 0 {
+        return Err("attention: q / k cache / v cache shapes disagree".into());
+    }
+    let (qs, ks, vs) = (b.f32s(&q)?, b.f32s(&kc)?, b.f32s(&vc)?);
+    let (ss, ps, out) = (b.i32s(&slot)?, b.i32s(&pos)?, b.f32s_mut(&out)?);
+    same_len("attention", out.len(), qs.len())?;
+    same_len("attention", ss.len() * hd * heads, qs.len())?;
+    let scale = p.f[0];
+    let group = heads / kvh;
+    // Validate every (slot, pos) up front so the parallel part cannot fail.
+    for (&s, &ps_) in ss.iter().zip(ps) {
+        cache_row(&kc, s, ps_)?;
+    }
+    out.par_chunks_mut(hd).enumerate().for_each(|(th, o)| {
+        let (t, h) = (th / heads, th % heads);
+        let qv = &qs[th * hd..(th + 1) * hd];
+        let kv_head = h / group;
+        let n_pos = ps[t] as usize + 1;
+        let base = cache_row(&kc, ss[t], 0).unwrap_or(0);
+        let row = hd * kvh;
+        let mut scores: Vec<f32> = (0..n_pos)
+            .map(|j| {
+                let at = base + j * row + kv_head * hd;
+                dot_f32(qv, &ks[at..at + hd]) * scale
+            })
+            .collect();
+        let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0;
+        for s in scores.iter_mut() {
+            *s = (*s - mx).exp();
+            sum += *s;
+        }
+        o.fill(0.0);
+        for (j, s) in scores.iter().enumerate() {
+            let at = base + j * row + kv_head * hd;
+            let wgt = s / sum;
+            for (o, v) in o.iter_mut().zip(&vs[at..at + hd]) {
+                *o += wgt * v;
+            }
+        }
+    });
+    Ok("attention")
+}
+
+inventory::submit! { CpuKernel { op: ops::SWIGLU, name: "swiglu", run: swiglu } }
+fn swiglu(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
+    let [g, u, out] = args::<3>(a, "swiglu")?;
+    let (gs, us, out) = (b.f32s(&g)?, b.f32s(&u)?, b.f32s_mut(&out)?);
+    same_len("swiglu", gs.len(), us.len())?;
+    same_len("swiglu", out.len(), gs.len())?;
+    out.par_iter_mut()
+        .zip(gs.par_iter().zip(us.par_iter()))
+        .for_each(|(o, (g, u))| *o = g / (1.0 + (-g).exp()) * u);
+    Ok("swiglu")
+}
+
+inventory::submit! { CpuKernel { op: ops::ADD, name: "add", run: add } }
+fn add(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
+    let [x, y, out] = args::<3>(a, "add")?;
+    let (xs, ys, out) = (b.f32s(&x)?, b.f32s(&y)?, b.f32s_mut(&out)?);
+    same_len("add", xs.len(), ys.len())?;
+    same_len("add", out.len(), xs.len())?;
+    out.par_iter_mut()
+        .zip(xs.par_iter().zip(ys.par_iter()))
+        .for_each(|(o, (x, y))| *o = x + y);
+    Ok("add")
+}

@@ -1,0 +1,287 @@
+//! The CPU kernel backend: one device (the host), ops parallelised with rayon, weight
+//! formats decoded and dotted through the quant plugins the host registers.
+//!
+//! Streams run their ops synchronously, so events are complete when recorded; the
+//! stream/event API is still honoured so the host's code paths are the GPU ones.
+
+mod buffers;
+mod kernels;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex, OnceLock, RwLock},
+};
+
+use moe_plugin_api::{
+    abi_stable::{
+        export_root_module,
+        prefix_type::PrefixTypeTrait,
+        std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec, Tuple2},
+    },
+    defaults, guard, guard_or, AbiVersion, Backend, DeviceInfo, OpParams, Plugin, PluginInfo,
+    PluginKind, PluginRef, QuantFormat, TensorRef,
+};
+use serde::Deserialize;
+
+/// How activations meet quantised weights in mat-vec products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ActivationMode {
+    /// Quantise activations to q8_1 and use the format's integer dot (fast decode).
+    #[default]
+    Q8,
+    /// Decode weights to f32 and dot in f32 (reference precision).
+    F32,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Worker threads; 0 = one per core.
+    #[serde(default)]
+    pub threads: usize,
+    #[serde(default)]
+    pub activation: ActivationMode,
+}
+
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+static FORMATS: RwLock<Option<Arc<HashMap<u32, QuantFormat>>>> = RwLock::new(None);
+static COUNTERS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+
+pub(crate) fn settings() -> Settings {
+    SETTINGS.get().cloned().unwrap_or_default()
+}
+
+pub(crate) fn formats() -> Arc<HashMap<u32, QuantFormat>> {
+    FORMATS
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_default()
+}
+
+#[export_root_module]
+pub fn get_root_module() -> PluginRef {
+    Plugin {
+        abi: AbiVersion::CURRENT,
+        info,
+        configure,
+        quant_formats: defaults::no_quant_formats,
+        backend,
+        policies: defaults::no_policies,
+    }
+    .leak_into_prefix()
+}
+
+extern "C" fn info() -> PluginInfo {
+    PluginInfo {
+        name: "cpu".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        kind: PluginKind::KernelBackend,
+        description: "host CPU, multithreaded (rayon), weights through quant plugins".into(),
+    }
+}
+
+extern "C" fn configure(settings: RStr<'_>) -> RResult<(), RString> {
+    guard("cpu configure", || {
+        let s: Settings = toml::from_str(settings.as_str()).map_err(|e| e.message().to_string())?;
+        let threads = s.threads;
+        SETTINGS
+            .set(s)
+            .map_err(|_| "the cpu backend is already configured".to_string())?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("cpu-backend-{i}"))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let _ = POOL.set(pool);
+        Ok(())
+    })
+}
+
+extern "C" fn backend() -> ROption<Backend> {
+    ROption::RSome(Backend {
+        name: "cpu".into(),
+        devices,
+        register_quant_formats,
+        alloc,
+        free,
+        upload,
+        download,
+        stream_create,
+        event_record,
+        stream_wait_event,
+        synchronize,
+        run_op,
+        kernel_counters,
+    })
+}
+
+fn meminfo_total() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|n| n.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// A one-off copy of 64 MiB, timed: the bandwidth placement policies weigh devices by.
+fn measure_bandwidth() -> f64 {
+    static BW: OnceLock<f64> = OnceLock::new();
+    *BW.get_or_init(|| {
+        let src = vec![1u8; 64 << 20];
+        let mut dst = vec![0u8; 64 << 20];
+        let t = std::time::Instant::now();
+        dst.copy_from_slice(&src);
+        std::hint::black_box(&dst);
+        // A copy reads and writes every byte.
+        2.0 * src.len() as f64 / t.elapsed().as_secs_f64().max(1e-9)
+    })
+}
+
+extern "C" fn devices() -> RResult<RVec<DeviceInfo>, RString> {
+    guard("cpu devices", || {
+        let threads = POOL.get().map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
+        Ok(RVec::from(vec![DeviceInfo {
+            index: 0,
+            name: format!("{} ({threads} threads)", cpu_name()).into(),
+            arch: "cpu".into(),
+            memory_bytes: meminfo_total(),
+            bandwidth_bytes_per_s: measure_bandwidth(),
+            unified_memory: true,
+        }]))
+    })
+}
+
+extern "C" fn register_quant_formats(formats: RVec<QuantFormat>) -> RResult<(), RString> {
+    guard("cpu register_quant_formats", || {
+        let mut table = FORMATS.write().unwrap_or_else(|e| e.into_inner());
+        let mut map = table.as_deref().cloned().unwrap_or_default();
+        for f in formats {
+            map.insert(f.type_id, f);
+        }
+        *table = Some(Arc::new(map));
+        Ok(())
+    })
+}
+
+fn check_device(device: u32) -> Result<(), String> {
+    if device != 0 {
+        return Err(format!("the cpu backend has one device (0), not {device}"));
+    }
+    Ok(())
+}
+
+extern "C" fn alloc(device: u32, bytes: u64) -> RResult<u64, RString> {
+    guard("cpu alloc", || {
+        check_device(device)?;
+        buffers::alloc(bytes)
+    })
+}
+
+extern "C" fn free(buffer: u64) -> RResult<(), RString> {
+    guard("cpu free", || buffers::free(buffer))
+}
+
+extern "C" fn upload(buffer: u64, offset: u64, data: RSlice<'_, u8>) -> RResult<(), RString> {
+    guard("cpu upload", || {
+        buffers::with_buffers(|b| {
+            let dst = b.copy(buffer, offset, data.len())?;
+            // SAFETY: destination range bounds-checked by `copy`.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+            Ok(())
+        })
+    })
+}
+
+extern "C" fn download(buffer: u64, offset: u64, mut out: RSliceMut<'_, u8>) -> RResult<(), RString> {
+    guard("cpu download", || {
+        buffers::with_buffers(|b| {
+            let src = b.copy(buffer, offset, out.len())?;
+            // SAFETY: source range bounds-checked by `copy`.
+            unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+            Ok(())
+        })
+    })
+}
+
+// Ops run synchronously: a stream is a name, an event is complete when recorded.
+extern "C" fn stream_create(device: u32) -> RResult<u64, RString> {
+    guard("cpu stream_create", || check_device(device).map(|_| 1))
+}
+extern "C" fn event_record(_stream: u64) -> RResult<u64, RString> {
+    RResult::ROk(1)
+}
+extern "C" fn stream_wait_event(_stream: u64, _event: u64) -> RResult<(), RString> {
+    RResult::ROk(())
+}
+extern "C" fn synchronize(_stream: u64) -> RResult<(), RString> {
+    RResult::ROk(())
+}
+
+extern "C" fn run_op(
+    _stream: u64,
+    op: u32,
+    params: OpParams,
+    args: RSlice<'_, TensorRef>,
+) -> RResult<(), RString> {
+    guard("cpu run_op", || {
+        let kernel = kernels::table()
+            .iter()
+            .find(|k| k.op == op)
+            .ok_or_else(|| format!("op {op} is not supported by the cpu backend"))?;
+        // The last argument is the output; refuse it overlapping any input, which the
+        // kernels' slices would otherwise alias. (kv_store writes its second argument.)
+        let out_idx = if op == moe_plugin_api::ops::KV_STORE { 1 } else { args.len().saturating_sub(1) };
+        let fmts = formats();
+        if let Some(out) = args.get(out_idx) {
+            let out_len = buffers::tensor_bytes(out, fmts.get(&out.type_id))?;
+            for (i, a) in args.iter().enumerate() {
+                if i != out_idx {
+                    let len = buffers::tensor_bytes(a, fmts.get(&a.type_id))?;
+                    if buffers::overlaps(out, out_len, a, len) {
+                        return Err(format!("{}: output overlaps input {i}", kernel.name));
+                    }
+                }
+            }
+        }
+        let run = || buffers::with_buffers(|b| (kernel.run)(b, &params, args.as_slice()));
+        let path = match POOL.get() {
+            Some(pool) => pool.install(run),
+            None => run(),
+        }?;
+        *COUNTERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(path)
+            .or_default() += 1;
+        Ok(())
+    })
+}
+
+extern "C" fn kernel_counters() -> RVec<Tuple2<RString, u64>> {
+    guard_or(RVec::new(), || {
+        COUNTERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| Tuple2(RString::from(*k), *v))
+            .collect()
+    })
+}

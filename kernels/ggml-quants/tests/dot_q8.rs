@@ -1,0 +1,145 @@
+//! `dot_q8` against decode-then-dot in f64, for every type, several shapes, every
+//! compiled instruction-set variant.
+
+mod common;
+
+use common::*;
+use moe_plugin_api::BlockQ8_1;
+use moe_quant_ggml::{dot_q8_with_isa, Isa};
+
+const KS: [usize; 5] = [32, 256, 576, 1536, 4096];
+/// (rows, columns): batch-1 decode, a few columns, more columns than one group of 8.
+const SHAPES: [(usize, usize); 3] = [(1, 1), (7, 3), (3, 11)];
+
+fn weights(f: &moe_plugin_api::QuantFormat, n_rows: usize, k: usize, rng: &mut Rng, realistic: bool) -> Vec<u8> {
+    let bw = f.block_weights as usize;
+    if realistic {
+        // Output of our encoder on Gaussian weights with a per-row scale.
+        let mut x = Vec::with_capacity(n_rows * k);
+        for _ in 0..n_rows {
+            let s = 0.02 + rng.uniform() as f32;
+            x.extend((0..k).map(|_| rng.normal() * s));
+        }
+        encode(f, &x).unwrap()
+    } else {
+        random_valid_blocks(f, n_rows * k / bw, rng)
+    }
+}
+
+fn activations(n: usize, rng: &mut Rng) -> (Vec<f32>, Vec<BlockQ8_1>) {
+    let x: Vec<f32> = (0..n).map(|_| rng.normal() * 3.0).collect();
+    let act = x.chunks_exact(32).map(BlockQ8_1::quantize).collect();
+    (x, act)
+}
+
+/// Runs the plugin table's dot and every ISA variant; asserts they agree bit for bit
+/// (the kernels do the same f32 operations in the same order whatever the vector width).
+fn run_all(f: &moe_plugin_api::QuantFormat, rows: &[u8], k: usize, act: &[BlockQ8_1], n: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; n];
+    dot_q8(f, rows, k, act, &mut out).unwrap();
+    for isa in Isa::ALL {
+        let mut o = vec![f32::NAN; n];
+        dot_q8_with_isa(f.type_id, isa, rows, k as u64, act, &mut o).unwrap();
+        for (i, (a, b)) in out.iter().zip(&o).enumerate() {
+            assert!(same(*a, *b), "{} k={k} isa {isa:?} [{i}]: {b} vs {a}", f.name);
+        }
+    }
+    out
+}
+
+#[test]
+fn dot_matches_f64_reference_on_quantised_activations() {
+    let seed = seed_from_clock();
+    let mut rng = Rng(seed);
+    println!("seed {seed}, best isa {:?}", moe_quant_ggml::dot::best_isa());
+    for f in formats() {
+        let bw = f.block_weights as usize;
+        let mut worst = 0f64;
+        for k in KS.into_iter().filter(|k| k % bw == 0) {
+            for (n_rows, n_cols) in SHAPES {
+                for realistic in [true, false] {
+                    let rows = weights(&f, n_rows, k, &mut rng, realistic);
+                    let w = decode(&f, &rows).unwrap();
+                    let (_, mut act) = activations(n_cols * k, &mut rng);
+                    // Make `sum` agree with the codes, so the reference below is the
+                    // exact value of what the kernel computes (see the next test for
+                    // the real q8_1 sums).
+                    for a in act.iter_mut() {
+                        let s: i32 = a.qs.iter().map(|&q| q as i32).sum();
+                        a.sum = (a.d as f64 * s as f64) as f32;
+                    }
+                    let out = run_all(&f, &rows, k, &act, n_rows * n_cols);
+                    for c in 0..n_cols {
+                        for r in 0..n_rows {
+                            let (mut exact, mut mag) = (0f64, 0f64);
+                            for i in 0..k {
+                                let a = &act[c * k / 32 + i / 32];
+                                let t = w[r * k + i] as f64 * (a.d as f64 * a.qs[i % 32] as f64);
+                                exact += t;
+                                mag += t.abs();
+                            }
+                            let got = out[c * n_rows + r] as f64;
+                            let rel = (got - exact).abs() / mag.max(f64::MIN_POSITIVE);
+                            worst = worst.max(rel);
+                            assert!(
+                                rel <= 1e-5,
+                                "{} k={k} rows={n_rows} cols={n_cols} realistic={realistic} \
+                                 [{c},{r}]: {got} vs {exact} (relative to sum|terms| {rel:e})",
+                                f.name
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        println!("{:>5}: worst |dot - f64 ref| / sum|w*a| = {worst:.2e}", f.name.as_str());
+    }
+}
+
+/// With the real q8_1 blocks (`sum` = sum of the original x), the result is within the
+/// activation quantisation error of the exact f32 dot: |sum w (x - d q)| <= sum |w| d / 2.
+#[test]
+fn dot_is_within_q8_error_of_exact_dot() {
+    let mut rng = Rng(seed_from_clock());
+    for f in formats() {
+        let bw = f.block_weights as usize;
+        for k in KS.into_iter().filter(|k| k % bw == 0) {
+            let (n_rows, n_cols) = (4, 2);
+            let rows = weights(&f, n_rows, k, &mut rng, true);
+            let w = decode(&f, &rows).unwrap();
+            let (x, act) = activations(n_cols * k, &mut rng);
+            let out = run_all(&f, &rows, k, &act, n_rows * n_cols);
+            for c in 0..n_cols {
+                for r in 0..n_rows {
+                    let (mut exact, mut mag, mut bound) = (0f64, 0f64, 0f64);
+                    for i in 0..k {
+                        let (wi, xi) = (w[r * k + i] as f64, x[c * k + i] as f64);
+                        exact += wi * xi;
+                        mag += (wi * xi).abs();
+                        bound += wi.abs() * act[c * k / 32 + i / 32].d as f64 * 0.5;
+                    }
+                    let got = out[c * n_rows + r] as f64;
+                    assert!(
+                        (got - exact).abs() <= bound + 1e-5 * mag,
+                        "{} k={k} [{c},{r}]: {got} vs exact {exact}, bound {bound}",
+                        f.name
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_rows_and_empty_calls() {
+    for f in formats() {
+        let k = 256.max(f.block_weights as usize);
+        let act = vec![BlockQ8_1::default(); k / 32];
+        let mut out: Vec<f32> = vec![];
+        dot_q8(&f, &[], k, &act, &mut out).unwrap();
+        let rows = encode(&f, &vec![0.0; k]).unwrap();
+        let mut out = vec![1f32];
+        dot_q8(&f, &rows, k, &act, &mut out).unwrap();
+        assert_eq!(out[0], 0.0, "{}", f.name);
+    }
+}
