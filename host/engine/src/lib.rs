@@ -1,1 +1,13 @@
+//! The engine: models as graphs of backend ops, sampling, and the scheduler that
+//! batches concurrent requests into shared forward passes.
 
+pub mod device;
+pub mod llama;
+pub mod model;
+pub mod npy;
+pub mod sampling;
+pub mod scheduler;
+
+pub use model::{load, BatchEntry, CausalLm, LoadOptions, LoadedModel};
+pub use sampling::{Sampled, SamplingParams};
+pub use scheduler::{Event, FinishReason, GenRequest, Scheduler, SchedulerOptions, Stats, Timings};

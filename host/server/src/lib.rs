@@ -1,1 +1,368 @@
+//! The OpenAI-compatible HTTP API. One handler per route; shared state passed
+//! explicitly; every error is an OpenAI-style JSON body.
 
+mod error;
+mod generate;
+mod request;
+
+use std::{
+    net::SocketAddr,
+    sync::{atomic::Ordering, Arc, OnceLock},
+};
+
+use axum::{
+    body::Bytes,
+    extract::{rejection::BytesRejection, DefaultBodyLimit, Request, State},
+    http::{header, StatusCode},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+    Json, Router,
+};
+use moe_engine::Scheduler;
+use moe_tokenizer::{ChatMessage, FALLBACK_CHAT_TEMPLATE};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+pub use error::ApiError;
+use generate::{Flavor, Job};
+pub use request::LengthLimits;
+use request::{content_text, output_length, ChatRequest, CompletionRequest, Prompt};
+
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub api_key: Option<String>,
+    pub limits: LengthLimits,
+    pub max_body_bytes: usize,
+}
+
+pub struct AppInner {
+    /// Set once the model has loaded; until then /health answers 503.
+    pub scheduler: OnceLock<Scheduler>,
+    pub opts: ServerOptions,
+    /// Name clients may also use for the model (the GGUF file stem).
+    pub alias: String,
+}
+
+pub type AppState = Arc<AppInner>;
+
+impl AppInner {
+    pub fn scheduler(&self) -> Result<&Scheduler, ApiError> {
+        self.scheduler
+            .get()
+            .ok_or_else(|| ApiError::unavailable("the model is still loading"))
+    }
+
+    fn check_model(&self, asked: &Option<String>) -> Result<(), ApiError> {
+        let s = self.scheduler()?;
+        match asked {
+            None => Ok(()),
+            Some(m) if m == &s.model_name || m == &self.alias || m == "default" => Ok(()),
+            Some(m) => Err(ApiError::not_found_model(m)),
+        }
+    }
+}
+
+/// Parses a JSON body into `T`, mapping every failure to an OpenAI-style error.
+fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|r| {
+        let status = r.status();
+        let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "request body too large".to_string()
+        } else {
+            r.body_text()
+        };
+        ApiError::invalid(msg, None).status(status)
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}"), None))
+}
+
+pub fn router(state: AppState) -> Router {
+    let guarded = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .merge(guarded)
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(|| async {
+            ApiError::invalid("no such route", None).status(StatusCode::NOT_FOUND)
+        })
+        .layer(DefaultBodyLimit::max(state.opts.max_body_bytes))
+        .with_state(state)
+}
+
+async fn require_key(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.opts.api_key {
+        let ok = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|k| k == key);
+        if !ok {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn health(State(st): State<AppState>) -> Response {
+    match st.scheduler.get() {
+        Some(_) => Json(json!({"status": "ok"})).into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "loading"}))).into_response(),
+    }
+}
+
+async fn models(State(st): State<AppState>) -> Result<Response, ApiError> {
+    let s = st.scheduler()?;
+    Ok(Json(json!({"object": "list", "data": [{
+        "id": s.model_name, "object": "model", "created": 0, "owned_by": "moeserve",
+        "meta": {"n_ctx": s.n_ctx, "n_slots": s.n_slots, "n_vocab": s.tokenizer.vocab_size(), "alias": st.alias},
+    }]}))
+    .into_response())
+}
+
+async fn chat_completions(
+    State(st): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ChatRequest = parse_body(body)?;
+    st.check_model(&req.common.model)?;
+    let s = st.scheduler()?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid("'messages' must not be empty", Some("messages")));
+    }
+    let mut msgs = Vec::with_capacity(req.messages.len());
+    for m in &req.messages {
+        if !["system", "user", "assistant", "tool", "developer"].contains(&m.role.as_str()) {
+            return Err(ApiError::invalid(format!("unknown role '{}'", m.role), Some("messages")));
+        }
+        msgs.push(ChatMessage::new(m.role.clone(), content_text(&m.content)?));
+    }
+    let top = req.top_logprobs.unwrap_or(0);
+    if !(0..=20).contains(&top) {
+        return Err(ApiError::invalid("'top_logprobs' must be between 0 and 20", Some("top_logprobs")));
+    }
+    let logprobs = req.logprobs.unwrap_or(false).then_some(top as usize);
+    let sampling = req.common.sampling(logprobs)?;
+    let tok = &s.tokenizer;
+    let prompt_text = match tok.apply_chat_template(&msgs, true) {
+        Ok(t) => t,
+        Err(moe_tokenizer::TokenizerError::NoChatTemplate) => {
+            tracing::warn!("the model has no chat template; using ChatML");
+            tok.apply_template(FALLBACK_CHAT_TEMPLATE, &msgs, true)
+                .map_err(|e| ApiError::internal(e.to_string()))?
+        }
+        Err(e) => return Err(ApiError::invalid(format!("chat template: {e}"), Some("messages"))),
+    };
+    let prompt = tok
+        .encode(&prompt_text, true, true)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    generate::run(
+        &st,
+        Job {
+            flavor: Flavor::Chat,
+            prompt,
+            sampling,
+            max_tokens: output_length(&req.common, st.opts.limits),
+            stop: req.common.stop_strings()?,
+            stream: req.common.stream,
+            include_usage: req.common.include_usage(),
+            logprobs,
+        },
+    )
+    .await
+}
+
+async fn completions(
+    State(st): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse_body(body)?;
+    st.check_model(&req.common.model)?;
+    let s = st.scheduler()?;
+    let lp = req.logprobs.unwrap_or(-1);
+    if lp > 20 {
+        return Err(ApiError::invalid("'logprobs' must be at most 20", Some("logprobs")));
+    }
+    let logprobs = (lp >= 0).then_some(lp as usize);
+    let sampling = req.common.sampling(logprobs)?;
+    let prompt = match &req.prompt {
+        Prompt::Text(t) => s
+            .tokenizer
+            .encode(t, true, true)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
+        Prompt::Tokens(ids) => {
+            let v = s.tokenizer.vocab_size() as u32;
+            if let Some(bad) = ids.iter().find(|&&i| i >= v) {
+                return Err(ApiError::invalid(format!("token id {bad} outside the vocabulary ({v})"), Some("prompt")));
+            }
+            ids.clone()
+        }
+        Prompt::Texts(v) if v.len() == 1 => s
+            .tokenizer
+            .encode(&v[0], true, true)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
+        Prompt::Texts(_) => {
+            return Err(ApiError::invalid("only one prompt per request is supported", Some("prompt")))
+        }
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
+    }
+    generate::run(
+        &st,
+        Job {
+            flavor: Flavor::Text,
+            prompt,
+            sampling,
+            max_tokens: output_length(&req.common, st.opts.limits),
+            stop: req.common.stop_strings()?,
+            stream: req.common.stream,
+            include_usage: req.common.include_usage(),
+            logprobs,
+        },
+    )
+    .await
+}
+
+#[derive(serde::Deserialize)]
+struct TokenizeReq {
+    content: String,
+    #[serde(default)]
+    add_special: bool,
+}
+
+async fn tokenize(
+    State(st): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let r: TokenizeReq = parse_body(body)?;
+    let toks = st
+        .scheduler()?
+        .tokenizer
+        .encode(&r.content, r.add_special, true)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("content")))?;
+    Ok(Json(json!({"tokens": toks})).into_response())
+}
+
+#[derive(serde::Deserialize)]
+struct DetokenizeReq {
+    tokens: Vec<u32>,
+}
+
+async fn detokenize(
+    State(st): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let r: DetokenizeReq = parse_body(body)?;
+    let text = st
+        .scheduler()?
+        .tokenizer
+        .decode(&r.tokens, false)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("tokens")))?;
+    Ok(Json(json!({"content": text})).into_response())
+}
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    use prometheus::{Encoder, Gauge, IntCounter, IntGauge, Opts, Registry, TextEncoder};
+    let reg = Registry::new();
+    let s = st.scheduler.get().map(|s| s.stats.clone());
+    let ld = |o: &std::sync::atomic::AtomicU64| o.load(Ordering::Relaxed);
+    macro_rules! counter {
+        ($name:expr, $help:expr, $v:expr) => {{
+            let c = IntCounter::with_opts(Opts::new($name, $help)).expect("valid metric");
+            c.inc_by($v);
+            let _ = reg.register(Box::new(c));
+        }};
+    }
+    macro_rules! gauge {
+        ($ty:ty, $name:expr, $help:expr, $v:expr) => {{
+            let g = <$ty>::with_opts(Opts::new($name, $help)).expect("valid metric");
+            g.set($v);
+            let _ = reg.register(Box::new(g));
+        }};
+    }
+    gauge!(IntGauge, "moeserve_model_loaded", "1 once the model is loaded", s.is_some() as i64);
+    if let Some(s) = s {
+        counter!("moeserve_requests_total", "Generation requests accepted", ld(&s.requests));
+        counter!("moeserve_prompt_tokens_total", "Prompt tokens admitted", ld(&s.prompt_tokens));
+        counter!("moeserve_generated_tokens_total", "Tokens generated", ld(&s.generated_tokens));
+        counter!("moeserve_forward_passes_total", "Forward passes run", ld(&s.forward_passes));
+        gauge!(Gauge, "moeserve_forward_seconds_total", "Time spent in forward passes", ld(&s.forward_us) as f64 / 1e6);
+        gauge!(IntGauge, "moeserve_requests_running", "Sequences in the running batch", s.active.load(Ordering::Relaxed) as i64);
+        gauge!(IntGauge, "moeserve_requests_waiting", "Requests waiting for a slot", s.waiting.load(Ordering::Relaxed) as i64);
+    }
+    let mut buf = Vec::new();
+    let _ = TextEncoder::new().encode(&reg.gather(), &mut buf);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], buf).into_response()
+}
+
+/// Binds, then loads the model in the background (health says 503 until it is ready),
+/// and serves until SIGTERM/Ctrl-C, letting in-flight requests finish.
+pub async fn serve(
+    addr: SocketAddr,
+    opts: ServerOptions,
+    alias: String,
+    load: impl FnOnce() -> anyhow::Result<Scheduler> + Send + 'static,
+) -> anyhow::Result<()> {
+    let state = Arc::new(AppInner {
+        scheduler: OnceLock::new(),
+        opts,
+        alias,
+    });
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let st = state.clone();
+    let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let sched = load()?;
+        let _ = st.scheduler.set(sched);
+        Ok(())
+    });
+    let app = router(state.clone());
+    // Serve while loading, so /health can say 503 instead of refusing connections.
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+    });
+    loaded
+        .await
+        .map_err(|e| anyhow::anyhow!("model loading panicked: {e}"))??;
+    let s = state.scheduler().map_err(|e| anyhow::anyhow!(e.message))?;
+    eprintln!(
+        "ready: model '{}' (context {} x {} slots) on http://{addr}",
+        s.model_name, s.n_ctx, s.n_slots
+    );
+    eprintln!(
+        "try: curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}]}}'"
+    );
+    server.await??;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    eprintln!("shutting down: finishing in-flight requests");
+}

@@ -1,20 +1,234 @@
 //! The q8 dot-product driver: rows of packed weights against q8_1 activation columns.
 //!
 //! Every format describes a "dot unit" (one block for quantised types, 32 values for the
-//! float types): how to unpack it into small integer (or f32) arrays once, and how to dot
-//! that unpacked unit with the q8_1 blocks of one activation column. The driver unpacks
-//! each unit once per group of up to [`COL_GROUP`] columns, so batch-1 decode streams the
-//! weights exactly once and small batches reuse the unpacked unit from L1.
+//! float types): how to unpack it into small fixed-size integer (or f32) arrays, and how
+//! to dot that unpacked unit with the q8_1 blocks of one activation column. The driver
+//! unpacks each unit once per group of up to [`COL_GROUP`] columns, so batch-1 decode
+//! streams the weights exactly once and small batches reuse the unpacked unit from L1.
 //!
-//! The driver is compiled three times (baseline x86-64/other arch, AVX2+FMA, AVX-512BW
-//! with VNNI) and picked at run time, because a plugin cdylib cannot assume the host CPU.
-//! The per-format code is plain loops over fixed-size arrays with i32 accumulators that
-//! LLVM turns into pmaddwd / vpdpwssd; there is no hand-written intrinsic code.
+//! Accumulation is in eight f32 lanes per output ([`Acc`]), reduced once per row: the
+//! per-block work is "integer partial sums in 8 i32 lanes, times one f32 scale, added".
+//!
+//! The driver is compiled three times (portable, AVX2+FMA+F16C, AVX-512BW/VL+VNNI) and
+//! picked at run time, because a plugin cdylib cannot assume the host CPU. Everything is
+//! plain loops over fixed-size arrays that LLVM vectorises, except the one primitive it
+//! does not vectorise well in lane form, the i8 x i8 -> 8 x i32 partial dot ([`Ops`]):
+//! LLVM emits `pmaddwd` only for a dot reduced to one scalar (which costs a horizontal
+//! add per block), and falls back to `pmulld` for the lane form, so the x86 variants
+//! spell out the two instructions (sign-extend to i16, `pmaddwd`/`vpdpwssd`).
 
 use moe_plugin_api::BlockQ8_1;
 
 /// How many activation columns share one unpacked weight unit.
 pub const COL_GROUP: usize = 8;
+
+/// The integer dot primitives, one implementation per instruction set.
+pub trait Ops: 'static {
+    /// Eight i32 partial sums of the 32 products `a[i] * b[i]` (which lane holds which
+    /// products is the implementation's business; only their total is meaningful).
+    fn dot32(a: &[i8; 32], b: &[i8; 32]) -> [i32; 8];
+    /// The same for i16 weights (K-quant codes pre-multiplied by their sub-block scale,
+    /// |w| <= 4096) against i8 activations.
+    fn dot32w(w: &[i16; 32], a: &[i8; 32]) -> [i32; 8];
+    /// `acc += scale * lanes` (multiply, then add: no FMA, so every variant rounds alike).
+    fn axpy(acc: &mut [f32; 8], scale: f32, lanes: &[i32; 8]);
+    /// The same with f32 lanes.
+    fn axpy_f(acc: &mut [f32; 8], scale: f32, lanes: &[f32; 8]);
+    /// f16 bits to f32 (exact; F16C's `vcvtph2ps` where the variant has it).
+    fn f16(h: u16) -> f32;
+}
+
+/// Portable lanes: lane j sums the products j, j+8 (, j+16, j+24).
+pub struct Portable;
+
+impl Ops for Portable {
+    #[inline(always)]
+    fn axpy(acc: &mut [f32; 8], scale: f32, lanes: &[i32; 8]) {
+        for (v, l) in acc.iter_mut().zip(lanes) {
+            *v += scale * *l as f32;
+        }
+    }
+    #[inline(always)]
+    fn axpy_f(acc: &mut [f32; 8], scale: f32, lanes: &[f32; 8]) {
+        for (v, l) in acc.iter_mut().zip(lanes) {
+            *v += scale * *l;
+        }
+    }
+    /// Reduced to one scalar in lane 0: the form LLVM turns into `pmaddwd` + a short
+    /// horizontal add on SSE2 (the lane-shaped form becomes scalar code there).
+    #[inline(always)]
+    fn dot32(a: &[i8; 32], b: &[i8; 32]) -> [i32; 8] {
+        let mut s = 0i32;
+        for i in 0..32 {
+            s += a[i] as i32 * b[i] as i32;
+        }
+        [s, 0, 0, 0, 0, 0, 0, 0]
+    }
+    #[inline(always)]
+    fn dot32w(w: &[i16; 32], a: &[i8; 32]) -> [i32; 8] {
+        let mut s = 0i32;
+        for i in 0..32 {
+            s += w[i] as i32 * a[i] as i32;
+        }
+        [s, 0, 0, 0, 0, 0, 0, 0]
+    }
+    #[inline(always)]
+    fn f16(h: u16) -> f32 {
+        crate::fp::f16_to_f32(h)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// `pmaddwd` of sign-extended i8 (exact for every i8, -128 included).
+    pub struct Avx2;
+    /// The same with AVX-512 VNNI's `vpdpwssd` (multiply-add-accumulate in one).
+    pub struct Avx512;
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn widen16(p: &[i8; 16]) -> __m256i {
+        // SAFETY: 16 readable bytes; unaligned load.
+        _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(p.as_ptr().cast()) })
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn lanes(v: __m256i) -> [i32; 8] {
+        // SAFETY: same size, any bit pattern is a valid [i32; 8].
+        unsafe { std::mem::transmute::<__m256i, [i32; 8]>(v) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn load16(p: &[i16]) -> __m256i {
+        assert!(p.len() >= 16);
+        // SAFETY: 16 readable i16 (checked above); unaligned load.
+        unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn avx2_dot32w(w: &[i16; 32], a: &[i8; 32]) -> [i32; 8] {
+        let (a0, a1) = a.split_at(16);
+        let lo = _mm256_madd_epi16(load16(&w[..16]), widen16(a0.try_into().unwrap()));
+        let hi = _mm256_madd_epi16(load16(&w[16..]), widen16(a1.try_into().unwrap()));
+        lanes(_mm256_add_epi32(lo, hi))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn vnni_dot32w(w: &[i16; 32], a: &[i8; 32]) -> [i32; 8] {
+        let (a0, a1) = a.split_at(16);
+        let lo = _mm256_madd_epi16(load16(&w[..16]), widen16(a0.try_into().unwrap()));
+        lanes(_mm256_dpwssd_epi32(lo, load16(&w[16..]), widen16(a1.try_into().unwrap())))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn avx2_dot32(a: &[i8; 32], b: &[i8; 32]) -> [i32; 8] {
+        let (a0, a1) = a.split_at(16);
+        let (b0, b1) = b.split_at(16);
+        let lo = _mm256_madd_epi16(widen16(a0.try_into().unwrap()), widen16(b0.try_into().unwrap()));
+        let hi = _mm256_madd_epi16(widen16(a1.try_into().unwrap()), widen16(b1.try_into().unwrap()));
+        lanes(_mm256_add_epi32(lo, hi))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn vnni_dot32(a: &[i8; 32], b: &[i8; 32]) -> [i32; 8] {
+        let (a0, a1) = a.split_at(16);
+        let (b0, b1) = b.split_at(16);
+        let lo = _mm256_madd_epi16(widen16(a0.try_into().unwrap()), widen16(b0.try_into().unwrap()));
+        lanes(_mm256_dpwssd_epi32(
+            lo,
+            widen16(a1.try_into().unwrap()),
+            widen16(b1.try_into().unwrap()),
+        ))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn avx_axpy(acc: &mut [f32; 8], scale: f32, lanes: &[i32; 8]) {
+        // SAFETY: [f32; 8] / [i32; 8] are 32 readable/writable bytes; unaligned access.
+        unsafe {
+            let l = _mm256_cvtepi32_ps(_mm256_loadu_si256(lanes.as_ptr().cast()));
+            let a = _mm256_loadu_ps(acc.as_ptr());
+            let r = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(scale), l));
+            _mm256_storeu_ps(acc.as_mut_ptr(), r);
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn avx_axpy_f(acc: &mut [f32; 8], scale: f32, lanes: &[f32; 8]) {
+        // SAFETY: as above.
+        unsafe {
+            let l = _mm256_loadu_ps(lanes.as_ptr());
+            let a = _mm256_loadu_ps(acc.as_ptr());
+            let r = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(scale), l));
+            _mm256_storeu_ps(acc.as_mut_ptr(), r);
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "f16c")]
+    fn f16c(h: u16) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    }
+
+    macro_rules! axpy_impls {
+        () => {
+            #[inline(always)]
+            fn f16(h: u16) -> f32 {
+                // SAFETY: both x86 drivers enable (and `best_isa` checks) F16C.
+                unsafe { f16c(h) }
+            }
+            #[inline(always)]
+            fn axpy(acc: &mut [f32; 8], scale: f32, lanes: &[i32; 8]) {
+                // SAFETY: only reached from the AVX2/AVX-512 drivers (AVX2 checked).
+                unsafe { avx_axpy(acc, scale, lanes) }
+            }
+            #[inline(always)]
+            fn axpy_f(acc: &mut [f32; 8], scale: f32, lanes: &[f32; 8]) {
+                // SAFETY: as above.
+                unsafe { avx_axpy_f(acc, scale, lanes) }
+            }
+        };
+    }
+
+    impl super::Ops for Avx2 {
+        axpy_impls!();
+        #[inline(always)]
+        fn dot32(a: &[i8; 32], b: &[i8; 32]) -> [i32; 8] {
+            // SAFETY: only reached from `driver_avx2`/`driver_avx512`, which run after
+            // `best_isa` checked AVX2.
+            unsafe { avx2_dot32(a, b) }
+        }
+        #[inline(always)]
+        fn dot32w(w: &[i16; 32], a: &[i8; 32]) -> [i32; 8] {
+            // SAFETY: as above.
+            unsafe { avx2_dot32w(w, a) }
+        }
+    }
+
+    impl super::Ops for Avx512 {
+        axpy_impls!();
+        #[inline(always)]
+        fn dot32(a: &[i8; 32], b: &[i8; 32]) -> [i32; 8] {
+            // SAFETY: only reached from `driver_avx512`, run after `best_isa` checked
+            // every feature enabled here.
+            unsafe { vnni_dot32(a, b) }
+        }
+        #[inline(always)]
+        fn dot32w(w: &[i16; 32], a: &[i8; 32]) -> [i32; 8] {
+            // SAFETY: as above.
+            unsafe { vnni_dot32w(w, a) }
+        }
+    }
+}
 
 pub trait DotUnit: 'static {
     /// Weights per unit (a multiple of 32).
@@ -23,9 +237,35 @@ pub trait DotUnit: 'static {
     const DB: usize;
     type U;
     /// Unpacks one unit (`b.len() == DB`).
-    fn unpack(b: &[u8]) -> Self::U;
-    /// Dot of an unpacked unit with `DW / 32` activation blocks.
-    fn dot(u: &Self::U, a: &[BlockQ8_1]) -> f32;
+    fn unpack<O: Ops>(b: &[u8]) -> Self::U;
+    /// Adds the dot of an unpacked unit with `DW / 32` activation blocks to `acc`.
+    fn dot<O: Ops>(u: &Self::U, a: &[BlockQ8_1], acc: &mut Acc);
+}
+
+/// A dot-product accumulator: eight f32 lanes (summed only once per row, so no
+/// horizontal reduction per block) plus one scalar for per-block terms such as mins.
+#[derive(Clone, Copy, Default)]
+pub struct Acc {
+    pub v: [f32; 8],
+    pub s: f32,
+}
+
+impl Acc {
+    /// `v += scale * lanes`.
+    #[inline(always)]
+    pub fn add_scaled<O: Ops>(&mut self, scale: f32, lanes: &[i32; 8]) {
+        O::axpy(&mut self.v, scale, lanes)
+    }
+    /// `v += scale * lanes` for f32 lanes.
+    #[inline(always)]
+    pub fn add_scaled_f<O: Ops>(&mut self, scale: f32, lanes: &[f32; 8]) {
+        O::axpy_f(&mut self.v, scale, lanes)
+    }
+    #[inline(always)]
+    pub fn total(&self) -> f32 {
+        let v = &self.v;
+        (((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))) + self.s
+    }
 }
 
 /// Shape of one call, already checked by `moe_plugin_api::dot_shape`.
@@ -39,24 +279,34 @@ pub struct Shape {
 }
 
 #[inline(always)]
-fn driver<D: DotUnit>(rows: &[u8], s: Shape, act: &[BlockQ8_1], out: &mut [f32]) {
-    let units = s.row_bytes / D::DB;
+fn driver<D: DotUnit, O: Ops>(rows: &[u8], s: Shape, act: &[BlockQ8_1], out: &mut [f32]) {
     let apu = D::DW / 32;
-    for r in 0..s.n_rows {
-        let row = &rows[r * s.row_bytes..(r + 1) * s.row_bytes];
+    if s.n_cols == 1 {
+        // Batch-1 decode: one pass over the weights, one accumulator.
+        let act = &act[..s.per_col];
+        for (row, o) in rows.chunks_exact(s.row_bytes).zip(out.iter_mut()) {
+            let mut acc = Acc::default();
+            for (unit, a) in row.chunks_exact(D::DB).zip(act.chunks_exact(apu)) {
+                D::dot::<O>(&D::unpack::<O>(unit), a, &mut acc);
+            }
+            *o = acc.total();
+        }
+        return;
+    }
+    for (r, row) in rows.chunks_exact(s.row_bytes).enumerate().take(s.n_rows) {
         let mut c0 = 0;
         while c0 < s.n_cols {
             let cn = (s.n_cols - c0).min(COL_GROUP);
-            let mut acc = [0f32; COL_GROUP];
-            for (u, unit) in row.chunks_exact(D::DB).enumerate().take(units) {
-                let w = D::unpack(unit);
+            let mut acc = [Acc::default(); COL_GROUP];
+            for (u, unit) in row.chunks_exact(D::DB).enumerate() {
+                let w = D::unpack::<O>(unit);
                 for (c, acc) in acc.iter_mut().enumerate().take(cn) {
                     let start = (c0 + c) * s.per_col + u * apu;
-                    *acc += D::dot(&w, &act[start..start + apu]);
+                    D::dot::<O>(&w, &act[start..start + apu], acc);
                 }
             }
             for (c, acc) in acc.iter().enumerate().take(cn) {
-                out[(c0 + c) * s.n_rows + r] = *acc;
+                out[(c0 + c) * s.n_rows + r] = acc.total();
             }
             c0 += cn;
         }
@@ -66,13 +316,13 @@ fn driver<D: DotUnit>(rows: &[u8], s: Shape, act: &[BlockQ8_1], out: &mut [f32])
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn driver_avx2<D: DotUnit>(rows: &[u8], s: Shape, act: &[BlockQ8_1], out: &mut [f32]) {
-    driver::<D>(rows, s, act, out)
+    driver::<D, x86::Avx2>(rows, s, act, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn driver_avx512<D: DotUnit>(rows: &[u8], s: Shape, act: &[BlockQ8_1], out: &mut [f32]) {
-    driver::<D>(rows, s, act, out)
+    driver::<D, x86::Avx512>(rows, s, act, out)
 }
 
 /// Instruction sets the driver is compiled for, in increasing order.
@@ -137,34 +387,17 @@ pub fn run<D: DotUnit>(isa: Isa, rows: &[u8], s: Shape, act: &[BlockQ8_1], out: 
         Isa::Baseline => {}
     }
     let _ = isa;
-    driver::<D>(rows, s, act, out)
-}
-
-// ---- integer helpers the formats build their dots from ----
-
-/// Sum of products of `N` i8 pairs in i32 (each product fits in i16, which lets LLVM use
-/// pmaddwd / vpdpwssd).
-#[inline(always)]
-pub fn idot<const N: usize>(a: &[i8; N], b: &[i8; N]) -> i32 {
-    let mut s = 0i32;
-    for i in 0..N {
-        s += (a[i] as i16 * b[i] as i16) as i32;
-    }
-    s
-}
-
-/// Sum of `N` i8 values in i32.
-#[inline(always)]
-pub fn isum<const N: usize>(a: &[i8; N]) -> i32 {
-    let mut s = 0i32;
-    for v in a {
-        s += *v as i32;
-    }
-    s
+    driver::<D, Portable>(rows, s, act, out)
 }
 
 /// The `N` i8 values starting at `off` as an array reference.
 #[inline(always)]
 pub fn sub<const N: usize>(a: &[i8], off: usize) -> &[i8; N] {
+    a[off..off + N].try_into().unwrap()
+}
+
+/// The `N` i16 values starting at `off` as an array reference.
+#[inline(always)]
+pub fn sub16<const N: usize>(a: &[i16], off: usize) -> &[i16; N] {
     a[off..off + N].try_into().unwrap()
 }

@@ -21,10 +21,11 @@ pub fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits | sign)
 }
 
-/// The f16 at byte offset `off` (little-endian), widened to f32.
+/// The f16 at byte offset `off` (little-endian), widened to f32 the way `O` does it
+/// (all ways are exact and agree except for NaN payloads).
 #[inline(always)]
-pub fn f16_at(b: &[u8], off: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))
+pub fn f16_at<O: crate::dot::Ops>(b: &[u8], off: usize) -> f32 {
+    O::f16(u16::from_le_bytes([b[off], b[off + 1]]))
 }
 
 /// Raw f16 bits at byte offset `off`.

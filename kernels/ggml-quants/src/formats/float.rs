@@ -8,18 +8,19 @@
 use moe_plugin_api::BlockQ8_1;
 
 use super::Format;
-use crate::dot::{self, DotUnit, Isa, Shape};
+use crate::dot::{self, Acc, DotUnit, Isa, Ops, Shape};
 use crate::fp::{bf16_to_f32, f16_to_f32};
 
-/// `sum(w * q)` over 32 values in 8 f32 lanes (a fixed order LLVM keeps in vector
-/// registers; f32 adds are not reassociated for us).
+/// `sum(w * q)` over 32 values into 8 f32 lanes (lane j: values j, j+8, j+16, j+24).
 #[inline(always)]
-fn fdot32(w: &[f32; 32], q: &[i8; 32]) -> f32 {
+fn fdot8(w: &[f32; 32], q: &[i8; 32]) -> [f32; 8] {
     let mut lanes = [0f32; 8];
-    for i in 0..32 {
-        lanes[i % 8] += w[i] * q[i] as f32;
+    for m in 0..4 {
+        for (j, l) in lanes.iter_mut().enumerate() {
+            *l += w[8 * m + j] * q[8 * m + j] as f32;
+        }
     }
-    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+    lanes
 }
 
 macro_rules! float_unit {
@@ -31,7 +32,7 @@ macro_rules! float_unit {
             const DB: usize = 32 * $bytes;
             type U = [f32; 32];
             #[inline(always)]
-            fn unpack(b: &[u8]) -> [f32; 32] {
+            fn unpack<O: Ops>(b: &[u8]) -> [f32; 32] {
                 let mut w = [0f32; 32];
                 for (w, c) in w.iter_mut().zip(b.chunks_exact($bytes)) {
                     *w = $widen(c);
@@ -39,8 +40,8 @@ macro_rules! float_unit {
                 w
             }
             #[inline(always)]
-            fn dot(u: &[f32; 32], a: &[BlockQ8_1]) -> f32 {
-                a[0].d * fdot32(u, &a[0].qs)
+            fn dot<O: Ops>(u: &[f32; 32], a: &[BlockQ8_1], acc: &mut Acc) {
+                acc.add_scaled_f::<O>(a[0].d, &fdot8(u, &a[0].qs));
             }
         }
     };

@@ -22,7 +22,7 @@
 use moe_plugin_api::BlockQ8_1;
 
 use super::{min_max, signed_absmax, Block};
-use crate::dot::{idot, isum, sub, DotUnit};
+use crate::dot::{sub, sub16, Acc, DotUnit, Ops, Portable};
 use crate::fp::{check_f16, f16_at, f16_checked, round_clamp};
 
 /// Unpacked super-block: codes, integer sub-block scales (and mins), f32 d (and dmin).
@@ -108,7 +108,12 @@ fn quantise_scales<const N: usize>(
     what: &str,
 ) -> Result<(u16, f32, [i32; N]), String> {
     let top = v.iter().fold(0f32, |m, s| m.max(*s));
-    let (bits, d) = f16_checked(top / max as f32, what)?;
+    let (mut bits, mut d) = f16_checked(top / max as f32, what)?;
+    if d == 0.0 && top > 0.0 {
+        // `top / max` underflowed f16: use its smallest subnormal, 2^-24, so that tiny
+        // sub-blocks keep some resolution (the codes then stay below `max`).
+        (bits, d) = (1, f32::from_bits(0x3380_0000));
+    }
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
     let mut q = [0i32; N];
     for (q, s) in q.iter_mut().zip(v) {
@@ -123,7 +128,16 @@ fn quantise_signed_scales<const N: usize>(
     v: &[f32; N],
     half: i32,
 ) -> Result<(u16, f32, [i32; N]), String> {
-    let (bits, d) = f16_checked(signed_absmax(v) / -(half as f32), "d")?;
+    let top = signed_absmax(v);
+    let (mut bits, mut d) = f16_checked(top / -(half as f32), "d")?;
+    if d == 0.0 && top != 0.0 {
+        // Underflowed f16: the smallest subnormal, signed like `top / -half`.
+        (bits, d) = if top > 0.0 {
+            (0x8001, -f32::from_bits(0x3380_0000))
+        } else {
+            (0x0001, f32::from_bits(0x3380_0000))
+        };
+    }
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut q = [0i32; N];
     for (q, s) in q.iter_mut().zip(v) {
@@ -183,16 +197,44 @@ fn encode_symmetric_k(
     Ok((bits, sc, q))
 }
 
+/// The dot form of the 16-weight sub-block types: codes pre-multiplied by their
+/// sub-block scale in i16 (|q * sc| <= 32 * 128), so one `pmaddwd` per 16 weights applies
+/// both, and (Q2_K) the mins spread over their weights the same way.
+pub struct KDot16 {
+    pub w: [i16; 256],
+    pub m: [i16; 256],
+    pub d: f32,
+    pub dmin: f32,
+}
+
+#[inline(always)]
+fn prescale16(q: &[i8; 256], sc: &[i8; 16]) -> [i16; 256] {
+    let mut w = [0i16; 256];
+    for s in 0..16 {
+        for l in 0..16 {
+            w[s * 16 + l] = q[s * 16 + l] as i16 * sc[s] as i16;
+        }
+    }
+    w
+}
+
+/// `sum_b d_a sum(w q_a)` over the eight q8_1 blocks of a super-block.
+#[inline(always)]
+fn dot_w16<O: Ops>(w: &[i16; 256], a: &[BlockQ8_1]) -> [f32; 8] {
+    let mut l = Acc::default();
+    for (b, a) in a.iter().enumerate().take(8) {
+        l.add_scaled::<O>(a.d, &O::dot32w(sub16::<32>(w, 32 * b), &a.qs));
+    }
+    l.v
+}
+
 // ---------------------------------------------------------------- Q2_K
 
 pub struct Q2K;
 
-impl DotUnit for Q2K {
-    const DW: usize = 256;
-    const DB: usize = 84;
-    type U = UnpackedK<16>;
+impl Q2K {
     #[inline(always)]
-    fn unpack(b: &[u8]) -> UnpackedK<16> {
+    fn parts<O: Ops>(b: &[u8]) -> UnpackedK<16> {
         let mut q = [0i8; 256];
         two_bit_planes(&b[16..80], &mut q);
         let mut sc = [0i8; 16];
@@ -205,25 +247,38 @@ impl DotUnit for Q2K {
             q,
             sc,
             mn,
-            d: f16_at(b, 80),
-            dmin: f16_at(b, 82),
+            d: f16_at::<O>(b, 80),
+            dmin: f16_at::<O>(b, 82),
+        }
+    }
+}
+
+impl DotUnit for Q2K {
+    const DW: usize = 256;
+    const DB: usize = 84;
+    type U = KDot16;
+    #[inline(always)]
+    fn unpack<O: Ops>(b: &[u8]) -> KDot16 {
+        let p = Self::parts::<O>(b);
+        let mut m = [0i16; 256];
+        for s in 0..16 {
+            for l in 0..16 {
+                m[s * 16 + l] = p.mn[s] as i16;
+            }
+        }
+        KDot16 {
+            w: prescale16(&p.q, &p.sc),
+            m,
+            d: p.d,
+            dmin: p.dmin,
         }
     }
     /// The mins cover 16 weights but a q8_1 block's `sum` covers 32, so the min term
-    /// uses the integer sums of the activation codes per 16 (`d_a * sum(q_a)`).
+    /// uses the activation codes: `dmin * sum_b d_a sum(m q_a)`.
     #[inline(always)]
-    fn dot(u: &UnpackedK<16>, a: &[BlockQ8_1]) -> f32 {
-        let (mut acc_d, mut acc_m) = (0f32, 0f32);
-        for (b, a) in a.iter().enumerate().take(8) {
-            let (alo, ahi) = (sub::<16>(&a.qs, 0), sub::<16>(&a.qs, 16));
-            let lo = idot(sub::<16>(&u.q, 32 * b), alo);
-            let hi = idot(sub::<16>(&u.q, 32 * b + 16), ahi);
-            let s = u.sc[2 * b] as i32 * lo + u.sc[2 * b + 1] as i32 * hi;
-            let m = u.mn[2 * b] as i32 * isum(alo) + u.mn[2 * b + 1] as i32 * isum(ahi);
-            acc_d += a.d * s as f32;
-            acc_m += a.d * m as f32;
-        }
-        u.d * acc_d - u.dmin * acc_m
+    fn dot<O: Ops>(u: &KDot16, a: &[BlockQ8_1], acc: &mut Acc) {
+        acc.add_scaled_f::<O>(u.d, &dot_w16::<O>(&u.w, a));
+        acc.add_scaled_f::<O>(-u.dmin, &dot_w16::<O>(&u.m, a));
     }
 }
 
@@ -234,7 +289,8 @@ impl Block for Q2K {
         check_f16(b, 80, "d")?;
         check_f16(b, 82, "dmin")
     }
-    fn decode_unpacked(u: &UnpackedK<16>, out: &mut [f32]) {
+    fn decode_block(b: &[u8], out: &mut [f32]) {
+        let u = Self::parts::<Portable>(b);
         for s in 0..16 {
             let dl = u.d * u.sc[s] as f32;
             let ml = u.dmin * u.mn[s] as f32;
@@ -259,36 +315,44 @@ impl Block for Q2K {
 
 pub struct Q3K;
 
-impl DotUnit for Q3K {
-    const DW: usize = 256;
-    const DB: usize = 110;
-    type U = UnpackedK<16>;
+impl Q3K {
     #[inline(always)]
-    fn unpack(b: &[u8]) -> UnpackedK<16> {
+    fn parts<O: Ops>(b: &[u8]) -> UnpackedK<16> {
         let mut q = [0i8; 256];
         two_bit_planes(&b[32..96], &mut q);
         let hm = &b[0..32];
-        for (j, v) in q.iter_mut().enumerate() {
-            let high = (hm[j % 32] >> (j / 32)) & 1;
-            *v -= ((high ^ 1) << 2) as i8;
+        for bit in 0..8 {
+            for l in 0..32 {
+                q[bit * 32 + l] -= ((((hm[l] >> bit) & 1) ^ 1) << 2) as i8;
+            }
         }
         UnpackedK {
             q,
             sc: q3k_scales(&b[96..108]),
             mn: [0; 16],
-            d: f16_at(b, 108),
+            d: f16_at::<O>(b, 108),
+            dmin: 0.0,
+        }
+    }
+}
+
+impl DotUnit for Q3K {
+    const DW: usize = 256;
+    const DB: usize = 110;
+    type U = KDot16;
+    #[inline(always)]
+    fn unpack<O: Ops>(b: &[u8]) -> KDot16 {
+        let p = Self::parts::<O>(b);
+        KDot16 {
+            w: prescale16(&p.q, &p.sc),
+            m: [0; 256],
+            d: p.d,
             dmin: 0.0,
         }
     }
     #[inline(always)]
-    fn dot(u: &UnpackedK<16>, a: &[BlockQ8_1]) -> f32 {
-        let mut acc = 0f32;
-        for (b, a) in a.iter().enumerate().take(8) {
-            let lo = idot(sub::<16>(&u.q, 32 * b), sub::<16>(&a.qs, 0));
-            let hi = idot(sub::<16>(&u.q, 32 * b + 16), sub::<16>(&a.qs, 16));
-            acc += a.d * (u.sc[2 * b] as i32 * lo + u.sc[2 * b + 1] as i32 * hi) as f32;
-        }
-        u.d * acc
+    fn dot<O: Ops>(u: &KDot16, a: &[BlockQ8_1], acc: &mut Acc) {
+        acc.add_scaled_f::<O>(u.d, &dot_w16::<O>(&u.w, a));
     }
 }
 
@@ -298,13 +362,8 @@ impl Block for Q3K {
     fn check(b: &[u8]) -> Result<(), String> {
         check_f16(b, 108, "d")
     }
-    fn decode_unpacked(u: &UnpackedK<16>, out: &mut [f32]) {
-        for s in 0..16 {
-            let dl = u.d * u.sc[s] as f32;
-            for l in 0..16 {
-                out[s * 16 + l] = dl * u.q[s * 16 + l] as f32;
-            }
-        }
+    fn decode_block(b: &[u8], out: &mut [f32]) {
+        symmetric_decode16(&Self::parts::<Portable>(b), out)
     }
     fn encode_block(x: &[f32], out: &mut [u8]) -> Result<(), String> {
         let (d, sc, q) = encode_symmetric_k(x, 4, 32)?;
@@ -331,18 +390,30 @@ impl Block for Q3K {
     }
 }
 
+/// `(d * sc) * q` per sub-block of 16 (Q3_K, Q6_K).
+fn symmetric_decode16(u: &UnpackedK<16>, out: &mut [f32]) {
+    for s in 0..16 {
+        let dl = u.d * u.sc[s] as f32;
+        for l in 0..16 {
+            out[s * 16 + l] = dl * u.q[s * 16 + l] as f32;
+        }
+    }
+}
+
 // ---------------------------------------------------------------- Q4_K / Q5_K
 
-/// `d * sum_b d_a sc_b sum(q q_a) - dmin * sum_b m_b sum(x)`: Q4_K/Q5_K sub-blocks are 32
-/// wide, aligned with q8_1 blocks, so the min term uses the exact activation sums.
+/// `d * sum_b (d_a sc_b) sum(q q_a) - dmin * sum_b m_b sum(x)`: Q4_K/Q5_K sub-blocks
+/// are 32 wide, aligned with q8_1 blocks, so the min term uses the exact activation sums.
 #[inline(always)]
-fn dot_q4k_like(u: &UnpackedK<8>, a: &[BlockQ8_1]) -> f32 {
-    let (mut acc_d, mut acc_m) = (0f32, 0f32);
+fn dot_q4k_like<O: Ops>(u: &UnpackedK<8>, a: &[BlockQ8_1], acc: &mut Acc) {
+    let mut l = Acc::default();
+    let mut mins = 0f32;
     for (b, a) in a.iter().enumerate().take(8) {
-        acc_d += a.d * (u.sc[b] as i32 * idot(sub::<32>(&u.q, 32 * b), &a.qs)) as f32;
-        acc_m += u.mn[b] as f32 * a.sum;
+        l.add_scaled::<O>(a.d * u.sc[b] as f32, &O::dot32(sub::<32>(&u.q, 32 * b), &a.qs));
+        mins += u.mn[b] as f32 * a.sum;
     }
-    u.d * acc_d - u.dmin * acc_m
+    acc.add_scaled_f::<O>(u.d, &l.v);
+    acc.s -= u.dmin * mins;
 }
 
 fn decode_q4k_like(u: &UnpackedK<8>, out: &mut [f32]) {
@@ -362,7 +433,7 @@ impl DotUnit for Q4K {
     const DB: usize = 144;
     type U = UnpackedK<8>;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> UnpackedK<8> {
+    fn unpack<O: Ops>(b: &[u8]) -> UnpackedK<8> {
         let mut q = [0i8; 256];
         let qs = &b[16..144];
         for c in 0..4 {
@@ -377,13 +448,13 @@ impl DotUnit for Q4K {
             q,
             sc,
             mn,
-            d: f16_at(b, 0),
-            dmin: f16_at(b, 2),
+            d: f16_at::<O>(b, 0),
+            dmin: f16_at::<O>(b, 2),
         }
     }
     #[inline(always)]
-    fn dot(u: &UnpackedK<8>, a: &[BlockQ8_1]) -> f32 {
-        dot_q4k_like(u, a)
+    fn dot<O: Ops>(u: &UnpackedK<8>, a: &[BlockQ8_1], acc: &mut Acc) {
+        dot_q4k_like::<O>(u, a, acc)
     }
 }
 
@@ -394,8 +465,8 @@ impl Block for Q4K {
         check_f16(b, 0, "d")?;
         check_f16(b, 2, "dmin")
     }
-    fn decode_unpacked(u: &UnpackedK<8>, out: &mut [f32]) {
-        decode_q4k_like(u, out)
+    fn decode_block(b: &[u8], out: &mut [f32]) {
+        decode_q4k_like(&Self::unpack::<Portable>(b), out)
     }
     fn encode_block(x: &[f32], out: &mut [u8]) -> Result<(), String> {
         let (d, dmin, sc, mn, q) = encode_affine_k::<8>(x, 15, 63)?;
@@ -419,7 +490,7 @@ impl DotUnit for Q5K {
     const DB: usize = 176;
     type U = UnpackedK<8>;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> UnpackedK<8> {
+    fn unpack<O: Ops>(b: &[u8]) -> UnpackedK<8> {
         let mut q = [0i8; 256];
         let qh = &b[16..48];
         let qs = &b[48..176];
@@ -436,13 +507,13 @@ impl DotUnit for Q5K {
             q,
             sc,
             mn,
-            d: f16_at(b, 0),
-            dmin: f16_at(b, 2),
+            d: f16_at::<O>(b, 0),
+            dmin: f16_at::<O>(b, 2),
         }
     }
     #[inline(always)]
-    fn dot(u: &UnpackedK<8>, a: &[BlockQ8_1]) -> f32 {
-        dot_q4k_like(u, a)
+    fn dot<O: Ops>(u: &UnpackedK<8>, a: &[BlockQ8_1], acc: &mut Acc) {
+        dot_q4k_like::<O>(u, a, acc)
     }
 }
 
@@ -453,8 +524,8 @@ impl Block for Q5K {
         check_f16(b, 0, "d")?;
         check_f16(b, 2, "dmin")
     }
-    fn decode_unpacked(u: &UnpackedK<8>, out: &mut [f32]) {
-        decode_q4k_like(u, out)
+    fn decode_block(b: &[u8], out: &mut [f32]) {
+        decode_q4k_like(&Self::unpack::<Portable>(b), out)
     }
     fn encode_block(x: &[f32], out: &mut [u8]) -> Result<(), String> {
         let (d, dmin, sc, mn, q) = encode_affine_k::<8>(x, 31, 63)?;
@@ -478,12 +549,9 @@ impl Block for Q5K {
 
 pub struct Q6K;
 
-impl DotUnit for Q6K {
-    const DW: usize = 256;
-    const DB: usize = 210;
-    type U = UnpackedK<16>;
+impl Q6K {
     #[inline(always)]
-    fn unpack(b: &[u8]) -> UnpackedK<16> {
+    fn parts<O: Ops>(b: &[u8]) -> UnpackedK<16> {
         let mut q = [0i8; 256];
         let (ql, qh) = (&b[0..128], &b[128..192]);
         for half in 0..2 {
@@ -505,19 +573,29 @@ impl DotUnit for Q6K {
             q,
             sc,
             mn: [0; 16],
-            d: f16_at(b, 208),
+            d: f16_at::<O>(b, 208),
+            dmin: 0.0,
+        }
+    }
+}
+
+impl DotUnit for Q6K {
+    const DW: usize = 256;
+    const DB: usize = 210;
+    type U = KDot16;
+    #[inline(always)]
+    fn unpack<O: Ops>(b: &[u8]) -> KDot16 {
+        let p = Self::parts::<O>(b);
+        KDot16 {
+            w: prescale16(&p.q, &p.sc),
+            m: [0; 256],
+            d: p.d,
             dmin: 0.0,
         }
     }
     #[inline(always)]
-    fn dot(u: &UnpackedK<16>, a: &[BlockQ8_1]) -> f32 {
-        let mut acc = 0f32;
-        for (b, a) in a.iter().enumerate().take(8) {
-            let lo = idot(sub::<16>(&u.q, 32 * b), sub::<16>(&a.qs, 0));
-            let hi = idot(sub::<16>(&u.q, 32 * b + 16), sub::<16>(&a.qs, 16));
-            acc += a.d * (u.sc[2 * b] as i32 * lo + u.sc[2 * b + 1] as i32 * hi) as f32;
-        }
-        u.d * acc
+    fn dot<O: Ops>(u: &KDot16, a: &[BlockQ8_1], acc: &mut Acc) {
+        acc.add_scaled_f::<O>(u.d, &dot_w16::<O>(&u.w, a));
     }
 }
 
@@ -527,13 +605,8 @@ impl Block for Q6K {
     fn check(b: &[u8]) -> Result<(), String> {
         check_f16(b, 208, "d")
     }
-    fn decode_unpacked(u: &UnpackedK<16>, out: &mut [f32]) {
-        for s in 0..16 {
-            let dl = u.d * u.sc[s] as f32;
-            for l in 0..16 {
-                out[s * 16 + l] = dl * u.q[s * 16 + l] as f32;
-            }
-        }
+    fn decode_block(b: &[u8], out: &mut [f32]) {
+        symmetric_decode16(&Self::parts::<Portable>(b), out)
     }
     fn encode_block(x: &[f32], out: &mut [u8]) -> Result<(), String> {
         let (d, sc, q) = encode_symmetric_k(x, 32, 128)?;

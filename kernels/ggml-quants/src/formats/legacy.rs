@@ -13,7 +13,7 @@
 use moe_plugin_api::BlockQ8_1;
 
 use super::{min_max, signed_absmax, Block};
-use crate::dot::{idot, DotUnit};
+use crate::dot::{Acc, DotUnit, Ops, Portable};
 use crate::fp::{check_f16, f16_at, f16_checked, round_clamp};
 
 /// An unpacked 32-weight block: integer codes and the f32 scale (and offset).
@@ -35,10 +35,12 @@ fn nibbles(qs: &[u8]) -> [i8; 32] {
 
 #[inline(always)]
 fn with_high_bits(qs: &[u8], qh: &[u8]) -> [i8; 32] {
-    let h = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    // Bit j of the little-endian u32 is bit j % 8 of byte j / 8: spread each byte over
+    // its 8 weights and keep one bit per lane (a byte shuffle, an and, a min: vectorises
+    // without per-lane shifts or branches).
     let mut q = nibbles(qs);
     for (j, v) in q.iter_mut().enumerate() {
-        *v |= (((h >> j) & 1) << 4) as i8;
+        *v |= (((qh[j / 8] & (1 << (j % 8))).min(1)) << 4) as i8;
     }
     q
 }
@@ -91,20 +93,20 @@ impl DotUnit for Q4_0 {
     const DB: usize = 18;
     type U = Unpacked32;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> Unpacked32 {
+    fn unpack<O: Ops>(b: &[u8]) -> Unpacked32 {
         let mut q = nibbles(&b[2..18]);
         for v in q.iter_mut() {
             *v -= 8;
         }
         Unpacked32 {
             q,
-            d: f16_at(b, 0),
+            d: f16_at::<O>(b, 0),
             m: 0.0,
         }
     }
     #[inline(always)]
-    fn dot(u: &Unpacked32, a: &[BlockQ8_1]) -> f32 {
-        u.d * a[0].d * idot(&u.q, &a[0].qs) as f32
+    fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
+        acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
     }
 }
 
@@ -114,7 +116,8 @@ impl Block for Q4_0 {
     fn check(b: &[u8]) -> Result<(), String> {
         check_f16(b, 0, "d")
     }
-    fn decode_unpacked(u: &Unpacked32, out: &mut [f32]) {
+    fn decode_block(b: &[u8], out: &mut [f32]) {
+        let u = Self::unpack::<Portable>(b);
         for (o, q) in out.iter_mut().zip(u.q) {
             *o = u.d * q as f32;
         }
@@ -136,18 +139,19 @@ impl DotUnit for Q4_1 {
     const DB: usize = 20;
     type U = Unpacked32;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> Unpacked32 {
+    fn unpack<O: Ops>(b: &[u8]) -> Unpacked32 {
         Unpacked32 {
             q: nibbles(&b[4..20]),
-            d: f16_at(b, 0),
-            m: f16_at(b, 2),
+            d: f16_at::<O>(b, 0),
+            m: f16_at::<O>(b, 2),
         }
     }
     /// `d_w d_a sum(q_w q_a) + m_w sum(x)`: the offset uses the activation block's exact
     /// sum of the original values (the q8_1 contract), not `d_a sum(q_a)`.
     #[inline(always)]
-    fn dot(u: &Unpacked32, a: &[BlockQ8_1]) -> f32 {
-        u.d * a[0].d * idot(&u.q, &a[0].qs) as f32 + u.m * a[0].sum
+    fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
+        acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
+        acc.s += u.m * a[0].sum;
     }
 }
 
@@ -158,7 +162,8 @@ impl Block for Q4_1 {
         check_f16(b, 0, "d")?;
         check_f16(b, 2, "m")
     }
-    fn decode_unpacked(u: &Unpacked32, out: &mut [f32]) {
+    fn decode_block(b: &[u8], out: &mut [f32]) {
+        let u = Self::unpack::<Portable>(b);
         for (o, q) in out.iter_mut().zip(u.q) {
             *o = u.d * q as f32 + u.m;
         }
@@ -181,20 +186,20 @@ impl DotUnit for Q5_0 {
     const DB: usize = 22;
     type U = Unpacked32;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> Unpacked32 {
+    fn unpack<O: Ops>(b: &[u8]) -> Unpacked32 {
         let mut q = with_high_bits(&b[6..22], &b[2..6]);
         for v in q.iter_mut() {
             *v -= 16;
         }
         Unpacked32 {
             q,
-            d: f16_at(b, 0),
+            d: f16_at::<O>(b, 0),
             m: 0.0,
         }
     }
     #[inline(always)]
-    fn dot(u: &Unpacked32, a: &[BlockQ8_1]) -> f32 {
-        u.d * a[0].d * idot(&u.q, &a[0].qs) as f32
+    fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
+        acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
     }
 }
 
@@ -204,7 +209,8 @@ impl Block for Q5_0 {
     fn check(b: &[u8]) -> Result<(), String> {
         check_f16(b, 0, "d")
     }
-    fn decode_unpacked(u: &Unpacked32, out: &mut [f32]) {
+    fn decode_block(b: &[u8], out: &mut [f32]) {
+        let u = Self::unpack::<Portable>(b);
         for (o, q) in out.iter_mut().zip(u.q) {
             *o = u.d * q as f32;
         }
@@ -227,16 +233,17 @@ impl DotUnit for Q5_1 {
     const DB: usize = 24;
     type U = Unpacked32;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> Unpacked32 {
+    fn unpack<O: Ops>(b: &[u8]) -> Unpacked32 {
         Unpacked32 {
             q: with_high_bits(&b[8..24], &b[4..8]),
-            d: f16_at(b, 0),
-            m: f16_at(b, 2),
+            d: f16_at::<O>(b, 0),
+            m: f16_at::<O>(b, 2),
         }
     }
     #[inline(always)]
-    fn dot(u: &Unpacked32, a: &[BlockQ8_1]) -> f32 {
-        u.d * a[0].d * idot(&u.q, &a[0].qs) as f32 + u.m * a[0].sum
+    fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
+        acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
+        acc.s += u.m * a[0].sum;
     }
 }
 
@@ -247,7 +254,8 @@ impl Block for Q5_1 {
         check_f16(b, 0, "d")?;
         check_f16(b, 2, "m")
     }
-    fn decode_unpacked(u: &Unpacked32, out: &mut [f32]) {
+    fn decode_block(b: &[u8], out: &mut [f32]) {
+        let u = Self::unpack::<Portable>(b);
         for (o, q) in out.iter_mut().zip(u.q) {
             *o = u.d * q as f32 + u.m;
         }
@@ -271,20 +279,20 @@ impl DotUnit for Q8_0 {
     const DB: usize = 34;
     type U = Unpacked32;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> Unpacked32 {
+    fn unpack<O: Ops>(b: &[u8]) -> Unpacked32 {
         let mut q = [0i8; 32];
         for (q, v) in q.iter_mut().zip(&b[2..34]) {
             *q = *v as i8;
         }
         Unpacked32 {
             q,
-            d: f16_at(b, 0),
+            d: f16_at::<O>(b, 0),
             m: 0.0,
         }
     }
     #[inline(always)]
-    fn dot(u: &Unpacked32, a: &[BlockQ8_1]) -> f32 {
-        u.d * a[0].d * idot(&u.q, &a[0].qs) as f32
+    fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
+        acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
     }
 }
 
@@ -294,7 +302,8 @@ impl Block for Q8_0 {
     fn check(b: &[u8]) -> Result<(), String> {
         check_f16(b, 0, "d")
     }
-    fn decode_unpacked(u: &Unpacked32, out: &mut [f32]) {
+    fn decode_block(b: &[u8], out: &mut [f32]) {
+        let u = Self::unpack::<Portable>(b);
         for (o, q) in out.iter_mut().zip(u.q) {
             *o = q as f32 * u.d;
         }

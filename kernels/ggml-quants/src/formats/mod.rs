@@ -1,9 +1,9 @@
 //! The ggml tensor types this plugin provides.
 //!
 //! Quantised types implement [`Block`] (one block: check, unpack, decode, encode, dot);
-//! the float types implement [`Format`] directly. Decoding always goes through the same
-//! unpacked integers the dot product uses, so the bit-exact decode tests against gguf-py
-//! also pin down the bit layout the dot kernels read.
+//! the float types implement [`Format`] directly. Decoding and the dot product share the
+//! bit-unpacking helpers, so the bit-exact decode tests against gguf-py also pin down the
+//! layout the dot kernels read (and tests/dot_q8.rs compares the two).
 
 pub mod float;
 pub mod kquants;
@@ -34,9 +34,9 @@ pub trait Block: DotUnit {
     const NAME: &'static str;
     /// Checks one block's scale fields; the error says which field and why.
     fn check(b: &[u8]) -> Result<(), String>;
-    /// Decodes an unpacked block with the same f32 operations, in the same order, as
-    /// gguf-py's numpy dequantiser.
-    fn decode_unpacked(u: &Self::U, out: &mut [f32]);
+    /// Decodes one block (`out.len() == DW`) with the same f32 operations, in the same
+    /// order, as gguf-py's numpy dequantiser.
+    fn decode_block(b: &[u8], out: &mut [f32]);
     /// Reference quantiser for one block (`x.len() == DW`, `out.len() == DB`); inputs are
     /// finite (checked by the caller).
     fn encode_block(x: &[f32], out: &mut [u8]) -> Result<(), String>;
@@ -57,7 +57,7 @@ impl<T: Block> Format for T {
 
     fn decode(blocks: &[u8], out: &mut [f32]) {
         for (b, o) in blocks.chunks_exact(T::DB).zip(out.chunks_exact_mut(T::DW)) {
-            T::decode_unpacked(&T::unpack(b), o);
+            T::decode_block(b, o);
         }
     }
 

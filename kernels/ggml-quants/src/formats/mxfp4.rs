@@ -6,11 +6,25 @@
 use moe_plugin_api::BlockQ8_1;
 
 use super::{legacy::Unpacked32, Block};
-use crate::dot::{idot, DotUnit};
+use crate::dot::{Acc, DotUnit, Ops, Portable};
 use crate::fp::e8m0_half_to_f32;
 
 /// e2m1 values times two: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
 pub const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// `KVALUES[c]` without a table lookup (so unpacking vectorises): the magnitude code
+/// v = c & 7 maps 0..8 to 0, 1, 2, 3, 4, 6, 8, 12 = v + max(v - 4, 0) + 2 max(v - 6, 0);
+/// bit 3 is the sign.
+#[inline(always)]
+pub fn kvalue(c: u8) -> i8 {
+    let v = c & 7;
+    let mag = (v + v.saturating_sub(4) + 2 * v.saturating_sub(6)) as i8;
+    if c & 8 != 0 {
+        -mag
+    } else {
+        mag
+    }
+}
 
 pub struct Mxfp4;
 
@@ -19,11 +33,15 @@ impl DotUnit for Mxfp4 {
     const DB: usize = 17;
     type U = Unpacked32;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> Unpacked32 {
-        let mut q = [0i8; 32];
+    fn unpack<O: Ops>(b: &[u8]) -> Unpacked32 {
+        let mut c = [0u8; 32];
         for i in 0..16 {
-            q[i] = KVALUES[(b[1 + i] & 0x0f) as usize];
-            q[i + 16] = KVALUES[(b[1 + i] >> 4) as usize];
+            c[i] = b[1 + i] & 0x0f;
+            c[i + 16] = b[1 + i] >> 4;
+        }
+        let mut q = [0i8; 32];
+        for (q, c) in q.iter_mut().zip(c) {
+            *q = kvalue(c);
         }
         Unpacked32 {
             q,
@@ -32,8 +50,16 @@ impl DotUnit for Mxfp4 {
         }
     }
     #[inline(always)]
-    fn dot(u: &Unpacked32, a: &[BlockQ8_1]) -> f32 {
-        u.d * a[0].d * idot(&u.q, &a[0].qs) as f32
+    fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
+        acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn kvalue_matches_table() {
+    for c in 0..16u8 {
+        assert_eq!(kvalue(c), KVALUES[c as usize], "code {c}");
     }
 }
 
@@ -73,7 +99,8 @@ impl Block for Mxfp4 {
         }
         Ok(())
     }
-    fn decode_unpacked(u: &Unpacked32, out: &mut [f32]) {
+    fn decode_block(b: &[u8], out: &mut [f32]) {
+        let u = Self::unpack::<Portable>(b);
         for (o, q) in out.iter_mut().zip(u.q) {
             *o = u.d * q as f32;
         }

@@ -1,0 +1,100 @@
+//! `moeserve logits` and `moeserve generate`: run a model without the server.
+
+use std::{io::Write, path::Path, time::Instant};
+
+use anyhow::{bail, Context, Result};
+use moe_engine::{
+    load, npy, sampling::argmax, BatchEntry, LoadOptions, LoadedModel,
+};
+use moe_plugin_host::Registry;
+
+pub fn load_model(config: &Path, model: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    let reg = Registry::from_config_file(config)?;
+    load(&reg, model, opts)
+}
+
+fn parse_tokens(s: &str) -> Result<Vec<u32>> {
+    s.split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| t.trim().parse::<u32>().with_context(|| format!("bad token id '{t}'")))
+        .collect()
+}
+
+/// Logits for every position, by batched prefill or token-by-token decode.
+pub fn logits(config: &Path, model: &Path, tokens: &str, out: &Path, mode: &str) -> Result<()> {
+    let toks = parse_tokens(tokens)?;
+    if toks.is_empty() {
+        bail!("--tokens is empty");
+    }
+    let mut m = load_model(config, model, &LoadOptions { n_ctx: toks.len().max(16), n_slots: 1 })?;
+    let entries: Vec<BatchEntry> = toks
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| BatchEntry { token: t, slot: 0, pos: i as u32, want_logits: true })
+        .collect();
+    let rows = match mode {
+        "prefill" => m.model.forward(&entries)?,
+        "decode" => {
+            let mut rows = Vec::new();
+            for e in &entries {
+                rows.extend(m.model.forward(std::slice::from_ref(e))?);
+            }
+            rows
+        }
+        other => bail!("--mode must be prefill or decode, not '{other}'"),
+    };
+    let vocab = m.model.n_vocab();
+    let flat: Vec<f32> = rows.concat();
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
+    );
+    npy::write_f32(&mut f, &[toks.len(), vocab], &flat)?;
+    f.flush()?;
+    eprintln!("wrote {} x {vocab} logits to {}", toks.len(), out.display());
+    Ok(())
+}
+
+/// Greedy continuation of a prompt (chat-formatted unless --raw), with timings.
+pub fn generate(config: &Path, model: &Path, prompt: &str, n: usize, raw: bool) -> Result<()> {
+    let mut m = load_model(config, model, &LoadOptions::default())?;
+    let text = if raw {
+        prompt.to_string()
+    } else {
+        let msgs = [moe_tokenizer::ChatMessage::new("user", prompt)];
+        m.tokenizer.apply_chat_template(&msgs, true)?
+    };
+    let toks = m.tokenizer.encode(&text, true, true)?;
+    let t0 = Instant::now();
+    let entries: Vec<BatchEntry> = toks
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| BatchEntry { token: t, slot: 0, pos: i as u32, want_logits: i + 1 == toks.len() })
+        .collect();
+    let mut logits = m.model.forward(&entries)?.pop().context("no logits")?;
+    let prefill = t0.elapsed();
+    let mut dec = moe_tokenizer::StreamDecoder::new();
+    let t1 = Instant::now();
+    let mut made = 0;
+    for i in 0..n {
+        let id = argmax(&logits);
+        if m.tokenizer.is_end_of_generation(id) {
+            break;
+        }
+        print!("{}", dec.push(&m.tokenizer, id));
+        std::io::stdout().flush()?;
+        made += 1;
+        let e = BatchEntry { token: id, slot: 0, pos: (toks.len() + i) as u32, want_logits: true };
+        logits = m.model.forward(&[e])?.pop().context("no logits")?;
+    }
+    println!("{}", dec.finish());
+    let dt = t1.elapsed().as_secs_f64();
+    eprintln!(
+        "prefill {} tokens in {:.1} ms ({:.1} tok/s); decode {made} tokens in {:.1} ms ({:.1} tok/s)",
+        toks.len(),
+        prefill.as_secs_f64() * 1e3,
+        toks.len() as f64 / prefill.as_secs_f64(),
+        dt * 1e3,
+        made as f64 / dt.max(1e-9)
+    );
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! `moeserve serve`: load a model and answer the OpenAI-compatible API.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use moe_engine::{LoadOptions, Scheduler, SchedulerOptions};
+use moe_server::{LengthLimits, ServerOptions};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// GGUF model file.
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8016)]
+    pub port: u16,
+    /// Context length per sequence (0 = the model's, capped at 4096).
+    #[arg(long, default_value_t = 0)]
+    pub ctx_size: usize,
+    /// Sequences served at once (KV-cache slots); more requests wait in a queue.
+    #[arg(long, default_value_t = 4)]
+    pub parallel: usize,
+    /// Output length when a request gives none (or zero, or a negative one).
+    #[arg(long, default_value_t = 1024)]
+    pub default_max_tokens: usize,
+    /// Longest output any request may ask for (larger requests are clamped).
+    #[arg(long, default_value_t = 8192)]
+    pub max_tokens_limit: usize,
+    /// Most tokens per forward pass (decode steps plus prefill chunks).
+    #[arg(long, default_value_t = 256)]
+    pub batch_tokens: usize,
+    /// Require `Authorization: Bearer KEY` (also read from MOESERVE_API_KEY).
+    #[arg(long, env = "MOESERVE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+}
+
+pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
+    let addr: SocketAddr = format!("{}:{}", a.host, a.port)
+        .parse()
+        .with_context(|| format!("bad --host/--port '{}:{}'", a.host, a.port))?;
+    if !a.model.is_file() {
+        anyhow::bail!("model file {} does not exist", a.model.display());
+    }
+    let alias = a
+        .model
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let opts = ServerOptions {
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        limits: LengthLimits {
+            default_max_tokens: a.default_max_tokens,
+            max_tokens_limit: a.max_tokens_limit,
+        },
+        max_body_bytes: a.max_body_bytes,
+    };
+    let load_opts = LoadOptions {
+        n_ctx: a.ctx_size,
+        n_slots: a.parallel,
+    };
+    let sched_opts = SchedulerOptions {
+        max_batch_tokens: a.batch_tokens,
+    };
+    let model = a.model.clone();
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(moe_server::serve(addr, opts, alias, move || {
+        let m = crate::eval_cmd::load_model(&config, &model, &load_opts)?;
+        Ok(Scheduler::start(m, sched_opts))
+    }))
+}

@@ -1,0 +1,120 @@
+//! A safe face on a backend plugin's function table: owned buffers, typed tensors,
+//! and op calls whose errors carry context.
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context, Result};
+use moe_plugin_api::{into_result, types, Backend, OpParams, TensorRef};
+
+/// One device of one backend, with its stream.
+pub struct Device {
+    be: Backend,
+    pub index: u32,
+    stream: u64,
+}
+
+impl Device {
+    pub fn open(be: &Backend, index: u32) -> Result<Arc<Device>> {
+        let stream = into_result((be.stream_create)(index))
+            .map_err(|e| anyhow!("{} device {index}: cannot create a stream: {e}", be.name))?;
+        Ok(Arc::new(Device {
+            be: be.clone(),
+            index,
+            stream,
+        }))
+    }
+
+    pub fn name(&self) -> String {
+        format!("{}:{}", self.be.name, self.index)
+    }
+
+    /// A new zeroed tensor.
+    pub fn tensor(self: &Arc<Self>, type_id: u32, dims: [u64; 4], bytes: u64) -> Result<Tensor> {
+        let buffer = into_result((self.be.alloc)(self.index, bytes))
+            .map_err(|e| anyhow!("{}: allocating {bytes} bytes: {e}", self.name()))?;
+        Ok(Tensor {
+            dev: self.clone(),
+            r: TensorRef {
+                buffer,
+                offset: 0,
+                type_id,
+                variant: 0,
+                dims,
+            },
+            bytes,
+        })
+    }
+
+    pub fn f32(self: &Arc<Self>, dims: [u64; 4]) -> Result<Tensor> {
+        self.tensor(types::F32, dims, dims.iter().product::<u64>() * 4)
+    }
+
+    pub fn i32(self: &Arc<Self>, n: usize) -> Result<Tensor> {
+        self.tensor(types::I32, [n as u64, 1, 1, 1], n as u64 * 4)
+    }
+
+    pub fn op(&self, op: u32, params: OpParams, args: &[TensorRef]) -> Result<()> {
+        into_result((self.be.run_op)(self.stream, op, params, args.into()))
+            .map_err(|e| anyhow!("{} op {op}: {e}", self.name()))
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        into_result((self.be.synchronize)(self.stream)).map_err(|e| anyhow!("{}: {e}", self.name()))
+    }
+
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        (self.be.kernel_counters)()
+            .into_iter()
+            .map(|t| (t.0.into_string(), t.1))
+            .collect()
+    }
+}
+
+/// A buffer owned by the host side, freed (by the backend that made it) on drop.
+pub struct Tensor {
+    dev: Arc<Device>,
+    pub r: TensorRef,
+    pub bytes: u64,
+}
+
+impl Tensor {
+    /// The same buffer seen with other dims (and count of values).
+    pub fn view(&self, dims: [u64; 4]) -> TensorRef {
+        TensorRef { dims, ..self.r }
+    }
+
+    pub fn upload(&self, data: &[u8]) -> Result<()> {
+        into_result((self.dev.be.upload)(self.r.buffer, 0, data.into()))
+            .map_err(|e| anyhow!("{}: upload: {e}", self.dev.name()))
+    }
+
+    pub fn upload_i32(&self, v: &[i32]) -> Result<()> {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.upload(&bytes)
+    }
+
+    pub fn upload_f32(&self, v: &[f32]) -> Result<()> {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.upload(&bytes)
+    }
+
+    /// Reads `n` f32 values from the start of the buffer.
+    pub fn download_f32(&self, n: usize) -> Result<Vec<f32>> {
+        let mut bytes = vec![0u8; n * 4];
+        into_result((self.dev.be.download)(self.r.buffer, 0, bytes.as_mut_slice().into()))
+            .map_err(|e| anyhow!("{}: download: {e}", self.dev.name()))
+            .context("reading results back")?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+}
+
+impl Drop for Tensor {
+    fn drop(&mut self) {
+        if let Err(e) = into_result((self.dev.be.free)(self.r.buffer)) {
+            tracing::warn!("{}: freeing a buffer: {e}", self.dev.name());
+        }
+    }
+}

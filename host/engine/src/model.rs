@@ -1,0 +1,257 @@
+//! Loading a GGUF model: tensors placed by the configured policy and uploaded to the
+//! backend, the tokenizer built from metadata, and the architecture's graph.
+
+use std::{collections::HashMap, path::Path, sync::Arc};
+
+use anyhow::{anyhow, bail, Context, Result};
+use moe_gguf::GgufFile;
+use moe_plugin_api::{
+    abi_stable::std_types::{ROption, RVec},
+    into_result, DeviceInfo, Phase, PlacementRequest, TensorMeta,
+};
+use moe_plugin_host::{config::settings_text, Registry};
+use moe_tokenizer::{ExtraParts, Tokenizer, TokenizerParts};
+
+use crate::{device::Device, device::Tensor, llama};
+
+/// One token of a forward batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchEntry {
+    pub token: u32,
+    /// KV-cache slot (one per concurrent sequence).
+    pub slot: u32,
+    /// Position within its sequence.
+    pub pos: u32,
+    /// Whether this position's logits are returned.
+    pub want_logits: bool,
+}
+
+/// A decoder-only model over cached slots.
+pub trait CausalLm: Send {
+    fn arch(&self) -> &str;
+    fn n_ctx(&self) -> usize;
+    fn n_slots(&self) -> usize;
+    fn n_vocab(&self) -> usize;
+    fn device(&self) -> &Arc<Device>;
+    /// Runs the batch; returns logits rows for entries with `want_logits`, in order.
+    fn forward(&mut self, batch: &[BatchEntry]) -> Result<Vec<Vec<f32>>>;
+}
+
+/// The model's weights on their devices, by GGUF tensor name.
+pub struct Weights {
+    dev: Arc<Device>,
+    map: HashMap<String, Arc<Tensor>>,
+}
+
+impl Weights {
+    pub fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+    pub fn get(&self, name: &str) -> Result<Arc<Tensor>> {
+        self.map
+            .get(name)
+            .cloned()
+            .ok_or_else(|| anyhow!("the model has no tensor '{name}'"))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Context length per sequence (0 = the model's training context, capped at 4096).
+    pub n_ctx: usize,
+    /// Concurrent sequences (KV-cache slots).
+    pub n_slots: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { n_ctx: 0, n_slots: 4 }
+    }
+}
+
+pub struct LoadedModel {
+    pub name: String,
+    pub arch: String,
+    pub tokenizer: Arc<Tokenizer>,
+    pub model: Box<dyn CausalLm>,
+}
+
+fn layer_of(name: &str) -> i32 {
+    name.strip_prefix("blk.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// Opens a GGUF with the type sizes the loaded quant plugins declare.
+pub fn open_gguf(reg: &Registry, path: &Path) -> Result<GgufFile> {
+    let sizes = |id: u32| reg.type_size(id);
+    Ok(GgufFile::open(path, &sizes)?)
+}
+
+/// Runs the configured placement policy and returns the single device it chose.
+fn place(reg: &Registry, f: &GgufFile, devices: &[DeviceInfo]) -> Result<u32> {
+    let cfg = &reg.config;
+    let policy = reg.policy(&cfg.placement.policy)?;
+    let profile = match &cfg.placement.routing_profile {
+        Some(p) => {
+            let path = cfg.base_dir().join(p);
+            ROption::RSome(
+                std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading routing profile {}", path.display()))?
+                    .into(),
+            )
+        }
+        None => ROption::RNone,
+    };
+    let tensors: RVec<TensorMeta> = f
+        .tensors()
+        .iter()
+        .map(|t| TensorMeta {
+            name: t.name.as_str().into(),
+            shape: t.dims.iter().copied().collect(),
+            type_id: t.type_id,
+            bytes: t.n_bytes,
+            layer: layer_of(&t.name),
+            n_experts: if t.name.contains("_exps") { t.dims.last().copied().unwrap_or(0) as u32 } else { 0 },
+            role: llama::role_of(&t.name).into(),
+        })
+        .collect();
+    let req = PlacementRequest {
+        devices: devices.iter().cloned().collect(),
+        tensors,
+        phase: Phase::Decode,
+        routing_profile: profile,
+        settings_toml: settings_text(&cfg.placement.settings).into(),
+    };
+    let plan = into_result((policy.place)(&req))
+        .map_err(|e| anyhow!("placement policy '{}': {e}", policy.name))?;
+    let mut used: Vec<u32> = plan.iter().map(|a| a.device).collect();
+    used.sort_unstable();
+    used.dedup();
+    match used.as_slice() {
+        [one] => Ok(devices
+            .get(*one as usize)
+            .ok_or_else(|| anyhow!("placement chose device {one}, which was not offered"))?
+            .index),
+        [] => bail!("placement policy '{}' placed no tensors", policy.name),
+        many => bail!(
+            "placement policy '{}' spread the model over devices {many:?}; running one model across several devices is not supported yet — use single-device",
+            policy.name
+        ),
+    }
+}
+
+fn tokenizer_from(f: &GgufFile) -> Result<Tokenizer> {
+    let opt_u32 = |k: &str| f.get_u64(k).ok().map(|v| v as u32);
+    let strings = |k: &str| -> Result<Vec<String>> {
+        Ok(f.get_str_array(k)?.into_iter().map(str::to_owned).collect())
+    };
+    let mut eot = Vec::new();
+    for k in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        eot.extend(opt_u32(k));
+    }
+    let parts = TokenizerParts {
+        model: f.get_str("tokenizer.ggml.model")?.to_owned(),
+        pre: f.get_str("tokenizer.ggml.pre").ok().map(str::to_owned),
+        tokens: strings("tokenizer.ggml.tokens")?,
+        token_types: f
+            .get_i64_array("tokenizer.ggml.token_type")
+            .ok()
+            .map(|v| v.into_iter().map(|x| x as i32).collect()),
+        merges: strings("tokenizer.ggml.merges").unwrap_or_default(),
+        bos_id: opt_u32("tokenizer.ggml.bos_token_id"),
+        eos_id: opt_u32("tokenizer.ggml.eos_token_id"),
+        unk_id: opt_u32("tokenizer.ggml.unknown_token_id"),
+        pad_id: opt_u32("tokenizer.ggml.padding_token_id"),
+        eot_ids: eot,
+        add_bos: f.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(false),
+        add_eos: f.get_bool("tokenizer.ggml.add_eos_token").unwrap_or(false),
+        chat_template: f.get_str("tokenizer.chat_template").ok().map(str::to_owned),
+    };
+    let extra = ExtraParts {
+        scores: f
+            .get_f64_array("tokenizer.ggml.scores")
+            .ok()
+            .map(|v| v.into_iter().map(|x| x as f32).collect()),
+        add_space_prefix: f.get_bool("tokenizer.ggml.add_space_prefix").ok(),
+    };
+    Ok(Tokenizer::from_parts_with(parts, extra)?)
+}
+
+/// Loads a GGUF model onto the configured backend.
+pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    let f = open_gguf(reg, path)?;
+    let arch = f.get_str("general.architecture")?.to_owned();
+    if arch != "llama" {
+        bail!(
+            "{}: architecture '{arch}' is not supported yet (supported: llama)",
+            path.display()
+        );
+    }
+    let tokenizer = tokenizer_from(&f).with_context(|| format!("{}: tokenizer", path.display()))?;
+
+    let be = reg.backend(&reg.config.devices.backend)?;
+    into_result((be.register_quant_formats)(reg.quant_formats().cloned().collect()))
+        .map_err(|e| anyhow!("{}: {e}", be.name))?;
+    let mut devices: Vec<DeviceInfo> = into_result((be.devices)())
+        .map_err(|e| anyhow!("{}: listing devices: {e}", be.name))?
+        .into_iter()
+        .collect();
+    let wanted = &reg.config.devices.use_devices;
+    if !wanted.is_empty() {
+        devices.retain(|d| wanted.contains(&d.index));
+    }
+    if devices.is_empty() {
+        bail!("backend '{}' has no usable devices (use_devices = {wanted:?})", be.name);
+    }
+    let dev_index = place(reg, &f, &devices)?;
+    let dev = Device::open(be, dev_index)?;
+
+    let total: u64 = f.tensors().iter().map(|t| t.n_bytes).sum();
+    tracing::info!(
+        "loading {} ({} tensors, {:.1} MiB) onto {}",
+        path.display(),
+        f.tensors().len(),
+        total as f64 / (1 << 20) as f64,
+        dev.name()
+    );
+    let meta_json = f.scalar_metadata_json();
+    let mut map = HashMap::new();
+    for t in f.tensors() {
+        let data = f.tensor_data(t);
+        let mut variant = 0;
+        if let Some(fmt) = reg.quant_format(t.type_id) {
+            variant = into_result((fmt.resolve_variant)(meta_json.as_str().into()))
+                .map_err(|e| anyhow!("{}: tensor {}: {e}", path.display(), t.name))?;
+            into_result((fmt.validate)(variant, data.into()))
+                .map_err(|e| anyhow!("{}: tensor {} ({}): {e}", path.display(), t.name, fmt.name))?;
+        }
+        let mut dims = [1u64; 4];
+        for (d, v) in dims.iter_mut().zip(&t.dims) {
+            *d = *v;
+        }
+        let mut tensor = dev.tensor(t.type_id, dims, t.n_bytes.max(1))?;
+        tensor.r.variant = variant;
+        tensor
+            .upload(data)
+            .with_context(|| format!("uploading {}", t.name))?;
+        map.insert(t.name.clone(), Arc::new(tensor));
+    }
+    let weights = Weights { dev, map };
+    let llama = llama::LlamaParams::from_gguf(&f, &arch)?;
+    let n_ctx = if opts.n_ctx == 0 { llama.train_ctx.min(4096) } else { opts.n_ctx };
+    let model = llama::Llama::new(&f, &arch, &weights, n_ctx, opts.n_slots.max(1))
+        .with_context(|| format!("{}: building the {arch} graph", path.display()))?;
+    let name = f
+        .get_str("general.name")
+        .ok()
+        .map(str::to_owned)
+        .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
+    Ok(LoadedModel {
+        name,
+        arch,
+        tokenizer: Arc::new(tokenizer),
+        model: Box::new(model),
+    })
+}

@@ -1,0 +1,363 @@
+//! Continuous batching: one thread owns the model; every step it packs the next token
+//! of each decoding sequence and chunks of waiting prompts into ONE forward pass.
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        mpsc, Arc,
+    },
+    time::Instant,
+};
+
+use anyhow::{bail, Result};
+use moe_tokenizer::{StreamDecoder, Tokenizer};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::{
+    model::{BatchEntry, CausalLm, LoadedModel},
+    sampling::{Sampled, Sampler, SamplingParams},
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// Per-request timings (the fields the API reports).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Timings {
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_prefix_tokens: usize,
+}
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// One generated token and the text it completes (may be empty while a multi-byte
+    /// character or a possible stop string is held back).
+    Token { id: u32, text: String, sampled: Sampled },
+    Done { reason: FinishReason, timings: Timings },
+    Error(String),
+}
+
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Already clamped by the caller; also capped here by the context.
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub events: UnboundedSender<Event>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SchedulerOptions {
+    /// Most tokens in one forward pass (prefill chunks fill what decoding leaves).
+    pub max_batch_tokens: usize,
+}
+
+impl Default for SchedulerOptions {
+    fn default() -> Self {
+        SchedulerOptions {
+            max_batch_tokens: 256,
+        }
+    }
+}
+
+/// Counters the server exports as metrics.
+#[derive(Default, Debug)]
+pub struct Stats {
+    pub requests: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub forward_passes: AtomicU64,
+    pub forward_us: AtomicU64,
+    pub active: AtomicUsize,
+    pub waiting: AtomicUsize,
+}
+
+/// Handle to the scheduler thread.
+pub struct Scheduler {
+    tx: mpsc::Sender<GenRequest>,
+    pub stats: Arc<Stats>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub model_name: String,
+    pub n_ctx: usize,
+    pub n_slots: usize,
+}
+
+impl Scheduler {
+    pub fn start(m: LoadedModel, opts: SchedulerOptions) -> Scheduler {
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(Stats::default());
+        let (n_ctx, n_slots) = (m.model.n_ctx(), m.model.n_slots());
+        let tokenizer = m.tokenizer.clone();
+        let st = stats.clone();
+        let tok = tokenizer.clone();
+        std::thread::Builder::new()
+            .name("scheduler".into())
+            .spawn(move || run(m.model, tok, rx, opts, st))
+            .expect("spawning the scheduler thread");
+        Scheduler {
+            tx,
+            stats,
+            tokenizer,
+            model_name: m.name,
+            n_ctx,
+            n_slots,
+        }
+    }
+
+    pub fn submit(&self, r: GenRequest) -> Result<()> {
+        if r.prompt.is_empty() {
+            bail!("the prompt is empty");
+        }
+        if r.prompt.len() >= self.n_ctx {
+            bail!(
+                "the prompt has {} tokens; the context holds {}",
+                r.prompt.len(),
+                self.n_ctx
+            );
+        }
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        self.tx
+            .send(r)
+            .map_err(|_| anyhow::anyhow!("the scheduler has stopped"))
+    }
+}
+
+struct Seq {
+    req: GenRequest,
+    slot: u32,
+    sampler: Sampler,
+    /// Tokens written into the cache so far.
+    fed: usize,
+    generated: Vec<u32>,
+    decoder: StreamDecoder,
+    text: String,
+    emitted: usize,
+    max_tokens: usize,
+    started: Instant,
+    first_token: Option<Instant>,
+}
+
+impl Seq {
+    fn prefilling(&self) -> bool {
+        self.fed < self.req.prompt.len()
+    }
+}
+
+fn run(
+    mut model: Box<dyn CausalLm>,
+    tok: Arc<Tokenizer>,
+    rx: mpsc::Receiver<GenRequest>,
+    opts: SchedulerOptions,
+    stats: Arc<Stats>,
+) {
+    let n_ctx = model.n_ctx();
+    let mut waiting: VecDeque<GenRequest> = VecDeque::new();
+    let mut active: Vec<Seq> = Vec::new();
+    let mut free: Vec<u32> = (0..model.n_slots() as u32).rev().collect();
+    loop {
+        if active.is_empty() && waiting.is_empty() {
+            match rx.recv() {
+                Ok(r) => waiting.push_back(r),
+                Err(_) => return, // every handle dropped: shut down
+            }
+        }
+        while let Ok(r) = rx.try_recv() {
+            waiting.push_back(r);
+        }
+        // A client that went away stops its generation here, within one step.
+        waiting.retain(|r| !r.events.is_closed());
+        active.retain(|s| {
+            let gone = s.req.events.is_closed();
+            if gone {
+                free.push(s.slot);
+            }
+            !gone
+        });
+        while !waiting.is_empty() {
+            let Some(slot) = free.pop() else { break };
+            let req = waiting.pop_front().expect("non-empty");
+            stats.prompt_tokens.fetch_add(req.prompt.len() as u64, Ordering::Relaxed);
+            let max_tokens = req.max_tokens.min(n_ctx - req.prompt.len());
+            active.push(Seq {
+                sampler: Sampler::new(req.sampling.clone()),
+                req,
+                slot,
+                fed: 0,
+                generated: Vec::new(),
+                decoder: StreamDecoder::new(),
+                text: String::new(),
+                emitted: 0,
+                max_tokens,
+                started: Instant::now(),
+                first_token: None,
+            });
+        }
+        stats.active.store(active.len(), Ordering::Relaxed);
+        stats.waiting.store(waiting.len(), Ordering::Relaxed);
+        if active.is_empty() {
+            continue;
+        }
+
+        // Decoding sequences first (one token each), then prompt chunks.
+        let mut batch = Vec::new();
+        let mut owner = Vec::new(); // which seq each logits row belongs to
+        let mut budget = opts.max_batch_tokens.max(1);
+        for (i, s) in active.iter().enumerate().filter(|(_, s)| !s.prefilling()) {
+            let last = *s.generated.last().expect("decoding seqs have a token");
+            batch.push(BatchEntry { token: last, slot: s.slot, pos: s.fed as u32, want_logits: true });
+            owner.push(i);
+            budget = budget.saturating_sub(1);
+        }
+        let mut fed_now = vec![0usize; active.len()];
+        for (i, s) in active.iter().enumerate().filter(|(_, s)| s.prefilling()) {
+            if budget == 0 {
+                break;
+            }
+            let n = (s.req.prompt.len() - s.fed).min(budget);
+            budget -= n;
+            for j in 0..n {
+                let pos = s.fed + j;
+                let last = pos + 1 == s.req.prompt.len();
+                batch.push(BatchEntry { token: s.req.prompt[pos], slot: s.slot, pos: pos as u32, want_logits: last });
+                if last {
+                    owner.push(i);
+                }
+            }
+            fed_now[i] = n;
+        }
+        let t0 = Instant::now();
+        let result = model.forward(&batch);
+        stats.forward_passes.fetch_add(1, Ordering::Relaxed);
+        stats.forward_us.fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("forward pass failed: {e:#}");
+                for s in active.drain(..) {
+                    let _ = s.req.events.send(Event::Error(format!("{e:#}")));
+                    free.push(s.slot);
+                }
+                continue;
+            }
+        };
+        for (i, s) in active.iter_mut().enumerate() {
+            s.fed += if s.prefilling() { fed_now[i] } else { 1 };
+        }
+        let mut finished = vec![None; active.len()];
+        for (row, &i) in logits.iter().zip(&owner) {
+            let s = &mut active[i];
+            let sampled = s.sampler.sample(row);
+            let id = sampled.id;
+            s.sampler.accept(id);
+            s.first_token.get_or_insert_with(Instant::now);
+            stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+            if tok.is_end_of_generation(id) {
+                finished[i] = Some(FinishReason::Stop);
+                continue;
+            }
+            s.generated.push(id);
+            s.text.push_str(&s.decoder.push(&tok, id));
+            let (release, stop_hit) = release_text(&s.text, s.emitted, &s.req.stop);
+            if stop_hit {
+                s.text.truncate(release);
+            }
+            let delta = s.text[s.emitted..release].to_string();
+            s.emitted = release;
+            let _ = s.req.events.send(Event::Token { id, text: delta, sampled });
+            if stop_hit {
+                finished[i] = Some(FinishReason::Stop);
+            } else if s.generated.len() >= s.max_tokens || s.req.prompt.len() + s.generated.len() >= n_ctx {
+                finished[i] = Some(FinishReason::Length);
+            }
+        }
+        let mut i = 0;
+        active.retain_mut(|s| {
+            let done = finished[i];
+            i += 1;
+            let Some(reason) = done else { return true };
+            // Flush what was held back (partial stop-string prefixes, open UTF-8).
+            if reason == FinishReason::Length || s.emitted < s.text.len() {
+                s.text.push_str(&s.decoder.finish());
+                let rest = s.text[s.emitted..].to_string();
+                if !rest.is_empty() && reason == FinishReason::Length {
+                    let _ = s.req.events.send(Event::Token {
+                        id: u32::MAX,
+                        text: rest,
+                        sampled: Sampled { id: u32::MAX, logprob: 0.0, top: Vec::new() },
+                    });
+                }
+            }
+            let now = Instant::now();
+            let first = s.first_token.unwrap_or(now);
+            let timings = Timings {
+                prefill_ms: (first - s.started).as_secs_f64() * 1e3,
+                decode_ms: (now - first).as_secs_f64() * 1e3,
+                prompt_tokens: s.req.prompt.len(),
+                completion_tokens: s.generated.len(),
+                cached_prefix_tokens: 0,
+            };
+            let _ = s.req.events.send(Event::Done { reason, timings });
+            free.push(s.slot);
+            false
+        });
+    }
+}
+
+/// How much of `text` may be sent now: everything up to a stop string (and whether one
+/// was hit), or everything except a tail that could still become one.
+pub fn release_text(text: &str, emitted: usize, stops: &[String]) -> (usize, bool) {
+    let longest = stops.iter().map(String::len).max().unwrap_or(0);
+    let mut from = emitted.saturating_sub(longest);
+    while !text.is_char_boundary(from) {
+        from -= 1;
+    }
+    let hit = stops
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| text[from..].find(s.as_str()).map(|p| from + p))
+        .min();
+    if let Some(at) = hit {
+        return (at.max(emitted), true);
+    }
+    let mut hold = 0;
+    for s in stops {
+        for (k, _) in s.char_indices().skip(1) {
+            if text.ends_with(&s[..k]) {
+                hold = hold.max(k);
+            }
+        }
+    }
+    ((text.len() - hold).max(emitted), false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::release_text;
+
+    #[test]
+    fn stop_strings_cut_and_hold_back() {
+        let stops = vec!["END".to_string(), "\n\n".to_string()];
+        assert_eq!(release_text("hello", 0, &stops), (5, false));
+        assert_eq!(release_text("hello E", 0, &stops), (6, false));
+        assert_eq!(release_text("hello EN", 6, &stops), (6, false));
+        assert_eq!(release_text("hello END more", 6, &stops), (6, true));
+        assert_eq!(release_text("a\n\nb", 0, &stops), (1, true));
+        assert_eq!(release_text("héllo", 0, &[]), ("héllo".len(), false));
+    }
+}

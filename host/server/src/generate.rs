@@ -1,0 +1,270 @@
+//! Running one generation through the scheduler and shaping its events into OpenAI
+//! responses: whole (JSON) or streamed (SSE), chat or text flavour.
+
+use std::{
+    convert::Infallible,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use axum::response::{
+    sse::{Event as SseEvent, KeepAlive, Sse},
+    IntoResponse, Response,
+};
+use futures_util::stream::{self, Stream, StreamExt};
+use moe_engine::{Event, FinishReason, GenRequest, Sampled, SamplingParams, Timings};
+use moe_tokenizer::Tokenizer;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::{error::ApiError, AppState};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    Chat,
+    Text,
+}
+
+pub struct Job {
+    pub flavor: Flavor,
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Whether the client asked for logprobs (None = no).
+    pub logprobs: Option<usize>,
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn new_id(flavor: Flavor) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let prefix = if flavor == Flavor::Chat { "chatcmpl" } else { "cmpl" };
+    format!("{prefix}-{:x}{n:04x}", now())
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// `usage` with the seed's timings, plus the llama-server style top-level `timings`.
+pub fn usage_and_timings(t: &Timings) -> (Value, Value) {
+    let decode_s = t.decode_ms / 1e3;
+    let tps = if decode_s > 0.0 { t.completion_tokens as f64 / decode_s } else { 0.0 };
+    let prompt_per_s = if t.prefill_ms > 0.0 { t.prompt_tokens as f64 / (t.prefill_ms / 1e3) } else { 0.0 };
+    let usage = json!({
+        "prompt_tokens": t.prompt_tokens,
+        "completion_tokens": t.completion_tokens,
+        "total_tokens": t.prompt_tokens + t.completion_tokens,
+        "timings": {
+            "prefill_ms": round1(t.prefill_ms),
+            "decode_ms": round1(t.decode_ms),
+            "decode_tokens_per_sec": round1(tps),
+            "cache_hit": t.cached_prefix_tokens > 0,
+            "cached_prefix_tokens": t.cached_prefix_tokens,
+            "prefilled_tokens": t.prompt_tokens - t.cached_prefix_tokens,
+            "effective_prompt_tokens": t.prompt_tokens,
+        },
+        "accept_rate": 0.0,
+        "spec_decode_ran": false,
+    });
+    let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
+    let timings = json!({
+        "cache_n": t.cached_prefix_tokens,
+        "prompt_n": t.prompt_tokens,
+        "prompt_ms": t.prefill_ms,
+        "prompt_per_token_ms": per(t.prefill_ms, t.prompt_tokens),
+        "prompt_per_second": prompt_per_s,
+        "predicted_n": t.completion_tokens,
+        "predicted_ms": t.decode_ms,
+        "predicted_per_token_ms": per(t.decode_ms, t.completion_tokens),
+        "predicted_per_second": tps,
+    });
+    (usage, timings)
+}
+
+fn token_str(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let bytes = tok.token_bytes(id).unwrap_or_default();
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+/// Chat-style logprobs entry for one token.
+fn chat_logprob(tok: &Tokenizer, s: &Sampled) -> Value {
+    let (text, bytes) = token_str(tok, s.id);
+    let top: Vec<Value> = s
+        .top
+        .iter()
+        .map(|(id, lp)| {
+            let (t, b) = token_str(tok, *id);
+            json!({"token": t, "logprob": lp, "bytes": b})
+        })
+        .collect();
+    json!({"token": text, "logprob": s.logprob, "bytes": bytes, "top_logprobs": top})
+}
+
+/// Collected result of a non-streamed generation.
+struct Collected {
+    text: String,
+    tokens: Vec<Sampled>,
+    reason: FinishReason,
+    timings: Timings,
+}
+
+async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Token { text: t, sampled, .. } => {
+                text.push_str(&t);
+                if sampled.id != u32::MAX {
+                    tokens.push(sampled);
+                }
+            }
+            Event::Done { reason, timings } => {
+                return Ok(Collected { text, tokens, reason, timings })
+            }
+            Event::Error(e) => return Err(ApiError::internal(format!("generation failed: {e}"))),
+        }
+    }
+    Err(ApiError::internal("the scheduler dropped the request"))
+}
+
+pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
+    let sched = state.scheduler()?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    sched
+        .submit(GenRequest {
+            prompt: job.prompt.clone(),
+            sampling: job.sampling.clone(),
+            max_tokens: job.max_tokens,
+            stop: job.stop.clone(),
+            events: tx,
+        })
+        .map_err(|e| {
+            ApiError::invalid(e.to_string(), Some("messages")).with_code("context_length_exceeded")
+        })?;
+    let id = new_id(job.flavor);
+    let model = sched.model_name.clone();
+    let tok = sched.tokenizer.clone();
+    let created = now();
+    if !job.stream {
+        let c = collect(rx).await?;
+        let (usage, timings) = usage_and_timings(&c.timings);
+        let body = match job.flavor {
+            Flavor::Chat => {
+                let logprobs = job.logprobs.map(|_| {
+                    json!({"content": c.tokens.iter().map(|s| chat_logprob(&tok, s)).collect::<Vec<_>>()})
+                });
+                json!({
+                    "id": id, "object": "chat.completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                                 "logprobs": logprobs, "finish_reason": c.reason.as_str()}],
+                    "usage": usage, "timings": timings,
+                })
+            }
+            Flavor::Text => {
+                let logprobs = job.logprobs.map(|_| legacy_logprobs(&tok, &c.tokens));
+                json!({
+                    "id": id, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": c.text, "logprobs": logprobs,
+                                 "finish_reason": c.reason.as_str()}],
+                    "usage": usage, "timings": timings,
+                })
+            }
+        };
+        return Ok(axum::Json(body).into_response());
+    }
+    Ok(stream_response(job, rx, id, model, created, tok))
+}
+
+fn legacy_logprobs(tok: &Tokenizer, toks: &[Sampled]) -> Value {
+    let mut offset = 0;
+    let mut tokens = Vec::new();
+    let mut lps = Vec::new();
+    let mut tops = Vec::new();
+    let mut offsets = Vec::new();
+    for s in toks {
+        let (t, _) = token_str(tok, s.id);
+        offsets.push(offset);
+        offset += t.len();
+        tokens.push(t);
+        lps.push(s.logprob);
+        let m: serde_json::Map<String, Value> =
+            s.top.iter().map(|(id, lp)| (token_str(tok, *id).0, json!(lp))).collect();
+        tops.push(Value::Object(m));
+    }
+    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+fn stream_response(
+    job: Job,
+    rx: mpsc::UnboundedReceiver<Event>,
+    id: String,
+    model: String,
+    created: u64,
+    tok: std::sync::Arc<Tokenizer>,
+) -> Response {
+    let flavor = job.flavor;
+    let object = if flavor == Flavor::Chat { "chat.completion.chunk" } else { "text_completion" };
+    let chunk = move |choices: Value, extra: Option<(&str, Value)>| {
+        let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
+        if let Some((k, x)) = extra {
+            v[k] = x;
+        }
+        SseEvent::default().data(v.to_string())
+    };
+    let want_lp = job.logprobs.is_some();
+    let include_usage = job.include_usage;
+    // The role comes first, as OpenAI sends it.
+    let head = (flavor == Flavor::Chat).then(|| {
+        chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None)
+    });
+    let chunk2 = chunk.clone();
+    let body = UnboundedReceiverStream::new(rx).flat_map(move |ev| {
+        let out: Vec<SseEvent> = match ev {
+            Event::Token { text, sampled, .. } => {
+                if text.is_empty() && !(want_lp && sampled.id != u32::MAX) {
+                    Vec::new()
+                } else {
+                    let lp = (want_lp && sampled.id != u32::MAX).then(|| match flavor {
+                        Flavor::Chat => json!({"content": [chat_logprob(&tok, &sampled)]}),
+                        Flavor::Text => legacy_logprobs(&tok, std::slice::from_ref(&sampled)),
+                    });
+                    let choice = match flavor {
+                        Flavor::Chat => json!({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}),
+                        Flavor::Text => json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": null}),
+                    };
+                    vec![chunk2(json!([choice]), None)]
+                }
+            }
+            Event::Done { reason, timings } => {
+                let (usage, llama_timings) = usage_and_timings(&timings);
+                let choice = match flavor {
+                    Flavor::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason.as_str()}),
+                    Flavor::Text => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": reason.as_str()}),
+                };
+                let mut v = vec![chunk2(json!([choice]), Some(("timings", llama_timings.clone())))];
+                if include_usage {
+                    v.push(chunk2(json!([]), Some(("usage", usage))));
+                }
+                v.push(SseEvent::default().data("[DONE]"));
+                v
+            }
+            Event::Error(e) => {
+                let err = ApiError::internal(format!("generation failed: {e}"));
+                vec![SseEvent::default().data(err.body().to_string()), SseEvent::default().data("[DONE]")]
+            }
+        };
+        stream::iter(out.into_iter().map(Ok::<_, Infallible>))
+    });
+    let all: std::pin::Pin<Box<dyn Stream<Item = Result<SseEvent, Infallible>> + Send>> =
+        Box::pin(stream::iter(head.into_iter().map(Ok)).chain(body));
+    Sse::new(all).keep_alive(KeepAlive::default()).into_response()
+}
