@@ -33,7 +33,11 @@ impl BlockQ8_1 {
 
 /// Quantises a row whose length is a multiple of 32.
 pub fn quantize_row(x: &[f32], out: &mut Vec<BlockQ8_1>) {
-    assert!(x.len() % QK8_1 == 0, "row length {} is not a multiple of 32", x.len());
+    assert!(
+        x.len().is_multiple_of(QK8_1),
+        "row length {} is not a multiple of 32",
+        x.len()
+    );
     out.extend(x.chunks_exact(QK8_1).map(BlockQ8_1::quantize));
 }
 

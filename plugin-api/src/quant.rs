@@ -56,7 +56,7 @@ impl QuantFormat {
     /// Bytes of one row of `k` weights.
     pub fn row_bytes(&self, k: u64) -> Result<u64, String> {
         let bw = self.block_weights as u64;
-        if bw == 0 || k % bw != 0 {
+        if bw == 0 || !k.is_multiple_of(bw) {
             return Err(format!(
                 "{} rows of {k} weights are not a whole number of {bw}-weight blocks",
                 self.name
@@ -86,20 +86,28 @@ pub fn dot_shape(
     out: usize,
 ) -> Result<(usize, usize, usize), String> {
     let k = k as usize;
-    if k == 0 || k % 32 != 0 || k % block_weights as usize != 0 {
-        return Err(format!("dot_q8: k = {k} is not a multiple of 32 and of the block size {block_weights}"));
+    if k == 0 || !k.is_multiple_of(32) || !k.is_multiple_of(block_weights as usize) {
+        return Err(format!(
+            "dot_q8: k = {k} is not a multiple of 32 and of the block size {block_weights}"
+        ));
     }
     let row_bytes = k / block_weights as usize * block_bytes as usize;
-    if rows % row_bytes != 0 {
-        return Err(format!("dot_q8: {rows} weight bytes are not whole rows of {row_bytes}"));
+    if !rows.is_multiple_of(row_bytes) {
+        return Err(format!(
+            "dot_q8: {rows} weight bytes are not whole rows of {row_bytes}"
+        ));
     }
     let per_col = k / 32;
-    if act % per_col != 0 {
-        return Err(format!("dot_q8: {act} activation blocks are not whole columns of {per_col}"));
+    if !act.is_multiple_of(per_col) {
+        return Err(format!(
+            "dot_q8: {act} activation blocks are not whole columns of {per_col}"
+        ));
     }
     let (n_rows, n_cols) = (rows / row_bytes, act / per_col);
     if out != n_rows * n_cols {
-        return Err(format!("dot_q8: output holds {out} values, expected {n_rows} x {n_cols}"));
+        return Err(format!(
+            "dot_q8: output holds {out} values, expected {n_rows} x {n_cols}"
+        ));
     }
     Ok((row_bytes, n_rows, n_cols))
 }

@@ -26,7 +26,8 @@ static BUFFERS: RwLock<Option<HashMap<u64, Buf>>> = RwLock::new(None);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 pub fn alloc(bytes: u64) -> Result<u64, String> {
-    let len = usize::try_from(bytes.max(1)).map_err(|_| format!("cannot allocate {bytes} bytes"))?;
+    let len =
+        usize::try_from(bytes.max(1)).map_err(|_| format!("cannot allocate {bytes} bytes"))?;
     let layout = Layout::from_size_align(len, ALIGN).map_err(|e| e.to_string())?;
     // SAFETY: layout has non-zero size.
     let ptr = unsafe { alloc_zeroed(layout) };
@@ -35,7 +36,9 @@ pub fn alloc(bytes: u64) -> Result<u64, String> {
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let mut table = BUFFERS.write().unwrap_or_else(|e| e.into_inner());
-    table.get_or_insert_with(HashMap::new).insert(id, Buf { ptr, len });
+    table
+        .get_or_insert_with(HashMap::new)
+        .insert(id, Buf { ptr, len });
     Ok(id)
 }
 
@@ -69,10 +72,14 @@ pub fn tensor_bytes(t: &TensorRef, fmt: Option<&QuantFormat>) -> Result<usize, S
     let bytes = match t.type_id {
         types::F32 | types::I32 => n * 4,
         _ => {
-            let f = fmt.ok_or_else(|| format!("no quant format registered for type id {}", t.type_id))?;
+            let f =
+                fmt.ok_or_else(|| format!("no quant format registered for type id {}", t.type_id))?;
             let bw = f.block_weights as u64;
-            if n % bw != 0 {
-                return Err(format!("{} tensor of {n} values is not whole blocks", f.name));
+            if !n.is_multiple_of(bw) {
+                return Err(format!(
+                    "{} tensor of {n} values is not whole blocks",
+                    f.name
+                ));
             }
             n / bw * f.block_bytes as u64
         }
@@ -109,7 +116,7 @@ impl Buffers<'_> {
         expect_type(t, types::F32)?;
         let n = t.numel() as usize;
         let p = self.raw(t, n * 4)?;
-        if p as usize % 4 != 0 {
+        if !(p as usize).is_multiple_of(4) {
             return Err("f32 tensor offset not 4-byte aligned".into());
         }
         // SAFETY: bounds and alignment checked.
@@ -120,7 +127,7 @@ impl Buffers<'_> {
         expect_type(t, types::I32)?;
         let n = t.numel() as usize;
         let p = self.raw(t, n * 4)?;
-        if p as usize % 4 != 0 {
+        if !(p as usize).is_multiple_of(4) {
             return Err("i32 tensor offset not 4-byte aligned".into());
         }
         // SAFETY: bounds and alignment checked.
@@ -132,7 +139,7 @@ impl Buffers<'_> {
         expect_type(t, types::F32)?;
         let n = t.numel() as usize;
         let p = self.raw(t, n * 4)?;
-        if p as usize % 4 != 0 {
+        if !(p as usize).is_multiple_of(4) {
             return Err("f32 tensor offset not 4-byte aligned".into());
         }
         // SAFETY: bounds and alignment checked; run_op checked this output overlaps no
@@ -155,7 +162,10 @@ impl Buffers<'_> {
 
 fn expect_type(t: &TensorRef, ty: u32) -> Result<(), String> {
     if t.type_id != ty {
-        return Err(format!("expected a tensor of type {ty}, got type {}", t.type_id));
+        return Err(format!(
+            "expected a tensor of type {ty}, got type {}",
+            t.type_id
+        ));
     }
     Ok(())
 }

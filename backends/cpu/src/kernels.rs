@@ -95,7 +95,10 @@ fn matmul(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, S
     let xs = b.f32s(&x)?;
     let out = b.f32s_mut(&out)?;
     if xs.len() % k.max(1) != 0 {
-        return Err(format!("matmul: input of {} values is not columns of {k}", xs.len()));
+        return Err(format!(
+            "matmul: input of {} values is not columns of {k}",
+            xs.len()
+        ));
     }
     let n = xs.len() / k.max(1);
     same_len("matmul", out.len(), m * n)?;
@@ -142,7 +145,13 @@ fn matmul(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, S
             let rows = chunk.min(m - r0);
             let mut tmp = vec![0f32; rows * n];
             let src = &wb[r0 * row_bytes..(r0 + rows) * row_bytes];
-            into_result((f.dot_q8)(w.variant, src.into(), k as u64, act.as_slice().into(), tmp.as_mut_slice().into()))?;
+            into_result((f.dot_q8)(
+                w.variant,
+                src.into(),
+                k as u64,
+                act.as_slice().into(),
+                tmp.as_mut_slice().into(),
+            ))?;
             scatter(r0, &tmp, rows);
             Ok(())
         });
@@ -170,7 +179,7 @@ fn matmul(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, S
 }
 
 fn bytemuck_f32(b: &[u8]) -> Result<&[f32], String> {
-    if b.as_ptr() as usize % 4 != 0 || b.len() % 4 != 0 {
+    if !(b.as_ptr() as usize).is_multiple_of(4) || !b.len().is_multiple_of(4) {
         return Err("f32 weights misaligned".into());
     }
     // SAFETY: alignment and length checked; every bit pattern is a valid f32.
@@ -220,7 +229,11 @@ fn rope(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str, Stri
                 for i in 0..n_rot / 2 {
                     let theta = pos as f32 * scale * base.powf(-2.0 * i as f32 / n_rot as f32);
                     let (sin, cos) = theta.sin_cos();
-                    let (a, bb) = if neox { (i, i + n_rot / 2) } else { (2 * i, 2 * i + 1) };
+                    let (a, bb) = if neox {
+                        (i, i + n_rot / 2)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
                     o[a] = x[a] * cos - x[bb] * sin;
                     o[bb] = x[a] * sin + x[bb] * cos;
                 }
@@ -238,7 +251,9 @@ fn cache_row(cache: &TensorRef, slot: i32, pos: i32) -> Result<usize, String> {
     );
     let (s, p) = (slot as usize, pos as usize);
     if slot < 0 || pos < 0 || s >= slots || p >= ctx {
-        return Err(format!("slot {slot} / position {pos} outside a cache of {slots} x {ctx}"));
+        return Err(format!(
+            "slot {slot} / position {pos} outside a cache of {slots} x {ctx}"
+        ));
     }
     Ok((s * ctx + p) * row)
 }
@@ -247,7 +262,12 @@ inventory::submit! { CpuKernel { op: ops::KV_STORE, name: "kv_store", run: kv_st
 fn kv_store(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
     let [src, cache, slot, pos] = args::<4>(a, "kv_store")?;
     let row = (cache.dims[0] * cache.dims[1]) as usize;
-    let (xs, cs, ss, ps) = (b.f32s(&src)?, b.f32s_mut(&cache)?, b.i32s(&slot)?, b.i32s(&pos)?);
+    let (xs, cs, ss, ps) = (
+        b.f32s(&src)?,
+        b.f32s_mut(&cache)?,
+        b.i32s(&slot)?,
+        b.i32s(&pos)?,
+    );
     same_len("kv_store", xs.len(), row * ss.len())?;
     same_len("kv_store", ss.len(), ps.len())?;
     for (t, (&s, &p)) in ss.iter().zip(ps).enumerate() {

@@ -157,7 +157,9 @@ fn measure_bandwidth() -> f64 {
 
 extern "C" fn devices() -> RResult<RVec<DeviceInfo>, RString> {
     guard("cpu devices", || {
-        let threads = POOL.get().map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
+        let threads = POOL
+            .get()
+            .map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
         Ok(RVec::from(vec![DeviceInfo {
             index: 0,
             name: format!("{} ({threads} threads)", cpu_name()).into(),
@@ -210,7 +212,11 @@ extern "C" fn upload(buffer: u64, offset: u64, data: RSlice<'_, u8>) -> RResult<
     })
 }
 
-extern "C" fn download(buffer: u64, offset: u64, mut out: RSliceMut<'_, u8>) -> RResult<(), RString> {
+extern "C" fn download(
+    buffer: u64,
+    offset: u64,
+    mut out: RSliceMut<'_, u8>,
+) -> RResult<(), RString> {
     guard("cpu download", || {
         buffers::with_buffers(|b| {
             let src = b.copy(buffer, offset, out.len())?;
@@ -248,7 +254,11 @@ extern "C" fn run_op(
             .ok_or_else(|| format!("op {op} is not supported by the cpu backend"))?;
         // The last argument is the output; refuse it overlapping any input, which the
         // kernels' slices would otherwise alias. (kv_store writes its second argument.)
-        let out_idx = if op == moe_plugin_api::ops::KV_STORE { 1 } else { args.len().saturating_sub(1) };
+        let out_idx = if op == moe_plugin_api::ops::KV_STORE {
+            1
+        } else {
+            args.len().saturating_sub(1)
+        };
         let fmts = formats();
         if let Some(out) = args.get(out_idx) {
             let out_len = buffers::tensor_bytes(out, fmts.get(&out.type_id))?;

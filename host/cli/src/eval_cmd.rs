@@ -3,9 +3,7 @@
 use std::{io::Write, path::Path, time::Instant};
 
 use anyhow::{bail, Context, Result};
-use moe_engine::{
-    load, npy, sampling::argmax, BatchEntry, LoadOptions, LoadedModel,
-};
+use moe_engine::{load, npy, sampling::argmax, BatchEntry, LoadOptions, LoadedModel};
 use moe_plugin_host::Registry;
 
 pub fn load_model(config: &Path, model: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
@@ -16,7 +14,11 @@ pub fn load_model(config: &Path, model: &Path, opts: &LoadOptions) -> Result<Loa
 fn parse_tokens(s: &str) -> Result<Vec<u32>> {
     s.split(',')
         .filter(|t| !t.trim().is_empty())
-        .map(|t| t.trim().parse::<u32>().with_context(|| format!("bad token id '{t}'")))
+        .map(|t| {
+            t.trim()
+                .parse::<u32>()
+                .with_context(|| format!("bad token id '{t}'"))
+        })
         .collect()
 }
 
@@ -26,11 +28,23 @@ pub fn logits(config: &Path, model: &Path, tokens: &str, out: &Path, mode: &str)
     if toks.is_empty() {
         bail!("--tokens is empty");
     }
-    let mut m = load_model(config, model, &LoadOptions { n_ctx: toks.len().max(16), n_slots: 1 })?;
+    let mut m = load_model(
+        config,
+        model,
+        &LoadOptions {
+            n_ctx: toks.len().max(16),
+            n_slots: 1,
+        },
+    )?;
     let entries: Vec<BatchEntry> = toks
         .iter()
         .enumerate()
-        .map(|(i, &t)| BatchEntry { token: t, slot: 0, pos: i as u32, want_logits: true })
+        .map(|(i, &t)| BatchEntry {
+            token: t,
+            slot: 0,
+            pos: i as u32,
+            want_logits: true,
+        })
         .collect();
     let rows = match mode {
         "prefill" => m.model.forward(&entries)?,
@@ -68,7 +82,12 @@ pub fn generate(config: &Path, model: &Path, prompt: &str, n: usize, raw: bool) 
     let entries: Vec<BatchEntry> = toks
         .iter()
         .enumerate()
-        .map(|(i, &t)| BatchEntry { token: t, slot: 0, pos: i as u32, want_logits: i + 1 == toks.len() })
+        .map(|(i, &t)| BatchEntry {
+            token: t,
+            slot: 0,
+            pos: i as u32,
+            want_logits: i + 1 == toks.len(),
+        })
         .collect();
     let mut logits = m.model.forward(&entries)?.pop().context("no logits")?;
     let prefill = t0.elapsed();
@@ -83,7 +102,12 @@ pub fn generate(config: &Path, model: &Path, prompt: &str, n: usize, raw: bool) 
         print!("{}", dec.push(&m.tokenizer, id));
         std::io::stdout().flush()?;
         made += 1;
-        let e = BatchEntry { token: id, slot: 0, pos: (toks.len() + i) as u32, want_logits: true };
+        let e = BatchEntry {
+            token: id,
+            slot: 0,
+            pos: (toks.len() + i) as u32,
+            want_logits: true,
+        };
         logits = m.model.forward(&[e])?.pop().context("no logits")?;
     }
     println!("{}", dec.finish());

@@ -9,7 +9,11 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "moeserve", version, about = "Plugin-based MoE inference server")]
+#[command(
+    name = "moeserve",
+    version,
+    about = "Plugin-based MoE inference server"
+)]
 struct Cli {
     /// Plugin configuration (default: plugins.toml in the current folder).
     #[arg(long, global = true, default_value = "plugins.toml")]
@@ -63,12 +67,18 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Command::Plugins => plugins_cmd::run(&cli.config),
         Command::Serve(args) => serve_cmd::run(cli.config, args),
-        Command::Logits { model, tokens, out, mode } => {
-            eval_cmd::logits(&cli.config, &model, &tokens, &out, &mode)
-        }
-        Command::Generate { model, prompt, max_tokens, raw } => {
-            eval_cmd::generate(&cli.config, &model, &prompt, max_tokens, raw)
-        }
+        Command::Logits {
+            model,
+            tokens,
+            out,
+            mode,
+        } => eval_cmd::logits(&cli.config, &model, &tokens, &out, &mode),
+        Command::Generate {
+            model,
+            prompt,
+            max_tokens,
+            raw,
+        } => eval_cmd::generate(&cli.config, &model, &prompt, max_tokens, raw),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,7 +9,10 @@ use moe_plugin_host::Registry;
 pub fn run(config: &Path) -> Result<()> {
     let reg = Registry::from_config_file(config)?;
     println!("config: {}", config.display());
-    println!("{:<18} {:<10} {:<8} {:<5} path", "plugin", "kind", "version", "abi");
+    println!(
+        "{:<18} {:<10} {:<8} {:<5} path",
+        "plugin", "kind", "version", "abi"
+    );
     for p in &reg.plugins {
         println!(
             "{:<18} {:<10} {:<8} {:<5} {}",
@@ -44,7 +47,11 @@ pub fn run(config: &Path) -> Result<()> {
                             d.name,
                             d.memory_bytes as f64 / (1u64 << 30) as f64,
                             d.bandwidth_bytes_per_s / 1e9,
-                            if d.unified_memory { "  unified memory" } else { "" }
+                            if d.unified_memory {
+                                "  unified memory"
+                            } else {
+                                ""
+                            }
                         );
                     }
                 }
@@ -56,12 +63,21 @@ pub fn run(config: &Path) -> Result<()> {
     let selected = &reg.config.placement.policy;
     for p in &reg.plugins {
         for pol in &p.policies {
-            let mark = if pol.name.as_str() == selected { "*" } else { " " };
-            println!("  {mark} {:<16} {} ({})", pol.name, pol.description, p.info.name);
+            let mark = if pol.name.as_str() == selected {
+                "*"
+            } else {
+                " "
+            };
+            println!(
+                "  {mark} {:<16} {} ({})",
+                pol.name, pol.description, p.info.name
+            );
         }
     }
-    println!("\nmodel backend: {} (devices {:?})", reg.config.devices.backend,
-        reg.config.devices.use_devices);
+    println!(
+        "\nmodel backend: {} (devices {:?})",
+        reg.config.devices.backend, reg.config.devices.use_devices
+    );
     reg.backend(&reg.config.devices.backend)?;
     Ok(())
 }

@@ -101,9 +101,13 @@ impl Tensor {
     /// Reads `n` f32 values from the start of the buffer.
     pub fn download_f32(&self, n: usize) -> Result<Vec<f32>> {
         let mut bytes = vec![0u8; n * 4];
-        into_result((self.dev.be.download)(self.r.buffer, 0, bytes.as_mut_slice().into()))
-            .map_err(|e| anyhow!("{}: download: {e}", self.dev.name()))
-            .context("reading results back")?;
+        into_result((self.dev.be.download)(
+            self.r.buffer,
+            0,
+            bytes.as_mut_slice().into(),
+        ))
+        .map_err(|e| anyhow!("{}: download: {e}", self.dev.name()))
+        .context("reading results back")?;
         Ok(bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

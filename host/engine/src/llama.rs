@@ -122,7 +122,13 @@ fn d4(a: usize, b: usize) -> [u64; 4] {
 }
 
 impl Llama {
-    pub fn new(f: &GgufFile, arch: &str, w: &Weights, n_ctx: usize, n_slots: usize) -> Result<Llama> {
+    pub fn new(
+        f: &GgufFile,
+        arch: &str,
+        w: &Weights,
+        n_ctx: usize,
+        n_slots: usize,
+    ) -> Result<Llama> {
         let p = LlamaParams::from_gguf(f, arch)?;
         let dev = w.device().clone();
         let expect = |name: &str, dims: &[usize]| -> Result<Arc<Tensor>> {
@@ -232,10 +238,20 @@ impl CausalLm for Llama {
         }
         for b in batch {
             if b.pos as usize >= self.n_ctx || b.slot as usize >= self.n_slots {
-                bail!("position {} / slot {} outside the cache ({} x {})", b.pos, b.slot, self.n_ctx, self.n_slots);
+                bail!(
+                    "position {} / slot {} outside the cache ({} x {})",
+                    b.pos,
+                    b.slot,
+                    self.n_ctx,
+                    self.n_slots
+                );
             }
             if b.token as usize >= self.p.n_vocab {
-                bail!("token id {} outside the vocabulary ({})", b.token, self.p.n_vocab);
+                bail!(
+                    "token id {} outside the vocabulary ({})",
+                    b.token,
+                    self.p.n_vocab
+                );
             }
         }
         self.scratch(t)?;
@@ -245,9 +261,12 @@ impl CausalLm for Llama {
         let (d, hd) = (p.d_model, p.head_dim);
         let (dq, dkv) = (p.n_head * hd, p.n_head_kv * hd);
 
-        s.tokens.upload_i32(&batch.iter().map(|b| b.token as i32).collect::<Vec<_>>())?;
-        s.pos.upload_i32(&batch.iter().map(|b| b.pos as i32).collect::<Vec<_>>())?;
-        s.slot.upload_i32(&batch.iter().map(|b| b.slot as i32).collect::<Vec<_>>())?;
+        s.tokens
+            .upload_i32(&batch.iter().map(|b| b.token as i32).collect::<Vec<_>>())?;
+        s.pos
+            .upload_i32(&batch.iter().map(|b| b.pos as i32).collect::<Vec<_>>())?;
+        s.slot
+            .upload_i32(&batch.iter().map(|b| b.slot as i32).collect::<Vec<_>>())?;
         let ids = |x: &Tensor| x.view([t as u64, 1, 1, 1]);
         let v2 = |x: &Tensor, rows: usize| x.view(d4(rows, t));
         let heads = |x: &Tensor, n: usize| x.view([hd as u64, n as u64, t as u64, 1]);
@@ -265,40 +284,133 @@ impl CausalLm for Llama {
             ..Default::default()
         };
 
-        dev.op(ops::GET_ROWS, none, &[self.embd.r, ids(&s.tokens), v2(&s.x, d)])?;
+        dev.op(
+            ops::GET_ROWS,
+            none,
+            &[self.embd.r, ids(&s.tokens), v2(&s.x, d)],
+        )?;
         for (l, ly) in self.layers.iter().enumerate() {
             let ctx = || format!("layer {l}");
-            dev.op(ops::RMS_NORM, norm, &[v2(&s.x, d), ly.attn_norm.r, v2(&s.h, d)]).with_context(ctx)?;
-            dev.op(ops::MATMUL, none, &[ly.wq.r, v2(&s.h, d), v2(&s.q, dq)]).with_context(ctx)?;
-            dev.op(ops::MATMUL, none, &[ly.wk.r, v2(&s.h, d), v2(&s.k, dkv)]).with_context(ctx)?;
-            dev.op(ops::MATMUL, none, &[ly.wv.r, v2(&s.h, d), v2(&s.v, dkv)]).with_context(ctx)?;
-            dev.op(ops::ROPE, rope, &[heads(&s.q, p.n_head), ids(&s.pos), heads(&s.qr, p.n_head)]).with_context(ctx)?;
-            dev.op(ops::ROPE, rope, &[heads(&s.k, p.n_head_kv), ids(&s.pos), heads(&s.kr, p.n_head_kv)]).with_context(ctx)?;
+            dev.op(
+                ops::RMS_NORM,
+                norm,
+                &[v2(&s.x, d), ly.attn_norm.r, v2(&s.h, d)],
+            )
+            .with_context(ctx)?;
+            dev.op(ops::MATMUL, none, &[ly.wq.r, v2(&s.h, d), v2(&s.q, dq)])
+                .with_context(ctx)?;
+            dev.op(ops::MATMUL, none, &[ly.wk.r, v2(&s.h, d), v2(&s.k, dkv)])
+                .with_context(ctx)?;
+            dev.op(ops::MATMUL, none, &[ly.wv.r, v2(&s.h, d), v2(&s.v, dkv)])
+                .with_context(ctx)?;
+            dev.op(
+                ops::ROPE,
+                rope,
+                &[heads(&s.q, p.n_head), ids(&s.pos), heads(&s.qr, p.n_head)],
+            )
+            .with_context(ctx)?;
+            dev.op(
+                ops::ROPE,
+                rope,
+                &[
+                    heads(&s.k, p.n_head_kv),
+                    ids(&s.pos),
+                    heads(&s.kr, p.n_head_kv),
+                ],
+            )
+            .with_context(ctx)?;
             let (kc, vc) = (ly.k_cache.r, ly.v_cache.r);
-            dev.op(ops::KV_STORE, none, &[heads(&s.kr, p.n_head_kv), kc, ids(&s.slot), ids(&s.pos)]).with_context(ctx)?;
-            dev.op(ops::KV_STORE, none, &[heads(&s.v, p.n_head_kv), vc, ids(&s.slot), ids(&s.pos)]).with_context(ctx)?;
-            dev.op(ops::ATTENTION, attn, &[heads(&s.qr, p.n_head), kc, vc, ids(&s.slot), ids(&s.pos), heads(&s.att, p.n_head)]).with_context(ctx)?;
-            dev.op(ops::MATMUL, none, &[ly.wo.r, v2(&s.att, dq), v2(&s.o, d)]).with_context(ctx)?;
-            dev.op(ops::ADD, none, &[v2(&s.x, d), v2(&s.o, d), v2(&s.x2, d)]).with_context(ctx)?;
-            dev.op(ops::RMS_NORM, norm, &[v2(&s.x2, d), ly.ffn_norm.r, v2(&s.h, d)]).with_context(ctx)?;
-            dev.op(ops::MATMUL, none, &[ly.w_gate.r, v2(&s.h, d), v2(&s.g, p.d_ff)]).with_context(ctx)?;
-            dev.op(ops::MATMUL, none, &[ly.w_up.r, v2(&s.h, d), v2(&s.u, p.d_ff)]).with_context(ctx)?;
-            dev.op(ops::SWIGLU, none, &[v2(&s.g, p.d_ff), v2(&s.u, p.d_ff), v2(&s.a, p.d_ff)]).with_context(ctx)?;
-            dev.op(ops::MATMUL, none, &[ly.w_down.r, v2(&s.a, p.d_ff), v2(&s.o, d)]).with_context(ctx)?;
-            dev.op(ops::ADD, none, &[v2(&s.x2, d), v2(&s.o, d), v2(&s.x, d)]).with_context(ctx)?;
+            dev.op(
+                ops::KV_STORE,
+                none,
+                &[heads(&s.kr, p.n_head_kv), kc, ids(&s.slot), ids(&s.pos)],
+            )
+            .with_context(ctx)?;
+            dev.op(
+                ops::KV_STORE,
+                none,
+                &[heads(&s.v, p.n_head_kv), vc, ids(&s.slot), ids(&s.pos)],
+            )
+            .with_context(ctx)?;
+            dev.op(
+                ops::ATTENTION,
+                attn,
+                &[
+                    heads(&s.qr, p.n_head),
+                    kc,
+                    vc,
+                    ids(&s.slot),
+                    ids(&s.pos),
+                    heads(&s.att, p.n_head),
+                ],
+            )
+            .with_context(ctx)?;
+            dev.op(ops::MATMUL, none, &[ly.wo.r, v2(&s.att, dq), v2(&s.o, d)])
+                .with_context(ctx)?;
+            dev.op(ops::ADD, none, &[v2(&s.x, d), v2(&s.o, d), v2(&s.x2, d)])
+                .with_context(ctx)?;
+            dev.op(
+                ops::RMS_NORM,
+                norm,
+                &[v2(&s.x2, d), ly.ffn_norm.r, v2(&s.h, d)],
+            )
+            .with_context(ctx)?;
+            dev.op(
+                ops::MATMUL,
+                none,
+                &[ly.w_gate.r, v2(&s.h, d), v2(&s.g, p.d_ff)],
+            )
+            .with_context(ctx)?;
+            dev.op(
+                ops::MATMUL,
+                none,
+                &[ly.w_up.r, v2(&s.h, d), v2(&s.u, p.d_ff)],
+            )
+            .with_context(ctx)?;
+            dev.op(
+                ops::SWIGLU,
+                none,
+                &[v2(&s.g, p.d_ff), v2(&s.u, p.d_ff), v2(&s.a, p.d_ff)],
+            )
+            .with_context(ctx)?;
+            dev.op(
+                ops::MATMUL,
+                none,
+                &[ly.w_down.r, v2(&s.a, p.d_ff), v2(&s.o, d)],
+            )
+            .with_context(ctx)?;
+            dev.op(ops::ADD, none, &[v2(&s.x2, d), v2(&s.o, d), v2(&s.x, d)])
+                .with_context(ctx)?;
         }
         // Only the positions that need logits go through the head.
-        let want: Vec<i32> = (0..t as i32).filter(|&i| batch[i as usize].want_logits).collect();
+        let want: Vec<i32> = (0..t as i32)
+            .filter(|&i| batch[i as usize].want_logits)
+            .collect();
         if want.is_empty() {
             return Ok(Vec::new());
         }
         let n = want.len();
         s.tokens.upload_i32(&want)?;
-        let sel = TensorRef { dims: d4(n, 1), ..s.tokens.r };
-        dev.op(ops::RMS_NORM, norm, &[v2(&s.x, d), self.out_norm.r, v2(&s.h, d)])?;
-        dev.op(ops::GET_ROWS, none, &[v2(&s.h, d), sel, s.x2.view(d4(d, n))])?;
+        let sel = TensorRef {
+            dims: d4(n, 1),
+            ..s.tokens.r
+        };
+        dev.op(
+            ops::RMS_NORM,
+            norm,
+            &[v2(&s.x, d), self.out_norm.r, v2(&s.h, d)],
+        )?;
+        dev.op(
+            ops::GET_ROWS,
+            none,
+            &[v2(&s.h, d), sel, s.x2.view(d4(d, n))],
+        )?;
         let logits = dev.f32(d4(p.n_vocab, n))?;
-        dev.op(ops::MATMUL, none, &[self.output.r, s.x2.view(d4(d, n)), logits.r])?;
+        dev.op(
+            ops::MATMUL,
+            none,
+            &[self.output.r, s.x2.view(d4(d, n)), logits.r],
+        )?;
         dev.sync()?;
         let flat = logits.download_f32(p.n_vocab * n)?;
         Ok(flat.chunks_exact(p.n_vocab).map(<[f32]>::to_vec).collect())

@@ -65,7 +65,10 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { n_ctx: 0, n_slots: 4 }
+        LoadOptions {
+            n_ctx: 0,
+            n_slots: 4,
+        }
     }
 }
 
@@ -113,7 +116,11 @@ fn place(reg: &Registry, f: &GgufFile, devices: &[DeviceInfo]) -> Result<u32> {
             type_id: t.type_id,
             bytes: t.n_bytes,
             layer: layer_of(&t.name),
-            n_experts: if t.name.contains("_exps") { t.dims.last().copied().unwrap_or(0) as u32 } else { 0 },
+            n_experts: if t.name.contains("_exps") {
+                t.dims.last().copied().unwrap_or(0) as u32
+            } else {
+                0
+            },
             role: llama::role_of(&t.name).into(),
         })
         .collect();
@@ -192,8 +199,10 @@ pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedMod
     let tokenizer = tokenizer_from(&f).with_context(|| format!("{}: tokenizer", path.display()))?;
 
     let be = reg.backend(&reg.config.devices.backend)?;
-    into_result((be.register_quant_formats)(reg.quant_formats().cloned().collect()))
-        .map_err(|e| anyhow!("{}: {e}", be.name))?;
+    into_result((be.register_quant_formats)(
+        reg.quant_formats().cloned().collect(),
+    ))
+    .map_err(|e| anyhow!("{}: {e}", be.name))?;
     let mut devices: Vec<DeviceInfo> = into_result((be.devices)())
         .map_err(|e| anyhow!("{}: listing devices: {e}", be.name))?
         .into_iter()
@@ -203,7 +212,10 @@ pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedMod
         devices.retain(|d| wanted.contains(&d.index));
     }
     if devices.is_empty() {
-        bail!("backend '{}' has no usable devices (use_devices = {wanted:?})", be.name);
+        bail!(
+            "backend '{}' has no usable devices (use_devices = {wanted:?})",
+            be.name
+        );
     }
     let dev_index = place(reg, &f, &devices)?;
     let dev = Device::open(be, dev_index)?;
@@ -224,8 +236,9 @@ pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedMod
         if let Some(fmt) = reg.quant_format(t.type_id) {
             variant = into_result((fmt.resolve_variant)(meta_json.as_str().into()))
                 .map_err(|e| anyhow!("{}: tensor {}: {e}", path.display(), t.name))?;
-            into_result((fmt.validate)(variant, data.into()))
-                .map_err(|e| anyhow!("{}: tensor {} ({}): {e}", path.display(), t.name, fmt.name))?;
+            into_result((fmt.validate)(variant, data.into())).map_err(|e| {
+                anyhow!("{}: tensor {} ({}): {e}", path.display(), t.name, fmt.name)
+            })?;
         }
         let mut dims = [1u64; 4];
         for (d, v) in dims.iter_mut().zip(&t.dims) {
@@ -240,14 +253,22 @@ pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedMod
     }
     let weights = Weights { dev, map };
     let llama = llama::LlamaParams::from_gguf(&f, &arch)?;
-    let n_ctx = if opts.n_ctx == 0 { llama.train_ctx.min(4096) } else { opts.n_ctx };
+    let n_ctx = if opts.n_ctx == 0 {
+        llama.train_ctx.min(4096)
+    } else {
+        opts.n_ctx
+    };
     let model = llama::Llama::new(&f, &arch, &weights, n_ctx, opts.n_slots.max(1))
         .with_context(|| format!("{}: building the {arch} graph", path.display()))?;
     let name = f
         .get_str("general.name")
         .ok()
         .map(str::to_owned)
-        .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
+        .unwrap_or_else(|| {
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
     Ok(LoadedModel {
         name,
         arch,

@@ -102,7 +102,9 @@ impl Sampler {
             Some(n) if n > 0 => {
                 let mut idx: Vec<u32> = (0..l.len() as u32).collect();
                 let n = n.min(idx.len());
-                idx.select_nth_unstable_by(n - 1, |a, b| lp[*b as usize].total_cmp(&lp[*a as usize]));
+                idx.select_nth_unstable_by(n - 1, |a, b| {
+                    lp[*b as usize].total_cmp(&lp[*a as usize])
+                });
                 idx.truncate(n);
                 idx.sort_by(|a, b| lp[*b as usize].total_cmp(&lp[*a as usize]));
                 idx.into_iter().map(|i| (i, lp[i as usize])).collect()
@@ -118,7 +120,11 @@ impl Sampler {
 
     fn draw(&mut self, l: &[f32]) -> u32 {
         let t = self.p.temperature;
-        let mut cand: Vec<(u32, f32)> = l.iter().enumerate().map(|(i, v)| (i as u32, v / t)).collect();
+        let mut cand: Vec<(u32, f32)> = l
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i as u32, v / t))
+            .collect();
         cand.sort_by(|a, b| b.1.total_cmp(&a.1));
         if self.p.top_k > 0 {
             cand.truncate(self.p.top_k);
@@ -204,7 +210,10 @@ mod tests {
             (0..50).map(|_| s.sample(&logits()).id).collect()
         };
         assert_eq!(a, b);
-        assert!(a.iter().any(|&x| x != 1), "temperature 1.5 should not always pick the max");
+        assert!(
+            a.iter().any(|&x| x != 1),
+            "temperature 1.5 should not always pick the max"
+        );
         let mut s = Sampler::new(SamplingParams { top_k: 1, ..p });
         assert!((0..20).all(|_| s.sample(&logits()).id == 1));
     }

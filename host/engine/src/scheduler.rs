@@ -48,8 +48,15 @@ pub struct Timings {
 pub enum Event {
     /// One generated token and the text it completes (may be empty while a multi-byte
     /// character or a possible stop string is held back).
-    Token { id: u32, text: String, sampled: Sampled },
-    Done { reason: FinishReason, timings: Timings },
+    Token {
+        id: u32,
+        text: String,
+        sampled: Sampled,
+    },
+    Done {
+        reason: FinishReason,
+        timings: Timings,
+    },
     Error(String),
 }
 
@@ -192,7 +199,9 @@ fn run(
         while !waiting.is_empty() {
             let Some(slot) = free.pop() else { break };
             let req = waiting.pop_front().expect("non-empty");
-            stats.prompt_tokens.fetch_add(req.prompt.len() as u64, Ordering::Relaxed);
+            stats
+                .prompt_tokens
+                .fetch_add(req.prompt.len() as u64, Ordering::Relaxed);
             let max_tokens = req.max_tokens.min(n_ctx - req.prompt.len());
             active.push(Seq {
                 sampler: Sampler::new(req.sampling.clone()),
@@ -220,7 +229,12 @@ fn run(
         let mut budget = opts.max_batch_tokens.max(1);
         for (i, s) in active.iter().enumerate().filter(|(_, s)| !s.prefilling()) {
             let last = *s.generated.last().expect("decoding seqs have a token");
-            batch.push(BatchEntry { token: last, slot: s.slot, pos: s.fed as u32, want_logits: true });
+            batch.push(BatchEntry {
+                token: last,
+                slot: s.slot,
+                pos: s.fed as u32,
+                want_logits: true,
+            });
             owner.push(i);
             budget = budget.saturating_sub(1);
         }
@@ -234,7 +248,12 @@ fn run(
             for j in 0..n {
                 let pos = s.fed + j;
                 let last = pos + 1 == s.req.prompt.len();
-                batch.push(BatchEntry { token: s.req.prompt[pos], slot: s.slot, pos: pos as u32, want_logits: last });
+                batch.push(BatchEntry {
+                    token: s.req.prompt[pos],
+                    slot: s.slot,
+                    pos: pos as u32,
+                    want_logits: last,
+                });
                 if last {
                     owner.push(i);
                 }
@@ -244,7 +263,9 @@ fn run(
         let t0 = Instant::now();
         let result = model.forward(&batch);
         stats.forward_passes.fetch_add(1, Ordering::Relaxed);
-        stats.forward_us.fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+        stats
+            .forward_us
+            .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
         let logits = match result {
             Ok(l) => l,
             Err(e) => {
@@ -279,10 +300,16 @@ fn run(
             }
             let delta = s.text[s.emitted..release].to_string();
             s.emitted = release;
-            let _ = s.req.events.send(Event::Token { id, text: delta, sampled });
+            let _ = s.req.events.send(Event::Token {
+                id,
+                text: delta,
+                sampled,
+            });
             if stop_hit {
                 finished[i] = Some(FinishReason::Stop);
-            } else if s.generated.len() >= s.max_tokens || s.req.prompt.len() + s.generated.len() >= n_ctx {
+            } else if s.generated.len() >= s.max_tokens
+                || s.req.prompt.len() + s.generated.len() >= n_ctx
+            {
                 finished[i] = Some(FinishReason::Length);
             }
         }
@@ -299,7 +326,11 @@ fn run(
                     let _ = s.req.events.send(Event::Token {
                         id: u32::MAX,
                         text: rest,
-                        sampled: Sampled { id: u32::MAX, logprob: 0.0, top: Vec::new() },
+                        sampled: Sampled {
+                            id: u32::MAX,
+                            logprob: 0.0,
+                            top: Vec::new(),
+                        },
                     });
                 }
             }

@@ -43,7 +43,11 @@ pub fn load_plugin(path: &Path) -> Result<PluginRef, PluginError> {
 }
 
 fn first_line(s: &str) -> String {
-    let line = s.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
+    let line = s
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
     let mut out: String = line.chars().take(200).collect();
     if line.chars().count() > 200 {
         out.push('…');
@@ -56,18 +60,24 @@ fn describe(path: &Path, e: LibraryError) -> PluginError {
     match e {
         LibraryError::OpenError { err, .. } => PluginError::NotAPlugin {
             path,
-            reason: format!("the dynamic loader refused it: {}", first_line(&err.to_string())),
+            reason: format!(
+                "the dynamic loader refused it: {}",
+                first_line(&err.to_string())
+            ),
         },
         LibraryError::GetSymbolError { .. } => PluginError::NotAPlugin {
             path,
-            reason: "it exports no abi_stable root module; was it built with #[export_root_module]?"
-                .into(),
+            reason:
+                "it exports no abi_stable root module; was it built with #[export_root_module]?"
+                    .into(),
         },
-        LibraryError::IncompatibleVersionNumber { actual_version, .. } => PluginError::AbiMismatch {
-            path,
-            expected: AbiVersion::CURRENT,
-            found: actual_version.to_string(),
-        },
+        LibraryError::IncompatibleVersionNumber { actual_version, .. } => {
+            PluginError::AbiMismatch {
+                path,
+                expected: AbiVersion::CURRENT,
+                found: actual_version.to_string(),
+            }
+        }
         LibraryError::AbiInstability(err) => PluginError::Layout {
             path,
             expected: AbiVersion::CURRENT,

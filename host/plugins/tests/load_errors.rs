@@ -28,7 +28,10 @@ fn bundled_plugins_load_and_index() {
     let reg = Registry::from_config_file(&path).unwrap();
     assert_eq!(reg.plugins.len(), 3);
     assert!(reg.backend("cpu").is_ok());
-    assert_eq!(reg.quant_format(8).map(|f| f.name.to_string()), Some("Q8_0".into()));
+    assert_eq!(
+        reg.quant_format(8).map(|f| f.name.to_string()),
+        Some("Q8_0".into())
+    );
     assert_eq!(reg.type_size(12), Some((256, 144)));
     assert!(reg.policy("split-by-layer").is_ok());
 }
@@ -42,7 +45,10 @@ fn missing_file() {
 #[test]
 fn missing_library_name_says_how_to_build() {
     let msg = load_err("plugin_dir = \".\"\n[[plugin]]\nlibrary = \"moe_nothing\"\n");
-    assert!(msg.contains("libmoe_nothing.so: no such file") && msg.contains("cargo build"), "{msg}");
+    assert!(
+        msg.contains("libmoe_nothing.so: no such file") && msg.contains("cargo build"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -51,21 +57,31 @@ fn file_that_is_not_a_library() {
     let junk = dir.path().join("libjunk.so");
     std::fs::write(&junk, "this is text, not a shared object\n").unwrap();
     let msg = load_err(&format!("[[plugin]]\npath = {junk:?}\n"));
-    assert!(msg.contains("not a moeserve plugin") && msg.contains("dynamic loader"), "{msg}");
+    assert!(
+        msg.contains("not a moeserve plugin") && msg.contains("dynamic loader"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn library_that_is_not_a_plugin() {
     // A real shared library without our root module.
-    let libm = ["/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6", "/lib64/libm.so.6"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists());
+    let libm = [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/usr/lib/x86_64-linux-gnu/libm.so.6",
+        "/lib64/libm.so.6",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists());
     let Some(libm) = libm else {
         eprintln!("skipped: no libm.so.6 found");
         return;
     };
     let msg = load_err(&format!("[[plugin]]\npath = {libm:?}\n"));
-    assert!(msg.contains("not a moeserve plugin") && msg.contains("root module"), "{msg}");
+    assert!(
+        msg.contains("not a moeserve plugin") && msg.contains("root module"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -81,8 +97,15 @@ fn abi_major_mismatch() {
 #[test]
 fn layout_mismatch() {
     let msg = load_err(&plugin_line("bad_plugin_layout_mismatch"));
-    assert!(msg.contains("its plugin-api types do not match this host's"), "{msg}");
-    assert!(msg.len() < 600, "message too long ({} chars): {msg}", msg.len());
+    assert!(
+        msg.contains("its plugin-api types do not match this host's"),
+        "{msg}"
+    );
+    assert!(
+        msg.len() < 600,
+        "message too long ({} chars): {msg}",
+        msg.len()
+    );
 }
 
 #[test]
@@ -91,14 +114,23 @@ fn two_plugins_claim_one_type_id() {
     let (dir, _) = config("");
     let copy = dir.path().join("libggml_copy.so");
     std::fs::copy(lib("moe_quant_ggml"), &copy).unwrap();
-    let msg = load_err(&format!("{}[[plugin]]\npath = {copy:?}\n", plugin_line("moe_quant_ggml")));
-    assert!(msg.contains("quant type id 0 is claimed by both 'ggml-quants'"), "{msg}");
+    let msg = load_err(&format!(
+        "{}[[plugin]]\npath = {copy:?}\n",
+        plugin_line("moe_quant_ggml")
+    ));
+    assert!(
+        msg.contains("quant type id 0 is claimed by both 'ggml-quants'"),
+        "{msg}"
+    );
     assert!(msg.contains("libggml_copy.so"), "{msg}");
 }
 
 #[test]
 fn unknown_policy_lists_the_known_ones() {
-    let msg = load_err(&format!("{}[placement]\npolicy = \"nope\"\n", plugin_line("moe_policy_basic")));
+    let msg = load_err(&format!(
+        "{}[placement]\npolicy = \"nope\"\n",
+        plugin_line("moe_policy_basic")
+    ));
     assert_eq!(
         msg,
         "placement policy 'nope' is not provided by any loaded plugin (available: single-device, split-by-layer)"
@@ -108,14 +140,23 @@ fn unknown_policy_lists_the_known_ones() {
 #[test]
 fn invalid_toml_names_the_line() {
     let msg = load_err("[devices]\nuse_devices = []\nbackend = cpu\n");
-    assert!(msg.contains("plugins.toml: invalid TOML at line 3"), "{msg}");
+    assert!(
+        msg.contains("plugins.toml: invalid TOML at line 3"),
+        "{msg}"
+    );
     let msg = load_err("[devices]\nbakend = \"cpu\"\n");
     assert!(msg.contains("line 2") && msg.contains("bakend"), "{msg}");
 }
 
 #[test]
 fn bad_plugin_settings_are_refused() {
-    let body = format!("{}[plugin.settings]\nactivation = \"int3\"\n", plugin_line("moe_backend_cpu"));
+    let body = format!(
+        "{}[plugin.settings]\nactivation = \"int3\"\n",
+        plugin_line("moe_backend_cpu")
+    );
     let msg = load_err(&body);
-    assert!(msg.contains("plugin 'cpu' rejected its settings") && msg.contains("int3"), "{msg}");
+    assert!(
+        msg.contains("plugin 'cpu' rejected its settings") && msg.contains("int3"),
+        "{msg}"
+    );
 }

@@ -5,8 +5,8 @@ mod common;
 use common::*;
 use moe_plugin_api::{
     abi_stable::std_types::{RNone, RVec},
-    into_result, ops, types, Assignment, DeviceInfo, OpParams, Phase, PlacementRequest,
-    TensorMeta, TensorRef,
+    into_result, ops, types, Assignment, DeviceInfo, OpParams, Phase, PlacementRequest, TensorMeta,
+    TensorRef,
 };
 use moe_plugin_host::Registry;
 
@@ -55,7 +55,10 @@ fn place_with(policy: &str) -> Vec<Assignment> {
         routing_profile: RNone,
         settings_toml: "".into(),
     };
-    into_result((pol.place)(&req)).unwrap().into_iter().collect()
+    into_result((pol.place)(&req))
+        .unwrap()
+        .into_iter()
+        .collect()
 }
 
 #[test]
@@ -65,7 +68,13 @@ fn switching_policy_in_config_changes_the_assignment() {
     assert_eq!(single.len(), 18);
     assert_eq!(split.len(), 18);
     assert!(single.iter().all(|a| a.device == 0 && !a.reason.is_empty()));
-    let dev_of = |name: &str| split.iter().find(|a| a.tensor.as_str() == name).unwrap().device;
+    let dev_of = |name: &str| {
+        split
+            .iter()
+            .find(|a| a.tensor.as_str() == name)
+            .unwrap()
+            .device
+    };
     // 20 GiB + 60 GiB: a quarter of the 8 layers on device 0, the rest on device 1.
     assert_eq!(dev_of("blk.0.attn_q.weight"), 0);
     assert_eq!(dev_of("blk.1.ffn_up.weight"), 0);
@@ -78,7 +87,9 @@ fn switching_policy_in_config_changes_the_assignment() {
 
 /// A small deterministic generator, so the test needs no extra crates.
 fn lcg(seed: &mut u64) -> f32 {
-    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
@@ -95,7 +106,10 @@ fn third_party_quant_plugin_runs_a_matmul_on_the_cpu_backend() {
     let fmt = reg.quant_format(200).expect("Q8_S registered").clone();
     assert_eq!(fmt.name.as_str(), "Q8_S");
     let be = reg.backend("cpu").unwrap();
-    into_result((be.register_quant_formats)(reg.quant_formats().cloned().collect())).unwrap();
+    into_result((be.register_quant_formats)(
+        reg.quant_formats().cloned().collect(),
+    ))
+    .unwrap();
 
     let (k, m, n) = (128usize, 48usize, 3usize);
     let mut seed = std::time::SystemTime::now()
@@ -105,9 +119,19 @@ fn third_party_quant_plugin_runs_a_matmul_on_the_cpu_backend() {
     let w: Vec<f32> = (0..k * m).map(|_| lcg(&mut seed)).collect();
     let x: Vec<f32> = (0..k * n).map(|_| lcg(&mut seed)).collect();
     let mut wq = vec![0u8; k * m / 32 * 36];
-    into_result((fmt.encode)(0, w.as_slice().into(), wq.as_mut_slice().into())).unwrap();
+    into_result((fmt.encode)(
+        0,
+        w.as_slice().into(),
+        wq.as_mut_slice().into(),
+    ))
+    .unwrap();
     let mut wd = vec![0f32; k * m];
-    into_result((fmt.decode)(0, wq.as_slice().into(), wd.as_mut_slice().into())).unwrap();
+    into_result((fmt.decode)(
+        0,
+        wq.as_slice().into(),
+        wd.as_mut_slice().into(),
+    ))
+    .unwrap();
 
     let f32_bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
     let wbuf = into_result((be.alloc)(0, wq.len() as u64)).unwrap();
@@ -115,7 +139,13 @@ fn third_party_quant_plugin_runs_a_matmul_on_the_cpu_backend() {
     let obuf = into_result((be.alloc)(0, (m * n * 4) as u64)).unwrap();
     into_result((be.upload)(wbuf, 0, wq.as_slice().into())).unwrap();
     into_result((be.upload)(xbuf, 0, f32_bytes(&x).as_slice().into())).unwrap();
-    let t = |buffer, type_id, dims| TensorRef { buffer, offset: 0, type_id, variant: 0, dims };
+    let t = |buffer, type_id, dims| TensorRef {
+        buffer,
+        offset: 0,
+        type_id,
+        variant: 0,
+        dims,
+    };
     let stream = into_result((be.stream_create)(0)).unwrap();
     into_result((be.run_op)(
         stream,
@@ -132,21 +162,42 @@ fn third_party_quant_plugin_runs_a_matmul_on_the_cpu_backend() {
     .unwrap();
     let mut out = vec![0u8; m * n * 4];
     into_result((be.download)(obuf, 0, out.as_mut_slice().into())).unwrap();
-    let out: Vec<f32> = out.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let out: Vec<f32> = out
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     // Reference: decoded weights times unquantised activations, in f64. Activations go
     // through q8_1 (error <= d/2 per value), so allow 2% of the row's magnitude.
     for c in 0..n {
         for r in 0..m {
             let (row, col) = (&wd[r * k..(r + 1) * k], &x[c * k..(c + 1) * k]);
-            let want: f64 = row.iter().zip(col).map(|(a, b)| *a as f64 * *b as f64).sum();
-            let mag: f64 = row.iter().zip(col).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+            let want: f64 = row
+                .iter()
+                .zip(col)
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum();
+            let mag: f64 = row
+                .iter()
+                .zip(col)
+                .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                .sum();
             let got = out[c * m + r] as f64;
-            assert!((got - want).abs() <= 0.02 * mag + 1e-6, "r{r} c{c}: {got} vs {want}");
+            assert!(
+                (got - want).abs() <= 0.02 * mag + 1e-6,
+                "r{r} c{c}: {got} vs {want}"
+            );
         }
     }
-    let counters: Vec<(String, u64)> =
-        (be.kernel_counters)().into_iter().map(|t| (t.0.into(), t.1)).collect();
-    assert!(counters.iter().any(|(k, v)| k == "matmul_q8_dot" && *v >= 1), "{counters:?}");
+    let counters: Vec<(String, u64)> = (be.kernel_counters)()
+        .into_iter()
+        .map(|t| (t.0.into(), t.1))
+        .collect();
+    assert!(
+        counters
+            .iter()
+            .any(|(k, v)| k == "matmul_q8_dot" && *v >= 1),
+        "{counters:?}"
+    );
     for b in [wbuf, xbuf, obuf] {
         into_result((be.free)(b)).unwrap();
     }

@@ -38,14 +38,20 @@ pub struct Job {
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn new_id(flavor: Flavor) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
-    let prefix = if flavor == Flavor::Chat { "chatcmpl" } else { "cmpl" };
+    let prefix = if flavor == Flavor::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
     format!("{prefix}-{:x}{n:04x}", now())
 }
 
@@ -56,8 +62,16 @@ fn round1(x: f64) -> f64 {
 /// `usage` with the seed's timings, plus the llama-server style top-level `timings`.
 pub fn usage_and_timings(t: &Timings) -> (Value, Value) {
     let decode_s = t.decode_ms / 1e3;
-    let tps = if decode_s > 0.0 { t.completion_tokens as f64 / decode_s } else { 0.0 };
-    let prompt_per_s = if t.prefill_ms > 0.0 { t.prompt_tokens as f64 / (t.prefill_ms / 1e3) } else { 0.0 };
+    let tps = if decode_s > 0.0 {
+        t.completion_tokens as f64 / decode_s
+    } else {
+        0.0
+    };
+    let prompt_per_s = if t.prefill_ms > 0.0 {
+        t.prompt_tokens as f64 / (t.prefill_ms / 1e3)
+    } else {
+        0.0
+    };
     let usage = json!({
         "prompt_tokens": t.prompt_tokens,
         "completion_tokens": t.completion_tokens,
@@ -121,14 +135,21 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Collected, Ap
     let mut tokens = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Token { text: t, sampled, .. } => {
+            Event::Token {
+                text: t, sampled, ..
+            } => {
                 text.push_str(&t);
                 if sampled.id != u32::MAX {
                     tokens.push(sampled);
                 }
             }
             Event::Done { reason, timings } => {
-                return Ok(Collected { text, tokens, reason, timings })
+                return Ok(Collected {
+                    text,
+                    tokens,
+                    reason,
+                    timings,
+                })
             }
             Event::Error(e) => return Err(ApiError::internal(format!("generation failed: {e}"))),
         }
@@ -196,8 +217,11 @@ fn legacy_logprobs(tok: &Tokenizer, toks: &[Sampled]) -> Value {
         offset += t.len();
         tokens.push(t);
         lps.push(s.logprob);
-        let m: serde_json::Map<String, Value> =
-            s.top.iter().map(|(id, lp)| (token_str(tok, *id).0, json!(lp))).collect();
+        let m: serde_json::Map<String, Value> = s
+            .top
+            .iter()
+            .map(|(id, lp)| (token_str(tok, *id).0, json!(lp)))
+            .collect();
         tops.push(Value::Object(m));
     }
     json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
@@ -212,7 +236,11 @@ fn stream_response(
     tok: std::sync::Arc<Tokenizer>,
 ) -> Response {
     let flavor = job.flavor;
-    let object = if flavor == Flavor::Chat { "chat.completion.chunk" } else { "text_completion" };
+    let object = if flavor == Flavor::Chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
     let chunk = move |choices: Value, extra: Option<(&str, Value)>| {
         let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
         if let Some((k, x)) = extra {
@@ -266,5 +294,7 @@ fn stream_response(
     });
     let all: std::pin::Pin<Box<dyn Stream<Item = Result<SseEvent, Infallible>> + Send>> =
         Box::pin(stream::iter(head.into_iter().map(Ok)).chain(body));
-    Sse::new(all).keep_alive(KeepAlive::default()).into_response()
+    Sse::new(all)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }

@@ -115,7 +115,11 @@ async fn require_key(State(st): State<AppState>, req: Request, next: Next) -> Re
 async fn health(State(st): State<AppState>) -> Response {
     match st.scheduler.get() {
         Some(_) => Json(json!({"status": "ok"})).into_response(),
-        None => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "loading"}))).into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "loading"})),
+        )
+            .into_response(),
     }
 }
 
@@ -136,18 +140,27 @@ async fn chat_completions(
     st.check_model(&req.common.model)?;
     let s = st.scheduler()?;
     if req.messages.is_empty() {
-        return Err(ApiError::invalid("'messages' must not be empty", Some("messages")));
+        return Err(ApiError::invalid(
+            "'messages' must not be empty",
+            Some("messages"),
+        ));
     }
     let mut msgs = Vec::with_capacity(req.messages.len());
     for m in &req.messages {
         if !["system", "user", "assistant", "tool", "developer"].contains(&m.role.as_str()) {
-            return Err(ApiError::invalid(format!("unknown role '{}'", m.role), Some("messages")));
+            return Err(ApiError::invalid(
+                format!("unknown role '{}'", m.role),
+                Some("messages"),
+            ));
         }
         msgs.push(ChatMessage::new(m.role.clone(), content_text(&m.content)?));
     }
     let top = req.top_logprobs.unwrap_or(0);
     if !(0..=20).contains(&top) {
-        return Err(ApiError::invalid("'top_logprobs' must be between 0 and 20", Some("top_logprobs")));
+        return Err(ApiError::invalid(
+            "'top_logprobs' must be between 0 and 20",
+            Some("top_logprobs"),
+        ));
     }
     let logprobs = req.logprobs.unwrap_or(false).then_some(top as usize);
     let sampling = req.common.sampling(logprobs)?;
@@ -159,7 +172,12 @@ async fn chat_completions(
             tok.apply_template(FALLBACK_CHAT_TEMPLATE, &msgs, true)
                 .map_err(|e| ApiError::internal(e.to_string()))?
         }
-        Err(e) => return Err(ApiError::invalid(format!("chat template: {e}"), Some("messages"))),
+        Err(e) => {
+            return Err(ApiError::invalid(
+                format!("chat template: {e}"),
+                Some("messages"),
+            ))
+        }
     };
     let prompt = tok
         .encode(&prompt_text, true, true)
@@ -189,7 +207,10 @@ async fn completions(
     let s = st.scheduler()?;
     let lp = req.logprobs.unwrap_or(-1);
     if lp > 20 {
-        return Err(ApiError::invalid("'logprobs' must be at most 20", Some("logprobs")));
+        return Err(ApiError::invalid(
+            "'logprobs' must be at most 20",
+            Some("logprobs"),
+        ));
     }
     let logprobs = (lp >= 0).then_some(lp as usize);
     let sampling = req.common.sampling(logprobs)?;
@@ -201,7 +222,10 @@ async fn completions(
         Prompt::Tokens(ids) => {
             let v = s.tokenizer.vocab_size() as u32;
             if let Some(bad) = ids.iter().find(|&&i| i >= v) {
-                return Err(ApiError::invalid(format!("token id {bad} outside the vocabulary ({v})"), Some("prompt")));
+                return Err(ApiError::invalid(
+                    format!("token id {bad} outside the vocabulary ({v})"),
+                    Some("prompt"),
+                ));
             }
             ids.clone()
         }
@@ -210,7 +234,10 @@ async fn completions(
             .encode(&v[0], true, true)
             .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
         Prompt::Texts(_) => {
-            return Err(ApiError::invalid("only one prompt per request is supported", Some("prompt")))
+            return Err(ApiError::invalid(
+                "only one prompt per request is supported",
+                Some("prompt"),
+            ))
         }
     };
     if prompt.is_empty() {
@@ -289,15 +316,51 @@ async fn metrics(State(st): State<AppState>) -> Response {
             let _ = reg.register(Box::new(g));
         }};
     }
-    gauge!(IntGauge, "moeserve_model_loaded", "1 once the model is loaded", s.is_some() as i64);
+    gauge!(
+        IntGauge,
+        "moeserve_model_loaded",
+        "1 once the model is loaded",
+        s.is_some() as i64
+    );
     if let Some(s) = s {
-        counter!("moeserve_requests_total", "Generation requests accepted", ld(&s.requests));
-        counter!("moeserve_prompt_tokens_total", "Prompt tokens admitted", ld(&s.prompt_tokens));
-        counter!("moeserve_generated_tokens_total", "Tokens generated", ld(&s.generated_tokens));
-        counter!("moeserve_forward_passes_total", "Forward passes run", ld(&s.forward_passes));
-        gauge!(Gauge, "moeserve_forward_seconds_total", "Time spent in forward passes", ld(&s.forward_us) as f64 / 1e6);
-        gauge!(IntGauge, "moeserve_requests_running", "Sequences in the running batch", s.active.load(Ordering::Relaxed) as i64);
-        gauge!(IntGauge, "moeserve_requests_waiting", "Requests waiting for a slot", s.waiting.load(Ordering::Relaxed) as i64);
+        counter!(
+            "moeserve_requests_total",
+            "Generation requests accepted",
+            ld(&s.requests)
+        );
+        counter!(
+            "moeserve_prompt_tokens_total",
+            "Prompt tokens admitted",
+            ld(&s.prompt_tokens)
+        );
+        counter!(
+            "moeserve_generated_tokens_total",
+            "Tokens generated",
+            ld(&s.generated_tokens)
+        );
+        counter!(
+            "moeserve_forward_passes_total",
+            "Forward passes run",
+            ld(&s.forward_passes)
+        );
+        gauge!(
+            Gauge,
+            "moeserve_forward_seconds_total",
+            "Time spent in forward passes",
+            ld(&s.forward_us) as f64 / 1e6
+        );
+        gauge!(
+            IntGauge,
+            "moeserve_requests_running",
+            "Sequences in the running batch",
+            s.active.load(Ordering::Relaxed) as i64
+        );
+        gauge!(
+            IntGauge,
+            "moeserve_requests_waiting",
+            "Requests waiting for a slot",
+            s.waiting.load(Ordering::Relaxed) as i64
+        );
     }
     let mut buf = Vec::new();
     let _ = TextEncoder::new().encode(&reg.gather(), &mut buf);

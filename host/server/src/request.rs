@@ -140,7 +140,10 @@ impl Common {
             ));
         }
         if self.top_p == Some(0.0) {
-            return Err(ApiError::invalid("'top_p' must be greater than 0", Some("top_p")));
+            return Err(ApiError::invalid(
+                "'top_p' must be greater than 0",
+                Some("top_p"),
+            ));
         }
         Ok(SamplingParams {
             temperature: self.temperature.unwrap_or(1.0) as f32,
@@ -167,7 +170,9 @@ impl Common {
     }
 
     pub fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
     }
 }
 
@@ -179,7 +184,10 @@ pub fn content_text(c: &Option<Content>) -> Result<String, ApiError> {
         Some(Content::Parts(parts)) => {
             let mut out = String::new();
             for p in parts {
-                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                match (
+                    p.get("type").and_then(Value::as_str),
+                    p.get("text").and_then(Value::as_str),
+                ) {
                     (Some("text"), Some(t)) => out.push_str(t),
                     (kind, _) => {
                         return Err(ApiError::invalid(
@@ -213,11 +221,28 @@ mod tests {
         assert_eq!(output_length(&common(json!({})), LIM), 100);
         assert_eq!(output_length(&common(json!({"max_tokens": 0})), LIM), 100);
         assert_eq!(output_length(&common(json!({"max_tokens": -1})), LIM), 100);
-        assert_eq!(output_length(&common(json!({"max_tokens": 5000})), LIM), 1000);
-        assert_eq!(output_length(&common(json!({"max_completion_tokens": 7})), LIM), 7);
-        assert_eq!(output_length(&common(json!({"max_output_tokens": 8, "max_completion_tokens": 7})), LIM), 8);
         assert_eq!(
-            output_length(&common(json!({"max_tokens": 9, "max_output_tokens": 8, "max_completion_tokens": 7})), LIM),
+            output_length(&common(json!({"max_tokens": 5000})), LIM),
+            1000
+        );
+        assert_eq!(
+            output_length(&common(json!({"max_completion_tokens": 7})), LIM),
+            7
+        );
+        assert_eq!(
+            output_length(
+                &common(json!({"max_output_tokens": 8, "max_completion_tokens": 7})),
+                LIM
+            ),
+            8
+        );
+        assert_eq!(
+            output_length(
+                &common(
+                    json!({"max_tokens": 9, "max_output_tokens": 8, "max_completion_tokens": 7})
+                ),
+                LIM
+            ),
             9
         );
     }
@@ -225,9 +250,13 @@ mod tests {
     #[test]
     fn bad_values_name_their_parameter() {
         use serde_json::json;
-        let e = common(json!({"temperature": 3.0})).sampling(None).unwrap_err();
+        let e = common(json!({"temperature": 3.0}))
+            .sampling(None)
+            .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"));
-        let e = common(json!({"stream_options": {"include_usage": true}})).sampling(None).unwrap_err();
+        let e = common(json!({"stream_options": {"include_usage": true}}))
+            .sampling(None)
+            .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stream_options"));
         assert!(common(json!({"n": 2})).sampling(None).is_err());
     }

@@ -4,6 +4,9 @@
 //!
 //! Run: `cargo run --release -p moe-quant-ggml --example dot_throughput [-- --json] [--only Q4_K]`
 //!
+//! The last column runs 8 activation columns at once (each unpacked block reused 8 times):
+//! GB/s of weights and Gmac/s (weight x column products per second).
+//!
 //! GB/s counts the packed weight bytes read per second. 1000 rows are at most ~4 MB
 //! (F32, k = 1536) and usually < 1 MB, so this measures the kernels from cache, not DRAM.
 
@@ -21,7 +24,10 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let json = args.iter().any(|a| a == "--json");
     // `--only NAME` restricts to one type (for profiling).
-    let only = args.iter().position(|a| a == "--only").map(|i| args[i + 1].clone());
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .map(|i| args[i + 1].clone());
     let mut seed = 0x1234_5678_9abc_def0u64;
     let mut normal = move || {
         // splitmix64 + Box-Muller, enough for benchmark data.
@@ -36,24 +42,34 @@ fn main() {
         ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
     };
     let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| *i <= best_isa()).collect();
-    println!("single thread, {ROWS} rows x 1 column; GB/s of packed weights (Gw/s = 1e9 weights/s)");
+    println!(
+        "single thread, {ROWS} rows x 1 column; GB/s of packed weights (Gw/s = 1e9 weights/s)"
+    );
     print!("{:>6} {:>5} {:>8}", "type", "k", "bytes");
     for isa in &isas {
         print!(" {:>18}", isa.name());
     }
-    println!();
+    println!(" {:>22}", "8 columns, best isa");
     let mut records = vec![];
     for f in all_formats() {
         if only.as_deref().is_some_and(|o| o != f.name.as_str()) {
             continue;
         }
         let bw = f.block_weights as usize;
-        let ks: &[usize] = if bw == 256 { &[1536, 2048] } else { &[576, 1536] };
+        let ks: &[usize] = if bw == 256 {
+            &[1536, 2048]
+        } else {
+            &[576, 1536]
+        };
         for &k in ks {
             let x: Vec<f32> = (0..ROWS * k).map(|_| normal() * 0.05).collect();
             let mut rows = vec![0u8; ROWS * k / bw * f.block_bytes as usize];
-            into_result((f.encode)(0, RSlice::from_slice(&x), RSliceMut::from_mut_slice(&mut rows)))
-                .unwrap();
+            into_result((f.encode)(
+                0,
+                RSlice::from_slice(&x),
+                RSliceMut::from_mut_slice(&mut rows),
+            ))
+            .unwrap();
             let a: Vec<f32> = (0..k).map(|_| normal()).collect();
             let act: Vec<BlockQ8_1> = a.chunks_exact(32).map(BlockQ8_1::quantize).collect();
             let mut out = vec![0f32; ROWS];
@@ -79,8 +95,28 @@ fn main() {
                     isa.name()
                 ));
             }
+            // Small batch: 8 activation columns share each unpacked block.
+            let act8: Vec<BlockQ8_1> = (0..8).flat_map(|_| act.iter().copied()).collect();
+            let mut out8 = vec![0f32; ROWS * 8];
+            let isa = best_isa();
+            dot_q8_with_isa(f.type_id, isa, &rows, k as u64, &act8, &mut out8).unwrap();
+            let start = Instant::now();
+            let mut passes = 0u64;
+            while start.elapsed().as_secs_f64() < 0.3 {
+                dot_q8_with_isa(f.type_id, isa, &rows, k as u64, &act8, &mut out8).unwrap();
+                passes += 1;
+            }
+            let secs = start.elapsed().as_secs_f64();
+            let gbs8 = rows.len() as f64 * passes as f64 / secs / 1e9;
+            let gdots = (ROWS * k * 8) as f64 * passes as f64 / secs / 1e9;
+            print!(" {:>6.2} GB/s {:>5.1} Gmac/s", gbs8, gdots);
+            records.push(format!(
+                "{{\"type\":\"{}\",\"k\":{k},\"rows\":{ROWS},\"cols\":8,\"isa\":\"{}\",\"gb_per_s\":{gbs8:.3},\"gmac_per_s\":{gdots:.3}}}",
+                f.name.as_str(),
+                isa.name()
+            ));
             println!();
-            std::hint::black_box(&out);
+            std::hint::black_box((&out, &out8));
         }
     }
     if json {

@@ -10,12 +10,19 @@
 //! per-block work is "integer partial sums in 8 i32 lanes, times one f32 scale, added".
 //!
 //! The driver is compiled three times (portable, AVX2+FMA+F16C, AVX-512BW/VL+VNNI) and
-//! picked at run time, because a plugin cdylib cannot assume the host CPU. Everything is
-//! plain loops over fixed-size arrays that LLVM vectorises, except the one primitive it
-//! does not vectorise well in lane form, the i8 x i8 -> 8 x i32 partial dot ([`Ops`]):
-//! LLVM emits `pmaddwd` only for a dot reduced to one scalar (which costs a horizontal
-//! add per block), and falls back to `pmulld` for the lane form, so the x86 variants
-//! spell out the two instructions (sign-extend to i16, `pmaddwd`/`vpdpwssd`).
+//! picked at run time, because a plugin cdylib cannot assume the host CPU. Unpacking
+//! (nibbles, bit planes, scales) is plain loops over fixed-size arrays that LLVM
+//! vectorises in every variant. The few primitives in [`Ops`] are spelled out with x86
+//! intrinsics because measurement showed LLVM does not vectorise them well: it emits
+//! `pmaddwd` only for an i8 dot reduced to one scalar (a horizontal add per block) and
+//! falls back to `pmulld` for the 8-lane form; it split the 8-lane f32 accumulator into
+//! shuffled halves; and `half`/portable f16 widening per block cost more than the dot
+//! itself. The portable variant uses the scalar-reduced forms, which LLVM does turn into
+//! `pmaddwd` on plain SSE2 (and are the natural shape for other architectures).
+//!
+//! Results: the AVX2 and AVX-512 variants share one lane layout and agree bit for bit;
+//! the portable one sums in another order (differences ~1e-7 relative). No variant uses
+//! FMA, so results do not depend on contraction choices.
 
 use moe_plugin_api::BlockQ8_1;
 
@@ -30,12 +37,16 @@ pub trait Ops: 'static {
     /// The same for i16 weights (K-quant codes pre-multiplied by their sub-block scale,
     /// |w| <= 4096) against i8 activations.
     fn dot32w(w: &[i16; 32], a: &[i8; 32]) -> [i32; 8];
-    /// `acc += scale * lanes` (multiply, then add: no FMA, so every variant rounds alike).
+    /// `acc += scale * lanes` (multiply, then add: no FMA).
     fn axpy(acc: &mut [f32; 8], scale: f32, lanes: &[i32; 8]);
     /// The same with f32 lanes.
     fn axpy_f(acc: &mut [f32; 8], scale: f32, lanes: &[f32; 8]);
     /// f16 bits to f32 (exact; F16C's `vcvtph2ps` where the variant has it).
     fn f16(h: u16) -> f32;
+    /// Eight little-endian f16 (16 bytes) to f32.
+    fn f16x8(b: &[u8; 16]) -> [f32; 8];
+    /// `table[idx[i]]` for 32 indices below 16 (`pshufb` on x86).
+    fn lut16(table: &[i8; 16], idx: &[u8; 32]) -> [i8; 32];
 }
 
 /// Portable lanes: lane j sums the products j, j+8 (, j+16, j+24).
@@ -75,6 +86,22 @@ impl Ops for Portable {
     #[inline(always)]
     fn f16(h: u16) -> f32 {
         crate::fp::f16_to_f32(h)
+    }
+    #[inline(always)]
+    fn lut16(table: &[i8; 16], idx: &[u8; 32]) -> [i8; 32] {
+        let mut v = [0i8; 32];
+        for (v, i) in v.iter_mut().zip(idx) {
+            *v = table[(*i & 15) as usize];
+        }
+        v
+    }
+    #[inline(always)]
+    fn f16x8(b: &[u8; 16]) -> [f32; 8] {
+        let mut v = [0f32; 8];
+        for (v, c) in v.iter_mut().zip(b.chunks_exact(2)) {
+            *v = crate::fp::f16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+        }
+        v
     }
 }
 
@@ -123,7 +150,11 @@ mod x86 {
     fn vnni_dot32w(w: &[i16; 32], a: &[i8; 32]) -> [i32; 8] {
         let (a0, a1) = a.split_at(16);
         let lo = _mm256_madd_epi16(load16(&w[..16]), widen16(a0.try_into().unwrap()));
-        lanes(_mm256_dpwssd_epi32(lo, load16(&w[16..]), widen16(a1.try_into().unwrap())))
+        lanes(_mm256_dpwssd_epi32(
+            lo,
+            load16(&w[16..]),
+            widen16(a1.try_into().unwrap()),
+        ))
     }
 
     #[inline]
@@ -131,8 +162,14 @@ mod x86 {
     fn avx2_dot32(a: &[i8; 32], b: &[i8; 32]) -> [i32; 8] {
         let (a0, a1) = a.split_at(16);
         let (b0, b1) = b.split_at(16);
-        let lo = _mm256_madd_epi16(widen16(a0.try_into().unwrap()), widen16(b0.try_into().unwrap()));
-        let hi = _mm256_madd_epi16(widen16(a1.try_into().unwrap()), widen16(b1.try_into().unwrap()));
+        let lo = _mm256_madd_epi16(
+            widen16(a0.try_into().unwrap()),
+            widen16(b0.try_into().unwrap()),
+        );
+        let hi = _mm256_madd_epi16(
+            widen16(a1.try_into().unwrap()),
+            widen16(b1.try_into().unwrap()),
+        );
         lanes(_mm256_add_epi32(lo, hi))
     }
 
@@ -141,7 +178,10 @@ mod x86 {
     fn vnni_dot32(a: &[i8; 32], b: &[i8; 32]) -> [i32; 8] {
         let (a0, a1) = a.split_at(16);
         let (b0, b1) = b.split_at(16);
-        let lo = _mm256_madd_epi16(widen16(a0.try_into().unwrap()), widen16(b0.try_into().unwrap()));
+        let lo = _mm256_madd_epi16(
+            widen16(a0.try_into().unwrap()),
+            widen16(b0.try_into().unwrap()),
+        );
         lanes(_mm256_dpwssd_epi32(
             lo,
             widen16(a1.try_into().unwrap()),
@@ -179,8 +219,43 @@ mod x86 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
     }
 
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    fn f16c_x8(b: &[u8; 16]) -> [f32; 8] {
+        // SAFETY: 16 readable bytes; unaligned load; any bits are a valid [f32; 8].
+        unsafe {
+            std::mem::transmute::<__m256, [f32; 8]>(_mm256_cvtph_ps(_mm_loadu_si128(
+                b.as_ptr().cast(),
+            )))
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn pshufb_lut16(table: &[i8; 16], idx: &[u8; 32]) -> [i8; 32] {
+        // SAFETY: 16 and 32 readable bytes; unaligned loads; any bits are a valid [i8; 32].
+        unsafe {
+            let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr().cast()));
+            let i = _mm256_and_si256(
+                _mm256_loadu_si256(idx.as_ptr().cast()),
+                _mm256_set1_epi8(15),
+            );
+            std::mem::transmute::<__m256i, [i8; 32]>(_mm256_shuffle_epi8(t, i))
+        }
+    }
+
     macro_rules! axpy_impls {
         () => {
+            #[inline(always)]
+            fn lut16(table: &[i8; 16], idx: &[u8; 32]) -> [i8; 32] {
+                // SAFETY: both x86 drivers enable (and `best_isa` checks) AVX2.
+                unsafe { pshufb_lut16(table, idx) }
+            }
+            #[inline(always)]
+            fn f16x8(b: &[u8; 16]) -> [f32; 8] {
+                // SAFETY: both x86 drivers enable (and `best_isa` checks) AVX2 and F16C.
+                unsafe { f16c_x8(b) }
+            }
             #[inline(always)]
             fn f16(h: u16) -> f32 {
                 // SAFETY: both x86 drivers enable (and `best_isa` checks) F16C.

@@ -3,9 +3,10 @@
 /// Widens IEEE binary16 bits to f32, exactly (normals, subnormals, infinities; NaNs stay
 /// NaN with their payload shifted up, which is what numpy's `astype(np.float32)` does).
 ///
-/// Branch-free so that loops over many halves auto-vectorise; `half::f16::to_f32` picks
-/// its implementation at run time on every call, which is fine for scalars but keeps the
-/// hot loops scalar. `tests::fast_f16_matches_half` checks all 65,536 inputs against `half`.
+/// Used by the portable kernels and by block decoding (scale fields). Branch-free and
+/// inlinable, unlike `half::f16::to_f32`, which detects F16C at run time on every call.
+/// `tests::fast_f16_matches_half` checks all 65,536 inputs against `half`; the F16 tensor
+/// type itself decodes through `half`'s slice conversion.
 #[inline(always)]
 pub fn f16_to_f32(h: u16) -> f32 {
     let sign = ((h as u32) & 0x8000) << 16;
@@ -69,7 +70,11 @@ pub fn f16_checked(v: f32, what: &str) -> Result<(u16, f32), String> {
 pub fn check_f16(b: &[u8], off: usize, what: &str) -> Result<(), String> {
     let bits = f16_bits_at(b, off);
     if bits & 0x7c00 == 0x7c00 {
-        let kind = if bits & 0x03ff == 0 { "infinite" } else { "NaN" };
+        let kind = if bits & 0x03ff == 0 {
+            "infinite"
+        } else {
+            "NaN"
+        };
         return Err(format!("{what} is {kind} (f16 bits 0x{bits:04x})"));
     }
     Ok(())

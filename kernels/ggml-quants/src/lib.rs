@@ -147,7 +147,10 @@ fn whole_blocks<F: Format>(bytes: usize, op: &str) -> Result<usize, String> {
     Ok(bytes / F::BB)
 }
 
-extern "C" fn validate<F: Format>(variant: Variant, blocks: RSlice<'_, u8>) -> RResult<(), RString> {
+extern "C" fn validate<F: Format>(
+    variant: Variant,
+    blocks: RSlice<'_, u8>,
+) -> RResult<(), RString> {
     guard(F::NAME, || {
         check_variant::<F>(variant, "validate")?;
         whole_blocks::<F>(blocks.len(), "validate")?;

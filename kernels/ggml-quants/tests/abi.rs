@@ -53,7 +53,10 @@ fn configure_accepts_nothing_but_empty_settings() {
     assert!(into_result(configure(RStr::from(""))).is_ok());
     assert!(into_result(configure(RStr::from("# just a comment\n"))).is_ok());
     let e = into_result(configure(RStr::from("threads = 4\nfast = true"))).unwrap_err();
-    assert!(e.contains("`fast`") && e.contains("`threads`") && e.contains("no settings"), "{e}");
+    assert!(
+        e.contains("`fast`") && e.contains("`threads`") && e.contains("no settings"),
+        "{e}"
+    );
     let e = into_result(configure(RStr::from("= nonsense ["))).unwrap_err();
     assert!(e.contains("not valid TOML"), "{e}");
 }
@@ -67,11 +70,19 @@ fn validate_rejects_non_finite_scales() {
         let blocks = random_valid_blocks(&f, 3, &mut rng);
         validate(&f, &blocks).unwrap();
         for &off in scale_offsets(name) {
-            for (bits, kind) in [(0x7e00u16, "NaN"), (0x7c00, "infinite"), (0xfc00, "infinite"), (0xfd01, "NaN")] {
+            for (bits, kind) in [
+                (0x7e00u16, "NaN"),
+                (0x7c00, "infinite"),
+                (0xfc00, "infinite"),
+                (0xfd01, "NaN"),
+            ] {
                 let mut bad = blocks.clone();
                 bad[2 * bb + off..2 * bb + off + 2].copy_from_slice(&bits.to_le_bytes());
                 let e = validate(&f, &bad).unwrap_err();
-                assert!(e.contains("block 2") && e.contains(kind), "{name} @{off} {bits:04x}: {e}");
+                assert!(
+                    e.contains("block 2") && e.contains(kind),
+                    "{name} @{off} {bits:04x}: {e}"
+                );
             }
         }
         if name == "MXFP4" {
@@ -84,7 +95,9 @@ fn validate_rejects_non_finite_scales() {
         }
         if f.block_weights == 1 {
             // Float tensors: any bit pattern, NaN and infinities included, is accepted.
-            let special: Vec<u8> = (0..64u8).map(|i| if i % 2 == 1 { 0xff } else { 0x80 | i }).collect();
+            let special: Vec<u8> = (0..64u8)
+                .map(|i| if i % 2 == 1 { 0xff } else { 0x80 | i })
+                .collect();
             validate(&f, &special).unwrap();
         }
     }
@@ -103,7 +116,10 @@ fn every_function_errors_on_bad_lengths_and_variants() {
         };
         let err = |r: Result<(), String>, what: &str| {
             let e = r.expect_err(&format!("{name} {what}: accepted"));
-            assert!(e.contains(name) && !e.contains("panicked"), "{name} {what}: {e}");
+            assert!(
+                e.contains(name) && !e.contains("panicked"),
+                "{name} {what}: {e}"
+            );
         };
 
         // validate
@@ -112,45 +128,80 @@ fn every_function_errors_on_bad_lengths_and_variants() {
         if bb > 1 {
             err(validate(&f, &rows[..bb + 1]), "validate partial block");
         }
-        err(into_result((f.validate)(1, RSlice::from_slice(&rows))), "validate variant 1");
+        err(
+            into_result((f.validate)(1, RSlice::from_slice(&rows))),
+            "validate variant 1",
+        );
 
         // decode
         let mut out = vec![0f32; 2 * k];
         let call = |blocks: &[u8], out: &mut [f32], variant| {
-            into_result((f.decode)(variant, RSlice::from_slice(blocks), RSliceMut::from_mut_slice(out)))
+            into_result((f.decode)(
+                variant,
+                RSlice::from_slice(blocks),
+                RSliceMut::from_mut_slice(out),
+            ))
         };
         ok(call(&rows, &mut out, 0), "decode");
         err(call(&rows, &mut out[1..], 0), "decode short output");
-        err(call(&rows, &mut vec![0f32; 2 * k + 1], 0), "decode long output");
+        err(
+            call(&rows, &mut vec![0f32; 2 * k + 1], 0),
+            "decode long output",
+        );
         if bb > 1 {
-            err(call(&rows[..rows.len() - 1], &mut out, 0), "decode partial block");
+            err(
+                call(&rows[..rows.len() - 1], &mut out, 0),
+                "decode partial block",
+            );
         }
         err(call(&rows, &mut out, 7), "decode variant 7");
 
         // encode
         let x = vec![0.5f32; 2 * k];
         let call = |x: &[f32], out: &mut [u8], variant| {
-            into_result((f.encode)(variant, RSlice::from_slice(x), RSliceMut::from_mut_slice(out)))
+            into_result((f.encode)(
+                variant,
+                RSlice::from_slice(x),
+                RSliceMut::from_mut_slice(out),
+            ))
         };
         let mut bytes = vec![0u8; rows.len()];
         ok(call(&x, &mut bytes, 0), "encode");
         err(call(&x, &mut bytes[1..], 0), "encode short output");
         err(call(&x[..k], &mut bytes, 0), "encode long output");
         if bw > 1 {
-            err(call(&x[1..], &mut bytes[..rows.len() - bb], 0), "encode partial block");
+            err(
+                call(&x[1..], &mut bytes[..rows.len() - bb], 0),
+                "encode partial block",
+            );
         }
         err(call(&x, &mut bytes, 1), "encode variant 1");
 
         // dot_q8
         let mut out = vec![0f32; 6];
         ok(dot_q8(&f, &rows, k, &act, &mut out), "dot");
-        err(dot_q8(&f, &rows, k, &act, &mut out[1..]), "dot short output");
-        err(dot_q8(&f, &rows, k, &act[1..], &mut out), "dot partial column");
-        err(dot_q8(&f, &rows[..rows.len() - 1], k, &act, &mut out), "dot partial row");
+        err(
+            dot_q8(&f, &rows, k, &act, &mut out[1..]),
+            "dot short output",
+        );
+        err(
+            dot_q8(&f, &rows, k, &act[1..], &mut out),
+            "dot partial column",
+        );
+        err(
+            dot_q8(&f, &rows[..rows.len() - 1], k, &act, &mut out),
+            "dot partial row",
+        );
         err(dot_q8(&f, &rows, 0, &act, &mut out), "dot k = 0");
-        err(dot_q8(&f, &rows, k + 16, &act, &mut out), "dot k not a multiple of 32");
+        err(
+            dot_q8(&f, &rows, k + 16, &act, &mut out),
+            "dot k not a multiple of 32",
+        );
         if bw == 256 {
-            err(dot_q8(&f, &rows, 96, &act, &mut out), "dot k not a multiple of 256");
+            err(
+                dot_q8(&f, &rows, 96, &act, &mut out),
+                "dot k not a multiple of 256",
+            );
         }
         err(
             into_result((f.dot_q8)(
@@ -195,8 +246,12 @@ fn cdylib_loads_through_abi_stable() {
     block[0..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
     block[2..].fill(2);
     let mut out = vec![0f32; 32];
-    into_result((q8.decode)(0, RSlice::from_slice(&block), RSliceMut::from_mut_slice(&mut out)))
-        .unwrap();
+    into_result((q8.decode)(
+        0,
+        RSlice::from_slice(&block),
+        RSliceMut::from_mut_slice(&mut out),
+    ))
+    .unwrap();
     assert!(out.iter().all(|v| *v == 1.0));
     println!("loaded {}", so.display());
 }

@@ -52,7 +52,8 @@ fn round_trip_error_is_bounded() {
         let name = f.name.as_str();
         let bound = NRMSE_BOUNDS.iter().find(|(n, _)| *n == name).unwrap().1;
         let blocks = encode(&f, &x).unwrap();
-        validate(&f, &blocks).unwrap_or_else(|e| panic!("{name}: encoder made an invalid block: {e}"));
+        validate(&f, &blocks)
+            .unwrap_or_else(|e| panic!("{name}: encoder made an invalid block: {e}"));
         let y = decode(&f, &blocks).unwrap();
         let e = nrmse(&x, &y);
         println!("{name:>5}: NRMSE {e:.3e} (bound {bound:.1e})");
@@ -67,10 +68,19 @@ fn awkward_blocks_round_trip() {
         ("zeros", vec![0.0; k]),
         ("constant", vec![0.75; k]),
         ("negative constant", vec![-3.0; k]),
-        ("one spike", (0..k).map(|i| if i == 77 { 5.0 } else { 0.0 }).collect()),
-        ("all positive", (0..k).map(|i| 1.0 + i as f32 / 256.0).collect()),
+        (
+            "one spike",
+            (0..k).map(|i| if i == 77 { 5.0 } else { 0.0 }).collect(),
+        ),
+        (
+            "all positive",
+            (0..k).map(|i| 1.0 + i as f32 / 256.0).collect(),
+        ),
         ("tiny", (0..k).map(|i| (i as f32 - 128.0) * 1e-7).collect()),
-        ("large", (0..k).map(|i| (i as f32 - 128.0) * 100.0).collect()),
+        (
+            "large",
+            (0..k).map(|i| (i as f32 - 128.0) * 100.0).collect(),
+        ),
     ];
     for f in formats() {
         for (what, x) in &cases {
@@ -95,7 +105,17 @@ fn awkward_blocks_round_trip() {
 
 #[test]
 fn float_types_round_trip_exactly_where_representable() {
-    let x: Vec<f32> = vec![0.0, -0.0, 1.0, -2.5, 65280.0, 2f32.powi(-14), f32::INFINITY, f32::NEG_INFINITY, 0.5];
+    let x: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -2.5,
+        65280.0,
+        2f32.powi(-14),
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.5,
+    ];
     for name in ["F32", "F16", "BF16"] {
         let f = format(name);
         let y = decode(&f, &encode(&f, &x).unwrap()).unwrap();
@@ -114,7 +134,11 @@ fn encode_refuses_what_it_cannot_represent() {
         let mut x = vec![0.5f32; bw * 2];
         x[bw + 3] = f32::NAN;
         let e = encode(&f, &x).unwrap_err();
-        assert!(e.contains("block 1") && e.contains("finite"), "{}: {e}", f.name);
+        assert!(
+            e.contains("block 1") && e.contains("finite"),
+            "{}: {e}",
+            f.name
+        );
         x[bw + 3] = f32::INFINITY;
         assert!(encode(&f, &x).is_err(), "{}", f.name);
         if f.name.as_str() != "MXFP4" {

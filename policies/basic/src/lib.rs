@@ -69,8 +69,17 @@ extern "C" fn place_single(req: &PlacementRequest) -> RResult<RVec<Assignment>, 
             .devices
             .iter()
             .position(|d| d.index == s.device)
-            .ok_or_else(|| format!("single-device: device {} is not among the {} selected", s.device, req.devices.len()))?;
-        let reason = RString::from(format!("single-device policy: everything on device {}", s.device));
+            .ok_or_else(|| {
+                format!(
+                    "single-device: device {} is not among the {} selected",
+                    s.device,
+                    req.devices.len()
+                )
+            })?;
+        let reason = RString::from(format!(
+            "single-device policy: everything on device {}",
+            s.device
+        ));
         Ok(req
             .tensors
             .iter()
@@ -108,8 +117,18 @@ extern "C" fn place_split(req: &PlacementRequest) -> RResult<RVec<Assignment>, R
         if req.devices.is_empty() {
             return Err("split-by-layer: no devices".into());
         }
-        let n_layers = req.tensors.iter().map(|t| t.layer + 1).max().unwrap_or(0).max(0) as usize;
-        let weights: Vec<f64> = req.devices.iter().map(|d| d.memory_bytes.max(1) as f64).collect();
+        let n_layers = req
+            .tensors
+            .iter()
+            .map(|t| t.layer + 1)
+            .max()
+            .unwrap_or(0)
+            .max(0) as usize;
+        let weights: Vec<f64> = req
+            .devices
+            .iter()
+            .map(|d| d.memory_bytes.max(1) as f64)
+            .collect();
         let owner = split_layers(n_layers, &weights);
         let last = owner.last().copied().unwrap_or(0);
         Ok(req
@@ -118,7 +137,13 @@ extern "C" fn place_split(req: &PlacementRequest) -> RResult<RVec<Assignment>, R
             .map(|t| {
                 let (device, reason) = if t.layer >= 0 {
                     let d = owner[t.layer as usize];
-                    (d, format!("layer {} of {n_layers} falls in device {d}'s share of memory", t.layer))
+                    (
+                        d,
+                        format!(
+                            "layer {} of {n_layers} falls in device {d}'s share of memory",
+                            t.layer
+                        ),
+                    )
                 } else if t.role.as_str() == "output" {
                     (last, "output head goes with the last layer".to_string())
                 } else {

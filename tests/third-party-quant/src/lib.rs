@@ -56,7 +56,7 @@ fn scale(b: &[u8]) -> f32 {
 }
 
 fn whole(len: usize) -> Result<usize, String> {
-    if len % BB != 0 {
+    if !len.is_multiple_of(BB) {
         return Err(format!("Q8_S: {len} bytes are not whole {BB}-byte blocks"));
     }
     Ok(len / BB)
@@ -72,7 +72,11 @@ extern "C" fn validate(_v: u64, blocks: RSlice<'_, u8>) -> RResult<(), RString> 
     })
 }
 
-extern "C" fn decode(_v: u64, blocks: RSlice<'_, u8>, mut out: RSliceMut<'_, f32>) -> RResult<(), RString> {
+extern "C" fn decode(
+    _v: u64,
+    blocks: RSlice<'_, u8>,
+    mut out: RSliceMut<'_, f32>,
+) -> RResult<(), RString> {
     guard("Q8_S decode", || {
         if whole(blocks.len())? * BW != out.len() {
             return Err("Q8_S decode: output length mismatch".into());
@@ -87,9 +91,13 @@ extern "C" fn decode(_v: u64, blocks: RSlice<'_, u8>, mut out: RSliceMut<'_, f32
     })
 }
 
-extern "C" fn encode(_v: u64, input: RSlice<'_, f32>, mut out: RSliceMut<'_, u8>) -> RResult<(), RString> {
+extern "C" fn encode(
+    _v: u64,
+    input: RSlice<'_, f32>,
+    mut out: RSliceMut<'_, u8>,
+) -> RResult<(), RString> {
     guard("Q8_S encode", || {
-        if input.len() % BW != 0 || input.len() / BW * BB != out.len() {
+        if !input.len().is_multiple_of(BW) || input.len() / BW * BB != out.len() {
             return Err("Q8_S encode: length mismatch".into());
         }
         for (x, b) in input.chunks_exact(BW).zip(out.chunks_exact_mut(BB)) {
@@ -97,7 +105,11 @@ extern "C" fn encode(_v: u64, input: RSlice<'_, f32>, mut out: RSliceMut<'_, u8>
             let d = amax / 127.0;
             b[..4].copy_from_slice(&d.to_le_bytes());
             for (q, v) in b[4..].iter_mut().zip(x) {
-                *q = if d > 0.0 { (v / d).round() as i8 as u8 } else { 0 };
+                *q = if d > 0.0 {
+                    (v / d).round() as i8 as u8
+                } else {
+                    0
+                };
             }
         }
         Ok(())
@@ -112,7 +124,8 @@ extern "C" fn dot_q8(
     mut out: RSliceMut<'_, f32>,
 ) -> RResult<(), RString> {
     guard("Q8_S dot_q8", || {
-        let (row_bytes, n_rows, _) = dot_shape(BW as u32, BB as u32, rows.len(), k, act.len(), out.len())?;
+        let (row_bytes, n_rows, _) =
+            dot_shape(BW as u32, BB as u32, rows.len(), k, act.len(), out.len())?;
         let per_col = k as usize / 32;
         for (i, o) in out.iter_mut().enumerate() {
             let (c, r) = (i / n_rows, i % n_rows);
@@ -122,7 +135,11 @@ extern "C" fn dot_q8(
                 .chunks_exact(BB)
                 .zip(col)
                 .map(|(b, a)| {
-                    let s: i32 = b[4..].iter().zip(&a.qs).map(|(w, x)| (*w as i8) as i32 * *x as i32).sum();
+                    let s: i32 = b[4..]
+                        .iter()
+                        .zip(&a.qs)
+                        .map(|(w, x)| (*w as i8) as i32 * *x as i32)
+                        .sum();
                     scale(b) * a.d * s as f32
                 })
                 .sum();

@@ -7,12 +7,19 @@ use std::path::{Path, PathBuf};
 /// target/<profile>/, where the cdylibs live (the test binary runs from deps/ below it).
 pub fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test exe path");
-    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
 }
 
 pub fn lib(name: &str) -> PathBuf {
     let p = lib_dir().join(format!("lib{name}.so"));
-    assert!(p.is_file(), "{} missing: run `cargo build --workspace` first", p.display());
+    assert!(
+        p.is_file(),
+        "{} missing: run `cargo build --workspace` first",
+        p.display()
+    );
     p
 }
 

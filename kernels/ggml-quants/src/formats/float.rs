@@ -9,7 +9,7 @@ use moe_plugin_api::BlockQ8_1;
 
 use super::Format;
 use crate::dot::{self, Acc, DotUnit, Isa, Ops, Shape};
-use crate::fp::{bf16_to_f32, f16_to_f32};
+use crate::fp::bf16_to_f32;
 
 /// `sum(w * q)` over 32 values into 8 f32 lanes (lane j: values j, j+8, j+16, j+24).
 #[inline(always)]
@@ -21,6 +21,26 @@ fn fdot8(w: &[f32; 32], q: &[i8; 32]) -> [f32; 8] {
         }
     }
     lanes
+}
+
+pub struct F16;
+
+impl DotUnit for F16 {
+    const DW: usize = 32;
+    const DB: usize = 64;
+    type U = [f32; 32];
+    #[inline(always)]
+    fn unpack<O: Ops>(b: &[u8]) -> [f32; 32] {
+        let mut w = [0f32; 32];
+        for (w, c) in w.chunks_exact_mut(8).zip(b.chunks_exact(16)) {
+            w.copy_from_slice(&O::f16x8(c.try_into().unwrap()));
+        }
+        w
+    }
+    #[inline(always)]
+    fn dot<O: Ops>(u: &[f32; 32], a: &[BlockQ8_1], acc: &mut Acc) {
+        acc.add_scaled_f::<O>(a[0].d, &fdot8(u, &a[0].qs));
+    }
 }
 
 macro_rules! float_unit {
@@ -50,12 +70,9 @@ macro_rules! float_unit {
 float_unit!(F32, 4, |c: &[u8]| f32::from_le_bytes([
     c[0], c[1], c[2], c[3]
 ]));
-float_unit!(F16, 2, |c: &[u8]| f16_to_f32(u16::from_le_bytes([
+float_unit!(BF16, 2, |c: &[u8]| bf16_to_f32(u16::from_le_bytes([
     c[0], c[1]
 ])));
-float_unit!(BF16, 2, |c: &[u8]| bf16_to_f32(u16::from_le_bytes(
-    [c[0], c[1]]
-)));
 
 impl Format for F32 {
     const ID: u32 = 0;

@@ -197,14 +197,19 @@ fn encode_symmetric_k(
     Ok((bits, sc, q))
 }
 
-/// The dot form of the 16-weight sub-block types: codes pre-multiplied by their
-/// sub-block scale in i16 (|q * sc| <= 32 * 128), so one `pmaddwd` per 16 weights applies
-/// both, and (Q2_K) the mins spread over their weights the same way.
+/// The dot form of Q2_K: codes pre-multiplied by their sub-block scale in i16, so one
+/// `pmaddwd` per 16 weights applies both, and the mins spread over their weights.
 pub struct KDot16 {
     pub w: [i16; 256],
     pub m: [i16; 256],
     pub d: f32,
     pub dmin: f32,
+}
+
+/// The dot form of Q3_K/Q6_K: codes times sub-block scale (|q * sc| <= 32 * 128).
+pub struct KSym16 {
+    pub w: [i16; 256],
+    pub d: f32,
 }
 
 #[inline(always)]
@@ -339,19 +344,17 @@ impl Q3K {
 impl DotUnit for Q3K {
     const DW: usize = 256;
     const DB: usize = 110;
-    type U = KDot16;
+    type U = KSym16;
     #[inline(always)]
-    fn unpack<O: Ops>(b: &[u8]) -> KDot16 {
+    fn unpack<O: Ops>(b: &[u8]) -> KSym16 {
         let p = Self::parts::<O>(b);
-        KDot16 {
+        KSym16 {
             w: prescale16(&p.q, &p.sc),
-            m: [0; 256],
             d: p.d,
-            dmin: 0.0,
         }
     }
     #[inline(always)]
-    fn dot<O: Ops>(u: &KDot16, a: &[BlockQ8_1], acc: &mut Acc) {
+    fn dot<O: Ops>(u: &KSym16, a: &[BlockQ8_1], acc: &mut Acc) {
         acc.add_scaled_f::<O>(u.d, &dot_w16::<O>(&u.w, a));
     }
 }
@@ -409,7 +412,10 @@ fn dot_q4k_like<O: Ops>(u: &UnpackedK<8>, a: &[BlockQ8_1], acc: &mut Acc) {
     let mut l = Acc::default();
     let mut mins = 0f32;
     for (b, a) in a.iter().enumerate().take(8) {
-        l.add_scaled::<O>(a.d * u.sc[b] as f32, &O::dot32(sub::<32>(&u.q, 32 * b), &a.qs));
+        l.add_scaled::<O>(
+            a.d * u.sc[b] as f32,
+            &O::dot32(sub::<32>(&u.q, 32 * b), &a.qs),
+        );
         mins += u.mn[b] as f32 * a.sum;
     }
     acc.add_scaled_f::<O>(u.d, &l.v);
@@ -582,19 +588,17 @@ impl Q6K {
 impl DotUnit for Q6K {
     const DW: usize = 256;
     const DB: usize = 210;
-    type U = KDot16;
+    type U = KSym16;
     #[inline(always)]
-    fn unpack<O: Ops>(b: &[u8]) -> KDot16 {
+    fn unpack<O: Ops>(b: &[u8]) -> KSym16 {
         let p = Self::parts::<O>(b);
-        KDot16 {
+        KSym16 {
             w: prescale16(&p.q, &p.sc),
-            m: [0; 256],
             d: p.d,
-            dmin: 0.0,
         }
     }
     #[inline(always)]
-    fn dot<O: Ops>(u: &KDot16, a: &[BlockQ8_1], acc: &mut Acc) {
+    fn dot<O: Ops>(u: &KSym16, a: &[BlockQ8_1], acc: &mut Acc) {
         acc.add_scaled_f::<O>(u.d, &dot_w16::<O>(&u.w, a));
     }
 }

@@ -36,11 +36,12 @@ fn nibbles(qs: &[u8]) -> [i8; 32] {
 #[inline(always)]
 fn with_high_bits(qs: &[u8], qh: &[u8]) -> [i8; 32] {
     // Bit j of the little-endian u32 is bit j % 8 of byte j / 8: spread each byte over
-    // its 8 weights and keep one bit per lane (a byte shuffle, an and, a min: vectorises
-    // without per-lane shifts or branches).
+    // its 8 weights and test one bit per lane (a byte shuffle, an and, a compare:
+    // vectorises without per-lane shifts or branches).
     let mut q = nibbles(qs);
     for (j, v) in q.iter_mut().enumerate() {
-        *v |= (((qh[j / 8] & (1 << (j % 8))).min(1)) << 4) as i8;
+        let bit = 1u8 << (j % 8);
+        *v |= ((((qh[j / 8] & bit) == bit) as u8) << 4) as i8;
     }
     q
 }

@@ -12,20 +12,6 @@ use crate::fp::e8m0_half_to_f32;
 /// e2m1 values times two: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
 pub const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
-/// `KVALUES[c]` without a table lookup (so unpacking vectorises): the magnitude code
-/// v = c & 7 maps 0..8 to 0, 1, 2, 3, 4, 6, 8, 12 = v + max(v - 4, 0) + 2 max(v - 6, 0);
-/// bit 3 is the sign.
-#[inline(always)]
-pub fn kvalue(c: u8) -> i8 {
-    let v = c & 7;
-    let mag = (v + v.saturating_sub(4) + 2 * v.saturating_sub(6)) as i8;
-    if c & 8 != 0 {
-        -mag
-    } else {
-        mag
-    }
-}
-
 pub struct Mxfp4;
 
 impl DotUnit for Mxfp4 {
@@ -39,12 +25,8 @@ impl DotUnit for Mxfp4 {
             c[i] = b[1 + i] & 0x0f;
             c[i + 16] = b[1 + i] >> 4;
         }
-        let mut q = [0i8; 32];
-        for (q, c) in q.iter_mut().zip(c) {
-            *q = kvalue(c);
-        }
         Unpacked32 {
-            q,
+            q: O::lut16(&KVALUES, &c),
             d: e8m0_half_to_f32(b[0]),
             m: 0.0,
         }
@@ -52,14 +34,6 @@ impl DotUnit for Mxfp4 {
     #[inline(always)]
     fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
         acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
-    }
-}
-
-#[cfg(test)]
-#[test]
-fn kvalue_matches_table() {
-    for c in 0..16u8 {
-        assert_eq!(kvalue(c), KVALUES[c as usize], "code {c}");
     }
 }
 

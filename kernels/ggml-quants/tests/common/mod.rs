@@ -24,14 +24,22 @@ pub fn format(name: &str) -> QuantFormat {
 pub fn decode(f: &QuantFormat, blocks: &[u8]) -> Result<Vec<f32>, String> {
     let n = blocks.len() / f.block_bytes as usize * f.block_weights as usize;
     let mut out = vec![0f32; n];
-    into_result((f.decode)(0, RSlice::from_slice(blocks), RSliceMut::from_mut_slice(&mut out)))?;
+    into_result((f.decode)(
+        0,
+        RSlice::from_slice(blocks),
+        RSliceMut::from_mut_slice(&mut out),
+    ))?;
     Ok(out)
 }
 
 pub fn encode(f: &QuantFormat, x: &[f32]) -> Result<Vec<u8>, String> {
     let n = x.len() / f.block_weights as usize * f.block_bytes as usize;
     let mut out = vec![0u8; n];
-    into_result((f.encode)(0, RSlice::from_slice(x), RSliceMut::from_mut_slice(&mut out)))?;
+    into_result((f.encode)(
+        0,
+        RSlice::from_slice(x),
+        RSliceMut::from_mut_slice(&mut out),
+    ))?;
     Ok(out)
 }
 
@@ -63,7 +71,9 @@ pub fn same(a: f32, b: f32) -> bool {
 /// Asserts `ours` equals gguf-py's `theirs` bit for bit; reports the first mismatches.
 pub fn assert_bit_exact(what: &str, block_weights: usize, ours: &[f32], theirs: &[f32]) {
     assert_eq!(ours.len(), theirs.len(), "{what}: lengths differ");
-    let bad: Vec<usize> = (0..ours.len()).filter(|&i| !same(ours[i], theirs[i])).collect();
+    let bad: Vec<usize> = (0..ours.len())
+        .filter(|&i| !same(ours[i], theirs[i]))
+        .collect();
     if !bad.is_empty() {
         let show: Vec<String> = bad
             .iter()
@@ -143,7 +153,10 @@ pub fn python_gguf() -> Option<String> {
 }
 
 pub fn run_python(args: &[&str]) {
-    let out = Command::new("python3").args(args).output().expect("python3");
+    let out = Command::new("python3")
+        .args(args)
+        .output()
+        .expect("python3");
     assert!(
         out.status.success(),
         "python3 {args:?} failed:\n{}\n{}",

@@ -3,8 +3,8 @@
 //! it and the host must say so in one sentence.
 
 use abi_stable::{
-    declare_root_module_statics, export_root_module, library::RootModule,
-    package_version_strings, prefix_type::PrefixTypeTrait, sabi_types::VersionStrings, StableAbi,
+    declare_root_module_statics, export_root_module, library::RootModule, package_version_strings,
+    prefix_type::PrefixTypeTrait, sabi_types::VersionStrings, StableAbi,
 };
 
 #[repr(C)]
