@@ -8,3 +8,4 @@ scripts/fetch-model.sh >/dev/null
 # Plugins are cdylibs the tests load from target/debug: build them first.
 cargo build --workspace --quiet
 cargo test --workspace -- --test-threads=2
+python3 -m pytest -q tests/parity

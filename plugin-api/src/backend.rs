@@ -118,7 +118,8 @@ pub struct Backend {
         params: OpParams,
         args: RSlice<'_, TensorRef>,
     ) -> RResult<(), RString>,
-    /// How many times each kernel ran since the backend loaded, sorted by name.
+    /// How many times each kernel ran since the backend loaded, sorted by name; a
+    /// backend may add `<name>.ns` entries with the nanoseconds each kernel took.
     pub kernel_counters: extern "C" fn() -> RVec<Tuple2<RString, u64>>,
 }
 

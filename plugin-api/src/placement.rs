@@ -38,7 +38,7 @@ pub struct PlacementRequest {
     pub devices: RVec<DeviceInfo>,
     pub tensors: RVec<TensorMeta>,
     pub phase: Phase,
-    /// Optional routing profile (the hotness CSV described in docs/placement.md).
+    /// Optional routing profile (the hotness CSV, see docs/placement.md).
     pub routing_profile: ROption<RString>,
     /// The `[placement.settings]` table of plugins.toml, as TOML.
     pub settings_toml: RString,

@@ -47,7 +47,8 @@ pub struct Settings {
 static SETTINGS: OnceLock<Settings> = OnceLock::new();
 static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
 static FORMATS: RwLock<Option<Arc<HashMap<u32, QuantFormat>>>> = RwLock::new(None);
-static COUNTERS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+/// kernel path -> (launches, nanoseconds spent).
+static COUNTERS: Mutex<BTreeMap<&'static str, (u64, u64)>> = Mutex::new(BTreeMap::new());
 
 pub(crate) fn settings() -> Settings {
     SETTINGS.get().cloned().unwrap_or_default()
@@ -272,15 +273,16 @@ extern "C" fn run_op(
             }
         }
         let run = || buffers::with_buffers(|b| (kernel.run)(b, &params, args.as_slice()));
+        let t0 = std::time::Instant::now();
         let path = match POOL.get() {
             Some(pool) => pool.install(run),
             None => run(),
         }?;
-        *COUNTERS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(path)
-            .or_default() += 1;
+        let ns = t0.elapsed().as_nanos() as u64;
+        let mut c = COUNTERS.lock().unwrap_or_else(|e| e.into_inner());
+        let e = c.entry(path).or_default();
+        e.0 += 1;
+        e.1 += ns;
         Ok(())
     })
 }
@@ -291,7 +293,13 @@ extern "C" fn kernel_counters() -> RVec<Tuple2<RString, u64>> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .map(|(k, v)| Tuple2(RString::from(*k), *v))
+            .flat_map(|(k, (n, ns))| {
+                // Launch counts under the kernel's name; time under `<name>.ns`.
+                [
+                    Tuple2(RString::from(*k), *n),
+                    Tuple2(RString::from(format!("{k}.ns")), *ns),
+                ]
+            })
             .collect()
     })
 }

@@ -69,15 +69,42 @@ pub fn logits(config: &Path, model: &Path, tokens: &str, out: &Path, mode: &str)
 }
 
 /// Greedy continuation of a prompt (chat-formatted unless --raw), with timings.
-pub fn generate(config: &Path, model: &Path, prompt: &str, n: usize, raw: bool) -> Result<()> {
-    let mut m = load_model(config, model, &LoadOptions::default())?;
-    let text = if raw {
-        prompt.to_string()
-    } else {
-        let msgs = [moe_tokenizer::ChatMessage::new("user", prompt)];
-        m.tokenizer.apply_chat_template(&msgs, true)?
+pub struct GenerateArgs {
+    pub prompt: Option<String>,
+    /// Comma-separated prompt ids (instead of a text prompt).
+    pub prompt_tokens: Option<String>,
+    pub max_tokens: usize,
+    pub raw: bool,
+    /// Print the generated ids (comma-separated) instead of text.
+    pub ids: bool,
+}
+
+pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
+    let (n, raw) = (a.max_tokens, a.raw);
+    let mut m = load_model(
+        config,
+        model,
+        &LoadOptions {
+            n_ctx: 4096,
+            n_slots: 1,
+        },
+    )?;
+    let toks = match (&a.prompt, &a.prompt_tokens) {
+        (_, Some(ids)) => parse_tokens(ids)?,
+        (Some(prompt), None) => {
+            let text = if raw {
+                prompt.to_string()
+            } else {
+                let msgs = [moe_tokenizer::ChatMessage::new("user", prompt.as_str())];
+                m.tokenizer.apply_chat_template(&msgs, true)?
+            };
+            m.tokenizer.encode(&text, true, true)?
+        }
+        (None, None) => bail!("give --prompt or --prompt-tokens"),
     };
-    let toks = m.tokenizer.encode(&text, true, true)?;
+    if toks.is_empty() {
+        bail!("the prompt is empty");
+    }
     let t0 = Instant::now();
     let entries: Vec<BatchEntry> = toks
         .iter()
@@ -99,7 +126,11 @@ pub fn generate(config: &Path, model: &Path, prompt: &str, n: usize, raw: bool) 
         if m.tokenizer.is_end_of_generation(id) {
             break;
         }
-        print!("{}", dec.push(&m.tokenizer, id));
+        if a.ids {
+            print!("{}{id}", if made == 0 { "" } else { "," });
+        } else {
+            print!("{}", dec.push(&m.tokenizer, id));
+        }
         std::io::stdout().flush()?;
         made += 1;
         let e = BatchEntry {
@@ -110,7 +141,7 @@ pub fn generate(config: &Path, model: &Path, prompt: &str, n: usize, raw: bool) 
         };
         logits = m.model.forward(&[e])?.pop().context("no logits")?;
     }
-    println!("{}", dec.finish());
+    println!("{}", if a.ids { String::new() } else { dec.finish() });
     let dt = t1.elapsed().as_secs_f64();
     eprintln!(
         "prefill {} tokens in {:.1} ms ({:.1} tok/s); decode {made} tokens in {:.1} ms ({:.1} tok/s)",

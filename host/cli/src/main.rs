@@ -1,5 +1,6 @@
 //! `moeserve`: serve models through an OpenAI-compatible API, and the tools around it.
 
+mod bench_cmd;
 mod eval_cmd;
 mod plugins_cmd;
 mod serve_cmd;
@@ -24,6 +25,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Prefill (pp) and decode (tg) throughput, measured like llama-bench.
+    Bench {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, default_value_t = 512)]
+        prompt_tokens: usize,
+        #[arg(long, default_value_t = 128)]
+        gen_tokens: usize,
+        #[arg(long, default_value_t = 3)]
+        repetitions: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Serve a model through the OpenAI-compatible API.
     Serve(serve_cmd::ServeArgs),
     /// List the loaded plugins, quant formats, devices and placement policies.
@@ -45,13 +60,20 @@ enum Command {
     Generate {
         #[arg(long)]
         model: PathBuf,
-        #[arg(long)]
-        prompt: String,
+        /// A user message (chat-formatted unless --raw).
+        #[arg(long, required_unless_present = "prompt_tokens")]
+        prompt: Option<String>,
+        /// Comma-separated prompt token ids, used as they are.
+        #[arg(long, conflicts_with = "prompt")]
+        prompt_tokens: Option<String>,
         #[arg(long, default_value_t = 64)]
         max_tokens: usize,
         /// Use the prompt as is instead of the model's chat template.
         #[arg(long)]
         raw: bool,
+        /// Print generated token ids instead of text.
+        #[arg(long)]
+        ids: bool,
     },
 }
 
@@ -66,6 +88,21 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Command::Plugins => plugins_cmd::run(&cli.config),
+        Command::Bench {
+            model,
+            prompt_tokens,
+            gen_tokens,
+            repetitions,
+            json,
+        } => {
+            let a = bench_cmd::BenchArgs {
+                prompt_tokens,
+                gen_tokens,
+                repetitions,
+                json,
+            };
+            bench_cmd::run(&cli.config, &model, &a)
+        }
         Command::Serve(args) => serve_cmd::run(cli.config, args),
         Command::Logits {
             model,
@@ -76,9 +113,20 @@ fn main() -> ExitCode {
         Command::Generate {
             model,
             prompt,
+            prompt_tokens,
             max_tokens,
             raw,
-        } => eval_cmd::generate(&cli.config, &model, &prompt, max_tokens, raw),
+            ids,
+        } => {
+            let a = eval_cmd::GenerateArgs {
+                prompt,
+                prompt_tokens,
+                max_tokens,
+                raw,
+                ids,
+            };
+            eval_cmd::generate(&cli.config, &model, &a)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
