@@ -9,3 +9,5 @@ scripts/fetch-model.sh >/dev/null
 cargo build --workspace --quiet
 cargo test --workspace -- --test-threads=2
 python3 -m pytest -q tests/parity
+# End-to-end API tests: start the real server (target/debug/moeserve) on loopback.
+python3 -m pytest -q tests/api

@@ -220,3 +220,29 @@ def test_max_tokens_small_gives_length(server, client):
     assert r.usage.completion_tokens <= 3
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("knobs", [
+    {"temperature": 1.0, "top_k": 1, "seed": 1},
+    {"temperature": 1.5, "top_p": 0.001, "seed": 2},
+    {"temperature": 1.0, "min_p": 1.0, "seed": 3},
+], ids=["top_k=1", "tiny-top_p", "min_p=1"])
+def test_truncating_samplers_reduce_to_greedy(server, knobs):
+    def ask(**kw):
+        r = server.post("/v1/chat/completions", chat_body("Count from 1 to 20.", max_tokens=12,
+                                                          **kw))
+        assert r.status == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    assert ask(**knobs) == ask(temperature=0)
+
+
+def test_frequency_penalty_changes_greedy_output(server):
+    def ask(**kw):
+        r = server.post("/v1/chat/completions", chat_body(
+            "Count from 1 to 20.", max_tokens=16, temperature=0, **kw))
+        return r.json()["choices"][0]["message"]["content"]
+
+    plain = ask()
+    assert ask(frequency_penalty=2.0) != plain
+    assert ask(frequency_penalty=0.0) == plain

@@ -1,12 +1,11 @@
 //! The CPU kernels, one per op code, registered with `inventory` so adding an op is
 //! adding a file-local `submit!`; the dispatcher sorts them by op code at first use.
 
-use moe_plugin_api::{into_result, ops, q8::quantize_row, types, OpParams, TensorRef};
-use rayon::prelude::*;
+use moe_plugin_api::{into_result, ops, types, BlockQ8_1, OpParams, TensorRef};
 
 use crate::{
     buffers::{tensor_bytes, Buffers},
-    formats, settings, ActivationMode,
+    formats, par_for, settings, ActivationMode,
 };
 
 /// One kernel: runs an op and returns the name of the code path it took (counted).
@@ -94,88 +93,108 @@ fn matmul(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, S
     let (k, m) = (w.dims[0] as usize, w.dims[1] as usize);
     let xs = b.f32s(&x)?;
     let out = b.f32s_mut(&out)?;
-    if xs.len() % k.max(1) != 0 {
+    if k == 0 || xs.len() % k != 0 {
         return Err(format!(
             "matmul: input of {} values is not columns of {k}",
             xs.len()
         ));
     }
-    let n = xs.len() / k.max(1);
+    let n = xs.len() / k;
     same_len("matmul", out.len(), m * n)?;
     let fmts = formats();
     let fmt = fmts.get(&w.type_id);
     let wb = b.bytes(&w, tensor_bytes(&w, fmt)?)?;
     let row_bytes = wb.len() / m.max(1);
-    // Enough chunks to balance the pool, big enough to amortise the plugin call.
-    let chunk = (m / (rayon::current_num_threads() * 8)).clamp(1, 64);
-    let out_addr = out.as_mut_ptr() as usize;
-    let scatter = |r0: usize, tmp: &[f32], rows: usize| {
-        // tmp is [n][rows]; out is [n][m]. Called per chunk, writes disjoint entries.
-        let out_ptr = out_addr;
-        for c in 0..n {
-            for r in 0..rows {
-                // SAFETY: each chunk owns rows r0..r0+rows of every column.
-                unsafe { *(out_ptr as *mut f32).add(c * m + r0 + r) = tmp[c * rows + r] };
-            }
-        }
+    let is_f32 = w.type_id == types::F32;
+    let f = match fmt {
+        Some(f) => Some(f),
+        None if is_f32 => None,
+        None => return Err(format!("matmul: no quant format for type {}", w.type_id)),
     };
-    if w.type_id == types::F32 {
-        let ws: &[f32] = bytemuck_f32(wb)?;
-        (0..m).into_par_iter().step_by(chunk).for_each(|r0| {
-            let rows = chunk.min(m - r0);
-            let mut tmp = vec![0f32; rows * n];
-            for c in 0..n {
-                let xc = &xs[c * k..(c + 1) * k];
-                for r in 0..rows {
-                    tmp[c * rows + r] = dot_f32(&ws[(r0 + r) * k..(r0 + r + 1) * k], xc);
+    let use_q8 = !is_f32 && settings().activation == ActivationMode::Q8 && k % 32 == 0;
+
+    let mut act = Vec::new();
+    if use_q8 {
+        act.resize(n * k / 32, BlockQ8_1::default());
+        let act_addr = act.as_mut_ptr() as usize;
+        par_for(n, 64, |cols| {
+            for c in cols {
+                // SAFETY: each column owns its own k/32 blocks of `act`.
+                let dst = unsafe { sub_mut::<BlockQ8_1>(act_addr, c * k / 32, k / 32) };
+                for (d, x) in dst.iter_mut().zip(xs[c * k..(c + 1) * k].chunks_exact(32)) {
+                    *d = BlockQ8_1::quantize(x);
                 }
             }
-            scatter(r0, &tmp, rows);
-        });
-        return Ok("matmul_f32");
-    }
-    let f = fmt.ok_or_else(|| format!("matmul: no quant format for type {}", w.type_id))?;
-    let use_q8 = settings().activation == ActivationMode::Q8 && k % 32 == 0 && n <= 8;
-    if use_q8 {
-        let mut act = Vec::with_capacity(n * k / 32);
-        for c in 0..n {
-            quantize_row(&xs[c * k..(c + 1) * k], &mut act);
-        }
-        let res: Result<(), String> = (0..m).into_par_iter().step_by(chunk).try_for_each(|r0| {
-            let rows = chunk.min(m - r0);
-            let mut tmp = vec![0f32; rows * n];
-            let src = &wb[r0 * row_bytes..(r0 + rows) * row_bytes];
-            into_result((f.dot_q8)(
-                w.variant,
-                src.into(),
-                k as u64,
-                act.as_slice().into(),
-                tmp.as_mut_slice().into(),
-            ))?;
-            scatter(r0, &tmp, rows);
             Ok(())
-        });
-        res?;
-        return Ok("matmul_q8_dot");
+        })?;
     }
-    // Prefill / f32 mode: decode a chunk of rows once, reuse it for every column.
-    let res: Result<(), String> = (0..m).into_par_iter().step_by(chunk).try_for_each(|r0| {
-        let rows = chunk.min(m - r0);
-        let mut deq = vec![0f32; rows * k];
-        let src = &wb[r0 * row_bytes..(r0 + rows) * row_bytes];
-        into_result((f.decode)(w.variant, src.into(), deq.as_mut_slice().into()))?;
-        let mut tmp = vec![0f32; rows * n];
-        for c in 0..n {
-            let xc = &xs[c * k..(c + 1) * k];
-            for r in 0..rows {
-                tmp[c * rows + r] = dot_f32(&deq[r * k..(r + 1) * k], xc);
+
+    // Tiles of (rows x columns): a tile's weights and activations stay in cache while
+    // every pair in it is computed; enough tiles to keep the pool busy.
+    let col_tile = if n <= 8 { n } else { 32 };
+    let n_ct = n.div_ceil(col_tile);
+    let threads = crate::threads().max(1);
+    let row_tile = (m * n_ct / (threads * 8)).clamp(1, 64).min(m.max(1));
+    let n_rt = m.div_ceil(row_tile);
+    let macs = (m * n * k) as f64;
+    let grain = if macs < 2e5 { n_rt * n_ct } else { 1 };
+    let out_addr = out.as_mut_ptr() as usize;
+    par_for(n_rt * n_ct, grain, |tiles| {
+        let mut tmp = Vec::new();
+        let mut deq = Vec::new();
+        for tile in tiles {
+            let (r0, c0) = ((tile / n_ct) * row_tile, (tile % n_ct) * col_tile);
+            let (rows, cols) = (row_tile.min(m - r0), col_tile.min(n - c0));
+            tmp.clear();
+            tmp.resize(rows * cols, 0f32);
+            let src = &wb[r0 * row_bytes..(r0 + rows) * row_bytes];
+            if use_q8 {
+                let f = f.expect("q8 path has a format");
+                let a = &act[c0 * k / 32..(c0 + cols) * k / 32];
+                into_result((f.dot_q8)(
+                    w.variant,
+                    src.into(),
+                    k as u64,
+                    a.into(),
+                    tmp.as_mut_slice().into(),
+                ))?;
+            } else {
+                let wrows: &[f32] = match f {
+                    None => bytemuck_f32(src)?,
+                    Some(f) => {
+                        deq.resize(rows * k, 0f32);
+                        into_result((f.decode)(w.variant, src.into(), deq.as_mut_slice().into()))?;
+                        &deq
+                    }
+                };
+                for c in 0..cols {
+                    let xc = &xs[(c0 + c) * k..(c0 + c + 1) * k];
+                    for r in 0..rows {
+                        tmp[c * rows + r] = dot_f32(&wrows[r * k..(r + 1) * k], xc);
+                    }
+                }
+            }
+            for c in 0..cols {
+                // SAFETY: this tile owns rows r0..r0+rows of columns c0..c0+cols.
+                let dst = unsafe { sub_mut::<f32>(out_addr, (c0 + c) * m + r0, rows) };
+                dst.copy_from_slice(&tmp[c * rows..(c + 1) * rows]);
             }
         }
-        scatter(r0, &tmp, rows);
         Ok(())
-    });
-    res?;
-    Ok("matmul_decode_f32")
+    })?;
+    Ok(match (use_q8, is_f32) {
+        (true, _) => "matmul_q8_dot",
+        (false, true) => "matmul_f32",
+        (false, false) => "matmul_decode_f32",
+    })
+}
+
+/// A mutable view of `len` items starting at item `start` of the array at `addr`.
+///
+/// # Safety
+/// The range must lie inside one live allocation that no one else touches meanwhile.
+unsafe fn sub_mut<'a, T>(addr: usize, start: usize, len: usize) -> &'a mut [T] {
+    std::slice::from_raw_parts_mut((addr as *mut T).add(start), len)
 }
 
 fn bytemuck_f32(b: &[u8]) -> Result<&[f32], String> {
@@ -194,15 +213,20 @@ fn rms_norm(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str, 
     same_len("rms_norm", ws.len(), d)?;
     same_len("rms_norm", out.len(), xs.len())?;
     let eps = p.f[0];
-    out.par_chunks_mut(d)
-        .zip(xs.par_chunks(d))
-        .for_each(|(o, x)| {
+    let out_addr = out.as_mut_ptr() as usize;
+    par_for(xs.len() / d.max(1), (1 << 15) / d.max(1), |rows| {
+        for r in rows {
+            let x = &xs[r * d..(r + 1) * d];
+            // SAFETY: row r of the output belongs to this task alone.
+            let o = unsafe { sub_mut::<f32>(out_addr, r * d, d) };
             let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
             let s = 1.0 / (ms + eps).sqrt();
             for ((o, x), w) in o.iter_mut().zip(x).zip(ws) {
                 *o = x * s * w;
             }
-        });
+        }
+        Ok(())
+    })?;
     Ok("rms_norm")
 }
 
@@ -219,16 +243,21 @@ fn rope(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str, Stri
     if n_rot % 2 != 0 {
         return Err(format!("rope: rotated dims {n_rot} must be even"));
     }
-    out.par_chunks_mut(hd * heads)
-        .zip(xs.par_chunks(hd * heads))
-        .zip(ps.par_iter())
-        .for_each(|((o, x), &pos)| {
+    let row = hd * heads;
+    let out_addr = out.as_mut_ptr() as usize;
+    par_for(ps.len(), (1 << 14) / row.max(1), |toks| {
+        for t in toks {
+            let (x, pos) = (&xs[t * row..(t + 1) * row], ps[t]);
+            // SAFETY: token t's output row belongs to this task alone.
+            let o = unsafe { sub_mut::<f32>(out_addr, t * row, row) };
             o.copy_from_slice(x);
+            // The angles depend on the position only: compute them once per token.
+            let rot: Vec<(f32, f32)> = (0..n_rot / 2)
+                .map(|i| (pos as f32 * scale * base.powf(-2.0 * i as f32 / n_rot as f32)).sin_cos())
+                .collect();
             for h in 0..heads {
                 let (o, x) = (&mut o[h * hd..(h + 1) * hd], &x[h * hd..(h + 1) * hd]);
-                for i in 0..n_rot / 2 {
-                    let theta = pos as f32 * scale * base.powf(-2.0 * i as f32 / n_rot as f32);
-                    let (sin, cos) = theta.sin_cos();
+                for (i, &(sin, cos)) in rot.iter().enumerate() {
                     let (a, bb) = if neox {
                         (i, i + n_rot / 2)
                     } else {
@@ -238,7 +267,9 @@ fn rope(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str, Stri
                     o[bb] = x[a] * sin + x[bb] * cos;
                 }
             }
-        });
+        }
+        Ok(())
+    })?;
     Ok("rope")
 }
 
@@ -295,34 +326,43 @@ fn attention(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str,
     for (&s, &ps_) in ss.iter().zip(ps) {
         cache_row(&kc, s, ps_)?;
     }
-    out.par_chunks_mut(hd).enumerate().for_each(|(th, o)| {
-        let (t, h) = (th / heads, th % heads);
-        let qv = &qs[th * hd..(th + 1) * hd];
-        let kv_head = h / group;
-        let n_pos = ps[t] as usize + 1;
-        let base = cache_row(&kc, ss[t], 0).unwrap_or(0);
-        let row = hd * kvh;
-        let mut scores: Vec<f32> = (0..n_pos)
-            .map(|j| {
+    let work: usize = ps.iter().map(|&p| (p as usize + 1) * hd * heads).sum();
+    let items = ss.len() * heads;
+    let grain = if work < (1 << 16) { items } else { 1 };
+    let out_addr = out.as_mut_ptr() as usize;
+    par_for(items, grain, |ths| {
+        for th in ths {
+            // SAFETY: (token, head) th's output belongs to this task alone.
+            let o = unsafe { sub_mut::<f32>(out_addr, th * hd, hd) };
+            let (t, h) = (th / heads, th % heads);
+            let qv = &qs[th * hd..(th + 1) * hd];
+            let kv_head = h / group;
+            let n_pos = ps[t] as usize + 1;
+            let base = cache_row(&kc, ss[t], 0).unwrap_or(0);
+            let row = hd * kvh;
+            let mut scores: Vec<f32> = (0..n_pos)
+                .map(|j| {
+                    let at = base + j * row + kv_head * hd;
+                    dot_f32(qv, &ks[at..at + hd]) * scale
+                })
+                .collect();
+            let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0;
+            for s in scores.iter_mut() {
+                *s = (*s - mx).exp();
+                sum += *s;
+            }
+            o.fill(0.0);
+            for (j, s) in scores.iter().enumerate() {
                 let at = base + j * row + kv_head * hd;
-                dot_f32(qv, &ks[at..at + hd]) * scale
-            })
-            .collect();
-        let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0;
-        for s in scores.iter_mut() {
-            *s = (*s - mx).exp();
-            sum += *s;
-        }
-        o.fill(0.0);
-        for (j, s) in scores.iter().enumerate() {
-            let at = base + j * row + kv_head * hd;
-            let wgt = s / sum;
-            for (o, v) in o.iter_mut().zip(&vs[at..at + hd]) {
-                *o += wgt * v;
+                let wgt = s / sum;
+                for (o, v) in o.iter_mut().zip(&vs[at..at + hd]) {
+                    *o += wgt * v;
+                }
             }
         }
-    });
+        Ok(())
+    })?;
     Ok("attention")
 }
 
@@ -332,9 +372,15 @@ fn swiglu(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, S
     let (gs, us, out) = (b.f32s(&g)?, b.f32s(&u)?, b.f32s_mut(&out)?);
     same_len("swiglu", gs.len(), us.len())?;
     same_len("swiglu", out.len(), gs.len())?;
-    out.par_iter_mut()
-        .zip(gs.par_iter().zip(us.par_iter()))
-        .for_each(|(o, (g, u))| *o = g / (1.0 + (-g).exp()) * u);
+    let out_addr = out.as_mut_ptr() as usize;
+    par_for(gs.len(), 1 << 15, |r| {
+        // SAFETY: the range r of the output belongs to this task alone.
+        let o = unsafe { sub_mut::<f32>(out_addr, r.start, r.len()) };
+        for ((o, g), u) in o.iter_mut().zip(&gs[r.clone()]).zip(&us[r]) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+        Ok(())
+    })?;
     Ok("swiglu")
 }
 
@@ -344,8 +390,14 @@ fn add(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, Stri
     let (xs, ys, out) = (b.f32s(&x)?, b.f32s(&y)?, b.f32s_mut(&out)?);
     same_len("add", xs.len(), ys.len())?;
     same_len("add", out.len(), xs.len())?;
-    out.par_iter_mut()
-        .zip(xs.par_iter().zip(ys.par_iter()))
-        .for_each(|(o, (x, y))| *o = x + y);
+    let out_addr = out.as_mut_ptr() as usize;
+    par_for(xs.len(), 1 << 15, |r| {
+        // SAFETY: the range r of the output belongs to this task alone.
+        let o = unsafe { sub_mut::<f32>(out_addr, r.start, r.len()) };
+        for ((o, x), y) in o.iter_mut().zip(&xs[r.clone()]).zip(&ys[r]) {
+            *o = x + y;
+        }
+        Ok(())
+    })?;
     Ok("add")
 }

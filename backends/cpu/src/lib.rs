@@ -272,12 +272,10 @@ extern "C" fn run_op(
                 }
             }
         }
-        let run = || buffers::with_buffers(|b| (kernel.run)(b, &params, args.as_slice()));
+        // Kernels hand work to the pool themselves (see `par_for`): small decode-time
+        // ops run on this thread, since waking the pool costs more than they take.
         let t0 = std::time::Instant::now();
-        let path = match POOL.get() {
-            Some(pool) => pool.install(run),
-            None => run(),
-        }?;
+        let path = buffers::with_buffers(|b| (kernel.run)(b, &params, args.as_slice()))?;
         let ns = t0.elapsed().as_nanos() as u64;
         let mut c = COUNTERS.lock().unwrap_or_else(|e| e.into_inner());
         let e = c.entry(path).or_default();
@@ -285,6 +283,43 @@ extern "C" fn run_op(
         e.1 += ns;
         Ok(())
     })
+}
+
+/// Worker threads of the backend's pool.
+pub(crate) fn threads() -> usize {
+    POOL.get()
+        .map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
+}
+
+/// Runs `f` over `0..n` in tasks of at least `grain` items: on the calling thread when
+/// the work fits one task, else spread over the backend's pool. Errors from any task are
+/// returned (the first one seen).
+pub(crate) fn par_for(
+    n: usize,
+    grain: usize,
+    f: impl Fn(std::ops::Range<usize>) -> Result<(), String> + Sync,
+) -> Result<(), String> {
+    use rayon::prelude::*;
+    let threads = threads();
+    if n <= grain.max(1) || threads <= 1 {
+        return f(0..n);
+    }
+    let tasks = (n / grain.max(1)).clamp(1, threads * 4);
+    let step = n.div_ceil(tasks);
+    let run = || {
+        (0..tasks).into_par_iter().try_for_each(|t| {
+            let (a, b) = (t * step, ((t + 1) * step).min(n));
+            if a < b {
+                f(a..b)
+            } else {
+                Ok(())
+            }
+        })
+    };
+    match POOL.get() {
+        Some(pool) => pool.install(run),
+        None => run(),
+    }
 }
 
 extern "C" fn kernel_counters() -> RVec<Tuple2<RString, u64>> {
