@@ -112,11 +112,13 @@ def test_garbage_bytes_do_not_crash(server):
     _send_raw(server.port, b"\x00\xff\x13\x37 garbage \r\n\r\n" * 50)
     _send_raw(server.port, b"GARBAGE / HTTP/9.9\r\n\r\n")
     _send_raw(server.port, bytes(range(256)) * 16)
-    _send_raw(server.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", read=False)  # cut short
+    # a request head cut short, then the client goes away
+    _send_raw(server.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", read=False)
     still_serving(server)
 
 
 def test_invalid_content_length_does_not_crash(server):
+    before = server.metrics()["moeserve_requests_total"]
     body = b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
     for cl in (b"abc", b"-5", b"99999999999999999999999", b"12, 13"):
         resp = _send_raw(server.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
@@ -128,8 +130,10 @@ def test_invalid_content_length_does_not_crash(server):
               b"Content-Type: application/json\r\nContent-Length: 500\r\n\r\n" + body,
               read=False)
     # Content-Length smaller than the body: the JSON is cut, so 400, never a generation
-    resp = _send_raw(server.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: 10\r\n\r\n" + body)
+    resp = _send_raw(server.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Connection: close\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 10\r\n\r\n" + body)
     assert resp.startswith(b"HTTP/1.1 400"), resp[:200]
     time.sleep(0.2)
+    assert server.metrics()["moeserve_requests_total"] == before, "a broken request ran"
     still_serving(server)

@@ -33,16 +33,7 @@ pub fn run(config: &Path, model: &Path, a: &BenchArgs) -> Result<()> {
     let mut tg = Vec::new();
     // One warm-up round, then the measured ones.
     for rep in 0..=a.repetitions {
-        let entries: Vec<BatchEntry> = prompt
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| BatchEntry {
-                token: t,
-                slot: 0,
-                pos: i as u32,
-                want_logits: i + 1 == prompt.len(),
-            })
-            .collect();
+        let entries = BatchEntry::prompt(&prompt, 0, false);
         let t0 = Instant::now();
         let mut logits = m.model.forward(&entries)?.pop().context("no logits")?;
         let dt_pp = t0.elapsed().as_secs_f64();

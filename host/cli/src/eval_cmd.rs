@@ -36,16 +36,7 @@ pub fn logits(config: &Path, model: &Path, tokens: &str, out: &Path, mode: &str)
             n_slots: 1,
         },
     )?;
-    let entries: Vec<BatchEntry> = toks
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| BatchEntry {
-            token: t,
-            slot: 0,
-            pos: i as u32,
-            want_logits: true,
-        })
-        .collect();
+    let entries = BatchEntry::prompt(&toks, 0, true);
     let rows = match mode {
         "prefill" => m.model.forward(&entries)?,
         "decode" => {
@@ -106,16 +97,7 @@ pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
         bail!("the prompt is empty");
     }
     let t0 = Instant::now();
-    let entries: Vec<BatchEntry> = toks
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| BatchEntry {
-            token: t,
-            slot: 0,
-            pos: i as u32,
-            want_logits: i + 1 == toks.len(),
-        })
-        .collect();
+    let entries = BatchEntry::prompt(&toks, 0, false);
     let mut logits = m.model.forward(&entries)?.pop().context("no logits")?;
     let prefill = t0.elapsed();
     let mut dec = moe_tokenizer::StreamDecoder::new();

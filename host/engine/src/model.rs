@@ -26,6 +26,23 @@ pub struct BatchEntry {
     pub want_logits: bool,
 }
 
+impl BatchEntry {
+    /// A prompt fed to `slot` from position 0, with logits at every position or only
+    /// at the last.
+    pub fn prompt(tokens: &[u32], slot: u32, all_logits: bool) -> Vec<BatchEntry> {
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| BatchEntry {
+                token,
+                slot,
+                pos: i as u32,
+                want_logits: all_logits || i + 1 == tokens.len(),
+            })
+            .collect()
+    }
+}
+
 /// A decoder-only model over cached slots.
 pub trait CausalLm: Send {
     fn arch(&self) -> &str;

@@ -5,8 +5,7 @@ mod common;
 use common::*;
 use moe_plugin_api::{
     abi_stable::std_types::{RNone, RVec},
-    into_result, ops, types, Assignment, DeviceInfo, OpParams, Phase, PlacementRequest, TensorMeta,
-    TensorRef,
+    into_result, Assignment, DeviceInfo, Phase, PlacementRequest, TensorMeta,
 };
 use moe_plugin_host::Registry;
 
@@ -85,14 +84,6 @@ fn switching_policy_in_config_changes_the_assignment() {
     assert_ne!(single, split);
 }
 
-/// A small deterministic generator, so the test needs no extra crates.
-fn lcg(seed: &mut u64) -> f32 {
-    *seed = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-}
-
 #[test]
 fn third_party_quant_plugin_runs_a_matmul_on_the_cpu_backend() {
     let body = [
@@ -112,10 +103,7 @@ fn third_party_quant_plugin_runs_a_matmul_on_the_cpu_backend() {
     .unwrap();
 
     let (k, m, n) = (128usize, 48usize, 3usize);
-    let mut seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
+    let mut seed = fresh_seed();
     let w: Vec<f32> = (0..k * m).map(|_| lcg(&mut seed)).collect();
     let x: Vec<f32> = (0..k * n).map(|_| lcg(&mut seed)).collect();
     let mut wq = vec![0u8; k * m / 32 * 36];
@@ -132,62 +120,9 @@ fn third_party_quant_plugin_runs_a_matmul_on_the_cpu_backend() {
         wd.as_mut_slice().into(),
     ))
     .unwrap();
-
-    let f32_bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
-    let wbuf = into_result((be.alloc)(0, wq.len() as u64)).unwrap();
-    let xbuf = into_result((be.alloc)(0, (x.len() * 4) as u64)).unwrap();
-    let obuf = into_result((be.alloc)(0, (m * n * 4) as u64)).unwrap();
-    into_result((be.upload)(wbuf, 0, wq.as_slice().into())).unwrap();
-    into_result((be.upload)(xbuf, 0, f32_bytes(&x).as_slice().into())).unwrap();
-    let t = |buffer, type_id, dims| TensorRef {
-        buffer,
-        offset: 0,
-        type_id,
-        variant: 0,
-        dims,
-    };
-    let stream = into_result((be.stream_create)(0)).unwrap();
-    into_result((be.run_op)(
-        stream,
-        ops::MATMUL,
-        OpParams::default(),
-        [
-            t(wbuf, 200, [k as u64, m as u64, 1, 1]),
-            t(xbuf, types::F32, [k as u64, n as u64, 1, 1]),
-            t(obuf, types::F32, [m as u64, n as u64, 1, 1]),
-        ]
-        .as_slice()
-        .into(),
-    ))
-    .unwrap();
-    let mut out = vec![0u8; m * n * 4];
-    into_result((be.download)(obuf, 0, out.as_mut_slice().into())).unwrap();
-    let out: Vec<f32> = out
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    // Reference: decoded weights times unquantised activations, in f64. Activations go
-    // through q8_1 (error <= d/2 per value), so allow 2% of the row's magnitude.
-    for c in 0..n {
-        for r in 0..m {
-            let (row, col) = (&wd[r * k..(r + 1) * k], &x[c * k..(c + 1) * k]);
-            let want: f64 = row
-                .iter()
-                .zip(col)
-                .map(|(a, b)| *a as f64 * *b as f64)
-                .sum();
-            let mag: f64 = row
-                .iter()
-                .zip(col)
-                .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                .sum();
-            let got = out[c * m + r] as f64;
-            assert!(
-                (got - want).abs() <= 0.02 * mag + 1e-6,
-                "r{r} c{c}: {got} vs {want}"
-            );
-        }
-    }
+    let out = backend_matmul(be, &wq, 200, k, m, &x);
+    // Activations go through q8_1 (error <= d/2 per value): 2% of the magnitude sum.
+    check_matmul("Q8_S", &wd, &x, k, m, &out, 0.02);
     let counters: Vec<(String, u64)> = (be.kernel_counters)()
         .into_iter()
         .map(|t| (t.0.into(), t.1))
@@ -198,7 +133,4 @@ fn third_party_quant_plugin_runs_a_matmul_on_the_cpu_backend() {
             .any(|(k, v)| k == "matmul_q8_dot" && *v >= 1),
         "{counters:?}"
     );
-    for b in [wbuf, xbuf, obuf] {
-        into_result((be.free)(b)).unwrap();
-    }
 }
