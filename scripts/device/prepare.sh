@@ -20,4 +20,5 @@ fi
 python3 -m pip download -q --no-deps --only-binary=:all: -d .dev/whl gguf==0.19.0
 cargo build --release --workspace --quiet
 cp target/release/moeserve target/release/libmoe_*.so .dev/bin/
+strip .dev/bin/*  # the device call carries at most 64 MiB
 du -sh .dev/*

@@ -6,6 +6,7 @@
 set -euo pipefail
 mkdir -p /root/w
 cp .dev/part1 /root/w/part1
+[ -n "${NO_LLAMA:-}" ] && { echo "stage 1 ok (model only)"; exit 0; }
 tar xJf .dev/llama.cpp.tar.xz -C /root/w
 setsid nohup bash -c '
   cd /root/w/llama.cpp &&

@@ -16,10 +16,7 @@ def server():
     s = Server("--parallel", "4")
     s.start()
     yield s
-    try:
-        s.terminate()
-    finally:
-        s.kill()
+    s.close()
 
 
 @pytest.fixture(scope="session")

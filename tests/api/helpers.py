@@ -79,7 +79,11 @@ class Server:
                 return self
             except _PortTaken as e:
                 last_err = e
+                Path(self.log_path).unlink(missing_ok=True)
                 continue
+            except BaseException:
+                self.close()  # the log is already in the exception's message
+                raise
         raise RuntimeError(f"could not start the server: {last_err}")
 
     def _wait_ready(self, timeout: float) -> None:
@@ -126,14 +130,21 @@ class Server:
         except OSError:
             return ""
 
-    def __enter__(self) -> "Server":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
+    def close(self) -> None:
+        """Stops the server (SIGTERM, then SIGKILL if needed) and removes its log file
+        (set MOESERVE_KEEP_LOGS=1 to keep it)."""
         try:
             self.terminate()
         finally:
             self.kill()
+            if self.log_path and not os.environ.get("MOESERVE_KEEP_LOGS"):
+                Path(self.log_path).unlink(missing_ok=True)
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- clients ---------------------------------------------------------------------
     @property

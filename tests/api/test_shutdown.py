@@ -53,7 +53,7 @@ def test_sigterm_drains_in_flight_request(stream):
         assert srv.proc.wait(30) == 0, srv.log()
         assert "shutting down" in srv.log()
     finally:
-        srv.kill()
+        srv.close()
 
 
 def test_sigterm_when_idle_exits_zero():
@@ -67,4 +67,4 @@ def test_sigterm_when_idle_exits_zero():
         assert srv.terminate(timeout=20) == 0, srv.log()
         assert time.monotonic() - t0 < 10
     finally:
-        srv.kill()
+        srv.close()

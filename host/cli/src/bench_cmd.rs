@@ -55,6 +55,12 @@ pub fn run(config: &Path, model: &Path, a: &BenchArgs) -> Result<()> {
     }
     let (pp_m, pp_sd) = mean_sd(&pp);
     let (tg_m, tg_sd) = mean_sd(&tg);
+    // What each plugin says of itself (e.g. which SIMD kernels it picked on this CPU).
+    let plugins: Vec<String> = moe_plugin_host::Registry::from_config_file(config)?
+        .plugins
+        .iter()
+        .map(|p| format!("{}: {}", p.info.name, p.info.description))
+        .collect();
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
     if a.json {
         println!(
@@ -65,6 +71,7 @@ pub fn run(config: &Path, model: &Path, a: &BenchArgs) -> Result<()> {
                 "pp_tokens": a.prompt_tokens, "pp_tok_s": pp_m, "pp_tok_s_sd": pp_sd,
                 "tg_tokens": a.gen_tokens, "tg_tok_s": tg_m, "tg_tok_s_sd": tg_sd,
                 "kernels": m.model.device().counters(),
+                "plugins": plugins,
             })
         );
     } else {

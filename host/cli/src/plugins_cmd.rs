@@ -22,6 +22,7 @@ pub fn run(config: &Path) -> Result<()> {
             p.abi.to_string(),
             p.path.display()
         );
+        println!("{:<18} {}", "", p.info.description);
     }
     println!("\nquant formats (type id, name, weights/bytes per block, plugin):");
     for p in &reg.plugins {

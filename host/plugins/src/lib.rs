@@ -63,6 +63,36 @@ pub enum PluginError {
     Call { plugin: String, msg: String },
 }
 
+/// A plugin library is loaded once per process, so it is configured once: loading the
+/// same config again (say, a second Registry) reuses it; other settings are refused.
+fn configure_once(
+    path: &Path,
+    name: &str,
+    settings: &str,
+    configure: impl FnOnce(&str) -> Result<(), String>,
+) -> Result<(), PluginError> {
+    static DONE: std::sync::Mutex<BTreeMap<PathBuf, String>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    let key = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    let err = |msg: String| PluginError::Settings {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        msg,
+    };
+    match done.get(&key) {
+        Some(prev) if prev == settings => Ok(()),
+        Some(_) => Err(err(
+            "already loaded in this process with other settings; one process can hold one configuration of a plugin".into(),
+        )),
+        None => {
+            configure(settings).map_err(err)?;
+            done.insert(key, settings.to_string());
+            Ok(())
+        }
+    }
+}
+
 /// One loaded plugin and what it provides.
 pub struct LoadedPlugin {
     pub path: PathBuf,
@@ -94,12 +124,8 @@ impl Registry {
             let root = load_plugin(&path)?;
             let info = (root.info())();
             let settings = config::settings_text(&entry.settings);
-            into_result((root.configure())(RStr::from_str(&settings))).map_err(|msg| {
-                PluginError::Settings {
-                    path: path.clone(),
-                    name: info.name.to_string(),
-                    msg,
-                }
+            configure_once(&path, &info.name, &settings, |s| {
+                into_result((root.configure())(RStr::from_str(s)))
             })?;
             let quant_formats = (root.quant_formats())().into_iter().collect();
             let backend = (root.backend())().into_option();

@@ -57,9 +57,12 @@ extern "C" fn info() -> PluginInfo {
         name: PLUGIN_NAME.into(),
         version: env!("CARGO_PKG_VERSION").into(),
         kind: PluginKind::QuantFormat,
-        description: "ggml tensor types: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K \
-                      Q5_K Q6_K MXFP4 (decode bit-exact with gguf-py, q8_1 integer dots)"
-            .into(),
+        description: format!(
+            "ggml tensor types: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K \
+             MXFP4 (decode bit-exact with gguf-py; q8_1 integer dots, {:?} kernels)",
+            dot::best_isa()
+        )
+        .into(),
     }
 }
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Compile-checks every GPU kernel source in kernels/gpu for the AMD (gfx1100, gfx1151)
+# and NVIDIA (sm_90) targets with a bare clang: no CUDA or ROCm install needed. The
+# shim header stands in for the device parts of cuda_runtime.h / hip_runtime.h.
+# (--cuda-feature=+ptx80: with no CUDA install clang cannot infer a PTX ISA version.)
+# Installs nothing; needs clang++-19 (or $CLANGXX). Fails on any error.
+set -euo pipefail
+cd "$(dirname "$0")/gpu"
+CXX=${CLANGXX:-clang++-19}
+if ! command -v "$CXX" >/dev/null 2>&1; then
+    echo "kernels/check.sh: $CXX not found (apt-get install clang-19 lld-19 llvm-19)" >&2
+    exit 1
+fi
+SHIM=shim/compile_check.h
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+status=0
+for src in *.cu; do
+    base=${src%.cu}
+    for arch in gfx1100 gfx1151; do
+        if "$CXX" -x hip --cuda-device-only --no-gpu-bundle-output --offload-arch=$arch \
+            -nogpulib -nogpuinc -include "$SHIM" -Werror -O3 -c "$src" -o "$OUT/$base.$arch.o"; then
+            echo "ok   $src $arch"
+        else
+            echo "FAIL $src $arch"; status=1
+        fi
+    done
+    if "$CXX" -x cuda --cuda-device-only --cuda-gpu-arch=sm_90 -nocudalib -nocudainc \
+        --cuda-feature=+ptx80 -include "$SHIM" -Werror -O3 -S "$src" -o "$OUT/$base.sm_90.ptx"; then
+        echo "ok   $src sm_90"
+    else
+        echo "FAIL $src sm_90"; status=1
+    fi
+done
+exit $status

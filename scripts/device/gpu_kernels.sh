@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# ROCmFP2 GPU kernels on an NVIDIA device: parity vs the CPU reference, which kernel
+# ran, and the microbenchmark table (backends/cuda/examples/gpu_kernels.rs).
+#
+# Here (has Rust):   scripts/device/gpu_kernels.sh --prepare   # builds .dev/gpu/gpu_kernels
+# There (no Rust):   scripts/device/gpu_kernels.sh [--quick]   # carry .dev/gpu
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ "${1:-}" = "--prepare" ]; then
+    cargo build --release -p moe-backend-cuda --example gpu_kernels
+    mkdir -p .dev/gpu
+    cp target/release/examples/gpu_kernels .dev/gpu/
+    strip .dev/gpu/gpu_kernels
+    exit 0
+fi
+# cudarc opens libcuda / libnvrtc at run time: put the toolkit's lib dirs on the path.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
+    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+if ! ls /usr/local/cuda/lib64/libnvrtc.so* >/dev/null 2>&1; then
+    d=$(dirname "$(find / -xdev -name 'libnvrtc.so*' 2>/dev/null | head -1)" 2>/dev/null || true)
+    [ -n "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+fi
+export LD_LIBRARY_PATH
+export MOE_KERNEL_CACHE=${MOE_KERNEL_CACHE:-$PWD/.dev/gpu/cache}
+date -u +"run: %Y-%m-%d %H:%M UTC"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader || true
+out=${OUT:-/tmp}
+set -o pipefail
+.dev/gpu/gpu_kernels "$@" 2>&1 | tee "$out/gpu_kernels.log"
