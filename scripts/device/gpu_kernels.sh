@@ -7,10 +7,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = "--prepare" ]; then
-    cargo build --release -p moe-backend-cuda --example gpu_kernels
+    cargo build --release -p moe-backend-cuda --example gpu_kernels -p moe-quant-rocmfpx
     mkdir -p .dev/gpu
-    cp target/release/examples/gpu_kernels .dev/gpu/
-    strip .dev/gpu/gpu_kernels
+    # The quant plugin's cdylib: the example checks its CPU reference against its dot_q8.
+    cp target/release/examples/gpu_kernels target/release/libmoe_quant_rocmfpx.so .dev/gpu/
+    strip .dev/gpu/gpu_kernels .dev/gpu/libmoe_quant_rocmfpx.so
     exit 0
 fi
 # cudarc opens libcuda / libnvrtc at run time: put the toolkit's lib dirs on the path.

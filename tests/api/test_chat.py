@@ -136,12 +136,6 @@ def test_stop_string_cuts_before_it(server, client, greedy_hello):
     assert r.usage.completion_tokens < greedy_hello.usage.completion_tokens
 
 
-@pytest.mark.xfail(
-    reason="server bug: when generation ends on an end-of-generation token while the "
-    "tail of the text is held back as a possible stop-string prefix, the held-back tail "
-    "is dropped (scheduler.rs only flushes it for finish_reason 'length')",
-    strict=True, raises=AssertionError,
-)
 def test_unmatched_stop_string_prefix_is_not_lost_at_eos(server, client, greedy_hello):
     text = greedy_hello.choices[0].message.content
     if greedy_hello.choices[0].finish_reason != "stop" or not text:

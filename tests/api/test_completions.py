@@ -118,11 +118,6 @@ def test_health(server):
     assert body["status"] == "ok"
 
 
-@pytest.mark.xfail(
-    reason="server bug: legacy `logprobs.text_offset` counts UTF-8 bytes, not characters, "
-    "so offsets are wrong after any non-ASCII token (generate.rs legacy_logprobs uses "
-    "String::len)", strict=True, raises=AssertionError,
-)
 def test_legacy_text_offset_counts_characters(server):
     r = server.post("/v1/completions", {"prompt": "La capitale de la France est",
                                         "max_tokens": 8, "temperature": 0, "logprobs": 1})

@@ -81,11 +81,6 @@ def test_unknown_route_is_404_json(server):
     assert_openai_error(server.request("GET", "/v1/nothing-here"), 404)
 
 
-@pytest.mark.xfail(
-    reason="server bug: a wrong HTTP method on a known route answers 405 with an empty "
-    "body, not an OpenAI-style JSON error (axum's default method-not-allowed fallback)",
-    strict=True, raises=AssertionError,
-)
 def test_wrong_method_is_405_json(server):
     assert_openai_error(server.request("GET", "/v1/chat/completions"), 405)
 

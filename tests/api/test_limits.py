@@ -74,11 +74,6 @@ def test_context_boundary(small_server):
     assert_openai_error(r, 400, code="context_length_exceeded")
 
 
-@pytest.mark.xfail(
-    reason="server bug: /v1/completions reports context_length_exceeded with param "
-    "'messages' (generate.rs run() hard-codes it); the field there is 'prompt'",
-    strict=True, raises=AssertionError,
-)
 def test_completions_context_error_names_prompt(small_server):
     r = small_server.post("/v1/completions", {"prompt": "apple banana cherry " * 40})
     assert_openai_error(r, 400, code="context_length_exceeded", param="prompt")

@@ -120,7 +120,7 @@ def test_stream_options_without_stream_is_400(server, client):
 
 
 @pytest.mark.parametrize("prompt,max_tokens", [
-    ("What is the capital of France?", 20),   # accented letters
+    ("Écris une phrase en français sur Paris.", 20),   # accented letters
     ("Write a smiley emoji.", 9),             # 4-byte characters over several tokens
     ("Translate to Japanese: good morning", 12),
 ])

@@ -115,6 +115,8 @@ pub struct Llama {
     n_ctx: usize,
     n_slots: usize,
     scratch: Option<Scratch>,
+    /// (capacity in positions, buffer) for the output logits.
+    logits: Option<(usize, Tensor)>,
 }
 
 fn d4(a: usize, b: usize) -> [u64; 4] {
@@ -175,6 +177,7 @@ impl Llama {
             n_ctx,
             n_slots,
             scratch: None,
+            logits: None,
             p,
         })
     }
@@ -405,11 +408,20 @@ impl CausalLm for Llama {
             none,
             &[v2(&s.h, d), sel, s.x2.view(d4(d, n))],
         )?;
-        let logits = dev.f32(d4(p.n_vocab, n))?;
+        // Grow-only, so decode steps reuse one buffer instead of allocating per token.
+        if self.logits.as_ref().is_none_or(|(cap, _)| *cap < n) {
+            self.logits = None;
+            self.logits = Some((n, dev.f32(d4(p.n_vocab, n))?));
+        }
+        let (_, logits) = self.logits.as_ref().expect("just set");
         dev.op(
             ops::MATMUL,
             none,
-            &[self.output.r, s.x2.view(d4(d, n)), logits.r],
+            &[
+                self.output.r,
+                s.x2.view(d4(d, n)),
+                logits.view(d4(p.n_vocab, n)),
+            ],
         )?;
         dev.sync()?;
         let flat = logits.download_f32(p.n_vocab * n)?;

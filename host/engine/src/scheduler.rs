@@ -158,6 +158,8 @@ struct Seq {
     max_tokens: usize,
     started: Instant,
     first_token: Option<Instant>,
+    /// A stop string ended the text (nothing held back is sent then).
+    stop_string_hit: bool,
 }
 
 impl Seq {
@@ -215,6 +217,7 @@ fn run(
                 max_tokens,
                 started: Instant::now(),
                 first_token: None,
+                stop_string_hit: false,
             });
         }
         stats.active.store(active.len(), Ordering::Relaxed);
@@ -306,6 +309,7 @@ fn run(
                 sampled,
             });
             if stop_hit {
+                s.stop_string_hit = true;
                 finished[i] = Some(FinishReason::Stop);
             } else if s.generated.len() >= s.max_tokens
                 || s.req.prompt.len() + s.generated.len() >= n_ctx
@@ -318,11 +322,12 @@ fn run(
             let done = finished[i];
             i += 1;
             let Some(reason) = done else { return true };
-            // Flush what was held back (partial stop-string prefixes, open UTF-8).
-            if reason == FinishReason::Length || s.emitted < s.text.len() {
+            // Flush what was held back (a tail that could have begun a stop string,
+            // open UTF-8) unless a stop string cut the text there.
+            if !s.stop_string_hit {
                 s.text.push_str(&s.decoder.finish());
                 let rest = s.text[s.emitted..].to_string();
-                if !rest.is_empty() && reason == FinishReason::Length {
+                if !rest.is_empty() {
                     let _ = s.req.events.send(Event::Token {
                         id: u32::MAX,
                         text: rest,
@@ -347,6 +352,9 @@ fn run(
             free.push(s.slot);
             false
         });
+        // Keep the gauges true while idle too (the loop may now block for work).
+        stats.active.store(active.len(), Ordering::Relaxed);
+        stats.waiting.store(waiting.len(), Ordering::Relaxed);
     }
 }
 

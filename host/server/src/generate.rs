@@ -169,7 +169,12 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
             events: tx,
         })
         .map_err(|e| {
-            ApiError::invalid(e.to_string(), Some("messages")).with_code("context_length_exceeded")
+            let param = if job.flavor == Flavor::Chat {
+                "messages"
+            } else {
+                "prompt"
+            };
+            ApiError::invalid(e.to_string(), Some(param)).with_code("context_length_exceeded")
         })?;
     let id = new_id(job.flavor);
     let model = sched.model_name.clone();
@@ -213,8 +218,9 @@ fn legacy_logprobs(tok: &Tokenizer, toks: &[Sampled]) -> Value {
     let mut offsets = Vec::new();
     for s in toks {
         let (t, _) = token_str(tok, s.id);
+        // OpenAI's offsets count characters of the completion text.
         offsets.push(offset);
-        offset += t.len();
+        offset += t.chars().count();
         tokens.push(t);
         lps.push(s.logprob);
         let m: serde_json::Map<String, Value> = s

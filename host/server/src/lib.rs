@@ -93,6 +93,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async {
             ApiError::invalid("no such route", None).status(StatusCode::NOT_FOUND)
         })
+        .method_not_allowed_fallback(|| async {
+            ApiError::invalid("method not allowed on this route", None)
+                .status(StatusCode::METHOD_NOT_ALLOWED)
+        })
         .layer(DefaultBodyLimit::max(state.opts.max_body_bytes))
         .with_state(state)
 }
@@ -298,7 +302,7 @@ async fn detokenize(
 }
 
 async fn metrics(State(st): State<AppState>) -> Response {
-    use prometheus::{Encoder, Gauge, IntCounter, IntGauge, Opts, Registry, TextEncoder};
+    use prometheus::{Counter, Encoder, IntCounter, IntGauge, Opts, Registry, TextEncoder};
     let reg = Registry::new();
     let s = st.scheduler.get().map(|s| s.stats.clone());
     let ld = |o: &std::sync::atomic::AtomicU64| o.load(Ordering::Relaxed);
@@ -343,12 +347,13 @@ async fn metrics(State(st): State<AppState>) -> Response {
             "Forward passes run",
             ld(&s.forward_passes)
         );
-        gauge!(
-            Gauge,
+        let secs = Counter::with_opts(Opts::new(
             "moeserve_forward_seconds_total",
             "Time spent in forward passes",
-            ld(&s.forward_us) as f64 / 1e6
-        );
+        ))
+        .expect("valid metric");
+        secs.inc_by(ld(&s.forward_us) as f64 / 1e6);
+        let _ = reg.register(Box::new(secs));
         gauge!(
             IntGauge,
             "moeserve_requests_running",

@@ -56,11 +56,11 @@ fn main() {
         let a: Vec<f32> = (0..8 * K).map(|_| gauss()).collect();
         let act: Vec<BlockQ8_1> = a.chunks_exact(32).map(BlockQ8_1::quantize).collect();
         print!("{label:<24}");
-        let mut measure = |isa: Isa, cols: usize| {
+        let measure = |isa: Isa, cols: usize| {
             let mut out = vec![0f32; ROWS * cols];
             let act = &act[..cols * K / 32];
             let mut best = f64::INFINITY;
-            for _ in 0..7 {
+            for _ in 0..25 {
                 let t = Instant::now();
                 dot_q8_with_isa(id, variant, isa, &rows, K as u64, act, &mut out).unwrap();
                 best = best.min(t.elapsed().as_secs_f64());

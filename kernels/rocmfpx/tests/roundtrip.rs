@@ -74,8 +74,9 @@ fn fp2_meanings_are_not_interchangeable() {
     }
     // Measured (5 seeds): matched 0.352-0.358 (two-scale) and 0.311-0.314 (affine);
     // affine data read as two-scale 1.23-1.28; two-scale data read as affine 0.60-0.65
-    // (only that low because i.i.d. Gaussian halves get similar scales, so e[1] as an
-    // offset roughly cancels one level; upstream's ~0.75-0.80 comes from real weights).
+    // (only that low because the two halves of i.i.d. Gaussian blocks get similar
+    // scales, so reading e[1] as an offset roughly cancels the extra level; the spec's
+    // ~0.75-0.80 was not measured on this data or with this encoder).
     let matched = |v| rows.iter().find(|r| r.0 == (v, v)).unwrap().1;
     for ((enc, dec), e) in rows.iter().copied() {
         if enc == dec {

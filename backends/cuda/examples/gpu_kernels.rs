@@ -1,0 +1,664 @@
+//! ROCmFP2 (type 107) GPU kernels: parity against a CPU reference on fresh random data,
+//! proof of which kernel ran, and a microbenchmark against the device's copy bandwidth.
+//!
+//! Runs through the backend's plugin table (the same calls the host makes), plus the
+//! rlib's event timing. Prints a table and, at the end, one JSON line.
+//!
+//!   cargo run --release -p moe-backend-cuda --example gpu_kernels [-- --quick]
+//!
+//! The CPU reference is the q8 dot product written out from the spec
+//! (/work/shared/spec/rocmfpx.md): per 16-weight half, d * (A * sum c*q - B * sum q) with
+//! A = B = E[h] (two-scale) or A = S, B = O (affine), summed in f64; activations are
+//! quantised with plugin-api's `BlockQ8_1::quantize`.
+
+// Table headers are written as literals next to the formats of their rows.
+#![allow(clippy::print_literal)]
+
+use std::time::Instant;
+
+use moe_backend_cuda::{
+    ops::{FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID},
+    rt,
+};
+use moe_plugin_api::{into_result, ops, types, Backend, BlockQ8_1, OpParams, TensorRef};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn ue4m3(b: u8) -> f64 {
+    if b >= 0x7f {
+        return 0.0;
+    }
+    let (e, m) = ((b >> 3) & 15, (b & 7) as f64);
+    if e == 0 {
+        m * 2f64.powi(-10)
+    } else {
+        (8.0 + m) * 2f64.powi(e as i32 - 11)
+    }
+}
+
+/// Random valid type-107 rows: any codes, scale bytes in a realistic range.
+fn random_weights(rng: &mut Rng, rows: usize, k: usize) -> Vec<u8> {
+    let nb = rows * k / 32;
+    let mut w = vec![0u8; nb * 10];
+    for b in w.chunks_exact_mut(10) {
+        for q in &mut b[..8] {
+            *q = rng.next() as u8;
+        }
+        b[8] = 0x28 + rng.below(0x30) as u8;
+        b[9] = 0x20 + rng.below(0x30) as u8;
+    }
+    w
+}
+
+/// Reference q8 dot of one row with one column (see the file comment).
+fn ref_dot(row: &[u8], col: &[BlockQ8_1], affine: bool) -> f64 {
+    let mut acc = 0f64;
+    for (b, q) in row.chunks_exact(10).zip(col) {
+        for h in 0..2 {
+            let (a, bb) = if affine {
+                (ue4m3(b[8]), ue4m3(b[9]))
+            } else {
+                (ue4m3(b[8 + h]), ue4m3(b[8 + h]))
+            };
+            let (mut cq, mut sq) = (0i64, 0i64);
+            for i in 16 * h..16 * h + 16 {
+                let c = ((b[i >> 2] >> (2 * (i & 3))) & 3) as i64;
+                cq += c * q.qs[i] as i64;
+                sq += q.qs[i] as i64;
+            }
+            acc += q.d as f64 * (a * cq as f64 - bb * sq as f64);
+        }
+    }
+    acc
+}
+
+/// ref[c * m + r] for all rows of `w` and columns of `act`, over all cores.
+fn ref_matmul(w: &[u8], m: usize, k: usize, act: &[Vec<BlockQ8_1>], affine: bool) -> Vec<f64> {
+    let rb = k / 32 * 10;
+    let n = act.len();
+    let mut out = vec![0f64; m * n];
+    let threads = std::thread::available_parallelism().map_or(4, |t| t.get());
+    let chunk = m.div_ceil(threads);
+    let parts: Vec<Vec<f64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let (r0, r1) = (t * chunk, ((t + 1) * chunk).min(m));
+                    let mut v = Vec::new();
+                    for r in r0..r1 {
+                        for col in act {
+                            v.push(ref_dot(&w[r * rb..(r + 1) * rb], col, affine));
+                        }
+                    }
+                    v
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (t, part) in parts.iter().enumerate() {
+        for (i, v) in part.iter().enumerate() {
+            let (r, c) = (t * chunk + i / n, i % n);
+            out[c * m + r] = *v;
+        }
+    }
+    out
+}
+
+fn nmse(got: &[f32], want: &[f64]) -> f64 {
+    let (mut e, mut s) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        e += (*g as f64 - w) * (*g as f64 - w);
+        s += w * w;
+    }
+    e / s.max(1e-30)
+}
+
+struct Gpu {
+    be: Backend,
+    stream: u64,
+}
+
+impl Gpu {
+    fn buf(&self, bytes: &[u8]) -> u64 {
+        let b = into_result((self.be.alloc)(0, bytes.len() as u64)).unwrap();
+        into_result((self.be.upload)(b, 0, bytes.into())).unwrap();
+        b
+    }
+    fn zeros(&self, bytes: usize) -> u64 {
+        self.buf(&vec![0u8; bytes])
+    }
+    fn read_f32(&self, b: u64, offset: u64, n: usize) -> Vec<f32> {
+        into_result((self.be.synchronize)(self.stream)).unwrap();
+        let mut raw = vec![0u8; n * 4];
+        into_result((self.be.download)(b, offset, raw.as_mut_slice().into())).unwrap();
+        raw.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+    fn op(&self, op: u32, args: &[TensorRef]) {
+        into_result((self.be.run_op)(
+            self.stream,
+            op,
+            OpParams::default(),
+            args.into(),
+        ))
+        .unwrap();
+    }
+    fn counters(&self) -> std::collections::BTreeMap<String, u64> {
+        (self.be.kernel_counters)()
+            .into_iter()
+            .map(|t| (t.0.into_string(), t.1))
+            .collect()
+    }
+    /// Mean milliseconds of `f` over `reps` runs (after one warm-up), by CUDA events.
+    fn time(&self, reps: usize, mut f: impl FnMut()) -> f64 {
+        f();
+        let e0 = into_result((self.be.event_record)(self.stream)).unwrap();
+        for _ in 0..reps {
+            f();
+        }
+        let e1 = into_result((self.be.event_record)(self.stream)).unwrap();
+        rt::event_elapsed_ms(e0, e1).unwrap() as f64 / reps as f64
+    }
+}
+
+fn t(buffer: u64, offset: u64, type_id: u32, variant: u64, dims: [u64; 4]) -> TensorRef {
+    TensorRef {
+        buffer,
+        offset,
+        type_id,
+        variant,
+        dims,
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// This file's reference against moe-quant-rocmfpx's `dot_q8` (the plugin the host
+/// uses on CPU), so the GPU parity below is parity with that crate too. Runs on the CPU.
+/// The plugin is loaded as the host loads it (its cdylib, found next to this program or
+/// one folder up): two plugins' rlibs cannot link into one binary (each exports a root).
+fn check_reference(rng: &mut Rng) -> bool {
+    use moe_plugin_api::{abi_stable::library::lib_header_from_path, PluginRef};
+    let exe = std::env::current_exe().unwrap_or_default();
+    let name = "libmoe_quant_rocmfpx.so";
+    let Some(path) = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|d| d.join(name))
+        .find(|p| p.exists())
+    else {
+        println!("reference check skipped: {name} not found next to this program");
+        return true;
+    };
+    let plugin = match lib_header_from_path(&path).and_then(|h| h.init_root_module::<PluginRef>()) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("reference check FAILED to load {}: {e}", path.display());
+            return false;
+        }
+    };
+    let Some(fmt) = (plugin.quant_formats())()
+        .into_iter()
+        .find(|f| f.type_id == 107)
+    else {
+        println!("reference check FAILED: {} has no type 107", path.display());
+        return false;
+    };
+    let (m, k, n) = (256usize, 4096usize, 3usize);
+    let mut ok = true;
+    for (variant, vname) in [(FP2_TWO_SCALE, "two-scale"), (FP2_AFFINE, "affine")] {
+        let w = random_weights(rng, m, k);
+        let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+        let act: Vec<Vec<BlockQ8_1>> = x
+            .chunks_exact(k)
+            .map(|c| c.chunks_exact(32).map(BlockQ8_1::quantize).collect())
+            .collect();
+        let flat: Vec<BlockQ8_1> = act.iter().flatten().copied().collect();
+        let mut theirs = vec![0f32; m * n];
+        into_result((fmt.validate)(variant, w.as_slice().into())).unwrap();
+        into_result((fmt.dot_q8)(
+            variant,
+            w.as_slice().into(),
+            k as u64,
+            flat.as_slice().into(),
+            theirs.as_mut_slice().into(),
+        ))
+        .unwrap();
+        let mine = ref_matmul(&w, m, k, &act, variant == FP2_AFFINE);
+        let e = nmse(&theirs, &mine);
+        ok &= e <= 1e-10;
+        println!(
+            "reference check ({vname}): this file's reference vs moe-quant-rocmfpx dot_q8, nmse {e:.3e} {}",
+            if e <= 1e-10 { "ok" } else { "FAIL" }
+        );
+    }
+    ok
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let ref_ok = check_reference(&mut Rng(0x0123_4567_89ab_cdef));
+    let be = moe_backend_cuda::table();
+    let devs = match into_result((be.devices)()) {
+        Ok(d) if !d.is_empty() => d,
+        Ok(_) => {
+            println!("no CUDA devices");
+            return;
+        }
+        Err(e) => {
+            println!("cuda backend: {e}");
+            return;
+        }
+    };
+    let d = &devs[0];
+    println!(
+        "device 0: {} ({}), {:.1} GiB, copy bandwidth {:.0} GB/s (256 MiB dtod)",
+        d.name,
+        d.arch,
+        d.memory_bytes as f64 / (1u64 << 30) as f64,
+        d.bandwidth_bytes_per_s / 1e9
+    );
+    let t0 = Instant::now();
+    let dev = rt::runtime().unwrap().device(0).unwrap();
+    let module = dev.module().unwrap();
+    println!(
+        "kernels: {} in {:.2} s (cache dir {})",
+        if module.from_cache {
+            "loaded from cache"
+        } else {
+            "compiled with NVRTC"
+        },
+        t0.elapsed().as_secs_f64(),
+        moe_backend_cuda::kernels::cache_dir().display()
+    );
+    let stream = into_result((be.stream_create)(0)).unwrap();
+    let g = Gpu { be, stream };
+    let mut rng =
+        Rng(0x9e37_79b9_7f4a_7c15 ^ t0.elapsed().as_nanos() as u64 ^ std::process::id() as u64);
+    let mut json = Vec::new();
+    let mut all_ok = ref_ok;
+
+    // ---------------------------------------------------------------- parity
+    println!("\n== parity vs CPU reference (normalised MSE; limit 5e-4) ==");
+    println!(
+        "{:<10} {:>5} {:>5} {:>4} {:>12} {:<18} {}",
+        "variant", "K", "M", "n", "nmse", "kernel", "ok"
+    );
+    let m = 4096usize;
+    let ns: Vec<usize> = (1..=8).chain([16, 31, 33]).collect();
+    for (variant, vname) in [(FP2_TWO_SCALE, "two-scale"), (FP2_AFFINE, "affine")] {
+        for k in [4096usize, 2048] {
+            let w = random_weights(&mut rng, m, k);
+            let nmax = 33;
+            let x: Vec<f32> = (0..nmax * k).map(|_| rng.f32()).collect();
+            let act: Vec<Vec<BlockQ8_1>> = x
+                .chunks_exact(k)
+                .map(|c| c.chunks_exact(32).map(BlockQ8_1::quantize).collect())
+                .collect();
+            let want = ref_matmul(&w, m, k, &act, variant == FP2_AFFINE);
+            let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * nmax * 4));
+            for &n in &ns {
+                let before = g.counters();
+                g.op(
+                    ops::MATMUL,
+                    &[
+                        t(bw, 0, 107, variant, [k as u64, m as u64, 1, 1]),
+                        t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
+                        t(bo, 0, types::F32, 0, [m as u64, n as u64, 1, 1]),
+                    ],
+                );
+                let got = g.read_f32(bo, 0, m * n);
+                let after = g.counters();
+                let ran: Vec<String> = after
+                    .iter()
+                    .filter(|(k, v)| k.ends_with(".device") && before.get(*k) != Some(v))
+                    .map(|(k, _)| k.trim_end_matches(".device").to_string())
+                    .filter(|k| k != "quantize_q8_1")
+                    .collect();
+                let expect_kernel = if n <= 8 {
+                    format!("mmvq_107_n{n}")
+                } else {
+                    "mmq_dp4a_107".to_string()
+                };
+                let e = nmse(&got, &want[..m * n]);
+                let ok = e <= 5e-4 && ran == [expect_kernel.clone()];
+                all_ok &= ok;
+                println!(
+                    "{:<10} {:>5} {:>5} {:>4} {:>12.3e} {:<18} {}",
+                    vname,
+                    k,
+                    m,
+                    n,
+                    e,
+                    ran.join(","),
+                    if ok { "ok" } else { "FAIL" }
+                );
+                json.push(format!(
+                    "{{\"test\":\"parity\",\"variant\":\"{vname}\",\"k\":{k},\"m\":{m},\"n\":{n},\"nmse\":{e:e},\"kernel\":\"{}\",\"ok\":{ok}}}",
+                    ran.join(",")
+                ));
+            }
+            for b in [bw, bx, bo] {
+                into_result((g.be.free)(b)).unwrap();
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- grouped
+    println!("\n== grouped MoE mat-vec vs per-pair MMVQ (bit-identical) and CPU reference ==");
+    println!(
+        "{:<10} {:>5} {:>5} {:>4} {:>5} {:>7} {:>9} {:>8} {:>12} {}",
+        "variant", "K", "M", "tok", "slots", "masked", "bitident", "zeros", "nmse", "ok"
+    );
+    let experts = 16usize;
+    let slots = 6usize;
+    for (variant, vname) in [(FP2_TWO_SCALE, "two-scale"), (FP2_AFFINE, "affine")] {
+        for (k, m, per_pair) in [(4096usize, 4096usize, false), (2048, 4096, true)] {
+            let w = random_weights(&mut rng, experts * m, k);
+            let ebytes = m * k / 32 * 10;
+            let bw = g.buf(&w);
+            for n_tok in [2usize, 4, 8, 9, 16] {
+                let pairs = n_tok * slots;
+                let cols = if per_pair { pairs } else { n_tok };
+                let x: Vec<f32> = (0..cols * k).map(|_| rng.f32()).collect();
+                let mut ids = vec![0i32; pairs];
+                for tok in 0..n_tok {
+                    // Distinct experts per token; about one route in eight masked.
+                    let mut used = Vec::new();
+                    for s in 0..slots {
+                        let e = loop {
+                            let e = rng.below(experts as u64) as i32;
+                            if !used.contains(&e) {
+                                break e;
+                            }
+                        };
+                        used.push(e);
+                        ids[tok * slots + s] = if rng.below(8) == 0 { -1 } else { e };
+                    }
+                }
+                let masked = ids.iter().filter(|&&e| e < 0).count();
+                let bx = g.buf(&f32_bytes(&x));
+                let bi = g.buf(
+                    &ids.iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect::<Vec<u8>>(),
+                );
+                // NaN-filled outputs: masked routes must be overwritten with exact zeros.
+                let nan = f32_bytes(&vec![f32::NAN; m * pairs]);
+                let (bo, bp) = (g.buf(&nan), g.buf(&nan));
+                let before = g.counters();
+                g.op(
+                    OP_MATMUL_ID,
+                    &[
+                        t(bw, 0, 107, variant, [k as u64, m as u64, experts as u64, 1]),
+                        t(bx, 0, types::F32, 0, [k as u64, cols as u64, 1, 1]),
+                        t(bi, 0, types::I32, 0, [slots as u64, n_tok as u64, 1, 1]),
+                        t(
+                            bo,
+                            0,
+                            types::F32,
+                            0,
+                            [m as u64, slots as u64, n_tok as u64, 1],
+                        ),
+                    ],
+                );
+                let grouped = g.read_f32(bo, 0, m * pairs);
+                let after = g.counters();
+                let ran_grouped =
+                    after.get("mmvq_grouped_107.device") > before.get("mmvq_grouped_107.device");
+                // Per-pair path: one MMVQ (n = 1) per routed pair on the expert's slice.
+                for (p, &e) in ids.iter().enumerate() {
+                    if e < 0 {
+                        continue;
+                    }
+                    let col = if per_pair { p } else { p / slots };
+                    g.op(
+                        ops::MATMUL,
+                        &[
+                            t(
+                                bw,
+                                (e as usize * ebytes) as u64,
+                                107,
+                                variant,
+                                [k as u64, m as u64, 1, 1],
+                            ),
+                            t(bx, (col * k * 4) as u64, types::F32, 0, [k as u64, 1, 1, 1]),
+                            t(bp, (p * m * 4) as u64, types::F32, 0, [m as u64, 1, 1, 1]),
+                        ],
+                    );
+                }
+                let per = g.read_f32(bp, 0, m * pairs);
+                let mut bit = true;
+                let mut zeros = true;
+                let mut got_routed = Vec::new();
+                let mut want_routed = Vec::new();
+                for (p, &e) in ids.iter().enumerate() {
+                    let gs = &grouped[p * m..(p + 1) * m];
+                    if e < 0 {
+                        zeros &= gs.iter().all(|v| v.to_bits() == 0);
+                        continue;
+                    }
+                    bit &= gs
+                        .iter()
+                        .zip(&per[p * m..(p + 1) * m])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    let col = if per_pair { p } else { p / slots };
+                    let act: Vec<BlockQ8_1> = x[col * k..(col + 1) * k]
+                        .chunks_exact(32)
+                        .map(BlockQ8_1::quantize)
+                        .collect();
+                    let ew = &w[e as usize * ebytes..(e as usize + 1) * ebytes];
+                    want_routed.extend(ref_matmul(ew, m, k, &[act], variant == FP2_AFFINE));
+                    got_routed.extend_from_slice(gs);
+                }
+                let e = nmse(&got_routed, &want_routed);
+                let ok = bit && zeros && e <= 5e-4 && ran_grouped;
+                all_ok &= ok;
+                println!(
+                    "{:<10} {:>5} {:>5} {:>4} {:>5} {:>7} {:>9} {:>8} {:>12.3e} {}",
+                    vname,
+                    k,
+                    m,
+                    n_tok,
+                    slots,
+                    masked,
+                    bit,
+                    zeros,
+                    e,
+                    if ok { "ok" } else { "FAIL" }
+                );
+                json.push(format!(
+                    "{{\"test\":\"grouped\",\"variant\":\"{vname}\",\"k\":{k},\"m\":{m},\"tokens\":{n_tok},\"masked\":{masked},\"bit_identical\":{bit},\"masked_zero\":{zeros},\"nmse\":{e:e},\"ok\":{ok}}}"
+                ));
+                for b in [bx, bi, bo, bp] {
+                    into_result((g.be.free)(b)).unwrap();
+                }
+            }
+            into_result((g.be.free)(bw)).unwrap();
+        }
+    }
+    if quick {
+        println!("\nparity: {}", if all_ok { "ALL OK" } else { "FAILURES" });
+        return;
+    }
+
+    // ---------------------------------------------------------------- bench
+    println!("\n== microbenchmark (V4-Flash expert shapes: 256 experts, top-6) ==");
+    let copy_bytes = 1u64 << 30;
+    let (ca, cb) = (
+        into_result((g.be.alloc)(0, copy_bytes)).unwrap(),
+        into_result((g.be.alloc)(0, copy_bytes)).unwrap(),
+    );
+    let ms = g.time(20, || {
+        rt::copy_async(g.stream, (cb, 0), (ca, 0), copy_bytes).unwrap()
+    });
+    let copy_bw = 2.0 * copy_bytes as f64 / (ms * 1e-3);
+    println!(
+        "device-to-device copy: {:.0} GB/s (1 GiB, read + write)",
+        copy_bw / 1e9
+    );
+    json.push(format!(
+        "{{\"bench\":\"copy\",\"gbps\":{:.1}}}",
+        copy_bw / 1e9
+    ));
+    for b in [ca, cb] {
+        into_result((g.be.free)(b)).unwrap();
+    }
+    println!(
+        "{:<26} {:>5} {:>7} {:>5} {:>10} {:>9} {:>8} {:>9}",
+        "kernel", "K", "M", "n", "us", "GB/s", "of copy", "TFLOP/s"
+    );
+    let experts = 256usize;
+    for (k, m) in [(4096usize, 2048usize), (2048, 4096)] {
+        let ebytes = m * k / 32 * 10;
+        // Whole expert set as one matrix for plain MMVQ (well past the 60 MB L2).
+        let w = random_weights(&mut rng, experts * m, k);
+        let bw = g.buf(&w);
+        let x: Vec<f32> = (0..512 * k).map(|_| rng.f32()).collect();
+        let bx = g.buf(&f32_bytes(&x));
+        let bo = g.zeros(experts * m * 512 * 4);
+        let rows = (experts * m) as u64;
+        for n in [1usize, 2, 4, 8] {
+            let ms = g.time(10, || {
+                g.op(
+                    ops::MATMUL,
+                    &[
+                        t(bw, 0, 107, FP2_AFFINE, [k as u64, rows, 1, 1]),
+                        t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
+                        t(bo, 0, types::F32, 0, [rows, n as u64, 1, 1]),
+                    ],
+                )
+            });
+            let gbps = w.len() as f64 / (ms * 1e-3) / 1e9;
+            let tf = 2.0 * rows as f64 * k as f64 * n as f64 / (ms * 1e-3) / 1e12;
+            println!(
+                "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
+                format!("mmvq_107_n{n}"),
+                k,
+                rows,
+                n,
+                ms * 1e3,
+                gbps,
+                100.0 * gbps * 1e9 / copy_bw,
+                tf
+            );
+            json.push(format!("{{\"bench\":\"mmvq\",\"k\":{k},\"m\":{rows},\"n\":{n},\"us\":{:.2},\"gbps\":{gbps:.1},\"of_copy\":{:.3}}}", ms * 1e3, gbps * 1e9 / copy_bw));
+        }
+        // MMQ on one expert-sized and on a 16-expert-tall matrix, 512 columns.
+        for (mrows, n) in [(m as u64, 512usize), (16 * m as u64, 512)] {
+            let ms = g.time(10, || {
+                g.op(
+                    ops::MATMUL,
+                    &[
+                        t(bw, 0, 107, FP2_AFFINE, [k as u64, mrows, 1, 1]),
+                        t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
+                        t(bo, 0, types::F32, 0, [mrows, n as u64, 1, 1]),
+                    ],
+                )
+            });
+            let tf = 2.0 * mrows as f64 * k as f64 * n as f64 / (ms * 1e-3) / 1e12;
+            let gbps = (mrows as f64 * k as f64 / 32.0 * 10.0) / (ms * 1e-3) / 1e9;
+            println!(
+                "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
+                "mmq_dp4a_107",
+                k,
+                mrows,
+                n,
+                ms * 1e3,
+                gbps,
+                100.0 * gbps * 1e9 / copy_bw,
+                tf
+            );
+            json.push(format!("{{\"bench\":\"mmq\",\"k\":{k},\"m\":{mrows},\"n\":{n},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
+        }
+        // Grouped: n tokens, top-6 of 256 experts; bytes = distinct experts touched.
+        for n_tok in [1usize, 4, 16, 64] {
+            let pairs = n_tok * 6;
+            let mut ids = vec![0i32; pairs];
+            for tok in 0..n_tok {
+                let mut used = Vec::new();
+                for s in 0..6 {
+                    let e = loop {
+                        let e = rng.below(experts as u64) as i32;
+                        if !used.contains(&e) {
+                            break e;
+                        }
+                    };
+                    used.push(e);
+                    ids[tok * 6 + s] = e;
+                }
+            }
+            let mut distinct = ids.clone();
+            distinct.sort();
+            distinct.dedup();
+            let bytes = distinct.len() * ebytes;
+            let bi = g.buf(
+                &ids.iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            );
+            // Down-projection style (per-pair columns) when K = 2048.
+            let cols = if k == 2048 { pairs } else { n_tok };
+            let ms = g.time(20, || {
+                g.op(
+                    OP_MATMUL_ID,
+                    &[
+                        t(
+                            bw,
+                            0,
+                            107,
+                            FP2_AFFINE,
+                            [k as u64, m as u64, experts as u64, 1],
+                        ),
+                        t(bx, 0, types::F32, 0, [k as u64, cols as u64, 1, 1]),
+                        t(bi, 0, types::I32, 0, [6, n_tok as u64, 1, 1]),
+                        t(bo, 0, types::F32, 0, [m as u64, 6, n_tok as u64, 1]),
+                    ],
+                )
+            });
+            let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
+            println!(
+                "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9}",
+                format!("grouped ({} experts)", distinct.len()),
+                k,
+                m,
+                n_tok,
+                ms * 1e3,
+                gbps,
+                100.0 * gbps * 1e9 / copy_bw,
+                "-"
+            );
+            json.push(format!("{{\"bench\":\"grouped\",\"k\":{k},\"m\":{m},\"tokens\":{n_tok},\"experts_touched\":{},\"us\":{:.2},\"gbps\":{gbps:.1},\"of_copy\":{:.3}}}", distinct.len(), ms * 1e3, gbps * 1e9 / copy_bw));
+            into_result((g.be.free)(bi)).unwrap();
+        }
+        for b in [bw, bx, bo] {
+            into_result((g.be.free)(b)).unwrap();
+        }
+    }
+    println!("\nkernel counters (host launches / device-counted runs):");
+    for (k, v) in g.counters() {
+        println!("  {k:<28} {v}");
+    }
+    println!("\nparity: {}", if all_ok { "ALL OK" } else { "FAILURES" });
+    println!("JSON [{}]", json.join(","));
+}

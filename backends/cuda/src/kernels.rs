@@ -1,0 +1,262 @@
+//! The GPU kernels: kernels/gpu sources embedded in the library, compiled with NVRTC
+//! for the device's arch on first use, cached on disk, loaded per device; launches
+//! counted on the host and, by the kernels themselves, on the device.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    ffi::{c_void, CString},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use cudarc::{
+    driver::{result as cu, sys},
+    nvrtc::{result as rtc, sys as rtc_sys},
+};
+
+use crate::rt::{err, Device, Raw};
+
+pub const COMMON_CUH: &str = include_str!("../../../kernels/gpu/common.cuh");
+pub const ROCMFPX_CU: &str = include_str!("../../../kernels/gpu/rocmfpx.cu");
+
+/// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
+pub const KERNELS: [&str; 15] = [
+    "quantize_q8_1",
+    "mmvq_107_n1",
+    "mmvq_107_n2",
+    "mmvq_107_n3",
+    "mmvq_107_n4",
+    "mmvq_107_n5",
+    "mmvq_107_n6",
+    "mmvq_107_n7",
+    "mmvq_107_n8",
+    "mmq_dp4a_107",
+    "moe_sort",
+    "mmvq_grouped_107",
+    "add_f32",
+    "get_rows_f32",
+    "get_rows_107",
+];
+const COUNTER_SLOTS: usize = 32;
+
+/// The full translation unit NVRTC compiles (the include resolved in place).
+pub fn source() -> String {
+    ROCMFPX_CU.replace(
+        "#include \"common.cuh\"",
+        &COMMON_CUH.replace("#pragma once", ""),
+    )
+}
+
+/// 64-bit FNV-1a: a hash stable across builds and Rust versions, for cache keys.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Where compiled kernels are cached: `$MOE_KERNEL_CACHE`, else
+/// `$XDG_CACHE_HOME/moeserve/kernels`, else `~/.cache/moeserve/kernels`, else
+/// `.cache/kernels`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("MOE_KERNEL_CACHE") {
+        return d.into();
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("moeserve/kernels");
+    }
+    if let Some(d) = std::env::var_os("HOME") {
+        return PathBuf::from(d).join(".cache/moeserve/kernels");
+    }
+    PathBuf::from(".cache/kernels")
+}
+
+fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    std::panic::catch_unwind(|| unsafe { rtc_sys::is_culib_present() }).unwrap_or(false)
+}
+
+fn nvrtc_version() -> (i32, i32) {
+    let (mut a, mut b) = (0, 0);
+    // SAFETY: two out-parameters.
+    unsafe { rtc_sys::nvrtcVersion(&mut a, &mut b) };
+    (a, b)
+}
+
+/// Compiles the kernels for `arch` (`sm_90`) to a cubin, through the on-disk cache.
+/// Returns the image and whether it came from the cache.
+pub fn compile(arch: &str) -> Result<(Arc<Vec<u8>>, bool), String> {
+    static MEM: Mutex<BTreeMap<String, Arc<Vec<u8>>>> = Mutex::new(BTreeMap::new());
+    if let Some(img) = MEM.lock().unwrap_or_else(|e| e.into_inner()).get(arch) {
+        return Ok((img.clone(), true));
+    }
+    if !nvrtc_present() {
+        return Err("NVRTC not found (libnvrtc.so): cannot compile the CUDA kernels".into());
+    }
+    let src = source();
+    let opts = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "-default-device".to_string(),
+    ];
+    let (maj, min) = nvrtc_version();
+    let ver = format!("nvrtc {maj}.{min}");
+    let key = fnv1a(&[src.as_bytes(), opts.join(" ").as_bytes(), ver.as_bytes()]);
+    let path = cache_dir().join(format!("rocmfpx-{key:016x}-{arch}.cubin"));
+    let (img, cached) = match std::fs::read(&path) {
+        Ok(b) if !b.is_empty() => (b, true),
+        _ => {
+            let img = nvrtc_compile(&src, &opts)?;
+            // The cache is an optimisation: failing to write it is not an error.
+            if std::fs::create_dir_all(cache_dir()).is_ok() {
+                let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                if std::fs::write(&tmp, &img).is_ok() {
+                    let _ = std::fs::rename(&tmp, &path);
+                }
+            }
+            (img, false)
+        }
+    };
+    let img = Arc::new(img);
+    MEM.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(arch.to_string(), img.clone());
+    Ok((img, cached))
+}
+
+fn nvrtc_compile(src: &str, opts: &[String]) -> Result<Vec<u8>, String> {
+    let csrc = CString::new(src).map_err(|e| e.to_string())?;
+    let name = CString::new("rocmfpx.cu").expect("no nul");
+    let prog = rtc::create_program(&csrc, Some(&name)).map_err(|e| err("nvrtcCreateProgram", e))?;
+    // SAFETY: `prog` is live until destroyed below.
+    unsafe {
+        let r = rtc::compile_program(prog, opts);
+        if let Err(e) = r {
+            let log = rtc::get_program_log(prog)
+                .map(|l| {
+                    let bytes: Vec<u8> =
+                        l.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
+                    String::from_utf8_lossy(&bytes).into_owned()
+                })
+                .unwrap_or_default();
+            let _ = rtc::destroy_program(prog);
+            return Err(format!("NVRTC failed to compile the kernels ({e}):\n{log}"));
+        }
+        let mut size = 0usize;
+        let r = rtc_sys::nvrtcGetCUBINSize(prog, &mut size);
+        if r != rtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+            let _ = rtc::destroy_program(prog);
+            return Err(format!("nvrtcGetCUBINSize: {r:?}"));
+        }
+        let mut img = vec![0u8; size];
+        let r = rtc_sys::nvrtcGetCUBIN(prog, img.as_mut_ptr() as *mut _);
+        let _ = rtc::destroy_program(prog);
+        if r != rtc_sys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(format!("nvrtcGetCUBIN: {r:?}"));
+        }
+        Ok(img)
+    }
+}
+
+/// The kernels loaded on one device, plus its device-side launch counters.
+pub struct Module {
+    funcs: HashMap<&'static str, Raw<sys::CUfunction>>,
+    /// `COUNTER_SLOTS` u32 counters in device memory, bumped by the kernels.
+    pub counters: sys::CUdeviceptr,
+    pub from_cache: bool,
+}
+
+impl Module {
+    /// Compiles (or reads from cache) and loads the kernels; the device is bound.
+    pub fn load(dev: &Device) -> Result<Module, String> {
+        let (img, from_cache) = compile(&dev.arch)?;
+        // SAFETY: a cubin produced by NVRTC for this arch; module kept for the process.
+        unsafe {
+            let m = cu::module::load_data(img.as_ptr() as *const c_void)
+                .map_err(|e| err(&format!("cuModuleLoadData ({})", dev.arch), e))?;
+            let mut funcs = HashMap::new();
+            for name in KERNELS {
+                let f = cu::module::get_function(m, CString::new(name).expect("no nul"))
+                    .map_err(|e| err(&format!("cuModuleGetFunction({name})"), e))?;
+                funcs.insert(name, Raw(f));
+            }
+            let counters = cu::malloc_sync(COUNTER_SLOTS * 4).map_err(|e| err("cuMemAlloc", e))?;
+            cu::memset_d8_sync(counters, 0, COUNTER_SLOTS * 4).map_err(|e| err("cuMemset", e))?;
+            Ok(Module {
+                funcs,
+                counters,
+                from_cache,
+            })
+        }
+    }
+
+    /// Reads the device-side launch counters (waits for queued work on the device's
+    /// legacy stream, which the backend's streams synchronise with).
+    pub fn device_counts(&self, dev: &Device) -> Result<[u32; COUNTER_SLOTS], String> {
+        dev.bind()?;
+        let mut out = [0u32; COUNTER_SLOTS];
+        // SAFETY: the counter buffer lives as long as the module.
+        unsafe { cu::memcpy_dtoh_sync(&mut out[..], self.counters) }
+            .map_err(|e| err("cuMemcpyDtoH", e))?;
+        Ok(out)
+    }
+
+    /// Launches kernel `name`; `params` point at the argument values, the trailing
+    /// `counters` pointer is appended here.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's signature (minus the last `counters`), and
+    /// every device pointer in them must be valid for what the kernel touches.
+    pub unsafe fn launch(
+        &self,
+        stream: sys::CUstream,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: u32,
+        params: &[*mut c_void],
+    ) -> Result<(), String> {
+        let f = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| format!("kernel {name} is not loaded"))?;
+        let mut counters = self.counters;
+        let mut all: Vec<*mut c_void> = params.to_vec();
+        all.push(&mut counters as *mut u64 as *mut c_void);
+        cu::launch_kernel(f.0, grid, (block, 1, 1), 0, stream, &mut all)
+            .map_err(|e| err(&format!("launching {name}"), e))?;
+        count_launch(name);
+        Ok(())
+    }
+}
+
+static HOST_COUNTS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+
+fn count_launch(name: &'static str) {
+    *HOST_COUNTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(name)
+        .or_default() += 1;
+}
+
+/// Launches per kernel counted on the host, sorted by name.
+pub fn host_counts() -> BTreeMap<&'static str, u64> {
+    HOST_COUNTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
+/// Builds the `void**` argument list of a kernel launch from local variables.
+#[macro_export]
+macro_rules! kargs {
+    ($($v:ident),* $(,)?) => {
+        [$(&mut $v as *mut _ as *mut ::std::ffi::c_void),*]
+    };
+}

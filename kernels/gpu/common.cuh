@@ -1,0 +1,99 @@
+// Portability layer shared by every kernel source in kernels/gpu.
+//
+// One dialect for NVIDIA (nvcc, NVRTC, clang -x cuda) and AMD (hipcc, hiprtc,
+// clang -x hip). Kernels use only the names below plus the small common subset of
+// the CUDA/HIP device APIs (threadIdx, blockIdx, __syncthreads, atomicAdd,
+// __int_as_float, roundf, fabsf, fmaxf). Assumptions:
+// * 32-lane warps (NVIDIA warps; RDNA3/3.5 wave32, the HIP default on gfx11);
+// * blocks are launched with the sizes the kernels name in __launch_bounds__.
+#pragma once
+
+#if defined(__HIP__) || defined(__HIPCC__) || defined(__HIP_DEVICE_COMPILE__) || defined(__AMDGCN__)
+#define GPU_HIP 1
+#else
+#define GPU_CUDA 1
+#endif
+
+#define GPU_WARP 32
+#define GPU_FULL_MASK 0xffffffffu
+
+#define GPU_DEV static __device__ __forceinline__
+
+// 4-way int8 dot product with accumulate: c + sum a[i] * b[i] over signed bytes.
+GPU_DEV int gpu_dp4a(int a, int b, int c) {
+#if defined(GPU_HIP)
+#if defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1103__) || \
+    defined(__gfx1150__) || defined(__gfx1151__) || defined(__gfx1200__) || defined(__gfx1201__)
+    // RDNA3+: v_dot4_i32_iu8 with both operands signed.
+    return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
+#elif defined(__gfx906__) || defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx942__) || \
+    defined(__gfx1030__)
+    return __builtin_amdgcn_sdot4(a, b, c, false);
+#else
+    const signed char* x = (const signed char*)&a;
+    const signed char* y = (const signed char*)&b;
+    return c + x[0] * y[0] + x[1] * y[1] + x[2] * y[2] + x[3] * y[3];
+#endif
+#else
+    return __dp4a(a, b, c);
+#endif
+}
+
+// Butterfly exchange within a 32-lane warp (all lanes active).
+GPU_DEV float gpu_shfl_xor(float v, int mask) {
+#if defined(GPU_HIP)
+    return __shfl_xor(v, mask, GPU_WARP);
+#else
+    return __shfl_xor_sync(GPU_FULL_MASK, v, mask, GPU_WARP);
+#endif
+}
+
+GPU_DEV float gpu_warp_sum(float v) {
+#pragma unroll
+    for (int m = GPU_WARP / 2; m > 0; m >>= 1) v += gpu_shfl_xor(v, m);
+    return v;
+}
+
+GPU_DEV float gpu_warp_max(float v) {
+#pragma unroll
+    for (int m = GPU_WARP / 2; m > 0; m >>= 1) v = fmaxf(v, gpu_shfl_xor(v, m));
+    return v;
+}
+
+// Float multiply/add that the compiler never fuses into an FMA: kernels that must
+// agree bit for bit (grouped vs per-pair mat-vec) use these for their sums.
+#if defined(GPU_HIP)
+GPU_DEV float gpu_mul(float a, float b) {
+#pragma clang fp contract(off)
+    return a * b;
+}
+GPU_DEV float gpu_add(float a, float b) {
+#pragma clang fp contract(off)
+    return a + b;
+}
+GPU_DEV float gpu_sub(float a, float b) {
+#pragma clang fp contract(off)
+    return a - b;
+}
+#else
+GPU_DEV float gpu_mul(float a, float b) { return __fmul_rn(a, b); }
+GPU_DEV float gpu_add(float a, float b) { return __fadd_rn(a, b); }
+GPU_DEV float gpu_sub(float a, float b) { return __fsub_rn(a, b); }
+#endif
+
+// Counts one launch of kernel `id`: the first thread of the first block adds 1.
+GPU_DEV void gpu_count_launch(unsigned int* counters, int id) {
+    if (counters && threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.x == 0 && blockIdx.y == 0 &&
+        blockIdx.z == 0) {
+        atomicAdd(counters + id, 1u);
+    }
+}
+
+// Unaligned little-endian loads from byte-packed blocks (2-byte alignment assumed).
+GPU_DEV unsigned int gpu_load_u16(const unsigned char* p) {
+    return (unsigned int)*(const unsigned short*)p;
+}
+GPU_DEV unsigned int gpu_load_u32_a2(const unsigned char* p) {
+    const unsigned short* s = (const unsigned short*)p;
+    return (unsigned int)s[0] | ((unsigned int)s[1] << 16);
+}

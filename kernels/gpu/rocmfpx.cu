@@ -1,0 +1,515 @@
+// ROCmFPx type 107 (Q2_0_ROCMFP2) kernels: activation quantisation to q8_1, decode
+// mat-vec (MMVQ, 1..8 columns), tiled mat-mat for more columns (MMQ, dp4a), and the
+// grouped MoE mat-vec with its expert sort. Formulas: /work/shared/spec/rocmfpx.md.
+//
+// Type 107 block (10 bytes, 32 weights, not 4-byte aligned): qs[8] (2-bit codes, LSB
+// first), e[2] (UE4M3 bytes). Two meanings, picked by the `affine` kernel argument:
+//   two-scale: w_i = kv[c_i] * E[i >= 16], kv = {-1, 0, 1, 2}
+//   affine:    w_i = c_i * S - O, S = E[0], O = E[1]
+// Both are written per 16-weight half h as  A_h * c - B_h  (two-scale: A = B = E[h];
+// affine: A = S, B = O), so a half's dot with q8_1 values q (scale d) is
+//   d * (A_h * sum c*q - B_h * sum q).
+// A_h has 4 significant bits and |sum c*q| < 2^13, so both products are exact in f32
+// and the only rounding is the subtraction: two-scale gives exactly d*E*sum(kv*q).
+#include "common.cuh"
+
+// Launch-counter slots (kept in sync with backends/cuda/src/kernels.rs).
+#define KID_QUANTIZE_Q8_1 0
+#define KID_MMVQ_107_N1 1 // .. 8 for n = 1..8
+#define KID_MMQ_DP4A_107 9
+#define KID_MOE_SORT 10
+#define KID_MMVQ_GROUPED_107 11
+#define KID_ADD_F32 12
+#define KID_GET_ROWS_F32 13
+#define KID_GET_ROWS_107 14
+
+#define RF2_BLOCK_BYTES 10
+#define MOE_MAX_EXPERTS 1024
+
+struct q8_1_block {
+    float d;
+    float sum; // sum of the ORIGINAL values
+    signed char qs[32];
+};
+
+struct __attribute__((aligned(8))) rf_int2 {
+    int x, y;
+};
+
+// UE4M3 scale byte; invalid bytes (0x7F, bit 7 set) decode to 0.
+GPU_DEV float ue4m3(unsigned int b) {
+    b &= 0xffu;
+    if (b >= 0x7fu) return 0.0f;
+    const unsigned int e = (b >> 3) & 15u, m = b & 7u;
+    if (e == 0) return (float)m * 0.0009765625f;
+    return __int_as_float((int)(((e + 119u) << 23) | (m << 20)));
+}
+
+// Four 2-bit codes (one byte) to four bytes 0..3.
+GPU_DEV int rf2_expand4(unsigned int byte) {
+    unsigned int x = byte & 0xffu;
+    x = (x | (x << 12)) & 0x000f000fu;
+    x = (x | (x << 6)) & 0x03030303u;
+    return (int)x;
+}
+
+// ---------------------------------------------------------------------------------
+// Activations: one warp per 32 values. d = amax/127, q = round(x/d), sum of x.
+extern "C" __global__ void __launch_bounds__(256)
+    quantize_q8_1(const float* __restrict__ x, q8_1_block* __restrict__ out, long long n_blocks,
+                  unsigned int* counters) {
+    gpu_count_launch(counters, KID_QUANTIZE_Q8_1);
+    const int lane = threadIdx.x & 31;
+    const long long b = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (b >= n_blocks) return;
+    const float v = x[b * 32 + lane];
+    const float amax = gpu_warp_max(fabsf(v));
+    const float sum = gpu_warp_sum(v);
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    out[b].qs[lane] = (signed char)(int)roundf(v * inv);
+    if (lane == 0) {
+        out[b].d = d;
+        out[b].sum = sum;
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// One warp dots R weight rows with NC activation columns (activations loaded once for
+// the R rows). Every (row, column) sum is built in the same order whatever R and NC
+// are, so the grouped kernel below matches the per-column kernel bit for bit.
+//
+// Fast path (rows 4-byte aligned, even number of blocks): lane l takes block pairs
+// l, l+32, ... as five 4-byte words each (two pairs in flight per lane). Otherwise
+// lane l takes half-blocks l, l+32, ... with 2-byte loads.
+
+// One 16-weight half (codes w, scale bytes e) of block blk, half h, for R rows.
+template <int NC, int R>
+GPU_DEV void rf2_half(const unsigned int (&w)[R], const unsigned int (&e)[R], int blk, int h,
+                      const q8_1_block* const (&cols)[NC], int affine, float (&acc)[R][NC]) {
+    float A[R], B[R];
+    int c0[R], c1[R], c2[R], c3[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        A[r] = ue4m3(affine ? e[r] : (h ? e[r] >> 8 : e[r]));
+        B[r] = affine ? ue4m3(e[r] >> 8) : A[r];
+        c0[r] = rf2_expand4(w[r]);
+        c1[r] = rf2_expand4(w[r] >> 8);
+        c2[r] = rf2_expand4(w[r] >> 16);
+        c3[r] = rf2_expand4(w[r] >> 24);
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        const q8_1_block* qb = cols[c] + blk;
+        const rf_int2* q = (const rf_int2*)(qb->qs + 16 * h);
+        const rf_int2 qa = q[0], qc = q[1];
+        const float d = qb->d;
+        int sq = gpu_dp4a(0x01010101, qa.x, 0);
+        sq = gpu_dp4a(0x01010101, qa.y, sq);
+        sq = gpu_dp4a(0x01010101, qc.x, sq);
+        sq = gpu_dp4a(0x01010101, qc.y, sq);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            int cq = gpu_dp4a(c0[r], qa.x, 0);
+            cq = gpu_dp4a(c1[r], qa.y, cq);
+            cq = gpu_dp4a(c2[r], qc.x, cq);
+            cq = gpu_dp4a(c3[r], qc.y, cq);
+            const float t = gpu_sub(gpu_mul(A[r], (float)cq), gpu_mul(B[r], (float)sq));
+            acc[r][c] = gpu_add(acc[r][c], gpu_mul(d, t));
+        }
+    }
+}
+
+// A block pair (20 bytes = five words v[0..4]) for R rows: blocks 2p and 2p+1.
+template <int NC, int R>
+GPU_DEV void rf2_pair(const unsigned int (&v)[R][5], int p, const q8_1_block* const (&cols)[NC],
+                      int affine, float (&acc)[R][NC]) {
+    unsigned int w[R], e[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) { w[r] = v[r][0]; e[r] = v[r][2] & 0xffffu; }
+    rf2_half<NC, R>(w, e, 2 * p, 0, cols, affine, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) w[r] = v[r][1];
+    rf2_half<NC, R>(w, e, 2 * p, 1, cols, affine, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        w[r] = (v[r][2] >> 16) | (v[r][3] << 16);
+        e[r] = v[r][4] >> 16;
+    }
+    rf2_half<NC, R>(w, e, 2 * p + 1, 0, cols, affine, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) w[r] = (v[r][3] >> 16) | (v[r][4] << 16);
+    rf2_half<NC, R>(w, e, 2 * p + 1, 1, cols, affine, acc);
+}
+
+template <int NC, int R>
+GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
+                          const q8_1_block* const (&cols)[NC], int affine, float (&acc)[R][NC]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
+    // nb even makes the row length a multiple of 4 bytes, so one check covers all rows.
+    if ((nb & 1) == 0 && (((unsigned long long)rows[0]) & 3u) == 0) {
+        const int np = nb >> 1;
+        for (int p = lane; p < np; p += 2 * GPU_WARP) {
+            const int p2 = p + GPU_WARP;
+            unsigned int v[R][5], v2[R][5];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const unsigned int* src = (const unsigned int*)rows[r] + 5 * p;
+#pragma unroll
+                for (int j = 0; j < 5; ++j) v[r][j] = src[j];
+            }
+            if (p2 < np) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const unsigned int* src = (const unsigned int*)rows[r] + 5 * p2;
+#pragma unroll
+                    for (int j = 0; j < 5; ++j) v2[r][j] = src[j];
+                }
+            }
+            rf2_pair<NC, R>(v, p, cols, affine, acc);
+            if (p2 < np) rf2_pair<NC, R>(v2, p2, cols, affine, acc);
+        }
+    } else {
+        for (int hb = lane; hb < 2 * nb; hb += GPU_WARP) {
+            const int blk = hb >> 1, h = hb & 1;
+            unsigned int w[R], e[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const unsigned char* bp = rows[r] + (long long)blk * RF2_BLOCK_BYTES;
+                w[r] = gpu_load_u32_a2(bp + 4 * h);
+                e[r] = gpu_load_u16(bp + 8);
+            }
+            rf2_half<NC, R>(w, e, blk, h, cols, affine, acc);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) acc[r][c] = gpu_warp_sum(acc[r][c]);
+}
+
+// Rows per warp of the MMVQ kernels: more columns reuse each activation load over
+// more rows (the activations are read from L1 once per R rows).
+#define RF_MMVQ_ROWS(NC) ((NC) == 1 ? 1 : (NC) <= 4 ? 2 : 4)
+
+// MMVQ: out[c*m + r] = dot(row r, column c); a 128-thread block = 4 warps x R rows.
+template <int NC>
+GPU_DEV void mmvq_107(const unsigned char* __restrict__ w, int nb, int m,
+                      const q8_1_block* __restrict__ act, float* __restrict__ out, int affine) {
+    constexpr int R = RF_MMVQ_ROWS(NC);
+    const int r0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;
+    if (r0 >= m) return;
+    const q8_1_block* cols[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) cols[c] = act + (long long)c * nb;
+    const unsigned char* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        // Rows past the end repeat the last row (computed, never stored).
+        const int rr = r0 + r < m ? r0 + r : m - 1;
+        rows[r] = w + (long long)rr * nb * RF2_BLOCK_BYTES;
+    }
+    float acc[R][NC];
+    rf2_rows_dot<NC, R>(rows, nb, cols, affine, acc);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (r0 + r < m)
+#pragma unroll
+                for (int c = 0; c < NC; ++c) out[(long long)c * m + r0 + r] = acc[r][c];
+    }
+}
+
+#define RF_MMVQ(N)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128)                                              \
+        mmvq_107_n##N(const unsigned char* __restrict__ w, int nb, int m,                          \
+                      const q8_1_block* __restrict__ act, float* __restrict__ out, int affine,     \
+                      unsigned int* counters) {                                                    \
+        gpu_count_launch(counters, KID_MMVQ_107_N1 + (N) - 1);                                     \
+        mmvq_107<N>(w, nb, m, act, out, affine);                                                   \
+    }
+RF_MMVQ(1)
+RF_MMVQ(2)
+RF_MMVQ(3)
+RF_MMVQ(4)
+RF_MMVQ(5)
+RF_MMVQ(6)
+RF_MMVQ(7)
+RF_MMVQ(8)
+
+// ---------------------------------------------------------------------------------
+// Grouped MoE mat-vec. Pairs p = token * n_slots + slot, ids[p] = expert or -1.
+// moe_sort (one block) lists the pairs of each expert: offsets[e]..offsets[e+1] index
+// `sorted`; masked pairs (and ids outside 0..E) form a last list, `offsets[E]..[E+1]`.
+// active[1..1+active[0]] lists the non-empty lists (E = the masked one), so the grouped
+// kernel launches min(pairs, E) + 1 block rows, not one per expert.
+extern "C" __global__ void __launch_bounds__(256)
+    moe_sort(const int* __restrict__ ids, int n_pairs, int n_experts, int* __restrict__ offsets,
+             int* __restrict__ active, int* __restrict__ sorted, unsigned int* counters) {
+    gpu_count_launch(counters, KID_MOE_SORT);
+    __shared__ int cnt[MOE_MAX_EXPERTS + 1];
+    __shared__ int part[256];
+    __shared__ int n_active;
+    const int t = threadIdx.x;
+    if (t == 0) n_active = 0;
+    const int ne = n_experts + 1; // + the masked list
+    for (int e = t; e < ne; e += 256) cnt[e] = 0;
+    __syncthreads();
+    for (int p = t; p < n_pairs; p += 256) {
+        const int e = ids[p];
+        atomicAdd(&cnt[(e >= 0 && e < n_experts) ? e : n_experts], 1);
+    }
+    __syncthreads();
+    // Exclusive scan: each thread owns a run of `per` entries, then a scan of the runs.
+    const int per = (ne + 255) / 256;
+    int local = 0;
+    for (int i = 0; i < per; ++i) {
+        const int e = t * per + i;
+        if (e < ne) local += cnt[e];
+    }
+    part[t] = local;
+    __syncthreads();
+    for (int s = 1; s < 256; s <<= 1) {
+        const int v = t >= s ? part[t - s] : 0;
+        __syncthreads();
+        part[t] += v;
+        __syncthreads();
+    }
+    int run = part[t] - local;
+    for (int i = 0; i < per; ++i) {
+        const int e = t * per + i;
+        if (e < ne) {
+            const int c = cnt[e];
+            if (c > 0) active[1 + atomicAdd(&n_active, 1)] = e;
+            offsets[e] = run;
+            cnt[e] = run; // becomes the scatter cursor
+            run += c;
+        }
+    }
+    if (t == 255) offsets[ne] = part[255];
+    __syncthreads();
+    if (t == 0) active[0] = n_active;
+    for (int p = t; p < n_pairs; p += 256) {
+        const int e = ids[p];
+        const int pos = atomicAdd(&cnt[(e >= 0 && e < n_experts) ? e : n_experts], 1);
+        sorted[pos] = p;
+    }
+}
+
+// grid = (ceil(m/4), min(pairs, n_experts) + 1); block row y takes the y-th non-empty
+// list: an expert streams its rows once for all of its pairs (8 columns at a time); the
+// masked list (e == n_experts) gets exact zeros.
+// Activation column of pair p: p when act_per_pair, else p / n_slots (the token).
+template <int NC>
+GPU_DEV void grouped_chunk(const unsigned char* __restrict__ row, int nb, int m, int r,
+                           const q8_1_block* __restrict__ act, int act_per_pair, int n_slots,
+                           const int* __restrict__ pairs, float* __restrict__ out, int affine) {
+    const q8_1_block* cols[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        const int p = pairs[c];
+        cols[c] = act + (long long)(act_per_pair ? p : p / n_slots) * nb;
+    }
+    const unsigned char* rows[1] = {row};
+    float acc[1][NC];
+    rf2_rows_dot<NC, 1>(rows, nb, cols, affine, acc);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) out[(long long)pairs[c] * m + r] = acc[0][c];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    mmvq_grouped_107(const unsigned char* __restrict__ w, long long expert_bytes, int nb, int m,
+                     int n_experts, const q8_1_block* __restrict__ act, int act_per_pair,
+                     int n_slots, const int* __restrict__ offsets, const int* __restrict__ active,
+                     const int* __restrict__ sorted, float* __restrict__ out, int affine,
+                     unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMVQ_GROUPED_107);
+    const int r = blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (r >= m || (int)blockIdx.y >= active[0]) return;
+    const int e = active[1 + blockIdx.y];
+    const int begin = offsets[e], end = offsets[e + 1];
+    if (e == n_experts) {
+        if ((threadIdx.x & 31) == 0)
+            for (int i = begin; i < end; ++i) out[(long long)sorted[i] * m + r] = 0.0f;
+        return;
+    }
+    const unsigned char* row = w + (long long)e * expert_bytes + (long long)r * nb * RF2_BLOCK_BYTES;
+    for (int i = begin; i < end; i += 8) {
+        const int* pairs = sorted + i;
+        switch (end - i < 8 ? end - i : 8) {
+        case 1: grouped_chunk<1>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 2: grouped_chunk<2>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 3: grouped_chunk<3>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 4: grouped_chunk<4>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 5: grouped_chunk<5>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 6: grouped_chunk<6>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 7: grouped_chunk<7>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
+        default: grouped_chunk<8>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// MMQ, tiled dp4a path (no tensor cores): a 256-thread block computes a 64-row x
+// 32-column tile; per stage it stages 4 weight blocks of 64 rows (codes as int8 plus
+// A/B per half) and 4 activation blocks of 32 columns in shared memory. Warp w owns
+// rows 8w..8w+7, lane l owns column l.
+#define MMQ_BM 64
+#define MMQ_BN 32
+#define MMQ_KB 4
+
+extern "C" __global__ void __launch_bounds__(256)
+    mmq_dp4a_107(const unsigned char* __restrict__ w, int nb, int m, int n,
+                 const q8_1_block* __restrict__ act, float* __restrict__ out, int affine,
+                 unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMQ_DP4A_107);
+    __shared__ int wq[MMQ_BM][MMQ_KB * 8];
+    __shared__ float wa[MMQ_BM][MMQ_KB * 2];
+    __shared__ float wb[MMQ_BM][MMQ_KB * 2];
+    __shared__ int aq[MMQ_BN][MMQ_KB * 8 + 1];
+    __shared__ float ad[MMQ_BN][MMQ_KB];
+    __shared__ int asq[MMQ_BN][MMQ_KB * 2];
+
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int r0 = blockIdx.x * MMQ_BM, c0 = blockIdx.y * MMQ_BN;
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
+
+    for (int kb0 = 0; kb0 < nb; kb0 += MMQ_KB) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int idx = t + 256 * i;
+            const int row = idx >> 3, blk = (idx >> 1) & 3, h = idx & 1;
+            const int gr = r0 + row, gb = kb0 + blk;
+            int q0 = 0, q1 = 0, q2 = 0, q3 = 0;
+            float A = 0.0f, B = 0.0f;
+            if (gr < m && gb < nb) {
+                const unsigned char* bp = w + ((long long)gr * nb + gb) * RF2_BLOCK_BYTES;
+                const unsigned int wv = gpu_load_u32_a2(bp + 4 * h);
+                const unsigned int e = gpu_load_u16(bp + 8);
+                A = ue4m3(affine ? e : (h ? e >> 8 : e));
+                B = affine ? ue4m3(e >> 8) : A;
+                q0 = rf2_expand4(wv);
+                q1 = rf2_expand4(wv >> 8);
+                q2 = rf2_expand4(wv >> 16);
+                q3 = rf2_expand4(wv >> 24);
+            }
+            int* dst = &wq[row][blk * 8 + h * 4];
+            dst[0] = q0;
+            dst[1] = q1;
+            dst[2] = q2;
+            dst[3] = q3;
+            wa[row][blk * 2 + h] = A;
+            wb[row][blk * 2 + h] = B;
+        }
+        {
+            const int col = t >> 3, blk = (t >> 1) & 3, h = t & 1;
+            const int gc = c0 + col, gb = kb0 + blk;
+            rf_int2 qa = {0, 0}, qc = {0, 0};
+            float d = 0.0f;
+            if (gc < n && gb < nb) {
+                const q8_1_block* qb = act + (long long)gc * nb + gb;
+                const rf_int2* q = (const rf_int2*)(qb->qs + 16 * h);
+                qa = q[0];
+                qc = q[1];
+                d = qb->d;
+            }
+            int* dst = &aq[col][blk * 8 + h * 4];
+            dst[0] = qa.x;
+            dst[1] = qa.y;
+            dst[2] = qc.x;
+            dst[3] = qc.y;
+            int s = gpu_dp4a(0x01010101, qa.x, 0);
+            s = gpu_dp4a(0x01010101, qa.y, s);
+            s = gpu_dp4a(0x01010101, qc.x, s);
+            s = gpu_dp4a(0x01010101, qc.y, s);
+            asq[col][blk * 2 + h] = s;
+            if (h == 0) ad[col][blk] = d;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int blk = 0; blk < MMQ_KB; ++blk) {
+            int a[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) a[j] = aq[lane][blk * 8 + j];
+            const float d = ad[lane][blk];
+            const float s0 = (float)asq[lane][blk * 2], s1 = (float)asq[lane][blk * 2 + 1];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int row = warp * 8 + i;
+                const int* wr = &wq[row][blk * 8];
+                int q0 = gpu_dp4a(wr[0], a[0], 0);
+                q0 = gpu_dp4a(wr[1], a[1], q0);
+                q0 = gpu_dp4a(wr[2], a[2], q0);
+                q0 = gpu_dp4a(wr[3], a[3], q0);
+                int q1 = gpu_dp4a(wr[4], a[4], 0);
+                q1 = gpu_dp4a(wr[5], a[5], q1);
+                q1 = gpu_dp4a(wr[6], a[6], q1);
+                q1 = gpu_dp4a(wr[7], a[7], q1);
+                const float t0 = wa[row][blk * 2] * (float)q0 - wb[row][blk * 2] * s0;
+                const float t1 = wa[row][blk * 2 + 1] * (float)q1 - wb[row][blk * 2 + 1] * s1;
+                acc[i] += d * (t0 + t1);
+            }
+        }
+        __syncthreads();
+    }
+    const int gc = c0 + lane;
+    if (gc < n) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int gr = r0 + warp * 8 + i;
+            if (gr < m) out[(long long)gc * m + gr] = acc[i];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Small ops.
+extern "C" __global__ void __launch_bounds__(256)
+    add_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out,
+            long long n, unsigned int* counters) {
+    gpu_count_launch(counters, KID_ADD_F32);
+    const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+
+// out[i*cols + j] = table[ids[i]][j]; grid = (ceil(cols/256), n_ids).
+extern "C" __global__ void __launch_bounds__(256)
+    get_rows_f32(const float* __restrict__ table, const int* __restrict__ ids, int rows, int cols,
+                 float* __restrict__ out, unsigned int* counters) {
+    gpu_count_launch(counters, KID_GET_ROWS_F32);
+    const int j = blockIdx.x * 256 + threadIdx.x;
+    const int id = ids[blockIdx.y];
+    if (j >= cols) return;
+    out[(long long)blockIdx.y * cols + j] =
+        (id >= 0 && id < rows) ? table[(long long)id * cols + j] : 0.0f;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    get_rows_107(const unsigned char* __restrict__ table, const int* __restrict__ ids, int rows,
+                 int cols, float* __restrict__ out, int affine, unsigned int* counters) {
+    gpu_count_launch(counters, KID_GET_ROWS_107);
+    const int j = blockIdx.x * 256 + threadIdx.x;
+    const int id = ids[blockIdx.y];
+    if (j >= cols) return;
+    float v = 0.0f;
+    if (id >= 0 && id < rows) {
+        const unsigned char* bp =
+            table + ((long long)id * (cols / 32) + (j >> 5)) * RF2_BLOCK_BYTES;
+        const int i = j & 31;
+        const int code = (bp[i >> 2] >> (2 * (i & 3))) & 3;
+        if (affine) {
+            v = (float)code * ue4m3(bp[8]) - ue4m3(bp[9]);
+        } else {
+            v = (float)(code - 1) * ue4m3(bp[8 + (i >= 16)]);
+        }
+    }
+    out[(long long)blockIdx.y * cols + j] = v;
+}

@@ -1,0 +1,68 @@
+// Stand-in for the device half of cuda_runtime.h / hip_runtime.h, so that
+// kernels/check.sh can compile kernels/gpu with a bare clang (-nocudainc / -nogpuinc,
+// no CUDA or ROCm installed). It declares only what the kernels use; the real
+// toolchains (NVRTC, nvcc, hiprtc, hipcc) never see this file.
+#pragma once
+
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __host__ __attribute__((host))
+#define __shared__ __attribute__((shared))
+#define __constant__ __attribute__((constant))
+#define __forceinline__ __inline__ __attribute__((always_inline))
+#define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+
+#if defined(__HIP__)
+struct rf_shim_tid {
+    __device__ unsigned int get_x() const { return __builtin_amdgcn_workitem_id_x(); }
+    __device__ unsigned int get_y() const { return __builtin_amdgcn_workitem_id_y(); }
+    __declspec(property(get = get_x)) unsigned int x;
+    __declspec(property(get = get_y)) unsigned int y;
+};
+struct rf_shim_bid {
+    __device__ unsigned int get_x() const { return __builtin_amdgcn_workgroup_id_x(); }
+    __device__ unsigned int get_y() const { return __builtin_amdgcn_workgroup_id_y(); }
+    __device__ unsigned int get_z() const { return __builtin_amdgcn_workgroup_id_z(); }
+    __declspec(property(get = get_x)) unsigned int x;
+    __declspec(property(get = get_y)) unsigned int y;
+    __declspec(property(get = get_z)) unsigned int z;
+};
+static __device__ const rf_shim_tid threadIdx;
+static __device__ const rf_shim_bid blockIdx;
+
+static __device__ inline void __syncthreads() {
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+    __builtin_amdgcn_s_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+static __device__ inline float __shfl_xor(float v, int mask, int width) {
+    const int lane = (int)__builtin_amdgcn_mbcnt_lo(~0u, 0u);
+    const int src = ((lane ^ mask) & (width - 1)) | (lane & ~(width - 1));
+    return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src << 2, __builtin_bit_cast(int, v)));
+}
+#else
+#include <__clang_cuda_builtin_vars.h>
+// __syncthreads is a clang builtin for NVPTX.
+static __device__ inline float __shfl_xor_sync(unsigned int mask, float v, int lane, int width) {
+    return __nvvm_shfl_sync_bfly_f32(mask, v, lane, ((32 - width) << 8) | 0x1f);
+}
+static __device__ inline int __dp4a(int a, int b, int c) {
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+static __device__ inline float __fmul_rn(float a, float b) { return __nvvm_mul_rn_f(a, b); }
+static __device__ inline float __fadd_rn(float a, float b) { return __nvvm_add_rn_f(a, b); }
+static __device__ inline float __fsub_rn(float a, float b) { return __nvvm_add_rn_f(a, -b); }
+#endif
+
+static __device__ inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+static __device__ inline int atomicAdd(int* p, int v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+static __device__ inline float __int_as_float(int v) { return __builtin_bit_cast(float, v); }
+static __device__ inline float roundf(float x) { return __builtin_roundf(x); }
+static __device__ inline float fabsf(float x) { return __builtin_fabsf(x); }
+static __device__ inline float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
