@@ -19,7 +19,7 @@ import time
 
 
 def run_ours(a, threads):
-    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), RUST_LOG="warn")
+    env = dict(os.environ, MOE_CPU_THREADS=str(threads), RUST_LOG="warn")
     cmd = [a.moeserve, "--config", a.config, "bench", "--model", a.model, "--prompt-tokens",
            str(a.pp), "--gen-tokens", str(a.tg), "--repetitions", str(a.reps), "--json"]
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout

@@ -20,7 +20,7 @@ library = "moe_quant_ggml"
 library = "moe_policy_basic"
 TOML
 # Kernel time breakdown of our decode, one thread (the backend reports <kernel>.ns).
-RAYON_NUM_THREADS=1 RUST_LOG=warn .dev/bin/moeserve --config $w/plugins.toml bench --model $w/model/SmolLM2-135M-Instruct.Q4_1.gguf \
+MOE_CPU_THREADS=1 RUST_LOG=warn .dev/bin/moeserve --config $w/plugins.toml bench --model $w/model/SmolLM2-135M-Instruct.Q4_1.gguf \
   --prompt-tokens 8 --gen-tokens 128 --repetitions 1 --json > $OUT/profile_t1.json
 [ -n "${PROFILE_ONLY:-}" ] && exit 0
 for i in $(seq 1 120); do [ -f $w/build.rc ] && break; sleep 2; done

@@ -1,4 +1,4 @@
-//! The CPU kernel backend: one device (the host), ops parallelised with rayon, weight
+//! The CPU kernel backend: one device (the host), ops split over a spinning worker pool, weight
 //! formats decoded and dotted through the quant plugins the host registers.
 //!
 //! Streams run their ops synchronously, so events are complete when recorded; the
@@ -6,6 +6,7 @@
 
 mod buffers;
 mod kernels;
+mod pool;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -37,7 +38,7 @@ pub enum ActivationMode {
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
-    /// Worker threads; 0 = one per core.
+    /// Worker threads; 0 = `MOE_CPU_THREADS`, else one per core.
     #[serde(default)]
     pub threads: usize,
     #[serde(default)]
@@ -45,7 +46,7 @@ pub struct Settings {
 }
 
 static SETTINGS: OnceLock<Settings> = OnceLock::new();
-static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+static POOL: OnceLock<pool::Pool> = OnceLock::new();
 static FORMATS: RwLock<Option<Arc<HashMap<u32, QuantFormat>>>> = RwLock::new(None);
 /// kernel path -> (launches, nanoseconds spent).
 static COUNTERS: Mutex<BTreeMap<&'static str, (u64, u64)>> = Mutex::new(BTreeMap::new());
@@ -80,7 +81,8 @@ extern "C" fn info() -> PluginInfo {
         name: "cpu".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         kind: PluginKind::KernelBackend,
-        description: "host CPU, multithreaded (rayon), weights through quant plugins".into(),
+        description:
+            "host CPU, multithreaded (spinning worker pool), weights through quant plugins".into(),
     }
 }
 
@@ -91,12 +93,9 @@ extern "C" fn configure(settings: RStr<'_>) -> RResult<(), RString> {
         SETTINGS
             .set(s)
             .map_err(|_| "the cpu backend is already configured".to_string())?;
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("cpu-backend-{i}"))
-            .build()
-            .map_err(|e| e.to_string())?;
-        let _ = POOL.set(pool);
+        if threads > 0 {
+            let _ = POOL.set(pool::Pool::new(threads));
+        }
         Ok(())
     })
 }
@@ -158,9 +157,7 @@ fn measure_bandwidth() -> f64 {
 
 extern "C" fn devices() -> RResult<RVec<DeviceInfo>, RString> {
     guard("cpu devices", || {
-        let threads = POOL
-            .get()
-            .map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
+        let threads = threads();
         Ok(RVec::from(vec![DeviceInfo {
             index: 0,
             name: format!("{} ({threads} threads)", cpu_name()).into(),
@@ -285,40 +282,55 @@ extern "C" fn run_op(
     })
 }
 
+/// The worker pool: `threads` from the settings, else `MOE_CPU_THREADS`, else one per
+/// core.
+fn pool() -> &'static pool::Pool {
+    POOL.get_or_init(|| {
+        let n = std::env::var("MOE_CPU_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+            .unwrap_or(1);
+        pool::Pool::new(n)
+    })
+}
+
 /// Worker threads of the backend's pool.
 pub(crate) fn threads() -> usize {
-    POOL.get()
-        .map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
+    pool().threads()
 }
 
 /// Runs `f` over `0..n` in tasks of at least `grain` items: on the calling thread when
-/// the work fits one task, else spread over the backend's pool. Errors from any task are
-/// returned (the first one seen).
+/// the work fits one task, else spread over the backend's pool. The first error any
+/// task returns is returned.
 pub(crate) fn par_for(
     n: usize,
     grain: usize,
     f: impl Fn(std::ops::Range<usize>) -> Result<(), String> + Sync,
 ) -> Result<(), String> {
-    use rayon::prelude::*;
-    let threads = threads();
+    let pool = pool();
+    let threads = pool.threads();
     if n <= grain.max(1) || threads <= 1 {
         return f(0..n);
     }
     let tasks = (n / grain.max(1)).clamp(1, threads * 4);
     let step = n.div_ceil(tasks);
-    let run = || {
-        (0..tasks).into_par_iter().try_for_each(|t| {
-            let (a, b) = (t * step, ((t + 1) * step).min(n));
-            if a < b {
-                f(a..b)
-            } else {
-                Ok(())
+    let first_error: Mutex<Option<String>> = Mutex::new(None);
+    pool.run(tasks, &|t| {
+        let (a, b) = (t * step, ((t + 1) * step).min(n));
+        if a < b {
+            if let Err(e) = f(a..b) {
+                first_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(e);
             }
-        })
-    };
-    match POOL.get() {
-        Some(pool) => pool.install(run),
-        None => run(),
+        }
+    })?;
+    match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 

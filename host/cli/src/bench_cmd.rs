@@ -61,7 +61,7 @@ pub fn run(config: &Path, model: &Path, a: &BenchArgs) -> Result<()> {
         .iter()
         .map(|p| format!("{}: {}", p.info.name, p.info.description))
         .collect();
-    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
+    let threads = std::env::var("MOE_CPU_THREADS").unwrap_or_else(|_| "all".into());
     if a.json {
         println!(
             "{}",

@@ -1,8 +1,10 @@
 //! `moeserve`: serve models through an OpenAI-compatible API, and the tools around it.
 
 mod bench_cmd;
+mod dequant_cmd;
 mod eval_cmd;
 mod plugins_cmd;
+mod quantize_cmd;
 mod serve_cmd;
 
 use std::{path::PathBuf, process::ExitCode};
@@ -75,6 +77,43 @@ enum Command {
         #[arg(long)]
         ids: bool,
     },
+    /// Decode one tensor to float32 through its quant plugin: write it as .npy, or print
+    /// its shape, type and statistics.
+    Dequant {
+        /// The GGUF file.
+        #[arg(long)]
+        model: PathBuf,
+        /// The tensor's name in the GGUF file.
+        #[arg(long)]
+        tensor: String,
+        /// Write the values here as .npy (numpy shape = the GGUF dims reversed).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Meaning of type 107 for this file when it does not say (`affine` or `two-scale`).
+        #[arg(long)]
+        fp2: Option<String>,
+    },
+    /// Rewrite the tensors whose names match a regex into another quant type; everything
+    /// else is copied unchanged.
+    Quantize {
+        /// The GGUF file to read.
+        #[arg(long)]
+        model: PathBuf,
+        /// The new file (never the input).
+        #[arg(long)]
+        out: PathBuf,
+        /// Regex searched in each tensor name (anchor it with ^...$ for whole names).
+        #[arg(long)]
+        tensors: String,
+        /// Target type: a name as `moeserve plugins` lists it (Q8_0, Q2_0_ROCMFP2, ...), a
+        /// type id, or 107-affine / 107-two-scale.
+        #[arg(long = "type")]
+        type_name: String,
+        /// Meaning of type 107 to encode (`affine` or `two-scale`); recorded in the output
+        /// as `rocmfpx.fp2_mode`.
+        #[arg(long)]
+        fp2: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -126,6 +165,36 @@ fn main() -> ExitCode {
                 ids,
             };
             eval_cmd::generate(&cli.config, &model, &a)
+        }
+        Command::Dequant {
+            model,
+            tensor,
+            out,
+            fp2,
+        } => {
+            let a = dequant_cmd::DequantArgs {
+                model,
+                tensor,
+                out,
+                fp2,
+            };
+            dequant_cmd::run(&cli.config, &a)
+        }
+        Command::Quantize {
+            model,
+            out,
+            tensors,
+            type_name,
+            fp2,
+        } => {
+            let a = quantize_cmd::QuantizeArgs {
+                model,
+                out,
+                tensors,
+                type_name,
+                fp2,
+            };
+            quantize_cmd::run(&cli.config, &a)
         }
     };
     match result {
