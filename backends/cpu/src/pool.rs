@@ -163,7 +163,7 @@ fn worker(s: &Shared) {
             }
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && idle_since.elapsed() > SPIN_BEFORE_PARK {
+            if spins.is_multiple_of(1024) && idle_since.elapsed() > SPIN_BEFORE_PARK {
                 let lock = s.wake.0.lock().unwrap_or_else(|e| e.into_inner());
                 s.sleepers.fetch_add(1, Ordering::SeqCst);
                 // Re-check under the lock: a job posted meanwhile notifies after locking.
