@@ -150,13 +150,39 @@ fn invalid_toml_names_the_line() {
 
 #[test]
 fn bad_plugin_settings_are_refused() {
-    let body = format!(
-        "{}[plugin.settings]\nactivation = \"int3\"\n",
-        plugin_line("moe_backend_cpu")
-    );
-    let msg = load_err(&body);
+    // A private copy of the library: its settings are its own, whatever other tests in
+    // this process configured the shared one with.
+    let (dir, _) = config("");
+    let copy = dir.path().join("libcpu_settings_test.so");
+    std::fs::copy(lib("moe_backend_cpu"), &copy).unwrap();
+    let msg = load_err(&format!(
+        "[[plugin]]\npath = {copy:?}\n[plugin.settings]\nactivation = \"int3\"\n"
+    ));
     assert!(
         msg.contains("plugin 'cpu' rejected its settings") && msg.contains("int3"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn one_library_cannot_take_two_configurations() {
+    let (dir, _) = config("");
+    let copy = dir.path().join("libcpu_twice_test.so");
+    std::fs::copy(lib("moe_backend_cpu"), &copy).unwrap();
+    let with = |threads: u32| {
+        format!(
+            "{}[[plugin]]\npath = {copy:?}\n[plugin.settings]\nthreads = {threads}\n",
+            plugin_line("moe_policy_basic")
+        )
+    };
+    let (_d1, first) = config(&with(1));
+    Registry::from_config_file(&first).unwrap();
+    // The same settings again are fine (the library is configured once per process).
+    let (_d2, same) = config(&with(1));
+    Registry::from_config_file(&same).unwrap();
+    let msg = load_err(&with(2));
+    assert!(
+        msg.contains("already loaded in this process with other settings"),
         "{msg}"
     );
 }
