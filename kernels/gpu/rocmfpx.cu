@@ -22,6 +22,7 @@
 #define KID_ADD_F32 12
 #define KID_GET_ROWS_F32 13
 #define KID_GET_ROWS_107 14
+#define KID_MMQ_MMA_107 15
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -467,6 +468,217 @@ extern "C" __global__ void __launch_bounds__(256)
             const int gr = r0 + warp * 8 + i;
             if (gr < m) out[(long long)gc * m + gr] = acc[i];
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// MMQ on matrix units: a 256-thread block (8 warps) computes a 128-row x 64-column
+// tile; warp w owns rows 32*(w&3).., columns 32*(w>>2)... Per stage it stages 4
+// weight blocks of 128 rows (codes widened to int8: affine c, two-scale c-1 = kv) and
+// 4 activation blocks of 64 columns in shared memory. The integer sums run on the
+// matrix units; the per-16-weight scales are applied in f32 per k-block:
+//   affine:    acc += d*S*sum(c*q) - O*(d*sum q)          (one K=32 product per block)
+//   two-scale: acc += d*(E0*sum_h0(kv*q) + E1*sum_h1(kv*q)) (one K=16 product per half)
+// CUDA sm_80+: mma.sync m16n8k32 / m16n8k16 s8 (PTX). HIP gfx1100/gfx1151: WMMA
+// 16x16x16 iu8 (wave32). Elsewhere the same tile runs on dp4a (the backends pick
+// mmq_dp4a_107 there instead).
+#define MMA_BM 128
+#define MMA_BN 64
+#define MMA_KB 4
+#define MMA_LD (MMA_KB * 8 + 4) // words per staged row: 32 + 4 pad (conflict-free frags)
+
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define RF_MMA_PTX 1
+#elif defined(GPU_HIP) && (defined(__gfx1100__) || defined(__gfx1151__))
+#define RF_MMA_WMMA 1
+typedef int rf_v4i __attribute__((ext_vector_type(4)));
+typedef int rf_v8i __attribute__((ext_vector_type(8)));
+#endif
+
+// Per lane: 32 output elements of the warp's 32x32 sub-tile; row/column of element i.
+#if defined(RF_MMA_WMMA)
+// 2x2 tiles of 16x16; lane l holds rows 2j + l/16, column l%16 of each (j = 0..7).
+GPU_DEV int mma_row(int i, int lane) { return ((i >> 4) << 4) + 2 * (i & 7) + (lane >> 4); }
+GPU_DEV int mma_col(int i, int lane) { return (((i >> 3) & 1) << 4) + (lane & 15); }
+#else
+// 2x4 tiles of 16x8 (mma.sync C layout): g = lane/4, t = lane%4; element j of a tile
+// is row g + 8*(j/2), column 2t + j%2.
+GPU_DEV int mma_row(int i, int lane) { return ((i >> 4) << 4) + (lane >> 2) + ((i & 2) << 2); }
+GPU_DEV int mma_col(int i, int lane) { return (((i >> 2) & 3) << 3) + 2 * (lane & 3) + (i & 1); }
+#endif
+
+// Integer dot products of the warp's 32 rows (ws, row stride MMA_LD words) with its 32
+// columns (as_) over word range [w0, w0 + nw) of the staged k (nw = 4: one half, 8:
+// the whole block); out[i] for element i as mapped above.
+GPU_DEV void mma_tile_dot(const int* ws, const int* as_, int w0, int nw, int (&out)[32]) {
+    const int lane = threadIdx.x & 31;
+#if defined(RF_MMA_PTX)
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+        const int* r0 = ws + (mt * 16 + g) * MMA_LD + w0 + t;
+        const int* r1 = r0 + 8 * MMA_LD;
+        const int a0 = r0[0], a1 = r1[0];
+        const int a2 = nw == 8 ? r0[4] : 0, a3 = nw == 8 ? r1[4] : 0;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+            const int* c = as_ + (nt * 8 + g) * MMA_LD + w0 + t;
+            int* d = out + (mt * 4 + nt) * 4;
+            if (nw == 8) {
+                asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+                             : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(c[0]), "r"(c[4]), "r"(0));
+            } else {
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 "
+                             "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+                             : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                             : "r"(a0), "r"(a1), "r"(c[0]), "r"(0));
+            }
+        }
+    }
+#elif defined(RF_MMA_WMMA)
+    const int l = lane & 15;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            rf_v8i acc = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int k = 0; k < nw; k += 4) {
+                const int* ra = ws + (mt * 16 + l) * MMA_LD + w0 + k;
+                const int* rb = as_ + (nt * 16 + l) * MMA_LD + w0 + k;
+                const rf_v4i a = {ra[0], ra[1], ra[2], ra[3]};
+                const rf_v4i b = {rb[0], rb[1], rb[2], rb[3]};
+                acc = __builtin_amdgcn_wmma_i32_16x16x16_iu8_w32(true, a, true, b, acc, false);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) out[(mt * 2 + nt) * 8 + j] = acc[j];
+        }
+    }
+#else
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        const int* ra = ws + mma_row(i, lane) * MMA_LD + w0;
+        const int* rb = as_ + mma_col(i, lane) * MMA_LD + w0;
+        int s = 0;
+        for (int k = 0; k < nw; ++k) s = gpu_dp4a(ra[k], rb[k], s);
+        out[i] = s;
+    }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    mmq_mma_107(const unsigned char* __restrict__ w, int nb, int m, int n,
+                const q8_1_block* __restrict__ act, float* __restrict__ out, int affine,
+                unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMQ_MMA_107);
+    __shared__ int wq[MMA_BM * MMA_LD];
+    __shared__ float wa[MMA_BM][MMA_KB * 2]; // A per half (S, or E_h)
+    __shared__ float wo[MMA_BM][MMA_KB];     // O (affine)
+    __shared__ int aq[MMA_BN * MMA_LD];
+    __shared__ float ad[MMA_BN][MMA_KB];  // d
+    __shared__ float ads[MMA_BN][MMA_KB]; // d * sum q
+
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int wr = (warp & 3) * 32, wc = (warp >> 2) * 32;
+    const int r0 = blockIdx.x * MMA_BM, c0 = blockIdx.y * MMA_BN;
+    float acc[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+
+    for (int kb0 = 0; kb0 < nb; kb0 += MMA_KB) {
+        // Weights: 128 rows x 4 blocks, two (row, block) per thread, both halves.
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int idx = t + 256 * i;
+            const int row = idx >> 2, blk = idx & 3;
+            const int gr = r0 + row, gb = kb0 + blk;
+            int* dst = wq + row * MMA_LD + blk * 8;
+            float A0 = 0.0f, A1 = 0.0f, O = 0.0f;
+            if (gr < m && gb < nb) {
+                const unsigned char* bp = w + ((long long)gr * nb + gb) * RF2_BLOCK_BYTES;
+                const unsigned int e = gpu_load_u16(bp + 8);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const unsigned int wv = gpu_load_u32_a2(bp + 4 * h);
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const int c = rf2_expand4(wv >> (8 * j));
+                        // two-scale: bytes c-1 (kv) via (c + 0x7f) ^ 0x80, no carries.
+                        dst[4 * h + j] = affine ? c : (int)(((unsigned int)c + 0x7f7f7f7fu) ^ 0x80808080u);
+                    }
+                }
+                A0 = ue4m3(e);
+                A1 = affine ? A0 : ue4m3(e >> 8);
+                O = affine ? ue4m3(e >> 8) : 0.0f;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) dst[j] = 0;
+            }
+            wa[row][blk * 2] = A0;
+            wa[row][blk * 2 + 1] = A1;
+            wo[row][blk] = O;
+        }
+        // Activations: 64 columns x 4 blocks, one (column, block) per thread.
+        {
+            const int col = t >> 2, blk = t & 3;
+            const int gc = c0 + col, gb = kb0 + blk;
+            int* dst = aq + col * MMA_LD + blk * 8;
+            float d = 0.0f;
+            int s = 0;
+            if (gc < n && gb < nb) {
+                const q8_1_block* qb = act + (long long)gc * nb + gb;
+                const rf_int2* q = (const rf_int2*)qb->qs;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const rf_int2 v = q[j];
+                    dst[2 * j] = v.x;
+                    dst[2 * j + 1] = v.y;
+                    s = gpu_dp4a(0x01010101, v.x, s);
+                    s = gpu_dp4a(0x01010101, v.y, s);
+                }
+                d = qb->d;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) dst[j] = 0;
+            }
+            ad[col][blk] = d;
+            ads[col][blk] = d * (float)s;
+        }
+        __syncthreads();
+        const int* ws = wq + wr * MMA_LD;
+        const int* as_ = aq + wc * MMA_LD;
+#pragma unroll 1
+        for (int blk = 0; blk < MMA_KB; ++blk) {
+            if (affine) {
+                int s[32];
+                mma_tile_dot(ws, as_, blk * 8, 8, s);
+#pragma unroll
+                for (int i = 0; i < 32; ++i) {
+                    const int row = wr + mma_row(i, lane), col = wc + mma_col(i, lane);
+                    const float ds = ad[col][blk] * wa[row][blk * 2];
+                    acc[i] = fmaf(ds, (float)s[i], acc[i]);
+                    acc[i] = fmaf(-wo[row][blk], ads[col][blk], acc[i]);
+                }
+            } else {
+                int s0[32], s1[32];
+                mma_tile_dot(ws, as_, blk * 8, 4, s0);
+                mma_tile_dot(ws, as_, blk * 8 + 4, 4, s1);
+#pragma unroll
+                for (int i = 0; i < 32; ++i) {
+                    const int row = wr + mma_row(i, lane), col = wc + mma_col(i, lane);
+                    const float v = fmaf(wa[row][blk * 2], (float)s0[i],
+                                         wa[row][blk * 2 + 1] * (float)s1[i]);
+                    acc[i] = fmaf(ad[col][blk], v, acc[i]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        const int gr = r0 + wr + mma_row(i, lane), gc = c0 + wc + mma_col(i, lane);
+        if (gr < m && gc < n) out[(long long)gc * m + gr] = acc[i];
     }
 }
 

@@ -16,8 +16,10 @@
 
 use std::time::Instant;
 
+use std::sync::atomic::Ordering;
+
 use moe_backend_cuda::{
-    ops::{FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID},
+    ops::{mmq_kernel, FORCE_MMQ_DP4A, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID},
     rt,
 };
 use moe_plugin_api::{into_result, ops, types, Backend, BlockQ8_1, OpParams, TensorRef};
@@ -317,7 +319,16 @@ fn main() {
                 .collect();
             let want = ref_matmul(&w, m, k, &act, variant == FP2_AFFINE);
             let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * nmax * 4));
-            for &n in &ns {
+            // n > 8 runs twice where the tensor-core MMQ exists: it, then the dp4a one.
+            let runs: Vec<(usize, bool)> = ns
+                .iter()
+                .flat_map(|&n| {
+                    let both = n > 8 && mmq_kernel(dev.cc) != "mmq_dp4a_107";
+                    std::iter::once((n, false)).chain(both.then_some((n, true)))
+                })
+                .collect();
+            for &(n, force) in &runs {
+                FORCE_MMQ_DP4A.store(force, Ordering::Relaxed);
                 let before = g.counters();
                 g.op(
                     ops::MATMUL,
@@ -338,8 +349,9 @@ fn main() {
                 let expect_kernel = if n <= 8 {
                     format!("mmvq_107_n{n}")
                 } else {
-                    "mmq_dp4a_107".to_string()
+                    mmq_kernel(dev.cc).to_string()
                 };
+                FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
                 let e = nmse(&got, &want[..m * n]);
                 let ok = e <= 5e-4 && ran == [expect_kernel.clone()];
                 all_ok &= ok;
@@ -564,8 +576,16 @@ fn main() {
             );
             json.push(format!("{{\"bench\":\"mmvq\",\"k\":{k},\"m\":{rows},\"n\":{n},\"us\":{:.2},\"gbps\":{gbps:.1},\"of_copy\":{:.3}}}", ms * 1e3, gbps * 1e9 / copy_bw));
         }
-        // MMQ on one expert-sized and on a 16-expert-tall matrix, 512 columns.
-        for (mrows, n) in [(m as u64, 512usize), (16 * m as u64, 512)] {
+        // MMQ on one expert-sized and on a 16-expert-tall matrix, 512 columns; each
+        // MMQ kernel the device has (tensor-core, then dp4a).
+        let mmq_runs: Vec<(u64, usize, bool)> = [(m as u64, 512usize), (16 * m as u64, 512)]
+            .into_iter()
+            .flat_map(|(mr, n)| [(mr, n, false), (mr, n, true)])
+            .filter(|&(_, _, force)| !force || mmq_kernel(dev.cc) != "mmq_dp4a_107")
+            .collect();
+        for (mrows, n, force) in mmq_runs {
+            FORCE_MMQ_DP4A.store(force, Ordering::Relaxed);
+            let kname = mmq_kernel(dev.cc);
             let ms = g.time(10, || {
                 g.op(
                     ops::MATMUL,
@@ -578,9 +598,10 @@ fn main() {
             });
             let tf = 2.0 * mrows as f64 * k as f64 * n as f64 / (ms * 1e-3) / 1e12;
             let gbps = (mrows as f64 * k as f64 / 32.0 * 10.0) / (ms * 1e-3) / 1e9;
+            FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
             println!(
                 "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
-                "mmq_dp4a_107",
+                kname,
                 k,
                 mrows,
                 n,
@@ -589,7 +610,7 @@ fn main() {
                 100.0 * gbps * 1e9 / copy_bw,
                 tf
             );
-            json.push(format!("{{\"bench\":\"mmq\",\"k\":{k},\"m\":{mrows},\"n\":{n},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
+            json.push(format!("{{\"bench\":\"mmq\",\"kernel\":\"{kname}\",\"k\":{k},\"m\":{mrows},\"n\":{n},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
         }
         // Grouped: n tokens, top-6 of 256 experts; bytes = distinct experts touched.
         for n_tok in [1usize, 4, 16, 64] {

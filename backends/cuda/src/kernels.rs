@@ -20,7 +20,7 @@ pub const COMMON_CUH: &str = include_str!("../../../kernels/gpu/common.cuh");
 pub const ROCMFPX_CU: &str = include_str!("../../../kernels/gpu/rocmfpx.cu");
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 15] = [
+pub const KERNELS: [&str; 16] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -36,6 +36,7 @@ pub const KERNELS: [&str; 15] = [
     "add_f32",
     "get_rows_f32",
     "get_rows_107",
+    "mmq_mma_107",
 ];
 const COUNTER_SLOTS: usize = 32;
 

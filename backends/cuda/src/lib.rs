@@ -7,7 +7,7 @@
 //! arch on first use, then cached on disk (see [`kernels::cache_dir`]).
 //!
 //! Ops: MATMUL with ROCmFP2 (type 107, both meanings) weights, MMVQ for 1..8 columns
-//! and MMQ above; the grouped MoE mat-vec as backend-private op [`ops::OP_MATMUL_ID`];
+//! and MMQ above (int8 tensor cores on sm_80+, dp4a below); the grouped MoE mat-vec as backend-private op [`ops::OP_MATMUL_ID`];
 //! GET_ROWS (F32, 107) and ADD. `kernel_counters` reports launches counted on the
 //! host under each kernel's name and, under `<name>.device`, the launches the kernels
 //! counted themselves (proof of which kernel actually ran).

@@ -1,10 +1,14 @@
 //! `run_op` for the CUDA backend: MATMUL with ROCmFP2 (type 107) weights (MMVQ for
-//! n <= 8 columns, MMQ above), the grouped MoE mat-vec (a backend-private op until the
-//! ABI has one), GET_ROWS and ADD.
+//! n <= 8 columns, MMQ above: `mmq_mma_107` on tensor cores for sm_80+, else the dp4a
+//! tiled `mmq_dp4a_107`), the grouped MoE mat-vec (a backend-private op until the ABI
+//! has one), GET_ROWS and ADD.
 
 use std::{
     collections::HashMap,
-    sync::{Mutex, OnceLock},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Mutex, OnceLock,
+    },
 };
 
 use cudarc::driver::{result as cu, sys};
@@ -27,6 +31,20 @@ pub const FP2_AFFINE: u64 = 2;
 /// [k, n_slots * n_tok] one column per pair), ids (I32 [n_slots, n_tok], -1 = masked),
 /// out (F32 [m, n_slots, n_tok]); masked pairs get exact zeros.
 pub const OP_MATMUL_ID: u32 = 0x100;
+
+/// Forces the dp4a MMQ kernel even where the tensor-core one runs (benchmarks and
+/// parity comparisons only; off by default).
+pub static FORCE_MMQ_DP4A: AtomicBool = AtomicBool::new(false);
+
+/// The MMQ kernel MATMUL uses for more than 8 columns on a device of compute capability
+/// `cc`: `mmq_mma_107` (mma.sync int8) from sm_80, else `mmq_dp4a_107`.
+pub fn mmq_kernel(cc: (i32, i32)) -> &'static str {
+    if cc.0 >= 8 && !FORCE_MMQ_DP4A.load(Ordering::Relaxed) {
+        "mmq_mma_107"
+    } else {
+        "mmq_dp4a_107"
+    }
+}
 
 const BLOCK_BYTES: u64 = 10;
 const Q8_BYTES: u64 = 40;
@@ -249,14 +267,15 @@ fn matmul(
             module.launch(raw, name, grid, 128, &kargs!(pw, nb, mm, pq, po, a))
         } else {
             let mut nn = to_i32(n, "n")?;
-            let grid = (m.div_ceil(64) as u32, n.div_ceil(32) as u32, 1);
-            module.launch(
-                raw,
-                "mmq_dp4a_107",
-                grid,
-                256,
-                &kargs!(pw, nb, mm, nn, pq, po, a),
-            )
+            let name = mmq_kernel(dev.cc);
+            // Tiles: 128 x 64 (mmq_mma_107), 64 x 32 (mmq_dp4a_107); 256 threads.
+            let (bm, bn) = if name == "mmq_mma_107" {
+                (128, 64)
+            } else {
+                (64, 32)
+            };
+            let grid = (m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1);
+            module.launch(raw, name, grid, 256, &kargs!(pw, nb, mm, nn, pq, po, a))
         }
     }
 }

@@ -5,10 +5,16 @@
 //! and loads anywhere; without ROCm every entry point answers
 //! "no HIP runtime found (libamdhip64.so.7/.6)" instead of crashing.
 //!
-//! Implemented: devices (name, memory, arch from the KFD topology), buffers, streams,
-//! events (stream_wait_event across devices). Not yet: `run_op`, which is to compile
-//! the same `kernels/gpu` sources with hiprtc for the device arch (see
-//! [`KERNEL_SOURCES`]) as the CUDA backend does with NVRTC.
+//! Implemented: devices (name, memory, arch from the KFD topology, or `$MOE_HIP_ARCH`),
+//! buffers, streams, events (stream_wait_event across devices), and `run_op`: the same
+//! `kernels/gpu` sources as the CUDA backend ([`KERNEL_SOURCES`]), compiled at run time
+//! with hiprtc (`libhiprtc.so.7/.6`, also opened with `libloading`) for the device's
+//! arch, cached on disk ([`kernels::cache_dir`]), loaded with `hipModuleLoadData` and
+//! launched with `hipModuleLaunchKernel`. Ops as the CUDA backend's ([`ops`]): MATMUL
+//! with type 107 weights (MMVQ for n <= 8, MMQ above: WMMA on gfx1100/gfx1151, dp4a
+//! elsewhere), the grouped MoE mat-vec [`ops::OP_MATMUL_ID`], GET_ROWS (F32, 107), ADD.
+//! `kernel_counters` reports host-counted launches and, as `<name>.device`, the
+//! launches the kernels counted themselves.
 
 use std::{
     collections::HashMap,
@@ -20,14 +26,19 @@ use std::{
 };
 
 use libloading::Library;
+
+pub mod kernels;
+pub mod ops;
+
+use kernels::Module;
 use moe_plugin_api::{
     abi_stable::{
         export_root_module,
         prefix_type::PrefixTypeTrait,
         std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec, Tuple2},
     },
-    defaults, guard, AbiVersion, Backend, DeviceInfo, OpParams, Plugin, PluginInfo, PluginKind,
-    PluginRef, QuantFormat, TensorRef,
+    defaults, guard, guard_or, AbiVersion, Backend, DeviceInfo, OpParams, Plugin, PluginInfo,
+    PluginKind, PluginRef, QuantFormat, TensorRef,
 };
 
 /// The kernel sources the HIP path will compile with hiprtc (shared with CUDA).
@@ -46,10 +57,11 @@ pub const NO_RUNTIME: &str = "no HIP runtime found (libamdhip64.so.7/.6)";
 const LIB_NAMES: [&str; 3] = ["libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so"];
 
 type Err = c_int;
-type Ptr = *mut c_void;
+/// A raw HIP handle or device pointer.
+pub type Ptr = *mut c_void;
 
 /// The HIP runtime functions this backend calls (C ABI, stable across ROCm 5-7).
-struct Hip {
+pub struct Hip {
     _lib: Library,
     init: unsafe extern "C" fn(c_uint) -> Err,
     get_device_count: unsafe extern "C" fn(*mut c_int) -> Err,
@@ -65,6 +77,23 @@ struct Hip {
     event_create: unsafe extern "C" fn(*mut Ptr) -> Err,
     event_record: unsafe extern "C" fn(Ptr, Ptr) -> Err,
     get_error_string: unsafe extern "C" fn(Err) -> *const c_char,
+    memset: unsafe extern "C" fn(Ptr, c_int, usize) -> Err,
+    module_load_data: unsafe extern "C" fn(*mut Ptr, *const c_void) -> Err,
+    module_get_function: unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> Err,
+    #[allow(clippy::type_complexity)]
+    module_launch_kernel: unsafe extern "C" fn(
+        Ptr,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        Ptr,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> Err,
 }
 
 // Function pointers into a library that is never unloaded.
@@ -103,6 +132,10 @@ impl Hip {
             event_create: sym!("hipEventCreate"),
             event_record: sym!("hipEventRecord"),
             get_error_string: sym!("hipGetErrorString"),
+            memset: sym!("hipMemset"),
+            module_load_data: sym!("hipModuleLoadData"),
+            module_get_function: sym!("hipModuleGetFunction"),
+            module_launch_kernel: sym!("hipModuleLaunchKernel"),
             _lib: lib,
         })
     }
@@ -126,6 +159,24 @@ impl Hip {
 struct Runtime {
     hip: Hip,
     devices: Vec<DeviceInfo>,
+    /// Per device: the kernels, compiled (or read from the cache) and loaded on first use.
+    modules: Vec<OnceLock<Result<Module, String>>>,
+}
+
+impl Runtime {
+    /// The kernels of `device`, loaded on first use (binds the device).
+    fn module(&self, device: u32) -> Result<&Module, String> {
+        let slot = self
+            .modules
+            .get(device as usize)
+            .ok_or_else(|| format!("the hip backend has no device {device}"))?;
+        slot.get_or_init(|| {
+            bind(device)?;
+            Module::load(&self.hip, self.devices[device as usize].arch.as_str())
+        })
+        .as_ref()
+        .map_err(|e| e.clone())
+    }
 }
 
 fn runtime() -> Result<&'static Runtime, String> {
@@ -137,7 +188,10 @@ fn runtime() -> Result<&'static Runtime, String> {
             hip.check("hipInit", (hip.init)(0))?;
             let mut n = 0;
             hip.check("hipGetDeviceCount", (hip.get_device_count)(&mut n))?;
-            let archs = kfd_archs();
+            let archs = match std::env::var("MOE_HIP_ARCH") {
+                Ok(a) if !a.is_empty() => vec![a; n.max(0) as usize],
+                _ => kfd_archs(),
+            };
             let mut devices = Vec::new();
             for i in 0..n {
                 let mut name = [0 as c_char; 256];
@@ -164,7 +218,12 @@ fn runtime() -> Result<&'static Runtime, String> {
                     memory_bytes: mem as u64,
                 });
             }
-            Ok(Runtime { hip, devices })
+            let modules = devices.iter().map(|_| OnceLock::new()).collect();
+            Ok(Runtime {
+                hip,
+                devices,
+                modules,
+            })
         }
     })
     .as_ref()
@@ -271,7 +330,9 @@ extern "C" fn info() -> PluginInfo {
         name: "hip".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         kind: PluginKind::KernelBackend,
-        description: "AMD GPUs through the HIP runtime (loaded at run time); ops pending".into(),
+        description:
+            "AMD GPUs through the HIP runtime (loaded at run time); kernels compiled with hiprtc"
+                .into(),
     }
 }
 
@@ -327,6 +388,7 @@ extern "C" fn alloc(device: u32, bytes: u64) -> RResult<u64, RString> {
 
 extern "C" fn free(buffer: u64) -> RResult<(), RString> {
     guard("hip free", || {
+        runtime()?;
         let h = BUFFERS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -352,6 +414,7 @@ fn checked(buffer: u64, offset: u64, len: usize) -> Result<(Handle, usize), Stri
 
 extern "C" fn upload(buffer: u64, offset: u64, data: RSlice<'_, u8>) -> RResult<(), RString> {
     guard("hip upload", || {
+        runtime()?;
         let (h, p) = checked(buffer, offset, data.len())?;
         let hip = bind(h.device)?;
         // SAFETY: destination range checked.
@@ -373,6 +436,7 @@ extern "C" fn download(
     mut out: RSliceMut<'_, u8>,
 ) -> RResult<(), RString> {
     guard("hip download", || {
+        runtime()?;
         let (h, p) = checked(buffer, offset, out.len())?;
         let hip = bind(h.device)?;
         // SAFETY: source range checked.
@@ -407,6 +471,7 @@ extern "C" fn stream_create(device: u32) -> RResult<u64, RString> {
 
 extern "C" fn event_record(stream: u64) -> RResult<u64, RString> {
     guard("hip event_record", || {
+        runtime()?;
         let s = get(&STREAMS, stream, "stream")?;
         let hip = bind(s.device)?;
         let mut e: Ptr = std::ptr::null_mut();
@@ -428,6 +493,7 @@ extern "C" fn event_record(stream: u64) -> RResult<u64, RString> {
 
 extern "C" fn stream_wait_event(stream: u64, event: u64) -> RResult<(), RString> {
     guard("hip stream_wait_event", || {
+        runtime()?;
         let s = get(&STREAMS, stream, "stream")?;
         let e = get(&EVENTS, event, "event")?;
         let hip = bind(s.device)?;
@@ -440,6 +506,7 @@ extern "C" fn stream_wait_event(stream: u64, event: u64) -> RResult<(), RString>
 
 extern "C" fn synchronize(stream: u64) -> RResult<(), RString> {
     guard("hip synchronize", || {
+        runtime()?;
         let s = get(&STREAMS, stream, "stream")?;
         let hip = bind(s.device)?;
         // SAFETY: live stream.
@@ -450,21 +517,57 @@ extern "C" fn synchronize(stream: u64) -> RResult<(), RString> {
 }
 
 extern "C" fn run_op(
-    _stream: u64,
+    stream: u64,
     op: u32,
-    _params: OpParams,
-    _args: RSlice<'_, TensorRef>,
+    params: OpParams,
+    args: RSlice<'_, TensorRef>,
 ) -> RResult<(), RString> {
     guard("hip run_op", || {
         runtime()?;
-        Err(format!(
-            "op {op}: the hip backend does not run ops yet (hiprtc compilation of kernels/gpu is pending)"
-        ))
+        ops::run(stream, op, &params, args.as_slice())
     })
 }
 
+/// Host-side launch counts under each kernel's name; `<name>.device` the counts the
+/// kernels recorded on the devices (summed), for devices whose kernels are loaded.
+pub fn counters() -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = kernels::host_counts()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    if let Ok(rt) = runtime() {
+        let mut dev = [0u64; kernels::COUNTER_SLOTS];
+        let mut any = false;
+        for (i, slot) in rt.modules.iter().enumerate() {
+            // Only devices whose module is already loaded: never compile here.
+            if let Some(Ok(m)) = slot.get() {
+                if let Ok(c) = bind(i as u32).and_then(|hip| m.device_counts(hip)) {
+                    any = true;
+                    for (a, b) in dev.iter_mut().zip(c) {
+                        *a += b as u64;
+                    }
+                }
+            }
+        }
+        if any {
+            for (i, name) in kernels::KERNELS.iter().enumerate() {
+                if dev[i] > 0 {
+                    out.push((format!("{name}.device"), dev[i]));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 extern "C" fn kernel_counters() -> RVec<Tuple2<RString, u64>> {
-    RVec::new()
+    guard_or(RVec::new(), || {
+        counters()
+            .into_iter()
+            .map(|(k, v)| Tuple2(RString::from(k), v))
+            .collect()
+    })
 }
 
 #[cfg(test)]
@@ -483,6 +586,114 @@ mod tests {
             assert!(into_result(alloc(0, 16)).is_err());
             assert!(into_result(stream_create(0)).is_err());
         }
+    }
+
+    fn no_libs() -> bool {
+        LIB_NAMES
+            .iter()
+            .all(|n| unsafe { Library::new(*n) }.is_err())
+    }
+
+    /// Without ROCm, every entry point answers NO_RUNTIME (and nothing panics: a panic
+    /// would come back as "plugin panicked").
+    #[test]
+    fn every_entry_point_without_runtime_says_so() {
+        if !no_libs() {
+            return;
+        }
+        let is_no_runtime = |r: Result<(), String>, what: &str| {
+            let e = r.expect_err(what);
+            assert_eq!(e, NO_RUNTIME, "{what}");
+        };
+        is_no_runtime(into_result(devices()).map(|_| ()), "devices");
+        is_no_runtime(into_result(alloc(0, 16)).map(|_| ()), "alloc");
+        is_no_runtime(into_result(free(1)), "free");
+        is_no_runtime(into_result(upload(1, 0, [0u8; 4][..].into())), "upload");
+        let mut buf = [0u8; 4];
+        is_no_runtime(
+            into_result(download(1, 0, buf.as_mut_slice().into())),
+            "download",
+        );
+        is_no_runtime(into_result(stream_create(0)).map(|_| ()), "stream_create");
+        is_no_runtime(into_result(event_record(1)).map(|_| ()), "event_record");
+        is_no_runtime(into_result(stream_wait_event(1, 2)), "stream_wait_event");
+        is_no_runtime(into_result(synchronize(1)), "synchronize");
+        let t = |type_id: u32, dims: [u64; 4]| TensorRef {
+            buffer: 1,
+            offset: 0,
+            type_id,
+            variant: ops::FP2_AFFINE,
+            dims,
+        };
+        use moe_plugin_api::{ops as abi_ops, types};
+        let cases: [(u32, Vec<TensorRef>); 4] = [
+            (
+                abi_ops::MATMUL,
+                vec![
+                    t(107, [64, 4, 1, 1]),
+                    t(types::F32, [64, 16, 1, 1]),
+                    t(types::F32, [4, 16, 1, 1]),
+                ],
+            ),
+            (
+                abi_ops::GET_ROWS,
+                vec![
+                    t(107, [64, 4, 1, 1]),
+                    t(types::I32, [2, 1, 1, 1]),
+                    t(types::F32, [64, 2, 1, 1]),
+                ],
+            ),
+            (abi_ops::ADD, vec![t(types::F32, [8, 1, 1, 1]); 3]),
+            (
+                ops::OP_MATMUL_ID,
+                vec![
+                    t(107, [64, 4, 2, 1]),
+                    t(types::F32, [64, 1, 1, 1]),
+                    t(types::I32, [2, 1, 1, 1]),
+                    t(types::F32, [4, 2, 1, 1]),
+                ],
+            ),
+        ];
+        for (op, args) in cases {
+            is_no_runtime(
+                into_result(run_op(1, op, OpParams::default(), args.as_slice().into())),
+                &format!("run_op {op}"),
+            );
+        }
+        assert!(kernel_counters().is_empty());
+        assert!(counters().is_empty());
+    }
+
+    #[test]
+    fn hiprtc_absent_or_bad_arch_is_an_error() {
+        let e = kernels::compile("gfx?").unwrap_err();
+        assert!(e.contains("unknown device arch"), "{e}");
+        if ["libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so"]
+            .iter()
+            .all(|n| unsafe { Library::new(*n) }.is_err())
+        {
+            assert_eq!(kernels::compile("gfx1100").unwrap_err(), kernels::NO_HIPRTC);
+        }
+    }
+
+    #[test]
+    fn kernel_source_is_self_contained() {
+        let src = kernels::source();
+        assert!(!src.contains("#include"));
+        for (i, k) in kernels::KERNELS.iter().enumerate() {
+            // The MMVQ kernels are stamped out by a macro, one per column count.
+            let needle = match k.strip_prefix("mmvq_107_n") {
+                Some(n) => format!("RF_MMVQ({n})"),
+                None => format!(" {k}("),
+            };
+            assert!(src.contains(&needle), "kernel {k} missing from the source");
+            // Counter slot i is the kernel's KID_ define.
+            if !k.starts_with("mmvq_107_n") {
+                let kid = format!("#define KID_{} {i}", k.to_uppercase());
+                assert!(src.contains(&kid), "{kid} missing");
+            }
+        }
+        assert!(src.contains("__builtin_amdgcn_wmma_i32_16x16x16_iu8_w32"));
     }
 
     #[test]

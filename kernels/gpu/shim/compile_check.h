@@ -66,3 +66,4 @@ static __device__ inline float __int_as_float(int v) { return __builtin_bit_cast
 static __device__ inline float roundf(float x) { return __builtin_roundf(x); }
 static __device__ inline float fabsf(float x) { return __builtin_fabsf(x); }
 static __device__ inline float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
+static __device__ inline float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
