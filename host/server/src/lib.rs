@@ -410,7 +410,7 @@ pub async fn serve(
         s.model_name, s.n_ctx, s.n_slots
     );
     eprintln!(
-        "try: curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}]}}'"
+        "try: curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}],\"temperature\":0}}'"
     );
     server.await??;
     Ok(())
