@@ -7,11 +7,12 @@
 use std::{
     collections::{BTreeMap, HashMap},
     ffi::{c_char, c_int, c_uint, c_void, CStr, CString},
-    path::PathBuf,
     sync::{Arc, Mutex, OnceLock},
 };
 
 use libloading::Library;
+
+use moe_gpu_common::kernels;
 
 use crate::{Hip, Ptr, KERNEL_SOURCES};
 
@@ -19,63 +20,11 @@ use crate::{Hip, Ptr, KERNEL_SOURCES};
 pub const NO_HIPRTC: &str = "no hiprtc found (libhiprtc.so.7/.6): cannot compile the HIP kernels";
 const RTC_NAMES: [&str; 3] = ["libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so"];
 
-/// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 16] = [
-    "quantize_q8_1",
-    "mmvq_107_n1",
-    "mmvq_107_n2",
-    "mmvq_107_n3",
-    "mmvq_107_n4",
-    "mmvq_107_n5",
-    "mmvq_107_n6",
-    "mmvq_107_n7",
-    "mmvq_107_n8",
-    "mmq_dp4a_107",
-    "moe_sort",
-    "mmvq_grouped_107",
-    "add_f32",
-    "get_rows_f32",
-    "get_rows_107",
-    "mmq_mma_107",
-];
-pub const COUNTER_SLOTS: usize = 32;
+pub use moe_gpu_common::kernels::{cache_dir, COUNTER_SLOTS, KERNELS};
 
 /// The full translation unit hiprtc compiles (the include resolved in place).
 pub fn source() -> String {
-    let common = KERNEL_SOURCES[0].1.replace("#pragma once", "");
-    KERNEL_SOURCES[1]
-        .1
-        .replace("#include \"common.cuh\"", &common)
-}
-
-/// 64-bit FNV-1a: a hash stable across builds and Rust versions, for cache keys.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in *p {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
-/// Where compiled kernels are cached (the CUDA backend's rule): `$MOE_KERNEL_CACHE`,
-/// else `$XDG_CACHE_HOME/moeserve/kernels`, else `~/.cache/moeserve/kernels`, else
-/// `.cache/kernels`.
-pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("MOE_KERNEL_CACHE") {
-        return d.into();
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(d).join("moeserve/kernels");
-    }
-    if let Some(d) = std::env::var_os("HOME") {
-        return PathBuf::from(d).join(".cache/moeserve/kernels");
-    }
-    PathBuf::from(".cache/kernels")
+    moe_gpu_common::kernels::source(KERNEL_SOURCES[0].1, KERNEL_SOURCES[1].1)
 }
 
 type RtcResult = c_int;
@@ -216,22 +165,10 @@ pub fn compile(arch: &str) -> Result<(Arc<Vec<u8>>, bool), String> {
     // SAFETY: two out-parameters.
     unsafe { (rtc.version)(&mut maj, &mut min) };
     let ver = format!("hiprtc {maj}.{min}");
-    let key = fnv1a(&[src.as_bytes(), opts.join(" ").as_bytes(), ver.as_bytes()]);
-    let path = cache_dir().join(format!("rocmfpx-{key:016x}-{arch}.hsaco"));
-    let (img, cached) = match std::fs::read(&path) {
-        Ok(b) if !b.is_empty() => (b, true),
-        _ => {
-            let img = rtc.build(&src, &opts)?;
-            // The cache is an optimisation: failing to write it is not an error.
-            if std::fs::create_dir_all(cache_dir()).is_ok() {
-                let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-                if std::fs::write(&tmp, &img).is_ok() {
-                    let _ = std::fs::rename(&tmp, &path);
-                }
-            }
-            (img, false)
-        }
-    };
+    let file = kernels::cache_file(&src, &opts, &ver, arch, "hsaco");
+    let (img, cached) = kernels::read_or_build(&cache_dir(), &cache_dir().join(file), || {
+        rtc.build(&src, &opts)
+    })?;
     let img = Arc::new(img);
     MEM.lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -339,28 +276,13 @@ impl Module {
     }
 }
 
-static HOST_COUNTS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+static HOST_COUNTS: kernels::HostCounts = kernels::HostCounts::new();
 
 fn count_launch(name: &'static str) {
-    *HOST_COUNTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .entry(name)
-        .or_default() += 1;
+    HOST_COUNTS.count(name);
 }
 
 /// Launches per kernel counted on the host, sorted by name.
 pub fn host_counts() -> BTreeMap<&'static str, u64> {
-    HOST_COUNTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
-}
-
-/// Builds the `void**` argument list of a launch from local variables.
-#[macro_export]
-macro_rules! kargs {
-    ($($v:ident),* $(,)?) => {
-        [$(&mut $v as *mut _ as *mut ::std::ffi::c_void),*]
-    };
+    HOST_COUNTS.get()
 }

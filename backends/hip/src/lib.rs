@@ -30,6 +30,9 @@ use libloading::Library;
 pub mod kernels;
 pub mod ops;
 
+/// Builds the `void**` argument list of a launch from local variables.
+pub use moe_gpu_common::kargs;
+
 use kernels::Module;
 use moe_plugin_api::{
     abi_stable::{
@@ -531,34 +534,21 @@ extern "C" fn run_op(
 /// Host-side launch counts under each kernel's name; `<name>.device` the counts the
 /// kernels recorded on the devices (summed), for devices whose kernels are loaded.
 pub fn counters() -> Vec<(String, u64)> {
-    let mut out: Vec<(String, u64)> = kernels::host_counts()
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+    let mut dev = None;
     if let Ok(rt) = runtime() {
-        let mut dev = [0u64; kernels::COUNTER_SLOTS];
-        let mut any = false;
         for (i, slot) in rt.modules.iter().enumerate() {
             // Only devices whose module is already loaded: never compile here.
             if let Some(Ok(m)) = slot.get() {
                 if let Ok(c) = bind(i as u32).and_then(|hip| m.device_counts(hip)) {
-                    any = true;
-                    for (a, b) in dev.iter_mut().zip(c) {
-                        *a += b as u64;
-                    }
-                }
-            }
-        }
-        if any {
-            for (i, name) in kernels::KERNELS.iter().enumerate() {
-                if dev[i] > 0 {
-                    out.push((format!("{name}.device"), dev[i]));
+                    moe_gpu_common::kernels::add_counts(
+                        dev.get_or_insert([0; kernels::COUNTER_SLOTS]),
+                        c,
+                    );
                 }
             }
         }
     }
-    out.sort();
-    out
+    moe_gpu_common::kernels::counter_list(kernels::host_counts(), dev)
 }
 
 extern "C" fn kernel_counters() -> RVec<Tuple2<RString, u64>> {

@@ -1,0 +1,775 @@
+//! Op validation and launch planning, shared by the CUDA and HIP backends: each plan
+//! checks the arguments (in the order the backends always did, so the same error
+//! wins), resolves device pointers through the backend's `ptr` callback and returns
+//! the kernel arguments, scratch layout and launch dims as plain values. The backend
+//! then only allocates scratch and launches.
+
+use std::ffi::c_void;
+
+use moe_plugin_api::{ops, types, TensorRef};
+
+use crate::kargs;
+
+/// GGUF type id of Q2_0_ROCMFP2.
+pub const TYPE_Q2_0_ROCMFP2: u32 = 107;
+/// `TensorRef::variant` of type 107: two-scale (upstream default) vs affine, as
+/// moe-quant-rocmfpx's `resolve_variant` returns them.
+pub const FP2_TWO_SCALE: u64 = 1;
+pub const FP2_AFFINE: u64 = 2;
+
+/// Backend-private op (not yet in the ABI's `ops`): grouped MoE mat-vec.
+/// args: w (107 [k, m, experts]), x (F32 [k, n_tok] shared by a token's slots, or
+/// [k, n_slots * n_tok] one column per pair), ids (I32 [n_slots, n_tok], -1 = masked),
+/// out (F32 [m, n_slots, n_tok]); masked pairs get exact zeros.
+pub const OP_MATMUL_ID: u32 = 0x100;
+
+/// Bytes of one type-107 block (32 values).
+pub const BLOCK_BYTES: u64 = 10;
+/// Bytes of one q8_1 block (32 values).
+pub const Q8_BYTES: u64 = 40;
+/// The tensor-core MMQ kernel (the other is `mmq_dp4a_107`).
+pub const MMQ_MMA: &str = "mmq_mma_107";
+pub const MMQ_DP4A: &str = "mmq_dp4a_107";
+
+/// Grid dims of a launch.
+pub type Grid = (u32, u32, u32);
+
+/// One kernel launch: name, grid and threads per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub name: &'static str,
+    pub grid: Grid,
+    pub block: u32,
+}
+
+/// Bytes a tensor takes in device memory; `backend` names the backend in errors.
+pub fn bytes_of(t: &TensorRef, backend: &str) -> Result<u64, String> {
+    let n = t.numel();
+    match t.type_id {
+        types::F32 | types::I32 => Ok(n * 4),
+        TYPE_Q2_0_ROCMFP2 => {
+            if !n.is_multiple_of(32) {
+                return Err(format!("type 107 tensor of {n} values is not whole blocks"));
+            }
+            Ok(n / 32 * BLOCK_BYTES)
+        }
+        other => Err(format!(
+            "the {backend} backend does not handle tensors of type {other} (it has F32, I32 and 107)"
+        )),
+    }
+}
+
+/// Checks a tensor's resolved address `p`, in a buffer on `buffer_device`, against
+/// the stream's `device` and the alignment `align`.
+pub fn check_placement(
+    t: &TensorRef,
+    p: u64,
+    buffer_device: u32,
+    device: u32,
+    align: u64,
+) -> Result<u64, String> {
+    if buffer_device != device {
+        return Err(format!(
+            "buffer {} is on device {buffer_device}, the stream on device {device}",
+            t.buffer
+        ));
+    }
+    if !p.is_multiple_of(align) {
+        return Err(format!(
+            "tensor at offset {} is not {align}-byte aligned",
+            t.offset
+        ));
+    }
+    Ok(p)
+}
+
+pub fn expect(t: &TensorRef, ty: u32, what: &str) -> Result<(), String> {
+    if t.type_id != ty {
+        return Err(format!("{what}: expected type {ty}, got {}", t.type_id));
+    }
+    Ok(())
+}
+
+/// The kernels' `affine` flag of a type-107 tensor.
+pub fn affine(w: &TensorRef) -> Result<i32, String> {
+    match w.variant {
+        FP2_TWO_SCALE => Ok(0),
+        FP2_AFFINE => Ok(1),
+        v => Err(format!(
+            "type 107: unknown variant {v} (0 two-scale, 1 affine)"
+        )),
+    }
+}
+
+pub fn to_i32(v: u64, what: &str) -> Result<i32, String> {
+    i32::try_from(v).map_err(|_| format!("{what} = {v} is too large"))
+}
+
+pub fn three(args: &[TensorRef], op: &str) -> Result<[TensorRef; 3], String> {
+    args.try_into()
+        .map_err(|_| format!("{op}: expected 3 tensor arguments, got {}", args.len()))
+}
+
+/// Size of a per-stream scratch region for a request of `bytes`.
+pub fn scratch_len(bytes: usize) -> usize {
+    bytes.next_power_of_two().max(1 << 20)
+}
+
+/// `quantize_q8_1` over `cols` columns of `k` values: the launch and its block count.
+pub fn quantize(k: u64, cols: u64) -> (Launch, i64) {
+    let n_blocks = (cols * k / 32) as i64;
+    let grid = ((n_blocks as u64).div_ceil(8) as u32, 1, 1);
+    (
+        Launch {
+            name: "quantize_q8_1",
+            grid,
+            block: 256,
+        },
+        n_blocks,
+    )
+}
+
+/// ADD: `out = a + b` over `n` f32 values.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Add {
+    pub a: u64,
+    pub b: u64,
+    pub out: u64,
+    pub n: i64,
+    pub launch: Launch,
+}
+
+pub fn add(
+    args: &[TensorRef],
+    mut ptr: impl FnMut(&TensorRef, u64) -> Result<u64, String>,
+) -> Result<Add, String> {
+    let [a, b, out] = three(args, "add")?;
+    for t in [&a, &b, &out] {
+        expect(t, types::F32, "add")?;
+    }
+    let n = out.numel() as i64;
+    if a.numel() != out.numel() || b.numel() != out.numel() {
+        return Err("add: shape mismatch".into());
+    }
+    let (a, b, out) = (ptr(&a, 4)?, ptr(&b, 4)?, ptr(&out, 4)?);
+    let grid = ((n as u64).div_ceil(256) as u32, 1, 1);
+    Ok(Add {
+        a,
+        b,
+        out,
+        n,
+        launch: Launch {
+            name: "add_f32",
+            grid,
+            block: 256,
+        },
+    })
+}
+
+/// GET_ROWS: rows `ids` of `table` (F32 or 107) into f32 `out`; `affine` is set for
+/// type 107 (the kernel's extra argument).
+#[derive(Debug, PartialEq, Eq)]
+pub struct GetRows {
+    pub table: u64,
+    pub ids: u64,
+    pub out: u64,
+    pub rows: i32,
+    pub cols: i32,
+    pub affine: Option<i32>,
+    pub launch: Launch,
+}
+
+pub fn get_rows(
+    args: &[TensorRef],
+    backend: &str,
+    mut ptr: impl FnMut(&TensorRef, u64) -> Result<u64, String>,
+) -> Result<GetRows, String> {
+    let [table, ids, out] = three(args, "get_rows")?;
+    expect(&ids, types::I32, "get_rows ids")?;
+    expect(&out, types::F32, "get_rows out")?;
+    let (cols, rows) = (table.dims[0], table.dims[1] * table.dims[2] * table.dims[3]);
+    let n_ids = ids.numel();
+    if out.numel() != cols * n_ids {
+        return Err("get_rows: output is not cols x ids".into());
+    }
+    let (pt, pi, po) = (ptr(&table, 2)?, ptr(&ids, 4)?, ptr(&out, 4)?);
+    let (r, c) = (to_i32(rows, "rows")?, to_i32(cols, "cols")?);
+    let grid = (cols.div_ceil(256) as u32, to_i32(n_ids, "ids")? as u32, 1);
+    let (name, affine) = match table.type_id {
+        types::F32 => ("get_rows_f32", None),
+        TYPE_Q2_0_ROCMFP2 => ("get_rows_107", Some(affine(&table)?)),
+        t => {
+            return Err(format!(
+                "get_rows: type {t} is not supported by the {backend} backend"
+            ))
+        }
+    };
+    Ok(GetRows {
+        table: pt,
+        ids: pi,
+        out: po,
+        rows: r,
+        cols: c,
+        affine,
+        launch: Launch {
+            name,
+            grid,
+            block: 256,
+        },
+    })
+}
+
+/// MATMUL of type-107 weights `[k, m]` with `n` f32 columns: quantise the input into
+/// `q8_bytes` of scratch, then MMVQ (n <= 8) or MMQ (`n_cols` is set: the MMQ
+/// kernels' extra argument).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Matmul {
+    pub w: u64,
+    pub x: u64,
+    pub out: u64,
+    pub k: u64,
+    pub n: u64,
+    pub q8_bytes: usize,
+    pub blocks: i32,
+    pub m: i32,
+    pub affine: i32,
+    pub n_cols: Option<i32>,
+    pub launch: Launch,
+}
+
+/// Rows per warp of the MMVQ kernel for `n` columns (RF_MMVQ_ROWS in rocmfpx.cu).
+pub fn mmvq_rows_per_warp(n: u64) -> u64 {
+    match n {
+        1 => 1,
+        2..=4 => 2,
+        _ => 4,
+    }
+}
+
+/// Tile (rows, columns) of an MMQ kernel: 128 x 64 (mmq_mma_107), 64 x 32
+/// (mmq_dp4a_107).
+pub fn mmq_tile(name: &str) -> (u64, u64) {
+    if name == MMQ_MMA {
+        (128, 64)
+    } else {
+        (64, 32)
+    }
+}
+
+/// `mmq` is the MMQ kernel this device runs (used for more than 8 columns).
+pub fn matmul(
+    args: &[TensorRef],
+    backend: &str,
+    mmq: &'static str,
+    mut ptr: impl FnMut(&TensorRef, u64) -> Result<u64, String>,
+) -> Result<Matmul, String> {
+    let [w, x, out] = three(args, "matmul")?;
+    expect(
+        &w,
+        TYPE_Q2_0_ROCMFP2,
+        &format!("matmul weights (the {backend} backend runs type 107)"),
+    )?;
+    expect(&x, types::F32, "matmul input")?;
+    expect(&out, types::F32, "matmul output")?;
+    let (k, m) = (w.dims[0], w.dims[1] * w.dims[2] * w.dims[3]);
+    if k == 0 || !k.is_multiple_of(32) || !x.numel().is_multiple_of(k) {
+        return Err(format!(
+            "matmul: k = {k} must be a multiple of 32 dividing the input"
+        ));
+    }
+    let n = x.numel() / k;
+    if out.numel() != m * n {
+        return Err(format!(
+            "matmul: output holds {} values, expected {m} x {n}",
+            out.numel()
+        ));
+    }
+    let (pw, px, po) = (ptr(&w, 2)?, ptr(&x, 4)?, ptr(&out, 4)?);
+    let q8_bytes = (n * k / 32 * Q8_BYTES) as usize;
+    let blocks = to_i32(k / 32, "k / 32")?;
+    let mm = to_i32(m, "m")?;
+    let a = affine(&w)?;
+    let (n_cols, launch) = if n <= 8 {
+        // 4 warps per block.
+        let grid = (m.div_ceil(4 * mmvq_rows_per_warp(n)) as u32, 1, 1);
+        let name = crate::kernels::KERNELS[n as usize];
+        (
+            None,
+            Launch {
+                name,
+                grid,
+                block: 128,
+            },
+        )
+    } else {
+        let nn = to_i32(n, "n")?;
+        let (bm, bn) = mmq_tile(mmq);
+        let grid = (m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1);
+        (
+            Some(nn),
+            Launch {
+                name: mmq,
+                grid,
+                block: 256,
+            },
+        )
+    };
+    Ok(Matmul {
+        w: pw,
+        x: px,
+        out: po,
+        k,
+        n,
+        q8_bytes,
+        blocks,
+        m: mm,
+        affine: a,
+        n_cols,
+        launch,
+    })
+}
+
+/// Where the grouped mat-vec's scratch parts lie, as offsets from the region's start
+/// (q8 activations at 0, 256-byte aligned parts after it, 16-byte aligned lists).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdLayout {
+    /// Bytes to request for the whole region.
+    pub bytes: usize,
+    /// Per-expert offsets (`experts + 2` i32).
+    pub offsets: u64,
+    /// Active experts (`experts + 2` i32).
+    pub active: u64,
+    /// Pair ids sorted by expert (`pairs` i32).
+    pub sorted: u64,
+}
+
+/// The scratch layout of MATMUL_ID for `x_cols` input columns of `k` values,
+/// `experts` experts and `pairs` (slot, token) pairs.
+pub fn id_layout(x_cols: u64, k: u64, experts: u64, pairs: u64) -> IdLayout {
+    let q8_bytes = (x_cols * k / 32 * Q8_BYTES).next_multiple_of(256);
+    let list_bytes = (experts + 2) * 4;
+    let offsets = q8_bytes;
+    let active = offsets + list_bytes.next_multiple_of(16);
+    let sorted = active + list_bytes.next_multiple_of(16);
+    IdLayout {
+        bytes: (q8_bytes + 2 * list_bytes + pairs * 4 + 256) as usize,
+        offsets,
+        active,
+        sorted,
+    }
+}
+
+/// MATMUL_ID ([`OP_MATMUL_ID`]): quantise `x_cols` input columns into the scratch
+/// (`layout`), sort the pairs by expert (`sort`), then the grouped mat-vec (`grouped`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct MatmulId {
+    pub w: u64,
+    pub x: u64,
+    pub ids: u64,
+    pub out: u64,
+    pub k: u64,
+    pub x_cols: u64,
+    pub layout: IdLayout,
+    pub pairs: i32,
+    pub experts: i32,
+    pub blocks: i32,
+    pub m: i32,
+    pub slots: i32,
+    /// Bytes of one expert's weights.
+    pub expert_bytes: i64,
+    /// 1 when x has one column per pair, 0 when per token.
+    pub per_pair: i32,
+    pub affine: i32,
+    pub sort: Launch,
+    pub grouped: Launch,
+}
+
+pub fn matmul_id(
+    args: &[TensorRef],
+    mut ptr: impl FnMut(&TensorRef, u64) -> Result<u64, String>,
+) -> Result<MatmulId, String> {
+    let [w, x, ids, out]: [TensorRef; 4] = args
+        .try_into()
+        .map_err(|_| format!("matmul_id: expected 4 tensor arguments, got {}", args.len()))?;
+    expect(&w, TYPE_Q2_0_ROCMFP2, "matmul_id weights")?;
+    expect(&x, types::F32, "matmul_id input")?;
+    expect(&ids, types::I32, "matmul_id ids")?;
+    expect(&out, types::F32, "matmul_id output")?;
+    let (k, m, experts) = (w.dims[0], w.dims[1], w.dims[2] * w.dims[3]);
+    let (n_slots, n_tok) = (ids.dims[0], ids.dims[1] * ids.dims[2] * ids.dims[3]);
+    let pairs = n_slots * n_tok;
+    if k == 0 || !k.is_multiple_of(32) {
+        return Err(format!("matmul_id: k = {k} is not a multiple of 32"));
+    }
+    if experts > 1024 {
+        return Err(format!("matmul_id: {experts} experts (at most 1024)"));
+    }
+    let x_cols = x.numel() / k.max(1);
+    let per_pair = if x.numel() == k * n_tok {
+        0
+    } else if x.numel() == k * pairs {
+        1
+    } else {
+        return Err(format!(
+            "matmul_id: input of {} values is neither {n_tok} nor {pairs} columns of {k}",
+            x.numel()
+        ));
+    };
+    if out.numel() != m * pairs {
+        return Err(format!(
+            "matmul_id: output holds {} values, expected {m} x {pairs}",
+            out.numel()
+        ));
+    }
+    let (pw, px, pi, po) = (ptr(&w, 2)?, ptr(&x, 4)?, ptr(&ids, 4)?, ptr(&out, 4)?);
+    Ok(MatmulId {
+        w: pw,
+        x: px,
+        ids: pi,
+        out: po,
+        k,
+        x_cols,
+        layout: id_layout(x_cols, k, experts, pairs),
+        pairs: to_i32(pairs, "pairs")?,
+        experts: to_i32(experts, "experts")?,
+        blocks: to_i32(k / 32, "k / 32")?,
+        m: to_i32(m, "m")?,
+        slots: to_i32(n_slots, "slots")?,
+        expert_bytes: (m * k / 32 * BLOCK_BYTES) as i64,
+        per_pair,
+        affine: affine(&w)?,
+        sort: Launch {
+            name: "moe_sort",
+            grid: (1, 1, 1),
+            block: 256,
+        },
+        grouped: Launch {
+            name: "mmvq_grouped_107",
+            grid: (m.div_ceil(4) as u32, pairs.min(experts) as u32 + 1, 1),
+            block: 128,
+        },
+    })
+}
+
+/// What a backend provides to run a planned op on one stream.
+pub trait Gpu {
+    /// Device pointer of a tensor, bounds-, device- and `align`-checked.
+    fn ptr(&self, t: &TensorRef, align: u64) -> Result<u64, String>;
+    /// The stream's scratch region, at least `bytes` long.
+    fn scratch(&self, bytes: usize) -> Result<u64, String>;
+    /// Launches `l` on the stream.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's signature, and every device pointer in them
+    /// must be valid for what the kernel touches.
+    unsafe fn launch(&self, l: Launch, params: &[*mut c_void]) -> Result<(), String>;
+}
+
+/// Runs `op` (MATMUL, [`OP_MATMUL_ID`], ADD, GET_ROWS) on `gpu`; `mmq` is the MMQ
+/// kernel the device runs, `backend` names the backend in errors.
+pub fn run(
+    gpu: &impl Gpu,
+    backend: &str,
+    mmq: &'static str,
+    op: u32,
+    args: &[TensorRef],
+) -> Result<(), String> {
+    let ptr = |t: &TensorRef, a| gpu.ptr(t, a);
+    // SAFETY (all launches): the plans check every tensor's range and size the
+    // scratch; the parameter lists match the kernels' signatures.
+    unsafe {
+        match op {
+            ops::MATMUL => {
+                let p = matmul(args, backend, mmq, ptr)?;
+                let mut pq = gpu.scratch(p.q8_bytes)?;
+                let (q, mut n_blocks) = quantize(p.k, p.n);
+                let mut px = p.x;
+                gpu.launch(q, &kargs!(px, pq, n_blocks))?;
+                let (mut pw, mut nb, mut mm, mut po, mut a) = (p.w, p.blocks, p.m, p.out, p.affine);
+                match p.n_cols {
+                    None => gpu.launch(p.launch, &kargs!(pw, nb, mm, pq, po, a)),
+                    Some(mut nn) => gpu.launch(p.launch, &kargs!(pw, nb, mm, nn, pq, po, a)),
+                }
+            }
+            OP_MATMUL_ID => {
+                let p = matmul_id(args, ptr)?;
+                let base = gpu.scratch(p.layout.bytes)?;
+                let (q, mut n_blocks) = quantize(p.k, p.x_cols);
+                let (mut px, mut pq) = (p.x, base);
+                gpu.launch(q, &kargs!(px, pq, n_blocks))?;
+                let mut poff = base + p.layout.offsets;
+                let mut pact = base + p.layout.active;
+                let mut psorted = base + p.layout.sorted;
+                let (mut pi, mut np, mut ne) = (p.ids, p.pairs, p.experts);
+                gpu.launch(p.sort, &kargs!(pi, np, ne, poff, pact, psorted))?;
+                let (mut pw, mut ebytes, mut nb, mut mm) = (p.w, p.expert_bytes, p.blocks, p.m);
+                let (mut pp, mut ns, mut po, mut a) = (p.per_pair, p.slots, p.out, p.affine);
+                gpu.launch(
+                    p.grouped,
+                    &kargs!(pw, ebytes, nb, mm, ne, pq, pp, ns, poff, pact, psorted, po, a),
+                )
+            }
+            ops::ADD => {
+                let p = add(args, ptr)?;
+                let (mut pa, mut pb, mut po, mut n) = (p.a, p.b, p.out, p.n);
+                gpu.launch(p.launch, &kargs!(pa, pb, po, n))
+            }
+            ops::GET_ROWS => {
+                let p = get_rows(args, backend, ptr)?;
+                let (mut pt, mut pi, mut r, mut c, mut po) =
+                    (p.table, p.ids, p.rows, p.cols, p.out);
+                match p.affine {
+                    None => gpu.launch(p.launch, &kargs!(pt, pi, r, c, po)),
+                    Some(mut a) => gpu.launch(p.launch, &kargs!(pt, pi, r, c, po, a)),
+                }
+            }
+            _ => Err(format!("op {op} is not supported by the {backend} backend")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(type_id: u32, dims: [u64; 4]) -> TensorRef {
+        TensorRef {
+            buffer: 1,
+            offset: 0,
+            type_id,
+            variant: FP2_AFFINE,
+            dims,
+        }
+    }
+
+    /// Pointers 0x1000, 0x2000, ... in argument order.
+    fn seq() -> impl FnMut(&TensorRef, u64) -> Result<u64, String> {
+        let mut i = 0;
+        move |_, _| {
+            i += 1;
+            Ok(i * 0x1000)
+        }
+    }
+
+    #[test]
+    fn sizes_and_checks() {
+        assert_eq!(bytes_of(&t(107, [64, 4, 1, 1]), "x"), Ok(80));
+        assert_eq!(bytes_of(&t(types::F32, [3, 1, 1, 1]), "x"), Ok(12));
+        assert!(bytes_of(&t(107, [33, 1, 1, 1]), "x")
+            .unwrap_err()
+            .contains("not whole blocks"));
+        assert!(bytes_of(&t(1, [1, 1, 1, 1]), "hip")
+            .unwrap_err()
+            .contains("the hip backend"));
+        let x = t(types::F32, [4, 1, 1, 1]);
+        assert_eq!(check_placement(&x, 64, 0, 0, 4), Ok(64));
+        assert!(check_placement(&x, 66, 0, 0, 4)
+            .unwrap_err()
+            .contains("4-byte aligned"));
+        assert!(check_placement(&x, 64, 1, 0, 4)
+            .unwrap_err()
+            .contains("on device 1"));
+        assert_eq!(affine(&t(107, [32, 1, 1, 1])), Ok(1));
+        let mut two = t(107, [32, 1, 1, 1]);
+        two.variant = FP2_TWO_SCALE;
+        assert_eq!(affine(&two), Ok(0));
+        two.variant = 7;
+        assert!(affine(&two).is_err());
+        assert!(to_i32(1 << 31, "n").unwrap_err().contains("too large"));
+        assert_eq!(scratch_len(10), 1 << 20);
+        assert_eq!(scratch_len((1 << 20) + 1), 1 << 21);
+        assert_eq!(quantize(64, 3).0.grid, (1, 1, 1));
+        assert_eq!(quantize(64, 3).1, 6);
+    }
+
+    #[test]
+    fn add_and_get_rows() {
+        let f = |n| t(types::F32, [n, 1, 1, 1]);
+        let p = add(&[f(300), f(300), f(300)], seq()).unwrap();
+        assert_eq!((p.a, p.b, p.out, p.n), (0x1000, 0x2000, 0x3000, 300));
+        assert_eq!(p.launch.grid, (2, 1, 1));
+        assert_eq!(
+            add(&[f(3), f(4), f(3)], seq()).unwrap_err(),
+            "add: shape mismatch"
+        );
+        assert!(add(&[f(3), f(3)], seq())
+            .unwrap_err()
+            .contains("expected 3"));
+        assert!(add(&[f(3), f(3), t(107, [32, 1, 1, 1])], seq()).is_err());
+
+        let ids = t(types::I32, [5, 1, 1, 1]);
+        let g = get_rows(
+            &[t(107, [64, 10, 1, 1]), ids, t(types::F32, [64, 5, 1, 1])],
+            "cuda",
+            seq(),
+        )
+        .unwrap();
+        assert_eq!((g.rows, g.cols, g.affine), (10, 64, Some(1)));
+        assert_eq!(g.launch.name, "get_rows_107");
+        assert_eq!(g.launch.grid, (1, 5, 1));
+        let g = get_rows(&[f(64), ids, t(types::F32, [64, 5, 1, 1])], "cuda", seq()).unwrap();
+        assert_eq!((g.launch.name, g.affine), ("get_rows_f32", None));
+        assert!(get_rows(&[f(64), ids, f(63)], "cuda", seq())
+            .unwrap_err()
+            .contains("not cols x ids"));
+        // An unsupported table type fails in `ptr` first, as before.
+        let e = get_rows(
+            &[t(1, [64, 1, 1, 1]), ids, t(types::F32, [64, 5, 1, 1])],
+            "hip",
+            |t, _| bytes_of(t, "hip"),
+        )
+        .unwrap_err();
+        assert!(e.contains("the hip backend does not handle"), "{e}");
+    }
+
+    #[test]
+    fn matmul_plans() {
+        let w = t(107, [256, 1000, 1, 1]);
+        let x = |n| t(types::F32, [256, n, 1, 1]);
+        let o = |n| t(types::F32, [1000, n, 1, 1]);
+        for (n, name, grid) in [
+            (1, "mmvq_107_n1", (250, 1, 1)),
+            (3, "mmvq_107_n3", (125, 1, 1)),
+            (8, "mmvq_107_n8", (63, 1, 1)),
+        ] {
+            let p = matmul(&[w, x(n), o(n)], "cuda", MMQ_MMA, seq()).unwrap();
+            assert_eq!(
+                (p.launch.name, p.launch.grid, p.launch.block),
+                (name, grid, 128)
+            );
+            assert_eq!((p.n_cols, p.blocks, p.m, p.affine), (None, 8, 1000, 1));
+            assert_eq!(p.q8_bytes, n as usize * 8 * 40);
+        }
+        let p = matmul(&[w, x(100), o(100)], "cuda", MMQ_MMA, seq()).unwrap();
+        assert_eq!(
+            (p.launch.grid, p.launch.block, p.n_cols),
+            ((8, 2, 1), 256, Some(100))
+        );
+        let p = matmul(&[w, x(100), o(100)], "hip", MMQ_DP4A, seq()).unwrap();
+        assert_eq!((p.launch.name, p.launch.grid), (MMQ_DP4A, (16, 4, 1)));
+        let e = matmul(&[t(107, [48, 4, 1, 1]), x(1), o(1)], "cuda", MMQ_MMA, seq());
+        assert!(e.unwrap_err().contains("multiple of 32"));
+        let e = matmul(&[w, x(2), o(3)], "cuda", MMQ_MMA, seq());
+        assert!(e.unwrap_err().contains("expected 1000 x 2"));
+        let e = matmul(&[x(1), x(1), o(1)], "hip", MMQ_MMA, seq());
+        assert!(e.unwrap_err().contains("the hip backend runs type 107"));
+    }
+
+    #[test]
+    fn matmul_id_plan_and_layout() {
+        let w = t(107, [64, 4, 3, 1]);
+        let ids = t(types::I32, [2, 5, 1, 1]);
+        let out = t(types::F32, [4, 2, 5, 1]);
+        let p = matmul_id(&[w, t(types::F32, [64, 5, 1, 1]), ids, out], seq()).unwrap();
+        assert_eq!((p.w, p.x, p.ids, p.out), (0x1000, 0x2000, 0x3000, 0x4000));
+        assert_eq!((p.per_pair, p.x_cols, p.pairs, p.experts), (0, 5, 10, 3));
+        assert_eq!((p.blocks, p.m, p.slots, p.expert_bytes), (2, 4, 2, 80));
+        assert_eq!(p.grouped.grid, (1, 4, 1));
+        let p = matmul_id(&[w, t(types::F32, [64, 10, 1, 1]), ids, out], seq()).unwrap();
+        assert_eq!((p.per_pair, p.x_cols), (1, 10));
+        assert!(
+            matmul_id(&[w, t(types::F32, [64, 7, 1, 1]), ids, out], seq())
+                .unwrap_err()
+                .contains("neither 5 nor 10")
+        );
+        assert!(matmul_id(&[w, t(types::F32, [64, 5, 1, 1]), ids], seq())
+            .unwrap_err()
+            .contains("expected 4"));
+        let many = t(107, [64, 4, 1025, 1]);
+        assert!(
+            matmul_id(&[many, t(types::F32, [64, 5, 1, 1]), ids, out], seq())
+                .unwrap_err()
+                .contains("at most 1024")
+        );
+
+        for (x_cols, k, experts, pairs) in [(1, 32, 1, 1), (5, 64, 3, 10), (7, 2048, 1024, 4096)] {
+            let l = id_layout(x_cols, k, experts, pairs);
+            let q8 = x_cols * k / 32 * Q8_BYTES;
+            let list = (experts + 2) * 4;
+            assert!(l.offsets >= q8 && l.offsets.is_multiple_of(256));
+            assert!(l.active >= l.offsets + list && l.active.is_multiple_of(16));
+            assert!(l.sorted >= l.active + list && l.sorted.is_multiple_of(16));
+            assert!(l.sorted + pairs * 4 <= l.bytes as u64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod run_tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    /// Records launches (name, grid, argument count) and scratch requests.
+    #[derive(Default)]
+    struct Rec {
+        launches: RefCell<Vec<(&'static str, Grid, usize)>>,
+        scratch: RefCell<Vec<usize>>,
+    }
+
+    impl Gpu for Rec {
+        fn ptr(&self, t: &TensorRef, _align: u64) -> Result<u64, String> {
+            bytes_of(t, "test").map(|_| 0x10000)
+        }
+        fn scratch(&self, bytes: usize) -> Result<u64, String> {
+            self.scratch.borrow_mut().push(bytes);
+            Ok(0x100000)
+        }
+        unsafe fn launch(&self, l: Launch, params: &[*mut c_void]) -> Result<(), String> {
+            self.launches
+                .borrow_mut()
+                .push((l.name, l.grid, params.len()));
+            Ok(())
+        }
+    }
+
+    fn t(type_id: u32, dims: [u64; 4]) -> TensorRef {
+        TensorRef {
+            buffer: 1,
+            offset: 0,
+            type_id,
+            variant: FP2_TWO_SCALE,
+            dims,
+        }
+    }
+
+    #[test]
+    fn launch_sequences() {
+        let g = Rec::default();
+        let w = t(107, [64, 4, 1, 1]);
+        let f = |k, n| t(types::F32, [k, n, 1, 1]);
+        run(&g, "test", MMQ_MMA, ops::MATMUL, &[w, f(64, 2), f(4, 2)]).unwrap();
+        run(&g, "test", MMQ_MMA, ops::MATMUL, &[w, f(64, 9), f(4, 9)]).unwrap();
+        let we = t(107, [64, 4, 3, 1]);
+        let ids = t(types::I32, [2, 1, 1, 1]);
+        run(
+            &g,
+            "test",
+            MMQ_MMA,
+            OP_MATMUL_ID,
+            &[we, f(64, 1), ids, f(4, 2)],
+        )
+        .unwrap();
+        run(&g, "test", MMQ_MMA, ops::ADD, &[f(8, 1); 3]).unwrap();
+        let rows = [w, t(types::I32, [2, 1, 1, 1]), f(64, 2)];
+        run(&g, "test", MMQ_MMA, ops::GET_ROWS, &rows).unwrap();
+        let names: Vec<_> = g.launches.borrow().iter().map(|l| (l.0, l.2)).collect();
+        assert_eq!(
+            names,
+            [
+                ("quantize_q8_1", 3),
+                ("mmvq_107_n2", 6),
+                ("quantize_q8_1", 3),
+                (MMQ_MMA, 7),
+                ("quantize_q8_1", 3),
+                ("moe_sort", 6),
+                ("mmvq_grouped_107", 13),
+                ("add_f32", 4),
+                ("get_rows_107", 6),
+            ]
+        );
+        assert_eq!(g.scratch.borrow()[..2], [2 * 2 * 40, 9 * 2 * 40]);
+        let e = run(&g, "test", MMQ_MMA, 7, &[]).unwrap_err();
+        assert_eq!(e, "op 7 is not supported by the test backend");
+    }
+}
