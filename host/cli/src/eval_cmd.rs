@@ -80,6 +80,12 @@ pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
             n_slots: 1,
         },
     )?;
+    let tokenizer = m.tokenizer.clone();
+    let need_tok = || {
+        tokenizer
+            .clone()
+            .context("the model has no tokenizer; give --prompt-tokens and --ids")
+    };
     let toks = match (&a.prompt, &a.prompt_tokens) {
         (_, Some(ids)) => parse_tokens(ids)?,
         (Some(prompt), None) => {
@@ -87,9 +93,9 @@ pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
                 prompt.to_string()
             } else {
                 let msgs = [moe_tokenizer::ChatMessage::new("user", prompt.as_str())];
-                m.tokenizer.apply_chat_template(&msgs, true)?
+                need_tok()?.apply_chat_template(&msgs, true)?
             };
-            m.tokenizer.encode(&text, true, true)?
+            need_tok()?.encode(&text, true, true)?
         }
         (None, None) => bail!("give --prompt or --prompt-tokens"),
     };
@@ -105,13 +111,13 @@ pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
     let mut made = 0;
     for i in 0..n {
         let id = argmax(&logits);
-        if m.tokenizer.is_end_of_generation(id) {
+        if tokenizer.as_ref().is_some_and(|t| t.is_end_of_generation(id)) {
             break;
         }
         if a.ids {
             print!("{}{id}", if made == 0 { "" } else { "," });
         } else {
-            print!("{}", dec.push(&m.tokenizer, id));
+            print!("{}", dec.push(&*need_tok()?, id));
         }
         std::io::stdout().flush()?;
         made += 1;

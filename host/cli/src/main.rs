@@ -1,6 +1,7 @@
 //! `moeserve`: serve models through an OpenAI-compatible API, and the tools around it.
 
 mod bench_cmd;
+mod convert_cmd;
 mod dequant_cmd;
 mod eval_cmd;
 mod plugins_cmd;
@@ -93,6 +94,17 @@ enum Command {
         #[arg(long)]
         fp2: Option<String>,
     },
+    /// Convert a DeepSeek-V4 checkpoint (config.json + safetensors) into a deepseek4 GGUF.
+    Convert {
+        /// The checkpoint directory (transformers' save_pretrained or the release layout).
+        dir: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        /// Type of the projection matrices: f32, f16, bf16 or q8_0 (norms, mHC, router and
+        /// position biases stay f32; MXFP4 experts stay MXFP4).
+        #[arg(long = "type", default_value = "f32")]
+        type_name: String,
+    },
     /// Rewrite the tensors whose names match a regex into another quant type; everything
     /// else is copied unchanged.
     Quantize {
@@ -180,6 +192,11 @@ fn main() -> ExitCode {
             };
             dequant_cmd::run(&cli.config, &a)
         }
+        Command::Convert {
+            dir,
+            out,
+            type_name,
+        } => convert_cmd::run(&cli.config, &dir, &out, &type_name),
         Command::Quantize {
             model,
             out,

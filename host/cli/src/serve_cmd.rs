@@ -70,6 +70,6 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(moe_server::serve(addr, opts, alias, move || {
         let m = crate::eval_cmd::load_model(&config, &model, &load_opts)?;
-        Ok(Scheduler::start(m, sched_opts))
+        Scheduler::start(m, sched_opts)
     }))
 }

@@ -1,6 +1,7 @@
 //! The engine: models as graphs of backend ops, sampling, and the scheduler that
 //! batches concurrent requests into shared forward passes.
 
+pub mod deepseek4;
 pub mod device;
 pub mod llama;
 pub mod model;

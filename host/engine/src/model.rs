@@ -12,7 +12,7 @@ use moe_plugin_api::{
 use moe_plugin_host::{config::settings_text, Registry};
 use moe_tokenizer::{ExtraParts, Tokenizer, TokenizerParts};
 
-use crate::{device::Device, device::Tensor, llama};
+use crate::{deepseek4, device::Device, device::Tensor, llama};
 
 /// One token of a forward batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +92,8 @@ impl Default for LoadOptions {
 pub struct LoadedModel {
     pub name: String,
     pub arch: String,
-    pub tokenizer: Arc<Tokenizer>,
+    /// None when the file carries no tokenizer (enough for `logits`, not for serving).
+    pub tokenizer: Option<Arc<Tokenizer>>,
     pub model: Box<dyn CausalLm>,
 }
 
@@ -105,7 +106,12 @@ fn layer_of(name: &str) -> i32 {
 
 /// Opens a GGUF with the type sizes the loaded quant plugins declare.
 pub fn open_gguf(reg: &Registry, path: &Path) -> Result<GgufFile> {
-    let sizes = |id: u32| reg.type_size(id);
+    // Integer tables (e.g. deepseek4's tid2eid, I32) are plain data the host reads
+    // itself; every other type must be claimed by a quant plugin.
+    let sizes = |id: u32| {
+        reg.type_size(id)
+            .or_else(|| (24..=28).contains(&id).then(|| moe_gguf::ggml_type_size(id)).flatten())
+    };
     Ok(GgufFile::open(path, &sizes)?)
 }
 
@@ -207,13 +213,19 @@ fn tokenizer_from(f: &GgufFile) -> Result<Tokenizer> {
 pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let f = open_gguf(reg, path)?;
     let arch = f.get_str("general.architecture")?.to_owned();
-    if arch != "llama" {
+    if arch != "llama" && arch != "deepseek4" {
         bail!(
-            "{}: architecture '{arch}' is not supported yet (supported: llama)",
+            "{}: architecture '{arch}' is not supported yet (supported: llama, deepseek4)",
             path.display()
         );
     }
-    let tokenizer = tokenizer_from(&f).with_context(|| format!("{}: tokenizer", path.display()))?;
+    let tokenizer = if f.get("tokenizer.ggml.model").is_some() {
+        Some(Arc::new(
+            tokenizer_from(&f).with_context(|| format!("{}: tokenizer", path.display()))?,
+        ))
+    } else {
+        None
+    };
 
     let be = reg.backend(&reg.config.devices.backend)?;
     into_result((be.register_quant_formats)(
@@ -269,14 +281,26 @@ pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedMod
         map.insert(t.name.clone(), Arc::new(tensor));
     }
     let weights = Weights { dev, map };
-    let llama = llama::LlamaParams::from_gguf(&f, &arch)?;
-    let n_ctx = if opts.n_ctx == 0 {
-        llama.train_ctx.min(4096)
+    let model: Box<dyn CausalLm> = if arch == "deepseek4" {
+        let p = deepseek4::Ds4Params::from_gguf(&f)
+            .with_context(|| format!("{}: deepseek4 metadata", path.display()))?;
+        let n_ctx = if opts.n_ctx == 0 { p.train_ctx.min(4096) } else { opts.n_ctx };
+        Box::new(
+            deepseek4::Deepseek4::new(&f, &weights, n_ctx, opts.n_slots.max(1))
+                .with_context(|| format!("{}: building the deepseek4 graph", path.display()))?,
+        )
     } else {
-        opts.n_ctx
+        let llama = llama::LlamaParams::from_gguf(&f, &arch)?;
+        let n_ctx = if opts.n_ctx == 0 {
+            llama.train_ctx.min(4096)
+        } else {
+            opts.n_ctx
+        };
+        Box::new(
+            llama::Llama::new(&f, &arch, &weights, n_ctx, opts.n_slots.max(1))
+                .with_context(|| format!("{}: building the {arch} graph", path.display()))?,
+        )
     };
-    let model = llama::Llama::new(&f, &arch, &weights, n_ctx, opts.n_slots.max(1))
-        .with_context(|| format!("{}: building the {arch} graph", path.display()))?;
     let name = f
         .get_str("general.name")
         .ok()
@@ -289,7 +313,7 @@ pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedMod
     Ok(LoadedModel {
         name,
         arch,
-        tokenizer: Arc::new(tokenizer),
-        model: Box::new(model),
+        tokenizer,
+        model,
     })
 }

@@ -106,25 +106,31 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn start(m: LoadedModel, opts: SchedulerOptions) -> Scheduler {
+    /// Starts the scheduler thread; the model must carry a tokenizer.
+    pub fn start(m: LoadedModel, opts: SchedulerOptions) -> anyhow::Result<Scheduler> {
+        let tokenizer = m.tokenizer.clone().ok_or_else(|| {
+            anyhow::anyhow!(
+                "model '{}' has no tokenizer in its GGUF metadata; it can be evaluated (logits) but not served",
+                m.name
+            )
+        })?;
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Stats::default());
         let (n_ctx, n_slots) = (m.model.n_ctx(), m.model.n_slots());
-        let tokenizer = m.tokenizer.clone();
         let st = stats.clone();
         let tok = tokenizer.clone();
         std::thread::Builder::new()
             .name("scheduler".into())
             .spawn(move || run(m.model, tok, rx, opts, st))
             .expect("spawning the scheduler thread");
-        Scheduler {
+        Ok(Scheduler {
             tx,
             stats,
             tokenizer,
             model_name: m.name,
             n_ctx,
             n_slots,
-        }
+        })
     }
 
     pub fn submit(&self, r: GenRequest) -> Result<()> {

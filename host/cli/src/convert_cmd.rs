@@ -1,0 +1,56 @@
+//! `moeserve convert`: a DeepSeek-V4 checkpoint directory -> deepseek4 GGUF. Matrices are
+//! encoded by the quant plugins' reference encoders (the same code `quantize` uses).
+
+use std::path::Path;
+
+use anyhow::{anyhow, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use moe_convert::{convert, OutType};
+use moe_plugin_api::{
+    abi_stable::std_types::{RSlice, RSliceMut},
+    into_result,
+};
+use moe_plugin_host::Registry;
+
+pub fn run(config: &Path, dir: &Path, out: &Path, ty: &str) -> Result<()> {
+    let ty = OutType::parse(ty)?;
+    let reg = Registry::from_config_file(config)?;
+    let encode = |type_id: u32, v: &[f32], _k: usize| -> Result<Vec<u8>> {
+        let f = reg.quant_format(type_id).ok_or_else(|| {
+            anyhow!("no loaded plugin encodes type {type_id} (load the ggml-quants plugin)")
+        })?;
+        let bw = f.block_weights.max(1) as usize;
+        let mut q = vec![0u8; v.len() / bw * f.block_bytes as usize];
+        into_result((f.encode)(0, RSlice::from_slice(v), RSliceMut::from_mut_slice(&mut q)))
+            .map_err(|e| anyhow!("{}: {e}", f.name))?;
+        Ok(q)
+    };
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} tensors {msg}")
+            .expect("static progress template"),
+    );
+    let progress = |done: usize, total: usize, name: &str| {
+        pb.set_length(total as u64);
+        pb.set_position(done as u64);
+        pb.set_message(name.to_string());
+    };
+    let s = convert(dir, out, ty, &encode, &progress)?;
+    pb.finish_and_clear();
+    for n in &s.notes {
+        eprintln!("note: {n}");
+    }
+    if !s.skipped.is_empty() {
+        eprintln!(
+            "skipped {} tensors not used by the model (MTP layers, hash-layer biases)",
+            s.skipped.len()
+        );
+    }
+    eprintln!(
+        "wrote {} ({} tensors, {:.2} MiB)",
+        out.display(),
+        s.tensors,
+        s.bytes as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}

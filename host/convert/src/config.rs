@@ -1,0 +1,280 @@
+//! DeepSeek-V4 `config.json` in either style: the release's (`compress_ratios`,
+//! `num_hash_layers`, `qk_rope_head_dim`, `rope_scaling`) or transformers 5's
+//! (`layer_types`, `compress_rates`, `mlp_layer_types`, `partial_rotary_factor`,
+//! `rope_parameters` with `main` / `compress`).
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Yarn {
+    pub factor: f64,
+    pub original_ctx: u64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub attn_factor: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Ds4Config {
+    pub n_layer: usize,
+    pub hidden: usize,
+    pub vocab: usize,
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub rope_dim: usize,
+    pub q_lora_rank: usize,
+    pub o_groups: usize,
+    pub o_lora_rank: usize,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub n_shared: usize,
+    pub moe_ff: usize,
+    pub routed_scale: f64,
+    pub norm_topk: bool,
+    pub swiglu_limit: f64,
+    pub sliding_window: usize,
+    pub index_heads: usize,
+    pub index_dim: usize,
+    pub index_topk: usize,
+    /// Per layer: 0 = sliding only, otherwise the compression ratio.
+    pub compress_ratios: Vec<u32>,
+    /// Per layer: this layer's compressor has a lightning indexer (CSA).
+    pub has_indexer: Vec<bool>,
+    pub n_hash: usize,
+    pub hc_mult: usize,
+    pub hc_iters: usize,
+    pub hc_eps: f64,
+    pub eps: f64,
+    pub rope_theta: f64,
+    pub compress_rope_theta: f64,
+    pub yarn: Option<Yarn>,
+    pub max_pos: u64,
+    pub bos: Option<u64>,
+    pub eos: Option<u64>,
+}
+
+fn get<'a>(v: &'a Value, k: &str) -> Option<&'a Value> {
+    v.get(k).filter(|x| !x.is_null())
+}
+
+fn num(v: &Value, k: &str) -> Result<f64> {
+    get(v, k)
+        .and_then(Value::as_f64)
+        .ok_or_else(|| anyhow!("config.json: '{k}' is missing or not a number"))
+}
+
+fn num_or(v: &Value, k: &str, d: f64) -> Result<f64> {
+    match get(v, k) {
+        None => Ok(d),
+        Some(x) => x
+            .as_f64()
+            .ok_or_else(|| anyhow!("config.json: '{k}' is not a number")),
+    }
+}
+
+fn int(v: &Value, k: &str) -> Result<usize> {
+    get(v, k)
+        .and_then(Value::as_u64)
+        .map(|x| x as usize)
+        .ok_or_else(|| anyhow!("config.json: '{k}' is missing or not a non-negative integer"))
+}
+
+fn int_or(v: &Value, k: &str, d: usize) -> Result<usize> {
+    match get(v, k) {
+        None => Ok(d),
+        Some(_) => int(v, k),
+    }
+}
+
+impl Ds4Config {
+    pub fn parse(text: &str) -> Result<Ds4Config> {
+        let v: Value = serde_json::from_str(text).context("config.json is not valid JSON")?;
+        if let Some(mt) = get(&v, "model_type").and_then(Value::as_str) {
+            if mt != "deepseek_v4" {
+                bail!("config.json: model_type is '{mt}', expected 'deepseek_v4'");
+            }
+        }
+        if let Some(sf) = get(&v, "scoring_func").and_then(Value::as_str) {
+            if sf != "sqrtsoftplus" {
+                bail!("config.json: scoring_func '{sf}' is not supported (only sqrtsoftplus)");
+            }
+        }
+        let n_layer = int(&v, "num_hidden_layers")?;
+        let hidden = int(&v, "hidden_size")?;
+        let n_head = int(&v, "num_attention_heads")?;
+        let head_dim = int_or(&v, "head_dim", hidden / n_head.max(1))?;
+        if int_or(&v, "num_key_value_heads", 1)? != 1 {
+            bail!("config.json: DeepSeek-V4 has one shared KV head; num_key_value_heads must be 1");
+        }
+        // Partial RoPE: the release names the rotated width, transformers a fraction.
+        let rope_dim = match get(&v, "qk_rope_head_dim").and_then(Value::as_u64) {
+            Some(d) => d as usize,
+            None => (head_dim as f64 * num_or(&v, "partial_rotary_factor", 0.125)?) as usize,
+        };
+        if rope_dim == 0 || rope_dim % 2 != 0 || rope_dim > head_dim {
+            bail!("config.json: rotated width {rope_dim} must be even and at most head_dim {head_dim}");
+        }
+
+        // Per-layer compression: transformers' layer_types + compress_rates, or the
+        // release's compress_ratios (which may list extra MTP layers at the end).
+        let rates = get(&v, "compress_rates");
+        let rate = |ty: &str, legacy: &str, d: u64| -> Result<u64> {
+            if let Some(r) = rates.and_then(|r| get(r, ty)) {
+                return r
+                    .as_u64()
+                    .ok_or_else(|| anyhow!("config.json: compress_rates.{ty} is not an integer"));
+            }
+            Ok(get(&v, legacy).and_then(Value::as_u64).unwrap_or(d))
+        };
+        let (csa, hca) = (
+            rate("compressed_sparse_attention", "compress_rate_csa", 4)?,
+            rate("heavily_compressed_attention", "compress_rate_hca", 128)?,
+        );
+        let (compress_ratios, has_indexer): (Vec<u32>, Vec<bool>) =
+            if let Some(lt) = get(&v, "layer_types").and_then(Value::as_array) {
+                if lt.len() < n_layer {
+                    bail!("config.json: layer_types has {} entries for {n_layer} layers", lt.len());
+                }
+                lt[..n_layer]
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        Some("sliding_attention") => Ok((0, false)),
+                        Some("compressed_sparse_attention") => Ok((csa as u32, true)),
+                        Some("heavily_compressed_attention") => Ok((hca as u32, false)),
+                        other => Err(anyhow!("config.json: unknown layer type {other:?}")),
+                    })
+                    .collect::<Result<Vec<_>>>()?
+                    .into_iter()
+                    .unzip()
+            } else if let Some(cr) = get(&v, "compress_ratios").and_then(Value::as_array) {
+                if cr.len() < n_layer {
+                    bail!("config.json: compress_ratios has {} entries for {n_layer} layers", cr.len());
+                }
+                cr[..n_layer]
+                    .iter()
+                    .map(|r| {
+                        let r = r
+                            .as_u64()
+                            .ok_or_else(|| anyhow!("config.json: compress_ratios holds a non-integer"))?;
+                        // The release: ratio 4 layers are CSA (with an indexer), 128 are HCA.
+                        Ok((r as u32, r != 0 && r == csa))
+                    })
+                    .collect::<Result<Vec<_>>>()?
+                    .into_iter()
+                    .unzip()
+            } else {
+                // transformers' default schedule: 2 HCA, then alternating HCA / CSA.
+                (0..n_layer)
+                    .map(|i| {
+                        if i >= 2 && (i - 2) % 2 == 1 {
+                            (csa as u32, true)
+                        } else {
+                            (hca as u32, false)
+                        }
+                    })
+                    .unzip()
+            };
+
+        let n_hash = if let Some(mt) = get(&v, "mlp_layer_types").and_then(Value::as_array) {
+            let kinds: Vec<&str> = mt.iter().take(n_layer).filter_map(Value::as_str).collect();
+            let n = kinds.iter().take_while(|k| **k == "hash_moe").count();
+            if kinds.iter().skip(n).any(|k| *k == "hash_moe") {
+                bail!("config.json: hash_moe layers must come first (GGUF stores a count: hash_layer_count)");
+            }
+            if let Some(bad) = kinds.iter().find(|k| !matches!(**k, "hash_moe" | "moe")) {
+                bail!("config.json: unknown mlp layer type '{bad}'");
+            }
+            n
+        } else {
+            int_or(&v, "num_hash_layers", 3)?.min(n_layer)
+        };
+
+        // RoPE: the main (sliding) rope is plain; the compressed branch may use YaRN.
+        let rp = get(&v, "rope_parameters");
+        let main = rp.and_then(|r| get(r, "main"));
+        let comp = rp.and_then(|r| get(r, "compress"));
+        let rope_theta = match main {
+            Some(m) => num(m, "rope_theta")?,
+            None => num_or(&v, "rope_theta", 10000.0)?,
+        };
+        let compress_rope_theta = match comp {
+            Some(c) => num(c, "rope_theta")?,
+            None => num_or(&v, "compress_rope_theta", 160000.0)?,
+        };
+        // Where YaRN parameters live: rope_parameters.compress, a flat rope_parameters,
+        // or the release's rope_scaling.
+        let scaling = comp
+            .or_else(|| rp.filter(|r| get(r, "main").is_none()))
+            .or_else(|| get(&v, "rope_scaling"));
+        let yarn = match scaling {
+            None => None,
+            Some(s) => {
+                let ty = get(s, "rope_type")
+                    .or_else(|| get(s, "type"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                match ty {
+                    "default" => None,
+                    "yarn" => Some(Yarn {
+                        factor: num(s, "factor")?,
+                        original_ctx: num(s, "original_max_position_embeddings")? as u64,
+                        beta_fast: num_or(s, "beta_fast", 32.0)?,
+                        beta_slow: num_or(s, "beta_slow", 1.0)?,
+                        attn_factor: num_or(s, "attention_factor", 1.0)?,
+                    }),
+                    other => bail!("config.json: rope type '{other}' is not supported (default or yarn)"),
+                }
+            }
+        };
+
+        let first_id = |k: &str| -> Option<u64> {
+            match get(&v, k)? {
+                Value::Array(a) => a.first().and_then(Value::as_u64),
+                x => x.as_u64(),
+            }
+        };
+        let c = Ds4Config {
+            n_layer,
+            hidden,
+            vocab: int(&v, "vocab_size")?,
+            n_head,
+            head_dim,
+            rope_dim,
+            q_lora_rank: int(&v, "q_lora_rank")?,
+            o_groups: int_or(&v, "o_groups", 8)?,
+            o_lora_rank: int_or(&v, "o_lora_rank", 1024)?,
+            n_expert: int(&v, "n_routed_experts")?,
+            n_expert_used: int(&v, "num_experts_per_tok")?,
+            n_shared: int_or(&v, "n_shared_experts", 1)?,
+            moe_ff: int(&v, "moe_intermediate_size")?,
+            routed_scale: num_or(&v, "routed_scaling_factor", 1.0)?,
+            norm_topk: get(&v, "norm_topk_prob").and_then(Value::as_bool).unwrap_or(true),
+            swiglu_limit: num_or(&v, "swiglu_limit", 0.0)?,
+            sliding_window: int(&v, "sliding_window")?,
+            index_heads: int_or(&v, "index_n_heads", 64)?,
+            index_dim: int_or(&v, "index_head_dim", 128)?,
+            index_topk: int_or(&v, "index_topk", 512)?,
+            compress_ratios,
+            has_indexer,
+            n_hash,
+            hc_mult: int_or(&v, "hc_mult", 4)?,
+            hc_iters: int_or(&v, "hc_sinkhorn_iters", 20)?,
+            hc_eps: num_or(&v, "hc_eps", 1e-6)?,
+            eps: num_or(&v, "rms_norm_eps", 1e-6)?,
+            rope_theta,
+            compress_rope_theta,
+            yarn,
+            max_pos: int_or(&v, "max_position_embeddings", 1 << 20)? as u64,
+            bos: first_id("bos_token_id"),
+            eos: first_id("eos_token_id"),
+        };
+        if c.n_shared > 1 {
+            bail!("config.json: n_shared_experts {} is not supported (0 or 1)", c.n_shared);
+        }
+        if c.n_head % c.o_groups.max(1) != 0 {
+            bail!("config.json: {} heads do not split into {} output groups", c.n_head, c.o_groups);
+        }
+        Ok(c)
+    }
+}

@@ -1,0 +1,709 @@
+//! DeepSeek-V4 (`deepseek4` GGUF): mHC residual streams, sliding / CSA / HCA attention
+//! with learned compressors and a lightning indexer, hash and top-k routed MoE. Every
+//! size comes from GGUF metadata and tensor shapes. Weight products run as backend
+//! MATMUL / GET_ROWS ops through the quant plugins; per-token glue is in `math`.
+//!
+//! The reference is transformers' cached one-token-at-a-time path; a batched prefill
+//! here walks the same per-token state machine, so prefill == decode by construction
+//! of the compressors and an explicit per-query causal window / row threshold.
+
+mod math;
+mod state;
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use moe_gguf::GgufFile;
+use moe_plugin_api::{ops, types, OpParams, TensorRef};
+
+use crate::{
+    device::{Device, Tensor},
+    model::{BatchEntry, CausalLm, Weights},
+};
+use math::{Rope, YarnParams};
+use state::{Compressor, SlotState};
+
+/// Hyperparameters, all from GGUF metadata (and tensor shapes).
+#[derive(Debug, Clone)]
+pub struct Ds4Params {
+    pub n_layer: usize,
+    pub d: usize,
+    pub n_vocab: usize,
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub rope_dim: usize,
+    pub q_lora: usize,
+    pub o_groups: usize,
+    pub o_lora: usize,
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub routed_scale: f32,
+    pub norm_topk: bool,
+    pub clamp_exp: Vec<f32>,
+    pub clamp_shexp: Vec<f32>,
+    pub window: usize,
+    pub idx_heads: usize,
+    pub idx_dim: usize,
+    pub idx_topk: usize,
+    pub ratios: Vec<usize>,
+    pub n_hash: usize,
+    pub hc: usize,
+    pub hc_iters: usize,
+    pub hc_eps: f32,
+    pub eps: f32,
+    pub rope_base: f32,
+    pub crope_base: f32,
+    pub yarn: Option<YarnParams>,
+    pub train_ctx: usize,
+}
+
+impl Ds4Params {
+    pub fn from_gguf(f: &GgufFile) -> Result<Ds4Params> {
+        let a = "deepseek4";
+        let key = |k: &str| format!("{a}.{k}");
+        let u = |k: &str| -> Result<usize> { Ok(f.get_u64(&key(k))? as usize) };
+        let u_or = |k: &str, d: usize| f.get_u64(&key(k)).map(|v| v as usize).unwrap_or(d);
+        let fl = |k: &str, d: f64| f.get_f64(&key(k)).unwrap_or(d) as f32;
+        let n_layer = u("block_count")?;
+        // Per-layer arrays or one scalar for all layers.
+        let per_layer_f = |k: &str, d: f32| -> Vec<f32> {
+            match f.get_f64_array(&key(k)) {
+                Ok(v) if v.len() >= n_layer => v.iter().map(|x| *x as f32).collect(),
+                _ => vec![fl(k, d as f64); n_layer],
+            }
+        };
+        let ratios: Vec<usize> = match f.get_i64_array(&key("attention.compress_ratios")) {
+            Ok(v) if v.len() >= n_layer => v[..n_layer].iter().map(|&r| r.max(0) as usize).collect(),
+            Ok(v) => bail!("{a}: attention.compress_ratios has {} entries for {n_layer} layers", v.len()),
+            Err(_) => vec![0; n_layer],
+        };
+        let embd = f
+            .tensor("token_embd.weight")
+            .context("the model has no token_embd.weight")?;
+        let yarn = match f.get_str(&key("rope.scaling.type")).unwrap_or("none") {
+            "none" => None,
+            "yarn" => Some(YarnParams {
+                factor: fl("rope.scaling.factor", 1.0),
+                original_ctx: u("rope.scaling.original_context_length")? as f32,
+                beta_fast: fl("rope.scaling.yarn_beta_fast", 32.0),
+                beta_slow: fl("rope.scaling.yarn_beta_slow", 1.0),
+                attn_factor: fl("rope.scaling.attn_factor", 1.0),
+            }),
+            other => bail!("{a}: rope scaling '{other}' is not supported (yarn or none)"),
+        };
+        let p = Ds4Params {
+            n_layer,
+            d: u("embedding_length")?,
+            n_vocab: embd.dims.get(1).copied().unwrap_or(0) as usize,
+            n_head: u("attention.head_count")?,
+            head_dim: u("attention.key_length")?,
+            rope_dim: u("rope.dimension_count")?,
+            q_lora: u("attention.q_lora_rank")?,
+            o_groups: u_or("attention.output_group_count", 1),
+            o_lora: u("attention.output_lora_rank")?,
+            n_expert: u("expert_count")?,
+            n_used: u("expert_used_count")?,
+            routed_scale: fl("expert_weights_scale", 1.0),
+            norm_topk: f.get_bool(&key("expert_weights_norm")).unwrap_or(true),
+            clamp_exp: per_layer_f("swiglu_clamp_exp", 0.0),
+            clamp_shexp: per_layer_f("swiglu_clamp_shexp", 0.0),
+            window: u("attention.sliding_window")?,
+            idx_heads: u_or("attention.indexer.head_count", 0),
+            idx_dim: u_or("attention.indexer.key_length", 0),
+            idx_topk: u_or("attention.indexer.top_k", 0),
+            ratios,
+            n_hash: u_or("hash_layer_count", 0),
+            hc: u("hyper_connection.count")?,
+            hc_iters: u_or("hyper_connection.sinkhorn_iterations", 20),
+            hc_eps: fl("hyper_connection.epsilon", 1e-6),
+            eps: fl("attention.layer_norm_rms_epsilon", 1e-6),
+            rope_base: fl("rope.freq_base", 10000.0),
+            crope_base: fl("attention.compress_rope_freq_base", 160000.0),
+            yarn,
+            train_ctx: u_or("context_length", 4096),
+        };
+        if p.n_head == 0 || p.o_groups == 0 || p.n_head % p.o_groups != 0 {
+            bail!("{a}: {} heads do not split into {} output groups", p.n_head, p.o_groups);
+        }
+        if p.rope_dim % 2 != 0 || p.rope_dim > p.head_dim || p.window == 0 || p.hc == 0 {
+            bail!("{a}: inconsistent sizes (rope {} of head {}, window {}, hc {})", p.rope_dim, p.head_dim, p.window, p.hc);
+        }
+        if p.n_used == 0 || p.n_used > p.n_expert {
+            bail!("{a}: expert_used_count {} of {} experts", p.n_used, p.n_expert);
+        }
+        Ok(p)
+    }
+}
+
+/// A small tensor the host glue reads every step, kept as f32 on the host.
+type HostF32 = Vec<f32>;
+
+struct CompWeights {
+    ratio: usize,
+    /// ratio x width position biases.
+    ape: HostF32,
+    norm: HostF32,
+    kv: Arc<Tensor>,
+    gate: Arc<Tensor>,
+    /// Overlapping windows (CSA and its indexer) project 2 x dim per token.
+    overlap: bool,
+    dim: usize,
+}
+
+struct Indexer {
+    comp: CompWeights,
+    q_b: Arc<Tensor>,
+    proj: Arc<Tensor>,
+}
+
+struct Layer {
+    attn_norm: HostF32,
+    ffn_norm: HostF32,
+    hc_attn: (Arc<Tensor>, HostF32, HostF32),
+    hc_ffn: (Arc<Tensor>, HostF32, HostF32),
+    q_a: Arc<Tensor>,
+    q_a_norm: HostF32,
+    q_b: Arc<Tensor>,
+    kv: Arc<Tensor>,
+    kv_norm: HostF32,
+    out_a: Arc<Tensor>,
+    out_b: Arc<Tensor>,
+    sinks: HostF32,
+    comp: Option<CompWeights>,
+    indexer: Option<Indexer>,
+    router: Arc<Tensor>,
+    bias: Option<HostF32>,
+    tid2eid: Option<Vec<i32>>,
+    gate_exps: Arc<Tensor>,
+    up_exps: Arc<Tensor>,
+    down_exps: Arc<Tensor>,
+    shexp: Option<(Arc<Tensor>, Arc<Tensor>, Arc<Tensor>)>,
+}
+
+pub struct Deepseek4 {
+    p: Ds4Params,
+    dev: Arc<Device>,
+    embd: Arc<Tensor>,
+    out_norm: HostF32,
+    output: Arc<Tensor>,
+    hc_head: (Arc<Tensor>, HostF32, HostF32),
+    layers: Vec<Layer>,
+    rope_main: Rope,
+    rope_comp: Rope,
+    n_ctx: usize,
+    slots: Vec<SlotState>,
+}
+
+/// Reads a small tensor to host f32 (F32 directly from the file, anything else
+/// decoded by the backend through its quant plugin).
+fn host_f32(f: &GgufFile, w: &Weights, name: &str) -> Result<HostF32> {
+    let info = f
+        .tensor(name)
+        .ok_or_else(|| anyhow!("the model has no tensor '{name}'"))?;
+    if info.type_id == types::F32 {
+        return Ok(f
+            .tensor_data(info)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect());
+    }
+    let t = w.get(name)?;
+    let cols = info.dims[0] as usize;
+    let rows = (info.numel() as usize) / cols.max(1);
+    let dev = w.device();
+    let ids = dev.i32(rows)?;
+    ids.upload_i32(&(0..rows as i32).collect::<Vec<_>>())?;
+    let out = dev.f32([cols as u64, rows as u64, 1, 1])?;
+    let table = TensorRef {
+        dims: [cols as u64, rows as u64, 1, 1],
+        ..t.r
+    };
+    dev.op(ops::GET_ROWS, OpParams::default(), &[table, ids.r, out.r])
+        .with_context(|| format!("decoding {name}"))?;
+    dev.sync()?;
+    out.download_f32(cols * rows)
+}
+
+fn check_dims(t: &Tensor, name: &str, want: &[usize]) -> Result<()> {
+    let have: Vec<usize> = t.r.dims.iter().map(|&d| d as usize).collect();
+    if have[..want.len()] != *want || have[want.len()..].iter().any(|&d| d != 1) {
+        bail!("tensor {name} has dims {have:?}, expected {want:?}");
+    }
+    Ok(())
+}
+
+impl Deepseek4 {
+    pub fn new(f: &GgufFile, w: &Weights, n_ctx: usize, n_slots: usize) -> Result<Deepseek4> {
+        let p = Ds4Params::from_gguf(f)?;
+        let g = |n: &str| w.get(n);
+        let h = |n: &str| host_f32(f, w, n);
+        let hd = p.head_dim;
+        let mut layers = Vec::with_capacity(p.n_layer);
+        for l in 0..p.n_layer {
+            let b = |s: &str| format!("blk.{l}.{s}");
+            let hc_site = |s: &str| -> Result<(Arc<Tensor>, HostF32, HostF32)> {
+                Ok((g(&b(&format!("hc_{s}_fn.weight")))?, h(&b(&format!("hc_{s}_scale.weight")))?, h(&b(&format!("hc_{s}_base.weight")))?))
+            };
+            let ratio = p.ratios[l];
+            let comp_w = |pre: &str, dim: usize, overlap: bool| -> Result<CompWeights> {
+                let kv = g(&b(&format!("{pre}_kv.weight")))?;
+                let width = if overlap { 2 * dim } else { dim };
+                check_dims(&kv, &b(&format!("{pre}_kv.weight")), &[p.d, width])?;
+                let ape = h(&b(&format!("{pre}_ape.weight")))?;
+                if ape.len() != ratio * width {
+                    bail!("{}: {} values, expected ratio {ratio} x {width}", b(&format!("{pre}_ape.weight")), ape.len());
+                }
+                Ok(CompWeights {
+                    ratio,
+                    ape,
+                    norm: h(&b(&format!("{pre}_norm.weight")))?,
+                    kv,
+                    gate: g(&b(&format!("{pre}_gate.weight")))?,
+                    overlap,
+                    dim,
+                })
+            };
+            // A compressed layer with an indexer is CSA (overlapping windows); without, HCA.
+            let is_csa = ratio > 0 && f.tensor(&b("indexer.attn_q_b.weight")).is_some();
+            let comp = if ratio > 0 { Some(comp_w("attn_compressor", hd, is_csa)?) } else { None };
+            let indexer = if is_csa {
+                if p.idx_heads == 0 || p.idx_dim < p.rope_dim {
+                    bail!("layer {l}: indexer of {} heads x {} dims cannot carry rope width {}", p.idx_heads, p.idx_dim, p.rope_dim);
+                }
+                Some(Indexer {
+                    comp: comp_w("indexer_compressor", p.idx_dim, true)?,
+                    q_b: g(&b("indexer.attn_q_b.weight"))?,
+                    proj: g(&b("indexer.proj.weight"))?,
+                })
+            } else {
+                None
+            };
+            let is_hash = l < p.n_hash;
+            let tid2eid = if is_hash {
+                let name = b("ffn_gate_tid2eid.weight");
+                let info = f.tensor(&name).ok_or_else(|| anyhow!("hash layer {l} has no {name}"))?;
+                if info.type_id != types::I32 || info.dims[0] as usize != p.n_used {
+                    bail!("{name}: expected I32 [{}, vocab], found type {} dims {:?}", p.n_used, info.type_id, info.dims);
+                }
+                let v: Vec<i32> = f.tensor_data(info).chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                if let Some(bad) = v.iter().find(|&&e| e < 0 || e as usize >= p.n_expert) {
+                    bail!("{name}: expert id {bad} outside 0..{}", p.n_expert);
+                }
+                Some(v)
+            } else {
+                None
+            };
+            let bias = if !is_hash && f.tensor(&b("exp_probs_b.bias")).is_some() {
+                Some(h(&b("exp_probs_b.bias"))?)
+            } else {
+                None
+            };
+            let shexp = if f.tensor(&b("ffn_gate_shexp.weight")).is_some() {
+                Some((g(&b("ffn_gate_shexp.weight"))?, g(&b("ffn_up_shexp.weight"))?, g(&b("ffn_down_shexp.weight"))?))
+            } else {
+                None
+            };
+            let q_b = g(&b("attn_q_b.weight"))?;
+            check_dims(&q_b, &b("attn_q_b.weight"), &[p.q_lora, p.n_head * hd])?;
+            let out_a = g(&b("attn_output_a.weight"))?;
+            check_dims(&out_a, &b("attn_output_a.weight"), &[p.n_head * hd / p.o_groups, p.o_groups * p.o_lora])?;
+            let gate_exps = g(&b("ffn_gate_exps.weight"))?;
+            if gate_exps.r.dims[2] as usize != p.n_expert {
+                bail!("{}: {} experts, metadata says {}", b("ffn_gate_exps.weight"), gate_exps.r.dims[2], p.n_expert);
+            }
+            layers.push(Layer {
+                attn_norm: h(&b("attn_norm.weight"))?,
+                ffn_norm: h(&b("ffn_norm.weight"))?,
+                hc_attn: hc_site("attn")?,
+                hc_ffn: hc_site("ffn")?,
+                q_a: g(&b("attn_q_a.weight"))?,
+                q_a_norm: h(&b("attn_q_a_norm.weight"))?,
+                q_b,
+                kv: g(&b("attn_kv.weight"))?,
+                kv_norm: h(&b("attn_kv_a_norm.weight"))?,
+                out_a,
+                out_b: g(&b("attn_output_b.weight"))?,
+                sinks: h(&b("attn_sinks.weight"))?,
+                comp,
+                indexer,
+                router: g(&b("ffn_gate_inp.weight"))?,
+                bias,
+                tid2eid,
+                gate_exps,
+                up_exps: g(&b("ffn_up_exps.weight"))?,
+                down_exps: g(&b("ffn_down_exps.weight"))?,
+                shexp,
+            });
+        }
+        let rope_main = Rope::plain(p.rope_base, p.rope_dim);
+        let rope_comp = match p.yarn {
+            Some(y) => Rope::yarn(p.crope_base, p.rope_dim, y),
+            None => Rope::plain(p.crope_base, p.rope_dim),
+        };
+        let slots = (0..n_slots.max(1)).map(|_| SlotState::new(&p, &layers_shape(&layers))).collect();
+        Ok(Deepseek4 {
+            dev: w.device().clone(),
+            embd: g("token_embd.weight")?,
+            out_norm: h("output_norm.weight")?,
+            output: g("output.weight")?,
+            hc_head: (g("output_hc_fn.weight")?, h("output_hc_scale.weight")?, h("output_hc_base.weight")?),
+            layers,
+            rope_main,
+            rope_comp,
+            n_ctx,
+            slots,
+            p,
+        })
+    }
+
+    /// out[n, m] = W x for `n` rows of `k` values (W given as a view: [k, m]).
+    fn mm(&self, w: TensorRef, x: &[f32]) -> Result<Vec<f32>> {
+        let (k, m) = (w.dims[0] as usize, w.dims[1] as usize);
+        let n = x.len() / k.max(1);
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let xin = self.dev.f32([k as u64, n as u64, 1, 1])?;
+        xin.upload_f32(x)?;
+        let out = self.dev.f32([m as u64, n as u64, 1, 1])?;
+        self.dev.op(ops::MATMUL, OpParams::default(), &[w, xin.r, out.r])?;
+        self.dev.sync()?;
+        out.download_f32(m * n)
+    }
+
+    fn lin(&self, w: &Tensor, x: &[f32]) -> Result<Vec<f32>> {
+        let r = TensorRef {
+            dims: [w.r.dims[0], w.r.dims[1], 1, 1],
+            ..w.r
+        };
+        self.mm(r, x)
+    }
+
+    /// The [k, m] slice of expert `e` of a stacked [k, m, E] tensor.
+    fn expert_view(w: &Tensor, e: usize) -> TensorRef {
+        let per = w.bytes / w.r.dims[2].max(1);
+        TensorRef {
+            offset: w.r.offset + per * e as u64,
+            dims: [w.r.dims[0], w.r.dims[1], 1, 1],
+            ..w.r
+        }
+    }
+
+    /// One mHC site: streams [T, hc, d] -> (block inputs [T, d], weights per token).
+    fn hc_pre(&self, site: &(Arc<Tensor>, HostF32, HostF32), streams: &[f32]) -> Result<(Vec<f32>, Vec<math::HcWeights>)> {
+        let (d, hc) = (self.p.d, self.p.hc);
+        let mut normed = streams.to_vec();
+        math::rms_norm(&mut normed, hc * d, None, self.p.eps);
+        let mix = self.lin(&site.0, &normed)?;
+        let nm = mix.len() / (streams.len() / (hc * d)).max(1);
+        let mut x = vec![0.0; streams.len() / hc];
+        let mut ws = Vec::new();
+        for (t, s) in streams.chunks_exact(hc * d).enumerate() {
+            let w = math::hc_weights(&mix[t * nm..(t + 1) * nm], &site.1, &site.2, hc, self.p.hc_iters, self.p.hc_eps);
+            math::hc_collapse(s, &w.pre, d, &mut x[t * d..(t + 1) * d]);
+            ws.push(w);
+        }
+        Ok((x, ws))
+    }
+
+    /// Runs `n` consecutive tokens of one slot, starting at position `p0`; returns the
+    /// final hidden rows (after the HC head and output norm) of the tokens in `keep`.
+    fn run_chunk(&mut self, slot: usize, tokens: &[u32], p0: usize) -> Result<Vec<f32>> {
+        let p = self.p.clone();
+        let (d, hc, n) = (p.d, p.hc, tokens.len());
+        // Embedding, copied into every stream.
+        let ids = self.dev.i32(n)?;
+        ids.upload_i32(&tokens.iter().map(|&t| t as i32).collect::<Vec<_>>())?;
+        let emb = self.dev.f32([d as u64, n as u64, 1, 1])?;
+        self.dev.op(ops::GET_ROWS, OpParams::default(), &[self.embd.r, ids.r, emb.r])?;
+        self.dev.sync()?;
+        let emb = emb.download_f32(n * d)?;
+        let mut streams = vec![0.0f32; n * hc * d];
+        for t in 0..n {
+            for s in 0..hc {
+                streams[(t * hc + s) * d..(t * hc + s + 1) * d].copy_from_slice(&emb[t * d..(t + 1) * d]);
+            }
+        }
+        for l in 0..p.n_layer {
+            let (mut x, ws) = self.hc_pre(&self.layers[l].hc_attn, &streams)?;
+            math::rms_norm(&mut x, d, Some(&self.layers[l].attn_norm), p.eps);
+            let a = self.attention(l, slot, &x, p0)?;
+            for t in 0..n {
+                math::hc_expand(&mut streams[t * hc * d..(t + 1) * hc * d], &a[t * d..(t + 1) * d], &ws[t], d);
+            }
+            let (mut x, ws) = self.hc_pre(&self.layers[l].hc_ffn, &streams)?;
+            math::rms_norm(&mut x, d, Some(&self.layers[l].ffn_norm), p.eps);
+            let m = self.moe(l, &x, tokens)?;
+            for t in 0..n {
+                math::hc_expand(&mut streams[t * hc * d..(t + 1) * hc * d], &m[t * d..(t + 1) * d], &ws[t], d);
+            }
+        }
+        // Output head: collapse the streams with their own sigmoid weights, then norm.
+        let mut normed = streams.clone();
+        math::rms_norm(&mut normed, hc * d, None, p.eps);
+        let mix = self.lin(&self.hc_head.0, &normed)?;
+        let mut out = vec![0.0; n * d];
+        for t in 0..n {
+            let pre: Vec<f32> = (0..hc)
+                .map(|i| math::sigmoid(mix[t * hc + i] * self.hc_head.1[0] + self.hc_head.2[i]) + p.hc_eps)
+                .collect();
+            math::hc_collapse(&streams[t * hc * d..(t + 1) * hc * d], &pre, d, &mut out[t * d..(t + 1) * d]);
+        }
+        math::rms_norm(&mut out, d, Some(&self.out_norm), p.eps);
+        Ok(out)
+    }
+
+    fn attention(&mut self, l: usize, slot: usize, x: &[f32], p0: usize) -> Result<Vec<f32>> {
+        let p = &self.p;
+        let (hd, nh, n) = (p.head_dim, p.n_head, x.len() / p.d);
+        let lay = &self.layers[l];
+        let rope = if p.ratios[l] == 0 { &self.rope_main } else { &self.rope_comp };
+        let mut q_res = self.lin(&lay.q_a, x)?;
+        math::rms_norm(&mut q_res, p.q_lora, Some(&lay.q_a_norm), p.eps);
+        let mut q = self.lin(&lay.q_b, &q_res)?;
+        math::rms_norm(&mut q, hd, None, p.eps);
+        let mut kv = self.lin(&lay.kv, x)?;
+        math::rms_norm(&mut kv, hd, Some(&lay.kv_norm), p.eps);
+        for t in 0..n {
+            let pos = (p0 + t) as u32;
+            rope.apply(&mut q[t * nh * hd..(t + 1) * nh * hd], hd, pos, false);
+            rope.apply(&mut kv[t * hd..(t + 1) * hd], hd, pos, false);
+        }
+        // Compressed rows (emitted as their windows close) and, for CSA, the indexer's.
+        let mut comp_rows = None;
+        if let Some(c) = &lay.comp {
+            let (ck, cg) = (self.lin(&c.kv, x)?, self.lin(&c.gate, x)?);
+            let st = self.slots[slot].layers[l].comp.as_mut().ok_or_else(|| anyhow!("layer {l}: no compressor state"))?;
+            st.push(c, &ck, &cg, &self.rope_comp, p.eps);
+            comp_rows = Some(l);
+        }
+        let mut selected: Option<Vec<Vec<usize>>> = None;
+        if let Some(ix) = &lay.indexer {
+            let (ik, ig) = (self.lin(&ix.comp.kv, x)?, self.lin(&ix.comp.gate, x)?);
+            let mut iq = self.lin(&ix.q_b, &q_res)?;
+            let w = self.lin(&ix.proj, x)?;
+            let st = self.slots[slot].layers[l].idx.as_mut().ok_or_else(|| anyhow!("layer {l}: no indexer state"))?;
+            st.push(&ix.comp, &ik, &ig, &self.rope_comp, p.eps);
+            let st = &*st;
+            let (ih, id) = (p.idx_heads, p.idx_dim);
+            let (sm, ws) = ((id as f32).powf(-0.5), (ih as f32).powf(-0.5));
+            let rows = &st.rows;
+            let mut sel = Vec::with_capacity(n);
+            for t in 0..n {
+                let pos = p0 + t;
+                self.rope_comp.apply(&mut iq[t * ih * id..(t + 1) * ih * id], id, pos as u32, false);
+                let visible = ((pos + 1) / ix.comp.ratio).min(rows.len() / id);
+                let scores: Vec<f32> = (0..visible)
+                    .map(|s| {
+                        let k = &rows[s * id..(s + 1) * id];
+                        (0..ih)
+                            .map(|h| {
+                                let qh = &iq[(t * ih + h) * id..(t * ih + h + 1) * id];
+                                let dot: f32 = qh.iter().zip(k).map(|(a, b)| a * b).sum();
+                                dot.max(0.0) * sm * (w[t * ih + h] * ws)
+                            })
+                            .sum()
+                    })
+                    .collect();
+                sel.push(math::top_k(&scores, p.idx_topk.min(visible)));
+            }
+            selected = Some(sel);
+        }
+        // Sliding window: previous rows of this slot, then this chunk's.
+        let st = &self.slots[slot].layers[l];
+        let prior = st.window.len() / hd;
+        let mut win = st.window.clone();
+        win.extend_from_slice(&kv);
+        let scale = (hd as f32).powf(-0.5);
+        let mut out = vec![0.0; n * nh * hd];
+        for t in 0..n {
+            let pos = p0 + t;
+            let last = prior + t;
+            let first = (last + 1).saturating_sub(p.window);
+            let mut keys: Vec<&[f32]> = (first..=last).map(|r| &win[r * hd..(r + 1) * hd]).collect();
+            if let (Some(_), Some(cst)) = (comp_rows, st.comp.as_ref()) {
+                let c = &cst.rows;
+                match &selected {
+                    Some(sel) => keys.extend(sel[t].iter().map(|&s| &c[s * hd..(s + 1) * hd])),
+                    None => {
+                        let visible = ((pos + 1) / p.ratios[l]).min(c.len() / hd);
+                        keys.extend((0..visible).map(|s| &c[s * hd..(s + 1) * hd]));
+                    }
+                }
+            }
+            for h in 0..nh {
+                let o = (t * nh + h) * hd;
+                math::attend(&q[o..o + hd], &keys, scale, lay.sinks[h], &mut out[o..o + hd]);
+            }
+            rope.apply(&mut out[t * nh * hd..(t + 1) * nh * hd], hd, pos as u32, true);
+        }
+        let keep = (prior + n).min(p.window.saturating_sub(1));
+        let st = &mut self.slots[slot].layers[l];
+        st.window = win[(prior + n - keep) * hd..].to_vec();
+        // Grouped output projection: each group of heads through its own block of rows.
+        let (gw, gr) = (nh * hd / p.o_groups, p.o_lora);
+        let per_group = lay.out_a.bytes / p.o_groups as u64;
+        let mut mid = vec![0.0; n * p.o_groups * gr];
+        for g in 0..p.o_groups {
+            let xs: Vec<f32> = (0..n).flat_map(|t| out[t * nh * hd + g * gw..t * nh * hd + (g + 1) * gw].iter().copied()).collect();
+            let view = TensorRef {
+                offset: lay.out_a.r.offset + per_group * g as u64,
+                dims: [gw as u64, gr as u64, 1, 1],
+                ..lay.out_a.r
+            };
+            let y = self.mm(view, &xs)?;
+            for t in 0..n {
+                mid[t * p.o_groups * gr + g * gr..t * p.o_groups * gr + (g + 1) * gr].copy_from_slice(&y[t * gr..(t + 1) * gr]);
+            }
+        }
+        self.lin(&lay.out_b, &mid)
+    }
+
+    fn moe(&self, l: usize, x: &[f32], tokens: &[u32]) -> Result<Vec<f32>> {
+        let p = &self.p;
+        let (d, n, k) = (p.d, tokens.len(), p.n_used);
+        let lay = &self.layers[l];
+        let logits = self.lin(&lay.router, x)?;
+        let e_n = p.n_expert;
+        // Routes per expert: (token, weight).
+        let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e_n];
+        for t in 0..n {
+            let scores: Vec<f32> = logits[t * e_n..(t + 1) * e_n].iter().map(|&v| math::softplus(v).sqrt()).collect();
+            let ids: Vec<usize> = match &lay.tid2eid {
+                Some(tab) => {
+                    let tok = tokens[t] as usize;
+                    let row = tab.get(tok * k..(tok + 1) * k).ok_or_else(|| anyhow!("token {tok} outside the hash table"))?;
+                    row.iter().map(|&e| e as usize).collect()
+                }
+                None => {
+                    let biased: Vec<f32> = match &lay.bias {
+                        Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+                        None => scores.clone(),
+                    };
+                    math::top_k(&biased, k)
+                }
+            };
+            let mut w: Vec<f32> = ids.iter().map(|&e| scores[e]).collect();
+            if p.norm_topk {
+                let s: f32 = w.iter().sum::<f32>() + 1e-20;
+                w.iter_mut().for_each(|v| *v /= s);
+            }
+            for (e, wt) in ids.into_iter().zip(w) {
+                routes[e].push((t, wt * p.routed_scale));
+            }
+        }
+        let mut out = vec![0.0f32; n * d];
+        let ffn = |g: TensorRef, u: TensorRef, dn: TensorRef, xs: &[f32], lim: f32| -> Result<Vec<f32>> {
+            let (gv, uv) = (self.mm(g, xs)?, self.mm(u, xs)?);
+            let act: Vec<f32> = gv
+                .iter()
+                .zip(&uv)
+                .map(|(&a, &b)| {
+                    let (a, b) = if lim > 0.0 { (a.min(lim), b.clamp(-lim, lim)) } else { (a, b) };
+                    math::silu(a) * b
+                })
+                .collect();
+            self.mm(dn, &act)
+        };
+        for (e, r) in routes.iter().enumerate() {
+            if r.is_empty() {
+                continue;
+            }
+            let xs: Vec<f32> = r.iter().flat_map(|&(t, _)| x[t * d..(t + 1) * d].iter().copied()).collect();
+            let y = ffn(
+                Self::expert_view(&lay.gate_exps, e),
+                Self::expert_view(&lay.up_exps, e),
+                Self::expert_view(&lay.down_exps, e),
+                &xs,
+                p.clamp_exp[l],
+            )?;
+            for (i, &(t, w)) in r.iter().enumerate() {
+                out[t * d..(t + 1) * d].iter_mut().zip(&y[i * d..(i + 1) * d]).for_each(|(o, v)| *o += w * v);
+            }
+        }
+        if let Some((g, u, dn)) = &lay.shexp {
+            let v = |t: &Tensor| TensorRef { dims: [t.r.dims[0], t.r.dims[1], 1, 1], ..t.r };
+            let y = ffn(v(g), v(u), v(dn), x, p.clamp_shexp[l])?;
+            out.iter_mut().zip(&y).for_each(|(o, v)| *o += v);
+        }
+        Ok(out)
+    }
+}
+
+/// Per-layer (compressor?, indexer?) shapes for the state.
+fn layers_shape(layers: &[Layer]) -> Vec<(Option<(usize, usize, bool)>, Option<(usize, usize, bool)>)> {
+    layers
+        .iter()
+        .map(|l| {
+            (
+                l.comp.as_ref().map(|c| (c.ratio, c.dim, c.overlap)),
+                l.indexer.as_ref().map(|i| (i.comp.ratio, i.comp.dim, i.comp.overlap)),
+            )
+        })
+        .collect()
+}
+
+impl Compressor {
+    fn push(&mut self, w: &CompWeights, kv: &[f32], gate: &[f32], rope: &Rope, eps: f32) {
+        self.feed(kv, gate, &w.ape, |row, pos| {
+            math::rms_norm(row, w.dim, Some(&w.norm), eps);
+            rope.apply(row, w.dim, pos, false);
+        });
+    }
+}
+
+impl CausalLm for Deepseek4 {
+    fn arch(&self) -> &str {
+        "deepseek4"
+    }
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    fn n_slots(&self) -> usize {
+        self.slots.len()
+    }
+    fn n_vocab(&self) -> usize {
+        self.p.n_vocab
+    }
+    fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+
+    fn forward(&mut self, batch: &[BatchEntry]) -> Result<Vec<Vec<f32>>> {
+        let mut rows = Vec::new();
+        let mut i = 0;
+        while i < batch.len() {
+            // A run of one slot's consecutive positions is one chunk.
+            let (slot, p0) = (batch[i].slot as usize, batch[i].pos as usize);
+            let mut j = i + 1;
+            while j < batch.len() && batch[j].slot as usize == slot && batch[j].pos as usize == p0 + (j - i) {
+                j += 1;
+            }
+            let n_slots = self.slots.len();
+            let st = self.slots.get_mut(slot).ok_or_else(|| anyhow!("slot {slot} outside 0..{n_slots}"))?;
+            if p0 == 0 {
+                st.reset();
+            } else if p0 != st.n_past {
+                bail!("deepseek4 slot {slot} holds {} positions; a chunk at {p0} would need a rewind, which the compressed state cannot do", st.n_past);
+            }
+            if p0 + (j - i) > self.n_ctx {
+                bail!("positions up to {} exceed the context of {}", p0 + (j - i), self.n_ctx);
+            }
+            let tokens: Vec<u32> = batch[i..j].iter().map(|e| e.token).collect();
+            if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.p.n_vocab) {
+                bail!("token id {bad} outside the vocabulary of {}", self.p.n_vocab);
+            }
+            let hidden = self.run_chunk(slot, &tokens, p0)?;
+            self.slots[slot].n_past = p0 + tokens.len();
+            let want: Vec<usize> = (i..j).filter(|&e| batch[e].want_logits).map(|e| e - i).collect();
+            if !want.is_empty() {
+                let d = self.p.d;
+                let xs: Vec<f32> = want.iter().flat_map(|&t| hidden[t * d..(t + 1) * d].iter().copied()).collect();
+                let logits = self.lin(&self.output, &xs)?;
+                rows.extend(logits.chunks_exact(self.p.n_vocab).map(<[f32]>::to_vec));
+            }
+            i = j;
+        }
+        Ok(rows)
+    }
+}
