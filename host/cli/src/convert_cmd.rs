@@ -21,8 +21,12 @@ pub fn run(config: &Path, dir: &Path, out: &Path, ty: &str) -> Result<()> {
         })?;
         let bw = f.block_weights.max(1) as usize;
         let mut q = vec![0u8; v.len() / bw * f.block_bytes as usize];
-        into_result((f.encode)(0, RSlice::from_slice(v), RSliceMut::from_mut_slice(&mut q)))
-            .map_err(|e| anyhow!("{}: {e}", f.name))?;
+        into_result((f.encode)(
+            0,
+            RSlice::from_slice(v),
+            RSliceMut::from_mut_slice(&mut q),
+        ))
+        .map_err(|e| anyhow!("{}: {e}", f.name))?;
         Ok(q)
     };
     let pb = ProgressBar::new(0);

@@ -111,7 +111,10 @@ pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
     let mut made = 0;
     for i in 0..n {
         let id = argmax(&logits);
-        if tokenizer.as_ref().is_some_and(|t| t.is_end_of_generation(id)) {
+        if tokenizer
+            .as_ref()
+            .is_some_and(|t| t.is_end_of_generation(id))
+        {
             break;
         }
         if a.ids {

@@ -134,7 +134,10 @@ impl Ds4Config {
         let (compress_ratios, has_indexer): (Vec<u32>, Vec<bool>) =
             if let Some(lt) = get(&v, "layer_types").and_then(Value::as_array) {
                 if lt.len() < n_layer {
-                    bail!("config.json: layer_types has {} entries for {n_layer} layers", lt.len());
+                    bail!(
+                        "config.json: layer_types has {} entries for {n_layer} layers",
+                        lt.len()
+                    );
                 }
                 lt[..n_layer]
                     .iter()
@@ -149,14 +152,17 @@ impl Ds4Config {
                     .unzip()
             } else if let Some(cr) = get(&v, "compress_ratios").and_then(Value::as_array) {
                 if cr.len() < n_layer {
-                    bail!("config.json: compress_ratios has {} entries for {n_layer} layers", cr.len());
+                    bail!(
+                        "config.json: compress_ratios has {} entries for {n_layer} layers",
+                        cr.len()
+                    );
                 }
                 cr[..n_layer]
                     .iter()
                     .map(|r| {
-                        let r = r
-                            .as_u64()
-                            .ok_or_else(|| anyhow!("config.json: compress_ratios holds a non-integer"))?;
+                        let r = r.as_u64().ok_or_else(|| {
+                            anyhow!("config.json: compress_ratios holds a non-integer")
+                        })?;
                         // The release: ratio 4 layers are CSA (with an indexer), 128 are HCA.
                         Ok((r as u32, r != 0 && r == csa))
                     })
@@ -223,7 +229,9 @@ impl Ds4Config {
                         beta_slow: num_or(s, "beta_slow", 1.0)?,
                         attn_factor: num_or(s, "attention_factor", 1.0)?,
                     }),
-                    other => bail!("config.json: rope type '{other}' is not supported (default or yarn)"),
+                    other => {
+                        bail!("config.json: rope type '{other}' is not supported (default or yarn)")
+                    }
                 }
             }
         };
@@ -249,7 +257,9 @@ impl Ds4Config {
             n_shared: int_or(&v, "n_shared_experts", 1)?,
             moe_ff: int(&v, "moe_intermediate_size")?,
             routed_scale: num_or(&v, "routed_scaling_factor", 1.0)?,
-            norm_topk: get(&v, "norm_topk_prob").and_then(Value::as_bool).unwrap_or(true),
+            norm_topk: get(&v, "norm_topk_prob")
+                .and_then(Value::as_bool)
+                .unwrap_or(true),
             swiglu_limit: num_or(&v, "swiglu_limit", 0.0)?,
             sliding_window: int(&v, "sliding_window")?,
             index_heads: int_or(&v, "index_n_heads", 64)?,
@@ -270,10 +280,17 @@ impl Ds4Config {
             eos: first_id("eos_token_id"),
         };
         if c.n_shared > 1 {
-            bail!("config.json: n_shared_experts {} is not supported (0 or 1)", c.n_shared);
+            bail!(
+                "config.json: n_shared_experts {} is not supported (0 or 1)",
+                c.n_shared
+            );
         }
-        if c.n_head % c.o_groups.max(1) != 0 {
-            bail!("config.json: {} heads do not split into {} output groups", c.n_head, c.o_groups);
+        if !c.n_head.is_multiple_of(c.o_groups.max(1)) {
+            bail!(
+                "config.json: {} heads do not split into {} output groups",
+                c.n_head,
+                c.o_groups
+            );
         }
         Ok(c)
     }

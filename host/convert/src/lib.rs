@@ -81,8 +81,10 @@ fn encode_matrix(
 ) -> Result<(u32, Vec<u8>)> {
     let k = *shape.last().unwrap_or(&1);
     let mut t = ty.type_id();
-    if t == Q8_0 && k % 32 != 0 {
-        notes.push(format!("{name}: rows of {k} are not a multiple of 32; stored as f16 instead of q8_0"));
+    if t == Q8_0 && !k.is_multiple_of(32) {
+        notes.push(format!(
+            "{name}: rows of {k} are not a multiple of 32; stored as f16 instead of q8_0"
+        ));
         t = F16;
     }
     if t == F32 {
@@ -97,7 +99,10 @@ fn metadata(w: &mut GgufWriter, c: &Ds4Config, name: &str) {
     let u = |x: usize| Value::U32(x as u32);
     let f = |x: f64| Value::F32(x as f32);
     let mut kv = |k: &str, v: Value| w.add_kv(&format!("{a}.{k}"), v);
-    kv("context_length", Value::U32(c.max_pos.min(u32::MAX as u64) as u32));
+    kv(
+        "context_length",
+        Value::U32(c.max_pos.min(u32::MAX as u64) as u32),
+    );
     kv("block_count", u(c.n_layer));
     kv("embedding_length", u(c.hidden));
     kv("embedding_length_out", u(c.hidden * c.hc_mult));
@@ -118,7 +123,10 @@ fn metadata(w: &mut GgufWriter, c: &Ds4Config, name: &str) {
         "attention.compress_ratios",
         Value::Array(c.compress_ratios.iter().map(|&r| Value::U32(r)).collect()),
     );
-    kv("attention.compress_rope_freq_base", f(c.compress_rope_theta));
+    kv(
+        "attention.compress_rope_freq_base",
+        f(c.compress_rope_theta),
+    );
     kv("attention.layer_norm_rms_epsilon", f(c.eps));
     kv("expert_count", u(c.n_expert));
     kv("expert_used_count", u(c.n_expert_used));
@@ -138,7 +146,10 @@ fn metadata(w: &mut GgufWriter, c: &Ds4Config, name: &str) {
     if let Some(y) = &c.yarn {
         kv("rope.scaling.type", Value::String("yarn".into()));
         kv("rope.scaling.factor", f(y.factor));
-        kv("rope.scaling.original_context_length", Value::U32(y.original_ctx as u32));
+        kv(
+            "rope.scaling.original_context_length",
+            Value::U32(y.original_ctx as u32),
+        );
         kv("rope.scaling.yarn_beta_fast", f(y.beta_fast));
         kv("rope.scaling.yarn_beta_slow", f(y.beta_slow));
         kv("rope.scaling.attn_factor", f(y.attn_factor));
@@ -191,7 +202,9 @@ pub fn convert(
             skipped.push(n.to_string());
             continue;
         }
-        if n.ends_with(".scale") && src.has(&format!("{}.weight", n.strip_suffix(".scale").unwrap())) {
+        if n.ends_with(".scale")
+            && src.has(&format!("{}.weight", n.strip_suffix(".scale").unwrap()))
+        {
             continue; // consumed with its weight
         }
         match names::map(n) {
@@ -204,11 +217,18 @@ pub fn convert(
     }
     for ((layer, k), es) in &experts {
         if es.len() != c.n_expert {
-            bail!("layer {layer}: {} experts have w{k}, config says {}", es.len(), c.n_expert);
+            bail!(
+                "layer {layer}: {} experts have w{k}, config says {}",
+                es.len(),
+                c.n_expert
+            );
         }
     }
     if c.n_layer > 0 && experts.is_empty() && c.n_expert > 0 {
-        bail!("{}: no routed expert weights (layers.N.ffn.experts.E.w1/w2/w3)", dir.display());
+        bail!(
+            "{}: no routed expert weights (layers.N.ffn.experts.E.w1/w2/w3)",
+            dir.display()
+        );
     }
 
     let total = plain.len() + experts.len();
@@ -231,7 +251,11 @@ pub fn convert(
                 if let Some(&bad) = v.iter().find(|&&e| e < 0 || e as usize >= c.n_expert) {
                     bail!("'{n}': expert id {bad} outside 0..{}", c.n_expert);
                 }
-                (I32, ggml_dims(&shape), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                (
+                    I32,
+                    ggml_dims(&shape),
+                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                )
             }
             Kind::Control => {
                 let (shape, v) = src.f32(n)?;

@@ -26,7 +26,12 @@ pub fn base_name(name: &str) -> &str {
 
 pub fn map(name: &str) -> Option<Mapped> {
     let n = base_name(name);
-    let m = |g: &str, kind| Some(Mapped { gguf: g.to_string(), kind });
+    let m = |g: &str, kind| {
+        Some(Mapped {
+            gguf: g.to_string(),
+            kind,
+        })
+    };
     match n {
         "embed_tokens.weight" | "embed.weight" => return m("token_embd.weight", Kind::Matrix),
         "norm.weight" => return m("output_norm.weight", Kind::Control),
@@ -99,12 +104,21 @@ mod tests {
 
     #[test]
     fn both_naming_styles_map_to_one_name() {
-        for n in ["model.layers.3.attn.norm.weight", "layers.3.attn.kv_norm.weight"] {
+        for n in [
+            "model.layers.3.attn.norm.weight",
+            "layers.3.attn.kv_norm.weight",
+        ] {
             assert_eq!(map(n).unwrap().gguf, "blk.3.attn_kv_a_norm.weight");
         }
         assert_eq!(map("embed.weight").unwrap().gguf, "token_embd.weight");
-        assert_eq!(map("model.hc_head.hc_fn").unwrap().gguf, "output_hc_fn.weight");
-        assert_eq!(expert("model.layers.2.ffn.experts.17.w3.weight"), Some((2, 17, 3)));
+        assert_eq!(
+            map("model.hc_head.hc_fn").unwrap().gguf,
+            "output_hc_fn.weight"
+        );
+        assert_eq!(
+            expert("model.layers.2.ffn.experts.17.w3.weight"),
+            Some((2, 17, 3))
+        );
         assert_eq!(expert("layers.0.ffn.experts.1.w2.scale"), Some((0, 1, 2)));
         assert!(map("model.layers.1.attn.mystery.weight").is_none());
     }

@@ -41,7 +41,10 @@ impl Source {
                 .map_err(|e| anyhow!("{}: not a valid safetensors file: {e}", p.display()))?;
             for (name, info) in meta.tensors() {
                 if index.insert(name.clone(), (i, info.clone())).is_some() {
-                    bail!("tensor '{name}' appears in two shards (second: {})", p.display());
+                    bail!(
+                        "tensor '{name}' appears in two shards (second: {})",
+                        p.display()
+                    );
                 }
             }
             shards.push((p.display().to_string(), m, 8 + header));
@@ -78,7 +81,11 @@ impl Source {
     pub fn f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
         let r = self.raw(name)?;
         let v = match r.dtype {
-            Dtype::F32 => r.data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+            Dtype::F32 => r
+                .data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
             Dtype::F16 => r
                 .data
                 .chunks_exact(2)
@@ -90,7 +97,9 @@ impl Source {
                 .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
             Dtype::F8_E4M3 => return self.fp8_scaled(name, &r),
-            other => bail!("tensor '{name}': dtype {other:?} is not a float type this converter decodes"),
+            other => {
+                bail!("tensor '{name}': dtype {other:?} is not a float type this converter decodes")
+            }
         };
         Ok((r.shape, v))
     }
@@ -98,7 +107,10 @@ impl Source {
     fn fp8_scaled(&self, name: &str, r: &Raw<'_>) -> Result<(Vec<usize>, Vec<f32>)> {
         let sname = format!("{}.scale", name.strip_suffix(".weight").unwrap_or(name));
         if r.shape.len() != 2 {
-            bail!("tensor '{name}': FP8 weights must be 2-D, found {:?}", r.shape);
+            bail!(
+                "tensor '{name}': FP8 weights must be 2-D, found {:?}",
+                r.shape
+            );
         }
         let s = self
             .raw(&sname)
@@ -126,9 +138,16 @@ impl Source {
                 .data
                 .chunks_exact(8)
                 .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-                .map(|x| i32::try_from(x).map_err(|_| anyhow!("tensor '{name}': value {x} does not fit i32")))
+                .map(|x| {
+                    i32::try_from(x)
+                        .map_err(|_| anyhow!("tensor '{name}': value {x} does not fit i32"))
+                })
                 .collect::<Result<_>>()?,
-            Dtype::I32 => r.data.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect(),
+            Dtype::I32 => r
+                .data
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
             other => bail!("tensor '{name}': expected an integer table, found {other:?}"),
         };
         Ok((r.shape, v))
@@ -151,10 +170,17 @@ impl Source {
         }
         let (rows, cols) = (r.shape[0], r.shape[1] * 2);
         if cols % 32 != 0 || s.data.len() != rows * cols / 32 {
-            bail!("'{name}': {rows}x{cols} MXFP4 weight with {} scale bytes (expected {})", s.data.len(), rows * cols / 32);
+            bail!(
+                "'{name}': {rows}x{cols} MXFP4 weight with {} scale bytes (expected {})",
+                s.data.len(),
+                rows * cols / 32
+            );
         }
         if !matches!(s.dtype, Dtype::U8 | Dtype::I8 | Dtype::F8_E8M0) {
-            bail!("'{sname}': MXFP4 scales must be e8m0 bytes, found {:?}", s.dtype);
+            bail!(
+                "'{sname}': MXFP4 scales must be e8m0 bytes, found {:?}",
+                s.dtype
+            );
         }
         let mut out = Vec::with_capacity(rows * cols / 32 * 17);
         for (b, scale) in s.data.iter().enumerate() {
@@ -172,7 +198,11 @@ impl Source {
 fn e8m0_values(s: &Raw<'_>, name: &str) -> Result<Vec<f32>> {
     match s.dtype {
         Dtype::U8 | Dtype::I8 | Dtype::F8_E8M0 => Ok(s.data.iter().map(|&b| e8m0(b)).collect()),
-        Dtype::F32 => Ok(s.data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+        Dtype::F32 => Ok(s
+            .data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()),
         other => bail!("'{name}': scales of dtype {other:?} are not supported (e8m0 or f32)"),
     }
 }

@@ -109,8 +109,12 @@ pub fn open_gguf(reg: &Registry, path: &Path) -> Result<GgufFile> {
     // Integer tables (e.g. deepseek4's tid2eid, I32) are plain data the host reads
     // itself; every other type must be claimed by a quant plugin.
     let sizes = |id: u32| {
-        reg.type_size(id)
-            .or_else(|| (24..=28).contains(&id).then(|| moe_gguf::ggml_type_size(id)).flatten())
+        reg.type_size(id).or_else(|| {
+            (24..=28)
+                .contains(&id)
+                .then(|| moe_gguf::ggml_type_size(id))
+                .flatten()
+        })
     };
     Ok(GgufFile::open(path, &sizes)?)
 }
@@ -284,7 +288,11 @@ pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedMod
     let model: Box<dyn CausalLm> = if arch == "deepseek4" {
         let p = deepseek4::Ds4Params::from_gguf(&f)
             .with_context(|| format!("{}: deepseek4 metadata", path.display()))?;
-        let n_ctx = if opts.n_ctx == 0 { p.train_ctx.min(4096) } else { opts.n_ctx };
+        let n_ctx = if opts.n_ctx == 0 {
+            p.train_ctx.min(4096)
+        } else {
+            opts.n_ctx
+        };
         Box::new(
             deepseek4::Deepseek4::new(&f, &weights, n_ctx, opts.n_slots.max(1))
                 .with_context(|| format!("{}: building the deepseek4 graph", path.display()))?,

@@ -120,7 +120,14 @@ pub struct HcWeights {
 }
 
 /// From the projected mixes (`2*hc + hc*hc` values) of one token.
-pub fn hc_weights(mix: &[f32], scale: &[f32], base: &[f32], hc: usize, iters: usize, eps: f32) -> HcWeights {
+pub fn hc_weights(
+    mix: &[f32],
+    scale: &[f32],
+    base: &[f32],
+    hc: usize,
+    iters: usize,
+    eps: f32,
+) -> HcWeights {
     let pre = (0..hc)
         .map(|i| sigmoid(mix[i] * scale[0] + base[i]) + eps)
         .collect();
@@ -230,12 +237,17 @@ mod tests {
     #[test]
     fn sinkhorn_makes_comb_doubly_stochastic() {
         let hc = 4;
-        let mix: Vec<f32> = (0..2 * hc + hc * hc).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
+        let mix: Vec<f32> = (0..2 * hc + hc * hc)
+            .map(|i| ((i * 7) % 5) as f32 - 2.0)
+            .collect();
         let w = hc_weights(&mix, &[1.0, 0.5, 2.0], &vec![0.1; mix.len()], hc, 20, 1e-6);
         for i in 0..hc {
             let row: f32 = (0..hc).map(|j| w.comb[i * hc + j]).sum();
             let col: f32 = (0..hc).map(|j| w.comb[j * hc + i]).sum();
-            assert!((row - 1.0).abs() < 1e-3 && (col - 1.0).abs() < 1e-4, "{row} {col}");
+            assert!(
+                (row - 1.0).abs() < 1e-3 && (col - 1.0).abs() < 1e-4,
+                "{row} {col}"
+            );
         }
     }
 
@@ -255,7 +267,12 @@ mod tests {
     #[test]
     fn pool_ignores_masked_slots_and_sink_takes_mass() {
         let mut out = [0.0; 2];
-        pool(&[9.0, 9.0, 1.0, 3.0], &[f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0, 0.0], 2, &mut out);
+        pool(
+            &[9.0, 9.0, 1.0, 3.0],
+            &[f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0, 0.0],
+            2,
+            &mut out,
+        );
         assert_eq!(out, [1.0, 3.0]);
         let k = [1.0f32, 0.0];
         attend(&[0.0, 0.0], &[&k], 1.0, 0.0, &mut out);

@@ -73,8 +73,13 @@ impl Ds4Params {
             }
         };
         let ratios: Vec<usize> = match f.get_i64_array(&key("attention.compress_ratios")) {
-            Ok(v) if v.len() >= n_layer => v[..n_layer].iter().map(|&r| r.max(0) as usize).collect(),
-            Ok(v) => bail!("{a}: attention.compress_ratios has {} entries for {n_layer} layers", v.len()),
+            Ok(v) if v.len() >= n_layer => {
+                v[..n_layer].iter().map(|&r| r.max(0) as usize).collect()
+            }
+            Ok(v) => bail!(
+                "{a}: attention.compress_ratios has {} entries for {n_layer} layers",
+                v.len()
+            ),
             Err(_) => vec![0; n_layer],
         };
         let embd = f
@@ -122,14 +127,28 @@ impl Ds4Params {
             yarn,
             train_ctx: u_or("context_length", 4096),
         };
-        if p.n_head == 0 || p.o_groups == 0 || p.n_head % p.o_groups != 0 {
-            bail!("{a}: {} heads do not split into {} output groups", p.n_head, p.o_groups);
+        if p.n_head == 0 || p.o_groups == 0 || !p.n_head.is_multiple_of(p.o_groups) {
+            bail!(
+                "{a}: {} heads do not split into {} output groups",
+                p.n_head,
+                p.o_groups
+            );
         }
-        if p.rope_dim % 2 != 0 || p.rope_dim > p.head_dim || p.window == 0 || p.hc == 0 {
-            bail!("{a}: inconsistent sizes (rope {} of head {}, window {}, hc {})", p.rope_dim, p.head_dim, p.window, p.hc);
+        if !p.rope_dim.is_multiple_of(2) || p.rope_dim > p.head_dim || p.window == 0 || p.hc == 0 {
+            bail!(
+                "{a}: inconsistent sizes (rope {} of head {}, window {}, hc {})",
+                p.rope_dim,
+                p.head_dim,
+                p.window,
+                p.hc
+            );
         }
         if p.n_used == 0 || p.n_used > p.n_expert {
-            bail!("{a}: expert_used_count {} of {} experts", p.n_used, p.n_expert);
+            bail!(
+                "{a}: expert_used_count {} of {} experts",
+                p.n_used,
+                p.n_expert
+            );
         }
         Ok(p)
     }
@@ -242,7 +261,11 @@ impl Deepseek4 {
         for l in 0..p.n_layer {
             let b = |s: &str| format!("blk.{l}.{s}");
             let hc_site = |s: &str| -> Result<(Arc<Tensor>, HostF32, HostF32)> {
-                Ok((g(&b(&format!("hc_{s}_fn.weight")))?, h(&b(&format!("hc_{s}_scale.weight")))?, h(&b(&format!("hc_{s}_base.weight")))?))
+                Ok((
+                    g(&b(&format!("hc_{s}_fn.weight")))?,
+                    h(&b(&format!("hc_{s}_scale.weight")))?,
+                    h(&b(&format!("hc_{s}_base.weight")))?,
+                ))
             };
             let ratio = p.ratios[l];
             let comp_w = |pre: &str, dim: usize, overlap: bool| -> Result<CompWeights> {
@@ -251,7 +274,11 @@ impl Deepseek4 {
                 check_dims(&kv, &b(&format!("{pre}_kv.weight")), &[p.d, width])?;
                 let ape = h(&b(&format!("{pre}_ape.weight")))?;
                 if ape.len() != ratio * width {
-                    bail!("{}: {} values, expected ratio {ratio} x {width}", b(&format!("{pre}_ape.weight")), ape.len());
+                    bail!(
+                        "{}: {} values, expected ratio {ratio} x {width}",
+                        b(&format!("{pre}_ape.weight")),
+                        ape.len()
+                    );
                 }
                 Ok(CompWeights {
                     ratio,
@@ -265,10 +292,19 @@ impl Deepseek4 {
             };
             // A compressed layer with an indexer is CSA (overlapping windows); without, HCA.
             let is_csa = ratio > 0 && f.tensor(&b("indexer.attn_q_b.weight")).is_some();
-            let comp = if ratio > 0 { Some(comp_w("attn_compressor", hd, is_csa)?) } else { None };
+            let comp = if ratio > 0 {
+                Some(comp_w("attn_compressor", hd, is_csa)?)
+            } else {
+                None
+            };
             let indexer = if is_csa {
                 if p.idx_heads == 0 || p.idx_dim < p.rope_dim {
-                    bail!("layer {l}: indexer of {} heads x {} dims cannot carry rope width {}", p.idx_heads, p.idx_dim, p.rope_dim);
+                    bail!(
+                        "layer {l}: indexer of {} heads x {} dims cannot carry rope width {}",
+                        p.idx_heads,
+                        p.idx_dim,
+                        p.rope_dim
+                    );
                 }
                 Some(Indexer {
                     comp: comp_w("indexer_compressor", p.idx_dim, true)?,
@@ -281,11 +317,22 @@ impl Deepseek4 {
             let is_hash = l < p.n_hash;
             let tid2eid = if is_hash {
                 let name = b("ffn_gate_tid2eid.weight");
-                let info = f.tensor(&name).ok_or_else(|| anyhow!("hash layer {l} has no {name}"))?;
+                let info = f
+                    .tensor(&name)
+                    .ok_or_else(|| anyhow!("hash layer {l} has no {name}"))?;
                 if info.type_id != types::I32 || info.dims[0] as usize != p.n_used {
-                    bail!("{name}: expected I32 [{}, vocab], found type {} dims {:?}", p.n_used, info.type_id, info.dims);
+                    bail!(
+                        "{name}: expected I32 [{}, vocab], found type {} dims {:?}",
+                        p.n_used,
+                        info.type_id,
+                        info.dims
+                    );
                 }
-                let v: Vec<i32> = f.tensor_data(info).chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                let v: Vec<i32> = f
+                    .tensor_data(info)
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
                 if let Some(bad) = v.iter().find(|&&e| e < 0 || e as usize >= p.n_expert) {
                     bail!("{name}: expert id {bad} outside 0..{}", p.n_expert);
                 }
@@ -299,17 +346,30 @@ impl Deepseek4 {
                 None
             };
             let shexp = if f.tensor(&b("ffn_gate_shexp.weight")).is_some() {
-                Some((g(&b("ffn_gate_shexp.weight"))?, g(&b("ffn_up_shexp.weight"))?, g(&b("ffn_down_shexp.weight"))?))
+                Some((
+                    g(&b("ffn_gate_shexp.weight"))?,
+                    g(&b("ffn_up_shexp.weight"))?,
+                    g(&b("ffn_down_shexp.weight"))?,
+                ))
             } else {
                 None
             };
             let q_b = g(&b("attn_q_b.weight"))?;
             check_dims(&q_b, &b("attn_q_b.weight"), &[p.q_lora, p.n_head * hd])?;
             let out_a = g(&b("attn_output_a.weight"))?;
-            check_dims(&out_a, &b("attn_output_a.weight"), &[p.n_head * hd / p.o_groups, p.o_groups * p.o_lora])?;
+            check_dims(
+                &out_a,
+                &b("attn_output_a.weight"),
+                &[p.n_head * hd / p.o_groups, p.o_groups * p.o_lora],
+            )?;
             let gate_exps = g(&b("ffn_gate_exps.weight"))?;
             if gate_exps.r.dims[2] as usize != p.n_expert {
-                bail!("{}: {} experts, metadata says {}", b("ffn_gate_exps.weight"), gate_exps.r.dims[2], p.n_expert);
+                bail!(
+                    "{}: {} experts, metadata says {}",
+                    b("ffn_gate_exps.weight"),
+                    gate_exps.r.dims[2],
+                    p.n_expert
+                );
             }
             layers.push(Layer {
                 attn_norm: h(&b("attn_norm.weight"))?,
@@ -340,13 +400,19 @@ impl Deepseek4 {
             Some(y) => Rope::yarn(p.crope_base, p.rope_dim, y),
             None => Rope::plain(p.crope_base, p.rope_dim),
         };
-        let slots = (0..n_slots.max(1)).map(|_| SlotState::new(&p, &layers_shape(&layers))).collect();
+        let slots = (0..n_slots.max(1))
+            .map(|_| SlotState::new(&p, &layers_shape(&layers)))
+            .collect();
         Ok(Deepseek4 {
             dev: w.device().clone(),
             embd: g("token_embd.weight")?,
             out_norm: h("output_norm.weight")?,
             output: g("output.weight")?,
-            hc_head: (g("output_hc_fn.weight")?, h("output_hc_scale.weight")?, h("output_hc_base.weight")?),
+            hc_head: (
+                g("output_hc_fn.weight")?,
+                h("output_hc_scale.weight")?,
+                h("output_hc_base.weight")?,
+            ),
             layers,
             rope_main,
             rope_comp,
@@ -366,7 +432,8 @@ impl Deepseek4 {
         let xin = self.dev.f32([k as u64, n as u64, 1, 1])?;
         xin.upload_f32(x)?;
         let out = self.dev.f32([m as u64, n as u64, 1, 1])?;
-        self.dev.op(ops::MATMUL, OpParams::default(), &[w, xin.r, out.r])?;
+        self.dev
+            .op(ops::MATMUL, OpParams::default(), &[w, xin.r, out.r])?;
         self.dev.sync()?;
         out.download_f32(m * n)
     }
@@ -390,7 +457,11 @@ impl Deepseek4 {
     }
 
     /// One mHC site: streams [T, hc, d] -> (block inputs [T, d], weights per token).
-    fn hc_pre(&self, site: &(Arc<Tensor>, HostF32, HostF32), streams: &[f32]) -> Result<(Vec<f32>, Vec<math::HcWeights>)> {
+    fn hc_pre(
+        &self,
+        site: &(Arc<Tensor>, HostF32, HostF32),
+        streams: &[f32],
+    ) -> Result<(Vec<f32>, Vec<math::HcWeights>)> {
         let (d, hc) = (self.p.d, self.p.hc);
         let mut normed = streams.to_vec();
         math::rms_norm(&mut normed, hc * d, None, self.p.eps);
@@ -399,7 +470,14 @@ impl Deepseek4 {
         let mut x = vec![0.0; streams.len() / hc];
         let mut ws = Vec::new();
         for (t, s) in streams.chunks_exact(hc * d).enumerate() {
-            let w = math::hc_weights(&mix[t * nm..(t + 1) * nm], &site.1, &site.2, hc, self.p.hc_iters, self.p.hc_eps);
+            let w = math::hc_weights(
+                &mix[t * nm..(t + 1) * nm],
+                &site.1,
+                &site.2,
+                hc,
+                self.p.hc_iters,
+                self.p.hc_eps,
+            );
             math::hc_collapse(s, &w.pre, d, &mut x[t * d..(t + 1) * d]);
             ws.push(w);
         }
@@ -415,13 +493,18 @@ impl Deepseek4 {
         let ids = self.dev.i32(n)?;
         ids.upload_i32(&tokens.iter().map(|&t| t as i32).collect::<Vec<_>>())?;
         let emb = self.dev.f32([d as u64, n as u64, 1, 1])?;
-        self.dev.op(ops::GET_ROWS, OpParams::default(), &[self.embd.r, ids.r, emb.r])?;
+        self.dev.op(
+            ops::GET_ROWS,
+            OpParams::default(),
+            &[self.embd.r, ids.r, emb.r],
+        )?;
         self.dev.sync()?;
         let emb = emb.download_f32(n * d)?;
         let mut streams = vec![0.0f32; n * hc * d];
         for t in 0..n {
             for s in 0..hc {
-                streams[(t * hc + s) * d..(t * hc + s + 1) * d].copy_from_slice(&emb[t * d..(t + 1) * d]);
+                streams[(t * hc + s) * d..(t * hc + s + 1) * d]
+                    .copy_from_slice(&emb[t * d..(t + 1) * d]);
             }
         }
         for l in 0..p.n_layer {
@@ -429,13 +512,23 @@ impl Deepseek4 {
             math::rms_norm(&mut x, d, Some(&self.layers[l].attn_norm), p.eps);
             let a = self.attention(l, slot, &x, p0)?;
             for t in 0..n {
-                math::hc_expand(&mut streams[t * hc * d..(t + 1) * hc * d], &a[t * d..(t + 1) * d], &ws[t], d);
+                math::hc_expand(
+                    &mut streams[t * hc * d..(t + 1) * hc * d],
+                    &a[t * d..(t + 1) * d],
+                    &ws[t],
+                    d,
+                );
             }
             let (mut x, ws) = self.hc_pre(&self.layers[l].hc_ffn, &streams)?;
             math::rms_norm(&mut x, d, Some(&self.layers[l].ffn_norm), p.eps);
             let m = self.moe(l, &x, tokens)?;
             for t in 0..n {
-                math::hc_expand(&mut streams[t * hc * d..(t + 1) * hc * d], &m[t * d..(t + 1) * d], &ws[t], d);
+                math::hc_expand(
+                    &mut streams[t * hc * d..(t + 1) * hc * d],
+                    &m[t * d..(t + 1) * d],
+                    &ws[t],
+                    d,
+                );
             }
         }
         // Output head: collapse the streams with their own sigmoid weights, then norm.
@@ -445,9 +538,17 @@ impl Deepseek4 {
         let mut out = vec![0.0; n * d];
         for t in 0..n {
             let pre: Vec<f32> = (0..hc)
-                .map(|i| math::sigmoid(mix[t * hc + i] * self.hc_head.1[0] + self.hc_head.2[i]) + p.hc_eps)
+                .map(|i| {
+                    math::sigmoid(mix[t * hc + i] * self.hc_head.1[0] + self.hc_head.2[i])
+                        + p.hc_eps
+                })
                 .collect();
-            math::hc_collapse(&streams[t * hc * d..(t + 1) * hc * d], &pre, d, &mut out[t * d..(t + 1) * d]);
+            math::hc_collapse(
+                &streams[t * hc * d..(t + 1) * hc * d],
+                &pre,
+                d,
+                &mut out[t * d..(t + 1) * d],
+            );
         }
         math::rms_norm(&mut out, d, Some(&self.out_norm), p.eps);
         Ok(out)
@@ -457,7 +558,11 @@ impl Deepseek4 {
         let p = &self.p;
         let (hd, nh, n) = (p.head_dim, p.n_head, x.len() / p.d);
         let lay = &self.layers[l];
-        let rope = if p.ratios[l] == 0 { &self.rope_main } else { &self.rope_comp };
+        let rope = if p.ratios[l] == 0 {
+            &self.rope_main
+        } else {
+            &self.rope_comp
+        };
         let mut q_res = self.lin(&lay.q_a, x)?;
         math::rms_norm(&mut q_res, p.q_lora, Some(&lay.q_a_norm), p.eps);
         let mut q = self.lin(&lay.q_b, &q_res)?;
@@ -473,7 +578,10 @@ impl Deepseek4 {
         let mut comp_rows = None;
         if let Some(c) = &lay.comp {
             let (ck, cg) = (self.lin(&c.kv, x)?, self.lin(&c.gate, x)?);
-            let st = self.slots[slot].layers[l].comp.as_mut().ok_or_else(|| anyhow!("layer {l}: no compressor state"))?;
+            let st = self.slots[slot].layers[l]
+                .comp
+                .as_mut()
+                .ok_or_else(|| anyhow!("layer {l}: no compressor state"))?;
             st.push(c, &ck, &cg, &self.rope_comp, p.eps);
             comp_rows = Some(l);
         }
@@ -482,7 +590,10 @@ impl Deepseek4 {
             let (ik, ig) = (self.lin(&ix.comp.kv, x)?, self.lin(&ix.comp.gate, x)?);
             let mut iq = self.lin(&ix.q_b, &q_res)?;
             let w = self.lin(&ix.proj, x)?;
-            let st = self.slots[slot].layers[l].idx.as_mut().ok_or_else(|| anyhow!("layer {l}: no indexer state"))?;
+            let st = self.slots[slot].layers[l]
+                .idx
+                .as_mut()
+                .ok_or_else(|| anyhow!("layer {l}: no indexer state"))?;
             st.push(&ix.comp, &ik, &ig, &self.rope_comp, p.eps);
             let st = &*st;
             let (ih, id) = (p.idx_heads, p.idx_dim);
@@ -491,7 +602,12 @@ impl Deepseek4 {
             let mut sel = Vec::with_capacity(n);
             for t in 0..n {
                 let pos = p0 + t;
-                self.rope_comp.apply(&mut iq[t * ih * id..(t + 1) * ih * id], id, pos as u32, false);
+                self.rope_comp.apply(
+                    &mut iq[t * ih * id..(t + 1) * ih * id],
+                    id,
+                    pos as u32,
+                    false,
+                );
                 let visible = ((pos + 1) / ix.comp.ratio).min(rows.len() / id);
                 let scores: Vec<f32> = (0..visible)
                     .map(|s| {
@@ -520,7 +636,8 @@ impl Deepseek4 {
             let pos = p0 + t;
             let last = prior + t;
             let first = (last + 1).saturating_sub(p.window);
-            let mut keys: Vec<&[f32]> = (first..=last).map(|r| &win[r * hd..(r + 1) * hd]).collect();
+            let mut keys: Vec<&[f32]> =
+                (first..=last).map(|r| &win[r * hd..(r + 1) * hd]).collect();
             if let (Some(_), Some(cst)) = (comp_rows, st.comp.as_ref()) {
                 let c = &cst.rows;
                 match &selected {
@@ -533,9 +650,20 @@ impl Deepseek4 {
             }
             for h in 0..nh {
                 let o = (t * nh + h) * hd;
-                math::attend(&q[o..o + hd], &keys, scale, lay.sinks[h], &mut out[o..o + hd]);
+                math::attend(
+                    &q[o..o + hd],
+                    &keys,
+                    scale,
+                    lay.sinks[h],
+                    &mut out[o..o + hd],
+                );
             }
-            rope.apply(&mut out[t * nh * hd..(t + 1) * nh * hd], hd, pos as u32, true);
+            rope.apply(
+                &mut out[t * nh * hd..(t + 1) * nh * hd],
+                hd,
+                pos as u32,
+                true,
+            );
         }
         let keep = (prior + n).min(p.window.saturating_sub(1));
         let st = &mut self.slots[slot].layers[l];
@@ -545,7 +673,13 @@ impl Deepseek4 {
         let per_group = lay.out_a.bytes / p.o_groups as u64;
         let mut mid = vec![0.0; n * p.o_groups * gr];
         for g in 0..p.o_groups {
-            let xs: Vec<f32> = (0..n).flat_map(|t| out[t * nh * hd + g * gw..t * nh * hd + (g + 1) * gw].iter().copied()).collect();
+            let xs: Vec<f32> = (0..n)
+                .flat_map(|t| {
+                    out[t * nh * hd + g * gw..t * nh * hd + (g + 1) * gw]
+                        .iter()
+                        .copied()
+                })
+                .collect();
             let view = TensorRef {
                 offset: lay.out_a.r.offset + per_group * g as u64,
                 dims: [gw as u64, gr as u64, 1, 1],
@@ -553,7 +687,8 @@ impl Deepseek4 {
             };
             let y = self.mm(view, &xs)?;
             for t in 0..n {
-                mid[t * p.o_groups * gr + g * gr..t * p.o_groups * gr + (g + 1) * gr].copy_from_slice(&y[t * gr..(t + 1) * gr]);
+                mid[t * p.o_groups * gr + g * gr..t * p.o_groups * gr + (g + 1) * gr]
+                    .copy_from_slice(&y[t * gr..(t + 1) * gr]);
             }
         }
         self.lin(&lay.out_b, &mid)
@@ -568,11 +703,16 @@ impl Deepseek4 {
         // Routes per expert: (token, weight).
         let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e_n];
         for t in 0..n {
-            let scores: Vec<f32> = logits[t * e_n..(t + 1) * e_n].iter().map(|&v| math::softplus(v).sqrt()).collect();
+            let scores: Vec<f32> = logits[t * e_n..(t + 1) * e_n]
+                .iter()
+                .map(|&v| math::softplus(v).sqrt())
+                .collect();
             let ids: Vec<usize> = match &lay.tid2eid {
                 Some(tab) => {
                     let tok = tokens[t] as usize;
-                    let row = tab.get(tok * k..(tok + 1) * k).ok_or_else(|| anyhow!("token {tok} outside the hash table"))?;
+                    let row = tab
+                        .get(tok * k..(tok + 1) * k)
+                        .ok_or_else(|| anyhow!("token {tok} outside the hash table"))?;
                     row.iter().map(|&e| e as usize).collect()
                 }
                 None => {
@@ -593,23 +733,31 @@ impl Deepseek4 {
             }
         }
         let mut out = vec![0.0f32; n * d];
-        let ffn = |g: TensorRef, u: TensorRef, dn: TensorRef, xs: &[f32], lim: f32| -> Result<Vec<f32>> {
-            let (gv, uv) = (self.mm(g, xs)?, self.mm(u, xs)?);
-            let act: Vec<f32> = gv
-                .iter()
-                .zip(&uv)
-                .map(|(&a, &b)| {
-                    let (a, b) = if lim > 0.0 { (a.min(lim), b.clamp(-lim, lim)) } else { (a, b) };
-                    math::silu(a) * b
-                })
-                .collect();
-            self.mm(dn, &act)
-        };
+        let ffn =
+            |g: TensorRef, u: TensorRef, dn: TensorRef, xs: &[f32], lim: f32| -> Result<Vec<f32>> {
+                let (gv, uv) = (self.mm(g, xs)?, self.mm(u, xs)?);
+                let act: Vec<f32> = gv
+                    .iter()
+                    .zip(&uv)
+                    .map(|(&a, &b)| {
+                        let (a, b) = if lim > 0.0 {
+                            (a.min(lim), b.clamp(-lim, lim))
+                        } else {
+                            (a, b)
+                        };
+                        math::silu(a) * b
+                    })
+                    .collect();
+                self.mm(dn, &act)
+            };
         for (e, r) in routes.iter().enumerate() {
             if r.is_empty() {
                 continue;
             }
-            let xs: Vec<f32> = r.iter().flat_map(|&(t, _)| x[t * d..(t + 1) * d].iter().copied()).collect();
+            let xs: Vec<f32> = r
+                .iter()
+                .flat_map(|&(t, _)| x[t * d..(t + 1) * d].iter().copied())
+                .collect();
             let y = ffn(
                 Self::expert_view(&lay.gate_exps, e),
                 Self::expert_view(&lay.up_exps, e),
@@ -618,11 +766,17 @@ impl Deepseek4 {
                 p.clamp_exp[l],
             )?;
             for (i, &(t, w)) in r.iter().enumerate() {
-                out[t * d..(t + 1) * d].iter_mut().zip(&y[i * d..(i + 1) * d]).for_each(|(o, v)| *o += w * v);
+                out[t * d..(t + 1) * d]
+                    .iter_mut()
+                    .zip(&y[i * d..(i + 1) * d])
+                    .for_each(|(o, v)| *o += w * v);
             }
         }
         if let Some((g, u, dn)) = &lay.shexp {
-            let v = |t: &Tensor| TensorRef { dims: [t.r.dims[0], t.r.dims[1], 1, 1], ..t.r };
+            let v = |t: &Tensor| TensorRef {
+                dims: [t.r.dims[0], t.r.dims[1], 1, 1],
+                ..t.r
+            };
             let y = ffn(v(g), v(u), v(dn), x, p.clamp_shexp[l])?;
             out.iter_mut().zip(&y).for_each(|(o, v)| *o += v);
         }
@@ -631,13 +785,15 @@ impl Deepseek4 {
 }
 
 /// Per-layer (compressor?, indexer?) shapes for the state.
-fn layers_shape(layers: &[Layer]) -> Vec<(Option<(usize, usize, bool)>, Option<(usize, usize, bool)>)> {
+fn layers_shape(layers: &[Layer]) -> Vec<(state::Shape, state::Shape)> {
     layers
         .iter()
         .map(|l| {
             (
                 l.comp.as_ref().map(|c| (c.ratio, c.dim, c.overlap)),
-                l.indexer.as_ref().map(|i| (i.comp.ratio, i.comp.dim, i.comp.overlap)),
+                l.indexer
+                    .as_ref()
+                    .map(|i| (i.comp.ratio, i.comp.dim, i.comp.overlap)),
             )
         })
         .collect()
@@ -676,29 +832,48 @@ impl CausalLm for Deepseek4 {
             // A run of one slot's consecutive positions is one chunk.
             let (slot, p0) = (batch[i].slot as usize, batch[i].pos as usize);
             let mut j = i + 1;
-            while j < batch.len() && batch[j].slot as usize == slot && batch[j].pos as usize == p0 + (j - i) {
+            while j < batch.len()
+                && batch[j].slot as usize == slot
+                && batch[j].pos as usize == p0 + (j - i)
+            {
                 j += 1;
             }
             let n_slots = self.slots.len();
-            let st = self.slots.get_mut(slot).ok_or_else(|| anyhow!("slot {slot} outside 0..{n_slots}"))?;
+            let st = self
+                .slots
+                .get_mut(slot)
+                .ok_or_else(|| anyhow!("slot {slot} outside 0..{n_slots}"))?;
             if p0 == 0 {
                 st.reset();
             } else if p0 != st.n_past {
                 bail!("deepseek4 slot {slot} holds {} positions; a chunk at {p0} would need a rewind, which the compressed state cannot do", st.n_past);
             }
             if p0 + (j - i) > self.n_ctx {
-                bail!("positions up to {} exceed the context of {}", p0 + (j - i), self.n_ctx);
+                bail!(
+                    "positions up to {} exceed the context of {}",
+                    p0 + (j - i),
+                    self.n_ctx
+                );
             }
             let tokens: Vec<u32> = batch[i..j].iter().map(|e| e.token).collect();
             if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.p.n_vocab) {
-                bail!("token id {bad} outside the vocabulary of {}", self.p.n_vocab);
+                bail!(
+                    "token id {bad} outside the vocabulary of {}",
+                    self.p.n_vocab
+                );
             }
             let hidden = self.run_chunk(slot, &tokens, p0)?;
             self.slots[slot].n_past = p0 + tokens.len();
-            let want: Vec<usize> = (i..j).filter(|&e| batch[e].want_logits).map(|e| e - i).collect();
+            let want: Vec<usize> = (i..j)
+                .filter(|&e| batch[e].want_logits)
+                .map(|e| e - i)
+                .collect();
             if !want.is_empty() {
                 let d = self.p.d;
-                let xs: Vec<f32> = want.iter().flat_map(|&t| hidden[t * d..(t + 1) * d].iter().copied()).collect();
+                let xs: Vec<f32> = want
+                    .iter()
+                    .flat_map(|&t| hidden[t * d..(t + 1) * d].iter().copied())
+                    .collect();
                 let logits = self.lin(&self.output, &xs)?;
                 rows.extend(logits.chunks_exact(self.p.n_vocab).map(<[f32]>::to_vec));
             }

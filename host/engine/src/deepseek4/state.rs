@@ -42,7 +42,13 @@ impl Compressor {
 
     /// Appends tokens; closes every full window into a row, finished by `finish(row,
     /// position of the window's first token)`.
-    pub fn feed(&mut self, kv: &[f32], gate: &[f32], ape: &[f32], finish: impl Fn(&mut [f32], u32)) {
+    pub fn feed(
+        &mut self,
+        kv: &[f32],
+        gate: &[f32],
+        ape: &[f32],
+        finish: impl Fn(&mut [f32], u32),
+    ) {
         let (r, d, w) = (self.ratio, self.dim, self.width());
         self.buf_kv.extend_from_slice(kv);
         self.buf_gate.extend_from_slice(gate);
@@ -90,7 +96,8 @@ pub struct SlotState {
     pub layers: Vec<LayerState>,
 }
 
-type Shape = Option<(usize, usize, bool)>;
+/// (ratio, row width, overlapping windows) of a layer's compressor, if it has one.
+pub type Shape = Option<(usize, usize, bool)>;
 
 impl SlotState {
     pub fn new(_p: &Ds4Params, shapes: &[(Shape, Shape)]) -> SlotState {
