@@ -193,3 +193,86 @@ def test_bad_checkpoints_are_refused_clearly(tmp_path):
                           "--out", str(tmp_path / "x.gguf")], capture_output=True, text=True)
     assert out.returncode != 0 and "not a valid safetensors file" in out.stderr
     assert not (tmp_path / "x.gguf").exists()
+
+
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def fp8_e4m3(b):
+    b = b.astype(np.int32)
+    sign = np.where(b & 0x80, -1.0, 1.0)
+    e, m = (b >> 3) & 0xF, (b & 7).astype(np.float64)
+    mag = np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e - 7))
+    return (sign * mag).astype(np.float32)
+
+
+def write_safetensors(path, tensors):
+    """tensors: name -> (dtype string, shape, raw bytes); written by hand because numpy
+    has no fp8 / e8m0 dtypes."""
+    header, off, blobs = {}, 0, []
+    for name, (dt, shape, raw) in tensors.items():
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+        blobs.append(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def test_release_weights_fp8_and_mxfp4(tmp_path):
+    """The release stores most matrices as FP8 e4m3 with an e8m0 scale per 128x128 block
+    and routed experts as MXFP4 (e2m1 pairs, e8m0 per 32). Random codes in those formats:
+    FP8 must dequantise exactly (fp8 value x 2^(e-127)), experts must stay MXFP4 (ggml
+    type 39) and decode, through the PyPI gguf dequantiser, to exactly the source values;
+    the converted model then runs."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    rng = np.random.default_rng()
+    src = FIX / "tiny_mixed"
+    d = tmp_path / "release"
+    d.mkdir()
+    shutil.copy(src / "config.json", d / "config.json")
+    plain = load_file(src / "model.safetensors")
+    out, fp8_expect, mx_expect = {}, {}, {}
+    for k, v in plain.items():
+        if v.dtype == np.int64:
+            out[k] = ("I64", v.shape, v.tobytes())
+        elif k.endswith((".attn.wq_b.weight", ".shared_experts.w1.weight")):
+            rows, cols = v.shape
+            codes = rng.integers(0, 256, v.shape, dtype=np.uint8)
+            codes[(codes & 0x7F) == 0x7F] = 0x38  # no NaN codes
+            sc = rng.integers(118, 128, ((rows + 127) // 128, (cols + 127) // 128), dtype=np.uint8)
+            out[k] = ("F8_E4M3", v.shape, codes.tobytes())
+            out[k.removesuffix(".weight") + ".scale"] = ("F8_E8M0", sc.shape, sc.tobytes())
+            full = np.repeat(np.repeat(2.0 ** (sc.astype(np.float64) - 127), 128, 0), 128, 1)[:rows, :cols]
+            fp8_expect[k] = (fp8_e4m3(codes) * full).astype(np.float32)
+        elif ".experts." in k and ".shared_experts." not in k:
+            rows, cols = v.shape
+            packed = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+            sc = rng.integers(120, 130, (rows, cols // 32), dtype=np.uint8)
+            out[k] = ("I8", packed.shape, packed.tobytes())
+            out[k.removesuffix(".weight") + ".scale"] = ("F8_E8M0", sc.shape, sc.tobytes())
+            vals = np.stack([E2M1[packed & 0xF], E2M1[packed >> 4]], -1).reshape(rows, cols)
+            mx_expect[k] = vals * np.repeat(2.0 ** (sc.astype(np.float32) - 127), 32, 1)
+        else:
+            out[k] = ("F32", v.shape, v.astype(np.float32).tobytes())
+    write_safetensors(d / "model.safetensors", out)
+
+    cfg = config(tmp_path, "f32")
+    model = convert(tmp_path, cfg, d, "f32")
+    r = gguf.GGUFReader(model)
+    t = {x.name: x for x in r.tensors}
+    for k, want in fp8_expect.items():
+        layer = k.split(".")[2]
+        g = f"blk.{layer}." + ("attn_q_b.weight" if "wq_b" in k else "ffn_gate_shexp.weight")
+        assert np.array_equal(np.array(t[g].data).reshape(want.shape), want), g
+    for layer in range(4):
+        for w, proj in (("w1", "gate"), ("w2", "down"), ("w3", "up")):
+            g = t[f"blk.{layer}.ffn_{proj}_exps.weight"]
+            assert g.tensor_type == gguf.GGMLQuantizationType.MXFP4
+            got = gguf.quants.dequantize(np.array(g.data), gguf.GGMLQuantizationType.MXFP4)
+            want = np.stack([mx_expect[f"model.layers.{layer}.ffn.experts.{e}.{w}.weight"] for e in range(8)])
+            assert np.array_equal(got.reshape(want.shape), want), g.name
+    toks = np.load(FIX / "tiny_mixed.npz")["tokens"][:24].tolist()
+    assert np.isfinite(logits(tmp_path, cfg, model, toks, "prefill")).all()
