@@ -371,7 +371,7 @@ impl Deepseek4 {
                     p.n_expert
                 );
             }
-            layers.push(Layer {
+            let layer = Layer {
                 attn_norm: h(&b("attn_norm.weight"))?,
                 ffn_norm: h(&b("ffn_norm.weight"))?,
                 hc_attn: hc_site("attn")?,
@@ -393,13 +393,35 @@ impl Deepseek4 {
                 up_exps: g(&b("ffn_up_exps.weight"))?,
                 down_exps: g(&b("ffn_down_exps.weight"))?,
                 shexp,
-            });
+            };
+            check_layer(&p, l, &layer)?;
+            layers.push(layer);
         }
         let rope_main = Rope::plain(p.rope_base, p.rope_dim);
         let rope_comp = match p.yarn {
             Some(y) => Rope::yarn(p.crope_base, p.rope_dim, y),
             None => Rope::plain(p.crope_base, p.rope_dim),
         };
+        let hc_fn = g("output_hc_fn.weight")?;
+        check_dims(&hc_fn, "output_hc_fn.weight", &[p.hc * p.d, p.hc])?;
+        check_dims(&*g("output.weight")?, "output.weight", &[p.d, p.n_vocab])?;
+        let (hs, hb) = (h("output_hc_scale.weight")?, h("output_hc_base.weight")?);
+        if hs.is_empty() || hb.len() != p.hc {
+            bail!(
+                "output_hc_scale / output_hc_base: {} / {} values, expected 1 / {}",
+                hs.len(),
+                hb.len(),
+                p.hc
+            );
+        }
+        let out_norm = h("output_norm.weight")?;
+        if out_norm.len() != p.d {
+            bail!(
+                "output_norm.weight: {} values, expected {}",
+                out_norm.len(),
+                p.d
+            );
+        }
         let slots = (0..n_slots.max(1))
             .map(|_| SlotState::new(&p, &layers_shape(&layers)))
             .collect();
@@ -782,6 +804,77 @@ impl Deepseek4 {
         }
         Ok(out)
     }
+}
+
+/// Sizes the per-token glue indexes by; a file that disagrees is refused here rather
+/// than failing mid-forward.
+fn check_layer(p: &Ds4Params, l: usize, y: &Layer) -> Result<()> {
+    let (d, hd, hc) = (p.d, p.head_dim, p.hc);
+    let nmix = 2 * hc + hc * hc;
+    let len = |what: &str, v: &[f32], want: usize| -> Result<()> {
+        if v.len() != want {
+            bail!("blk.{l}.{what}: {} values, expected {want}", v.len());
+        }
+        Ok(())
+    };
+    let dims =
+        |what: &str, t: &Tensor, want: &[usize]| check_dims(t, &format!("blk.{l}.{what}"), want);
+    len("attn_norm", &y.attn_norm, d)?;
+    len("ffn_norm", &y.ffn_norm, d)?;
+    len("attn_q_a_norm", &y.q_a_norm, p.q_lora)?;
+    len("attn_kv_a_norm", &y.kv_norm, hd)?;
+    len("attn_sinks", &y.sinks, p.n_head)?;
+    for (site, (fnw, scale, base)) in [("attn", &y.hc_attn), ("ffn", &y.hc_ffn)] {
+        dims(&format!("hc_{site}_fn"), fnw, &[hc * d, nmix])?;
+        len(&format!("hc_{site}_scale"), scale, 3)?;
+        len(&format!("hc_{site}_base"), base, nmix)?;
+    }
+    dims("attn_q_a", &y.q_a, &[d, p.q_lora])?;
+    dims("attn_kv", &y.kv, &[d, hd])?;
+    dims("attn_output_b", &y.out_b, &[p.o_groups * p.o_lora, d])?;
+    dims("ffn_gate_inp", &y.router, &[d, p.n_expert])?;
+    if let Some(b) = &y.bias {
+        len("exp_probs_b", b, p.n_expert)?;
+    }
+    if let Some(t) = &y.tid2eid {
+        if t.len() % p.n_used != 0 {
+            bail!(
+                "blk.{l}.ffn_gate_tid2eid: {} ids are not rows of {}",
+                t.len(),
+                p.n_used
+            );
+        }
+    }
+    let ff = y.gate_exps.r.dims[1] as usize;
+    dims("ffn_gate_exps", &y.gate_exps, &[d, ff, p.n_expert])?;
+    dims("ffn_up_exps", &y.up_exps, &[d, ff, p.n_expert])?;
+    dims("ffn_down_exps", &y.down_exps, &[ff, d, p.n_expert])?;
+    if let Some((g, u, dn)) = &y.shexp {
+        let sf = g.r.dims[1] as usize;
+        dims("ffn_gate_shexp", g, &[d, sf])?;
+        dims("ffn_up_shexp", u, &[d, sf])?;
+        dims("ffn_down_shexp", dn, &[sf, d])?;
+    }
+    for c in [y.comp.as_ref(), y.indexer.as_ref().map(|i| &i.comp)]
+        .into_iter()
+        .flatten()
+    {
+        len("compressor norm", &c.norm, c.dim)?;
+        dims(
+            "compressor gate",
+            &c.gate,
+            &[d, if c.overlap { 2 * c.dim } else { c.dim }],
+        )?;
+    }
+    if let Some(ix) = &y.indexer {
+        dims(
+            "indexer.attn_q_b",
+            &ix.q_b,
+            &[p.q_lora, p.idx_heads * p.idx_dim],
+        )?;
+        dims("indexer.proj", &ix.proj, &[d, p.idx_heads])?;
+    }
+    Ok(())
 }
 
 /// Per-layer (compressor?, indexer?) shapes for the state.
