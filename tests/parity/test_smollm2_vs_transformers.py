@@ -12,36 +12,17 @@ tests/fixtures/smollm2/make_logits.py with transformers 5.17.0 loading the same 
   compounded over 30 layers, so we require the same top-1 token on >= 85% of positions
   and max|diff| / max|ref| <= 0.15 on the stored rows.
 """
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from moeserve_cli import config, moeserve
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 FIXTURE = ROOT / "tests/fixtures/smollm2/smollm2_logits.npz"
-BIN_DIR = Path(os.environ.get("MOESERVE_BIN_DIR", ROOT / "target/debug"))
 
 pytestmark = pytest.mark.skipif(not MODEL.exists(), reason="model not fetched (scripts/fetch-model.sh)")
-
-
-def config(tmp_path, activation):
-    p = tmp_path / f"plugins-{activation}.toml"
-    p.write_text(
-        f'plugin_dir = "{BIN_DIR}"\n'
-        f'[[plugin]]\nlibrary = "moe_backend_cpu"\n[plugin.settings]\nactivation = "{activation}"\n'
-        '[[plugin]]\nlibrary = "moe_quant_ggml"\n[[plugin]]\nlibrary = "moe_policy_basic"\n'
-    )
-    return p
-
-
-def moeserve(cfg, *args):
-    env = dict(os.environ, RUST_LOG="warn")
-    out = subprocess.run([str(BIN_DIR / "moeserve"), "--config", str(cfg), *args],
-                         check=True, capture_output=True, text=True, env=env)
-    return out.stdout
 
 
 def our_logits(tmp_path, cfg, tokens, mode):

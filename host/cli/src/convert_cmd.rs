@@ -12,7 +12,7 @@ use moe_plugin_api::{
 };
 use moe_plugin_host::Registry;
 
-pub fn run(config: &Path, dir: &Path, out: &Path, ty: &str) -> Result<()> {
+pub fn run(config: &Path, dir: &Path, out: &Path, ty: &str, pre: Option<&str>) -> Result<()> {
     let ty = OutType::parse(ty)?;
     let reg = Registry::from_config_file(config)?;
     let encode = |type_id: u32, v: &[f32], _k: usize| -> Result<Vec<u8>> {
@@ -39,10 +39,14 @@ pub fn run(config: &Path, dir: &Path, out: &Path, ty: &str) -> Result<()> {
         pb.set_position(done as u64);
         pb.set_message(name.to_string());
     };
-    let s = convert(dir, out, ty, &encode, &progress)?;
+    let s = convert(dir, out, ty, pre, &encode, &progress)?;
     pb.finish_and_clear();
-    for n in &s.notes {
+    // Notes repeat per tensor (e.g. the q8_0 -> f16 fallback); show a few.
+    for n in s.notes.iter().take(6) {
         eprintln!("note: {n}");
+    }
+    if s.notes.len() > 6 {
+        eprintln!("note: ... and {} more like these", s.notes.len() - 6);
     }
     if !s.skipped.is_empty() {
         eprintln!(

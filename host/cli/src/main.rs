@@ -104,6 +104,10 @@ enum Command {
         /// position biases stay f32; MXFP4 experts stay MXFP4).
         #[arg(long = "type", default_value = "f32")]
         type_name: String,
+        /// Pre-tokenizer of the checkpoint's tokenizer.json (default, deepseek-v3, llama3,
+        /// qwen2, smollm); needed unless it is a plain ByteLevel one.
+        #[arg(long)]
+        tokenizer_pre: Option<String>,
     },
     /// Rewrite the tensors whose names match a regex into another quant type; everything
     /// else is copied unchanged.
@@ -196,7 +200,14 @@ fn main() -> ExitCode {
             dir,
             out,
             type_name,
-        } => convert_cmd::run(&cli.config, &dir, &out, &type_name),
+            tokenizer_pre,
+        } => convert_cmd::run(
+            &cli.config,
+            &dir,
+            &out,
+            &type_name,
+            tokenizer_pre.as_deref(),
+        ),
         Command::Quantize {
             model,
             out,

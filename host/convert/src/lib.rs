@@ -5,6 +5,7 @@
 pub mod config;
 pub mod names;
 pub mod source;
+pub mod tokenizer;
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -21,6 +22,8 @@ pub const Q8_0: u32 = 8;
 pub const I32: u32 = 26;
 pub const BF16: u32 = 30;
 pub const MXFP4: u32 = 39;
+/// `deepseek4.expert_gating_func` for sqrt(softplus) router scores (llama.cpp's numbering).
+pub const GATING_SQRT_SOFTPLUS: u32 = 4;
 
 /// The output type of projection matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +137,8 @@ fn metadata(w: &mut GgufWriter, c: &Ds4Config, name: &str) {
     kv("expert_feed_forward_length", u(c.moe_ff));
     kv("expert_weights_scale", f(c.routed_scale));
     kv("expert_weights_norm", Value::Bool(c.norm_topk));
+    // ggml's gating-function enum: 4 = sqrt(softplus), the only one DeepSeek-V4 uses.
+    kv("expert_gating_func", u(GATING_SQRT_SOFTPLUS as usize));
     kv("hash_layer_count", u(c.n_hash));
     kv("hyper_connection.count", u(c.hc_mult));
     kv("hyper_connection.sinkhorn_iterations", u(c.hc_iters));
@@ -170,6 +175,7 @@ pub fn convert(
     dir: &Path,
     out: &Path,
     ty: OutType,
+    tokenizer_pre: Option<&str>,
     enc: Encoder<'_>,
     progress: &dyn Fn(usize, usize, &str),
 ) -> Result<Summary> {
@@ -185,6 +191,13 @@ pub fn convert(
 
     let mut w = GgufWriter::new(32);
     metadata(&mut w, &c, &name);
+    let mut notes = Vec::new();
+    if !tokenizer::add_tokenizer(&mut w, dir, c.vocab, tokenizer_pre)? {
+        notes.push(
+            "no tokenizer.json: the GGUF has no tokenizer (logits work, serve does not)"
+                .to_string(),
+        );
+    }
 
     // Plan: plain tensors one by one, experts grouped per (layer, projection).
     let mut plain = Vec::new();
@@ -233,7 +246,6 @@ pub fn convert(
 
     let total = plain.len() + experts.len();
     let mut done = 0;
-    let mut notes = Vec::new();
     let mut bytes = 0u64;
     for (n, m) in &plain {
         let layer = names::base_name(n)

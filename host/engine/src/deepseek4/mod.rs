@@ -96,6 +96,11 @@ impl Ds4Params {
             }),
             other => bail!("{a}: rope scaling '{other}' is not supported (yarn or none)"),
         };
+        if let Ok(g) = f.get_u64(&key("expert_gating_func")) {
+            if g != 4 {
+                bail!("{a}: expert_gating_func {g} is not supported (4 = sqrt(softplus))");
+            }
+        }
         let p = Ds4Params {
             n_layer,
             d: u("embedding_length")?,
