@@ -1,7 +1,8 @@
 """DeepSeek-V4 on the CPU backend vs transformers' DeepseekV4ForCausalLM (the oracle).
 
-Fixtures (tests/fixtures/deepseek4, made by make_fixtures.py there with transformers
-5.17.0 on the H200 box): three tiny random configs covering sliding / CSA / HCA layers,
+Fixtures (tests/fixtures/deepseek4, made by the make_*.py scripts there with transformers
+5.17.0 on the H200 box): three tiny random configs and one briefly trained one
+(make_trained_fixture.py) covering sliding / CSA / HCA layers,
 hash and top-k MoE, YaRN, sequences longer than the window and with more compressed
 rows than index_topk, saved with save_pretrained (f32), plus the oracle's logits from its
 cached one-token-at-a-time path and its 48-token greedy continuation.
@@ -16,9 +17,9 @@ Each test converts the checkpoint with `moeserve convert` and evaluates it with
   the rounding (2^-11, 2^-8, ~2^-8 per block) moves typical logits by the bounds below
   (median over positions of max|diff| / max|ref|); a discrete choice (expert top-k,
   indexer top-k) that flips moves single positions far more, so top-1 agreement is
-  asserted pooled over the three fixtures at the level measured (see the note in the
-  README: random tiny models have narrow top-1 margins; f16 meets 99%, bf16 and q8_0
-  do not on these fixtures).
+  asserted >= 99% on the trained fixture (confident predictions, as in real use) and,
+  pooled over the random fixtures, at the level measured there (their top-1 margins are
+  noise-level: f16 keeps 99.6%, bf16 98.6%, q8_0 93.2%).
 """
 import json
 import shutil
@@ -31,10 +32,16 @@ from moeserve_cli import BIN_DIR, config, moeserve
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests/fixtures/deepseek4"
-NAMES = ["tiny_mixed", "tiny_release_ratios", "tiny_odd"]
+RANDOM = ["tiny_mixed", "tiny_release_ratios", "tiny_odd"]
+# Trained for a few hundred steps on byte-level text (make_trained_fixture.py): confident
+# predictions, the setting the issue's ">= 99% same top-1" is about.
+TRAINED = "tiny_trained"
+NAMES = RANDOM + [TRAINED]
 
-# (weight type, activation mode) -> bound on the median per-position relative error,
-# and the pooled top-1 agreement floor.
+# (weight type, activation mode) -> bound on the median per-position relative error, and
+# the top-1 agreement floor pooled over the random fixtures (measured 99.6% / 98.6% /
+# 93.2%: their margins are noise-level). On the trained fixture top-1 must agree on >= 99%
+# of positions (measured 100% for all three).
 QUANT = {
     ("f16", "f32"): (2e-3, 0.99),
     ("bf16", "f32"): (1.5e-2, 0.97),
@@ -91,9 +98,14 @@ def test_low_precision_weights(tmp_path, ty, act):
         err = rel(got, ref["logits"])
         assert np.median(err) <= bound, f"{name} {ty}: median {np.median(err):.3g}"
         assert np.isfinite(got).all()
-        same += int((got.argmax(1) == ref["logits"].argmax(1)).sum())
-        total += len(got)
-    print(f"{ty}/{act}: top-1 {same}/{total} = {same / total:.4f}")
+        agree = got.argmax(1) == ref["logits"].argmax(1)
+        print(f"{name} {ty}/{act}: median {np.median(err):.3g}, top-1 {agree.mean():.4f}")
+        if name == TRAINED:
+            assert agree.mean() >= 0.99, f"{name} {ty}: top-1 {agree.mean():.4f}"
+        else:
+            same += int(agree.sum())
+            total += len(got)
+    print(f"{ty}/{act}: random fixtures pooled top-1 {same}/{total} = {same / total:.4f}")
     assert same / total >= floor
 
 
