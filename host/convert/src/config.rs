@@ -31,7 +31,6 @@ pub struct Ds4Config {
     pub n_shared: usize,
     pub moe_ff: usize,
     pub routed_scale: f64,
-    pub norm_topk: bool,
     pub swiglu_limit: f64,
     pub sliding_window: usize,
     pub index_heads: usize,
@@ -52,6 +51,10 @@ pub struct Ds4Config {
     pub max_pos: u64,
     pub bos: Option<u64>,
     pub eos: Option<u64>,
+    /// ggml's expert gating function: 4 = sqrt(softplus), 2 = sigmoid.
+    pub gating: u32,
+    /// lm_head shares the embedding (no head.weight in the checkpoint).
+    pub tied: bool,
 }
 
 fn get<'a>(v: &'a Value, k: &str) -> Option<&'a Value> {
@@ -95,18 +98,27 @@ impl Ds4Config {
                 bail!("config.json: model_type is '{mt}', expected 'deepseek_v4'");
             }
         }
-        if let Some(sf) = get(&v, "scoring_func").and_then(Value::as_str) {
-            if sf != "sqrtsoftplus" {
-                bail!("config.json: scoring_func '{sf}' is not supported (only sqrtsoftplus)");
+        // Router score functions transformers can run, by ggml's gating-function number.
+        let gating = match get(&v, "scoring_func")
+            .and_then(Value::as_str)
+            .unwrap_or("sqrtsoftplus")
+        {
+            "sqrtsoftplus" => 4,
+            "sigmoid" => 2,
+            sf => {
+                bail!("config.json: scoring_func '{sf}' is not supported (sqrtsoftplus or sigmoid)")
+            }
+        };
+        for k in ["mlp_bias", "attention_bias"] {
+            if get(&v, k).and_then(Value::as_bool) == Some(true) {
+                bail!("config.json: {k} = true is not supported (DeepSeek-V4 has no biases there)");
             }
         }
         let n_layer = int(&v, "num_hidden_layers")?;
         let hidden = int(&v, "hidden_size")?;
         let n_head = int(&v, "num_attention_heads")?;
         let head_dim = int_or(&v, "head_dim", hidden / n_head.max(1))?;
-        if int_or(&v, "num_key_value_heads", 1)? != 1 {
-            bail!("config.json: DeepSeek-V4 has one shared KV head; num_key_value_heads must be 1");
-        }
+        // num_key_value_heads is not read: the model has one shared K=V head by design.
         // Partial RoPE: the release names the rotated width, transformers a fraction.
         let rope_dim = match get(&v, "qk_rope_head_dim").and_then(Value::as_u64) {
             Some(d) => d as usize,
@@ -257,9 +269,6 @@ impl Ds4Config {
             n_shared: int_or(&v, "n_shared_experts", 1)?,
             moe_ff: int(&v, "moe_intermediate_size")?,
             routed_scale: num_or(&v, "routed_scaling_factor", 1.0)?,
-            norm_topk: get(&v, "norm_topk_prob")
-                .and_then(Value::as_bool)
-                .unwrap_or(true),
             swiglu_limit: num_or(&v, "swiglu_limit", 0.0)?,
             sliding_window: int(&v, "sliding_window")?,
             index_heads: int_or(&v, "index_n_heads", 64)?,
@@ -278,6 +287,10 @@ impl Ds4Config {
             max_pos: int_or(&v, "max_position_embeddings", 1 << 20)? as u64,
             bos: first_id("bos_token_id"),
             eos: first_id("eos_token_id"),
+            gating,
+            tied: get(&v, "tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
         };
         if c.n_shared > 1 {
             bail!(

@@ -22,8 +22,6 @@ pub const Q8_0: u32 = 8;
 pub const I32: u32 = 26;
 pub const BF16: u32 = 30;
 pub const MXFP4: u32 = 39;
-/// `deepseek4.expert_gating_func` for sqrt(softplus) router scores (llama.cpp's numbering).
-pub const GATING_SQRT_SOFTPLUS: u32 = 4;
 
 /// The output type of projection matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,9 +134,10 @@ fn metadata(w: &mut GgufWriter, c: &Ds4Config, name: &str) {
     kv("expert_shared_count", u(c.n_shared));
     kv("expert_feed_forward_length", u(c.moe_ff));
     kv("expert_weights_scale", f(c.routed_scale));
-    kv("expert_weights_norm", Value::Bool(c.norm_topk));
-    // ggml's gating-function enum: 4 = sqrt(softplus), the only one DeepSeek-V4 uses.
-    kv("expert_gating_func", u(GATING_SQRT_SOFTPLUS as usize));
+    // transformers renormalises the chosen experts' weights whatever norm_topk_prob says;
+    // the file records what the reference model does.
+    kv("expert_weights_norm", Value::Bool(true));
+    kv("expert_gating_func", u(c.gating as usize));
     kv("hash_layer_count", u(c.n_hash));
     kv("hyper_connection.count", u(c.hc_mult));
     kv("hyper_connection.sinkhorn_iterations", u(c.hc_iters));
@@ -224,6 +223,30 @@ pub fn convert(
             Some(m) => plain.push((n.to_string(), m)),
             None => bail!(
                 "{}: tensor '{n}' is not part of DeepSeek-V4 as this converter knows it",
+                dir.display()
+            ),
+        }
+    }
+    let has = |names: &[&str]| names.iter().any(|n| src.has(n));
+    if !has(&["head.weight", "lm_head.weight", "model.lm_head.weight"]) {
+        let embd = [
+            "model.embed_tokens.weight",
+            "embed.weight",
+            "embed_tokens.weight",
+        ]
+        .into_iter()
+        .find(|n| src.has(n));
+        match embd {
+            // Tied: the output head is the embedding; store it under both names.
+            Some(e) if c.tied => plain.push((
+                e.to_string(),
+                names::Mapped {
+                    gguf: "output.weight".into(),
+                    kind: Kind::Matrix,
+                },
+            )),
+            _ => bail!(
+                "{}: no output head (head.weight) and tie_word_embeddings is not set",
                 dir.display()
             ),
         }

@@ -55,7 +55,12 @@ pub struct Ds4Params {
     pub crope_base: f32,
     pub yarn: Option<YarnParams>,
     pub train_ctx: usize,
+    /// Router score function (ggml's numbering): 4 = sqrt(softplus), 2 = sigmoid.
+    pub gating: u32,
 }
+
+const GATING_SIGMOID: u32 = 2;
+const GATING_SQRT_SOFTPLUS: u32 = 4;
 
 impl Ds4Params {
     pub fn from_gguf(f: &GgufFile) -> Result<Ds4Params> {
@@ -96,10 +101,11 @@ impl Ds4Params {
             }),
             other => bail!("{a}: rope scaling '{other}' is not supported (yarn or none)"),
         };
-        if let Ok(g) = f.get_u64(&key("expert_gating_func")) {
-            if g != 4 {
-                bail!("{a}: expert_gating_func {g} is not supported (4 = sqrt(softplus))");
-            }
+        let gating = f
+            .get_u64(&key("expert_gating_func"))
+            .unwrap_or(GATING_SQRT_SOFTPLUS as u64) as u32;
+        if gating != GATING_SQRT_SOFTPLUS && gating != GATING_SIGMOID {
+            bail!("{a}: expert_gating_func {gating} is not supported (4 = sqrt(softplus), 2 = sigmoid)");
         }
         let p = Ds4Params {
             n_layer,
@@ -131,6 +137,7 @@ impl Ds4Params {
             crope_base: fl("attention.compress_rope_freq_base", 160000.0),
             yarn,
             train_ctx: u_or("context_length", 4096),
+            gating,
         };
         if p.n_head == 0 || p.o_groups == 0 || !p.n_head.is_multiple_of(p.o_groups) {
             bail!(
@@ -732,7 +739,13 @@ impl Deepseek4 {
         for t in 0..n {
             let scores: Vec<f32> = logits[t * e_n..(t + 1) * e_n]
                 .iter()
-                .map(|&v| math::softplus(v).sqrt())
+                .map(|&v| {
+                    if p.gating == GATING_SIGMOID {
+                        math::sigmoid(v)
+                    } else {
+                        math::softplus(v).sqrt()
+                    }
+                })
                 .collect();
             let ids: Vec<usize> = match &lay.tid2eid {
                 Some(tab) => {
