@@ -43,7 +43,8 @@ def free_port() -> int:
 class Server:
     """One `moeserve serve` process on 127.0.0.1 and a free port."""
 
-    def __init__(self, *extra_args: str, env: dict | None = None):
+    def __init__(self, *extra_args: str, env: dict | None = None, model: Path | None = None):
+        self.model = Path(model) if model else MODEL
         self.extra_args = [str(a) for a in extra_args]
         self.env_extra = env or {}
         self.proc: subprocess.Popen | None = None
@@ -55,8 +56,8 @@ class Server:
     def start(self, timeout: float = READY_TIMEOUT_S) -> "Server":
         if not BIN.is_file():
             raise RuntimeError(f"{BIN} is missing: run `cargo build --workspace` first")
-        if not MODEL.is_file():
-            raise RuntimeError(f"{MODEL} is missing: run scripts/fetch-model.sh first")
+        if not self.model.is_file():
+            raise RuntimeError(f"{self.model} is missing: run scripts/fetch-model.sh first")
         last_err = None
         for _attempt in range(3):  # the free port may be taken between probe and bind
             self.port = free_port()
@@ -66,7 +67,7 @@ class Server:
             env.update(self.env_extra)
             fd, self.log_path = tempfile.mkstemp(prefix=f"moeserve-{self.port}-", suffix=".log")
             cmd = [
-                str(BIN), "--config", str(CONFIG), "serve", "--model", str(MODEL),
+                str(BIN), "--config", str(CONFIG), "serve", "--model", str(self.model),
                 "--host", HOST, "--port", str(self.port), *self.extra_args,
             ]
             self.proc = subprocess.Popen(
