@@ -22,6 +22,7 @@ Each test converts the checkpoint with `moeserve convert` and evaluates it with
   noise-level: f16 keeps 99.7%, bf16 98.8%, q8_0 94.1%).
 """
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -307,3 +308,65 @@ def test_llamacpp_gguf_loads_in_ours_and_agrees(tmp_path):
     for other in (ref["logits"], ours):
         assert np.median(rel(theirs, other)) <= 2e-2
         assert (theirs.argmax(1) == other.argmax(1)).mean() >= 0.95
+
+
+def rewrite_gguf(src, dst, edit_tensor=None, edit_kv=None):
+    """Copies a (float / I32) GGUF with PyPI gguf's writer, letting a test break one
+    tensor or key on the way."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, arch="deepseek4")
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        t = f.types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            sub = f.types[1]
+            vals = ([bytes(f.parts[i]).decode() for i in f.data] if sub == gguf.GGUFValueType.STRING
+                    else [f.parts[i][0].item() for i in f.data])
+            val = (vals, t, sub)
+        elif t == gguf.GGUFValueType.STRING:
+            val = (bytes(f.parts[f.data[0]]).decode(), t, None)
+        else:
+            val = (f.parts[f.data[0]][0].item(), t, None)
+        if edit_kv:
+            val = edit_kv(name, val)
+        if val is not None:
+            w.add_key_value(name, val[0], val[1], sub_type=val[2])
+    for t in r.tensors:
+        data = np.array(t.data)
+        if edit_tensor:
+            data = edit_tensor(t.name, data)
+        w.add_tensor(t.name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_inconsistent_deepseek4_files_are_refused_clearly(tmp_path):
+    """A file whose tensors disagree with its metadata fails at load with one line naming
+    the tensor or key, never a panic mid-forward."""
+    cfg = config(tmp_path, "f32")
+    good = convert(tmp_path, cfg, FIX / "tiny_odd", "f32")
+    toks = "1,2,3,4,5"
+    cases = {
+        "sinks": (lambda n, d: d[:2] if n == "blk.1.attn_sinks.weight" else d, None,
+                  "blk.1.attn_sinks: 2 values, expected 3"),
+        "ratios": (None, lambda k, v: ([0, 0], v[1], v[2]) if k == "deepseek4.attention.compress_ratios" else v,
+                   "compress_ratios has 2 entries for 3 layers"),
+        "gating": (None, lambda k, v: (1, v[1], v[2]) if k == "deepseek4.expert_gating_func" else v,
+                   "expert_gating_func 1 is not supported"),
+        "hc_fn": (lambda n, d: d[:-1] if n == "blk.0.hc_attn_fn.weight" else d, None, "blk.0.hc_attn_fn"),
+    }
+    rewrite_gguf(good, tmp_path / "same.gguf")
+    moeserve(cfg, "logits", "--model", tmp_path / "same.gguf", "--tokens", toks, "--out", tmp_path / "ok.npy")
+    for name, (et, ek, msg) in cases.items():
+        bad = tmp_path / f"{name}.gguf"
+        rewrite_gguf(good, bad, et, ek)
+        out = subprocess.run([str(BIN_DIR / "moeserve"), "--config", str(cfg), "logits", "--model", str(bad),
+                              "--tokens", toks, "--out", str(tmp_path / "x.npy")], capture_output=True, text=True,
+                             env=dict(os.environ, RUST_LOG="warn"))
+        assert out.returncode != 0 and msg in out.stderr, (name, out.stderr)
+        assert "panicked" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
