@@ -23,6 +23,8 @@
 #define KID_GET_ROWS_F32 13
 #define KID_GET_ROWS_107 14
 #define KID_MMQ_MMA_107 15
+#define KID_MATVEC_DENSE 16
+#define KID_GET_ROWS_DENSE 17
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -724,4 +726,85 @@ extern "C" __global__ void __launch_bounds__(256)
         }
     }
     out[(long long)blockIdx.y * cols + j] = v;
+}
+
+// ---------------------------------------------------------------------------------
+// The other tensor types of a model (f32, f16, bf16, and ggml's q8_0 and mxfp4): a
+// decode-as-you-go mat-vec with f32 activations and a row decoder for GET_ROWS. A plain
+// reference path (weights decoded per column tile), not a tuned one.
+#define DT_F32 0
+#define DT_F16 1
+#define DT_Q8_0 8
+#define DT_BF16 30
+#define DT_MXFP4 39
+
+GPU_DEV float half_to_float(unsigned int h) {
+    const unsigned int s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        const float v = (float)m * 5.9604644775390625e-8f;  // subnormal: m * 2^-24
+        return s ? -v : v;
+    }
+    if (e == 31) return __int_as_float((int)(s | 0x7f800000u | (m << 13)));
+    return __int_as_float((int)(s | ((e + 112u) << 23) | (m << 13)));
+}
+
+// Value i of one row of type `ty` (row starts at a block boundary).
+GPU_DEV float dense_value(const unsigned char* row, int ty, int i) {
+    if (ty == DT_F32) return ((const float*)row)[i];
+    if (ty == DT_F16) return half_to_float(((const unsigned short*)row)[i]);
+    if (ty == DT_BF16) return __int_as_float((int)((unsigned int)((const unsigned short*)row)[i] << 16));
+    if (ty == DT_Q8_0) {
+        const unsigned char* b = row + (i >> 5) * 34;  // f16 scale, 32 int8
+        return half_to_float(gpu_load_u16(b)) * (float)(signed char)b[2 + (i & 31)];
+    }
+    // mxfp4: an e8m0 byte, then 16 bytes holding element j (low nibble) and j+16 (high).
+    const unsigned char* b = row + (i >> 5) * 17;
+    const int j = i & 31;
+    const int q = (b[1 + (j & 15)] >> (j >= 16 ? 4 : 0)) & 15;
+    const int c = q & 7;
+    const int mag = c < 5 ? c : (c == 5 ? 6 : (c == 6 ? 8 : 12));  // e2m1 values x 2
+    const unsigned int e = b[0];
+    // 2^(e - 128): the e2m1 value is mag / 2 times 2^(e - 127).
+    const float scale = e < 2u ? __int_as_float((int)(0x00200000u << e)) : __int_as_float((int)((e - 1u) << 23));
+    return (q & 8 ? -(float)mag : (float)mag) * scale;
+}
+
+// out[c*m + r] = sum_i W[r][i] * x[c*k + i]: one warp per row r, 8 columns per grid row.
+// grid = (ceil(m / 4), ceil(n / 8)), block = 128.
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_dense(const unsigned char* __restrict__ w, long long row_bytes, int ty, int k, int m,
+                 const float* __restrict__ x, int n, float* __restrict__ out,
+                 unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATVEC_DENSE);
+    const int r = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int c0 = blockIdx.y * 8;
+    if (r >= m) return;
+    const unsigned char* row = w + (long long)r * row_bytes;
+    float acc[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[c] = 0.0f;
+    for (int i = lane; i < k; i += GPU_WARP) {
+        const float v = dense_value(row, ty, i);
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+            if (c0 + c < n) acc[c] += v * x[(long long)(c0 + c) * k + i];
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        const float s = gpu_warp_sum(acc[c]);
+        if (lane == 0 && c0 + c < n) out[(long long)(c0 + c) * m + r] = s;
+    }
+}
+
+// out[i*cols + j] = value j of row ids[i]; grid = (ceil(cols/256), n_ids).
+extern "C" __global__ void __launch_bounds__(256)
+    get_rows_dense(const unsigned char* __restrict__ table, long long row_bytes, int ty,
+                   const int* __restrict__ ids, int rows, int cols, float* __restrict__ out,
+                   unsigned int* counters) {
+    gpu_count_launch(counters, KID_GET_ROWS_DENSE);
+    const int j = blockIdx.x * 256 + threadIdx.x;
+    const int id = ids[blockIdx.y];
+    if (j >= cols) return;
+    out[(long long)blockIdx.y * cols + j] =
+        (id >= 0 && id < rows) ? dense_value(table + (long long)id * row_bytes, ty, j) : 0.0f;
 }

@@ -14,15 +14,7 @@ if [ "${1:-}" = "--prepare" ]; then
     strip .dev/gpu/gpu_kernels .dev/gpu/libmoe_quant_rocmfpx.so
     exit 0
 fi
-# cudarc opens libcuda / libnvrtc at run time: put the toolkit's lib dirs on the path.
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
-    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-if ! ls /usr/local/cuda/lib64/libnvrtc.so* >/dev/null 2>&1; then
-    d=$(dirname "$(find / -xdev -name 'libnvrtc.so*' 2>/dev/null | head -1)" 2>/dev/null || true)
-    [ -n "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-fi
-export LD_LIBRARY_PATH
+. scripts/device/cuda_env.sh
 export MOE_KERNEL_CACHE=${MOE_KERNEL_CACHE:-$PWD/.dev/gpu/cache}
 date -u +"run: %Y-%m-%d %H:%M UTC"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader || true

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 16] = [
+pub const KERNELS: [&str; 18] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -26,6 +26,8 @@ pub const KERNELS: [&str; 16] = [
     "get_rows_f32",
     "get_rows_107",
     "mmq_mma_107",
+    "matvec_dense",
+    "get_rows_dense",
 ];
 /// Device-side launch counters (u32 each) the kernels bump.
 pub const COUNTER_SLOTS: usize = 32;

@@ -42,11 +42,39 @@ pub struct Launch {
     pub block: u32,
 }
 
+/// ggml type ids of the plain / block types the dense kernels decode.
+pub const TYPE_BF16: u32 = 30;
+pub const TYPE_Q8_0: u32 = 8;
+pub const TYPE_MXFP4: u32 = 39;
+
+/// Bytes of one row of `k` values of a dense-kernel type (None: not one of them).
+pub fn dense_row_bytes(ty: u32, k: u64) -> Option<Result<u64, String>> {
+    let blocks = |bytes: u64| {
+        if k.is_multiple_of(32) {
+            Ok(k / 32 * bytes)
+        } else {
+            Err(format!(
+                "type {ty}: rows of {k} values are not whole 32-value blocks"
+            ))
+        }
+    };
+    Some(match ty {
+        types::F32 => Ok(4 * k),
+        types::F16 | TYPE_BF16 => Ok(2 * k),
+        TYPE_Q8_0 => blocks(34),
+        TYPE_MXFP4 => blocks(17),
+        _ => return None,
+    })
+}
+
 /// Bytes a tensor takes in device memory; `backend` names the backend in errors.
 pub fn bytes_of(t: &TensorRef, backend: &str) -> Result<u64, String> {
     let n = t.numel();
+    if let Some(r) = dense_row_bytes(t.type_id, t.dims[0]) {
+        return Ok(r? * (n / t.dims[0].max(1)));
+    }
     match t.type_id {
-        types::F32 | types::I32 => Ok(n * 4),
+        types::I32 => Ok(n * 4),
         TYPE_Q2_0_ROCMFP2 => {
             if !n.is_multiple_of(32) {
                 return Err(format!("type 107 tensor of {n} values is not whole blocks"));
@@ -54,7 +82,7 @@ pub fn bytes_of(t: &TensorRef, backend: &str) -> Result<u64, String> {
             Ok(n / 32 * BLOCK_BYTES)
         }
         other => Err(format!(
-            "the {backend} backend does not handle tensors of type {other} (it has F32, I32 and 107)"
+            "the {backend} backend does not handle tensors of type {other} (it has F32, F16, BF16, Q8_0, MXFP4, I32 and 107)"
         )),
     }
 }
@@ -170,6 +198,8 @@ pub fn add(
 /// type 107 (the kernel's extra argument).
 #[derive(Debug, PartialEq, Eq)]
 pub struct GetRows {
+    /// Set for the dense kernel: (row bytes, type id).
+    pub dense: Option<(i64, i32)>,
     pub table: u64,
     pub ids: u64,
     pub out: u64,
@@ -192,19 +222,27 @@ pub fn get_rows(
     if out.numel() != cols * n_ids {
         return Err("get_rows: output is not cols x ids".into());
     }
-    let (pt, pi, po) = (ptr(&table, 2)?, ptr(&ids, 4)?, ptr(&out, 4)?);
+    let (pt, pi, po) = (
+        ptr(&table, dense_align(table.type_id))?,
+        ptr(&ids, 4)?,
+        ptr(&out, 4)?,
+    );
     let (r, c) = (to_i32(rows, "rows")?, to_i32(cols, "cols")?);
     let grid = (cols.div_ceil(256) as u32, to_i32(n_ids, "ids")? as u32, 1);
-    let (name, affine) = match table.type_id {
-        types::F32 => ("get_rows_f32", None),
-        TYPE_Q2_0_ROCMFP2 => ("get_rows_107", Some(affine(&table)?)),
-        t => {
-            return Err(format!(
-                "get_rows: type {t} is not supported by the {backend} backend"
-            ))
-        }
+    let (name, affine, dense) = match table.type_id {
+        types::F32 => ("get_rows_f32", None, None),
+        TYPE_Q2_0_ROCMFP2 => ("get_rows_107", Some(affine(&table)?), None),
+        t => match dense_row_bytes(t, cols) {
+            Some(rb) => ("get_rows_dense", None, Some((rb? as i64, t as i32))),
+            None => {
+                return Err(format!(
+                    "get_rows: type {t} is not supported by the {backend} backend"
+                ))
+            }
+        },
     };
     Ok(GetRows {
+        dense,
         table: pt,
         ids: pi,
         out: po,
@@ -217,6 +255,78 @@ pub fn get_rows(
             block: 256,
         },
     })
+}
+
+/// Address alignment the kernels need for a tensor of `ty` (byte loads for MXFP4).
+fn dense_align(ty: u32) -> u64 {
+    match ty {
+        types::F32 => 4,
+        TYPE_MXFP4 => 1,
+        _ => 2,
+    }
+}
+
+/// MATMUL of f32 / f16 / bf16 / q8_0 / mxfp4 weights `[k, m]` with `n` f32 columns,
+/// decoded as they are read (`matvec_dense`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct DenseMatmul {
+    pub w: u64,
+    pub row_bytes: i64,
+    pub ty: i32,
+    pub k: i32,
+    pub m: i32,
+    pub x: u64,
+    pub n: i32,
+    pub out: u64,
+    pub launch: Launch,
+}
+
+pub fn matmul_dense(
+    args: &[TensorRef],
+    mut ptr: impl FnMut(&TensorRef, u64) -> Result<u64, String>,
+) -> Result<Option<DenseMatmul>, String> {
+    let [w, x, out] = three(args, "matmul")?;
+    let (k, m) = (w.dims[0], w.dims[1] * w.dims[2] * w.dims[3]);
+    let Some(row_bytes) = dense_row_bytes(w.type_id, k) else {
+        return Ok(None);
+    };
+    let row_bytes = row_bytes?;
+    expect(&x, types::F32, "matmul input")?;
+    expect(&out, types::F32, "matmul output")?;
+    if k == 0 || !x.numel().is_multiple_of(k) {
+        return Err(format!(
+            "matmul: input of {} values is not columns of {k}",
+            x.numel()
+        ));
+    }
+    let n = x.numel() / k;
+    if out.numel() != m * n {
+        return Err(format!(
+            "matmul: output holds {} values, expected {m} x {n}",
+            out.numel()
+        ));
+    }
+    let (pw, px, po) = (ptr(&w, dense_align(w.type_id))?, ptr(&x, 4)?, ptr(&out, 4)?);
+    let grid = (
+        m.div_ceil(4) as u32,
+        to_i32(n.div_ceil(8), "n / 8")? as u32,
+        1,
+    );
+    Ok(Some(DenseMatmul {
+        w: pw,
+        row_bytes: row_bytes as i64,
+        ty: w.type_id as i32,
+        k: to_i32(k, "k")?,
+        m: to_i32(m, "m")?,
+        x: px,
+        n: to_i32(n, "n")?,
+        out: po,
+        launch: Launch {
+            name: "matvec_dense",
+            grid,
+            block: 128,
+        },
+    }))
 }
 
 /// MATMUL of type-107 weights `[k, m]` with `n` f32 columns: quantise the input into
@@ -479,6 +589,17 @@ pub fn run(
     // scratch; the parameter lists match the kernels' signatures.
     unsafe {
         match op {
+            ops::MATMUL if args.first().is_some_and(|w| w.type_id != TYPE_Q2_0_ROCMFP2) => {
+                let p = matmul_dense(args, ptr)?.ok_or_else(|| {
+                    format!(
+                        "matmul: weights of type {} are not supported by the {backend} backend",
+                        args[0].type_id
+                    )
+                })?;
+                let (mut pw, mut rb, mut ty, mut k, mut m) = (p.w, p.row_bytes, p.ty, p.k, p.m);
+                let (mut px, mut n, mut po) = (p.x, p.n, p.out);
+                gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, n, po))
+            }
             ops::MATMUL => {
                 let p = matmul(args, backend, mmq, ptr)?;
                 let mut pq = gpu.scratch(p.q8_bytes)?;
@@ -518,9 +639,12 @@ pub fn run(
                 let p = get_rows(args, backend, ptr)?;
                 let (mut pt, mut pi, mut r, mut c, mut po) =
                     (p.table, p.ids, p.rows, p.cols, p.out);
-                match p.affine {
-                    None => gpu.launch(p.launch, &kargs!(pt, pi, r, c, po)),
-                    Some(mut a) => gpu.launch(p.launch, &kargs!(pt, pi, r, c, po, a)),
+                match (p.affine, p.dense) {
+                    (_, Some((mut rb, mut ty))) => {
+                        gpu.launch(p.launch, &kargs!(pt, rb, ty, pi, r, c, po))
+                    }
+                    (None, None) => gpu.launch(p.launch, &kargs!(pt, pi, r, c, po)),
+                    (Some(mut a), None) => gpu.launch(p.launch, &kargs!(pt, pi, r, c, po, a)),
                 }
             }
             _ => Err(format!("op {op} is not supported by the {backend} backend")),
@@ -558,9 +682,16 @@ mod tests {
         assert!(bytes_of(&t(107, [33, 1, 1, 1]), "x")
             .unwrap_err()
             .contains("not whole blocks"));
-        assert!(bytes_of(&t(1, [1, 1, 1, 1]), "hip")
+        assert!(bytes_of(&t(12, [256, 1, 1, 1]), "hip")
             .unwrap_err()
             .contains("the hip backend"));
+        // The dense-kernel types.
+        assert_eq!(bytes_of(&t(types::F16, [3, 2, 1, 1]), "x"), Ok(12));
+        assert_eq!(bytes_of(&t(TYPE_Q8_0, [64, 2, 1, 1]), "x"), Ok(4 * 34));
+        assert_eq!(bytes_of(&t(TYPE_MXFP4, [32, 3, 1, 1]), "x"), Ok(3 * 17));
+        assert!(bytes_of(&t(TYPE_Q8_0, [48, 1, 1, 1]), "x")
+            .unwrap_err()
+            .contains("whole 32-value blocks"));
         let x = t(types::F32, [4, 1, 1, 1]);
         assert_eq!(check_placement(&x, 64, 0, 0, 4), Ok(64));
         assert!(check_placement(&x, 66, 0, 0, 4)
@@ -612,14 +743,64 @@ mod tests {
         assert!(get_rows(&[f(64), ids, f(63)], "cuda", seq())
             .unwrap_err()
             .contains("not cols x ids"));
+        let g = get_rows(
+            &[
+                t(TYPE_Q8_0, [64, 10, 1, 1]),
+                ids,
+                t(types::F32, [64, 5, 1, 1]),
+            ],
+            "cuda",
+            seq(),
+        )
+        .unwrap();
+        assert_eq!((g.launch.name, g.dense), ("get_rows_dense", Some((68, 8))));
         // An unsupported table type fails in `ptr` first, as before.
         let e = get_rows(
-            &[t(1, [64, 1, 1, 1]), ids, t(types::F32, [64, 5, 1, 1])],
+            &[t(12, [256, 1, 1, 1]), ids, t(types::F32, [256, 5, 1, 1])],
             "hip",
             |t, _| bytes_of(t, "hip"),
         )
         .unwrap_err();
         assert!(e.contains("the hip backend does not handle"), "{e}");
+    }
+
+    #[test]
+    fn dense_matmul_plans() {
+        let w = t(TYPE_MXFP4, [64, 10, 1, 1]);
+        let p = matmul_dense(
+            &[
+                w,
+                t(types::F32, [64, 9, 1, 1]),
+                t(types::F32, [10, 9, 1, 1]),
+            ],
+            seq(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((p.row_bytes, p.ty, p.k, p.m, p.n), (34, 39, 64, 10, 9));
+        assert_eq!((p.launch.name, p.launch.grid), ("matvec_dense", (3, 2, 1)));
+        // 107 is not a dense type; a shape mismatch is refused.
+        assert_eq!(
+            matmul_dense(
+                &[
+                    t(107, [64, 1, 1, 1]),
+                    t(types::F32, [64, 1, 1, 1]),
+                    t(types::F32, [1, 1, 1, 1])
+                ],
+                seq()
+            ),
+            Ok(None)
+        );
+        assert!(matmul_dense(
+            &[
+                t(types::F16, [8, 2, 1, 1]),
+                t(types::F32, [8, 1, 1, 1]),
+                t(types::F32, [3, 1, 1, 1])
+            ],
+            seq()
+        )
+        .unwrap_err()
+        .contains("expected 2 x 1"));
     }
 
     #[test]

@@ -1,0 +1,10 @@
+# Sourced by the device scripts: cudarc opens libcuda / libnvrtc at run time, so put
+# the toolkit's library folders on the loader path.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
+    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+if ! ls /usr/local/cuda/lib64/libnvrtc.so* >/dev/null 2>&1; then
+    d=$(dirname "$(find / -xdev -name 'libnvrtc.so*' 2>/dev/null | head -1)" 2>/dev/null || true)
+    [ -n "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+fi
+export LD_LIBRARY_PATH

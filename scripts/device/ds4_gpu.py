@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""DeepSeek-V4 on the CUDA backend vs the CPU backend and the transformers oracle, on the
+committed tiny fixtures (run on the device machine by scripts/device/ds4_gpu.sh; carry
+.dev/ds4 with the stripped moeserve + cpu/cuda/ggml/policy plugins built here).
+
+For each fixture and weight type: `moeserve convert`, then `moeserve logits` with the
+cuda backend (batched prefill and token-by-token decode) and the cpu backend (f32
+activations), and `moeserve generate` (greedy) on the GPU. Prints a table, writes JSON.
+The model's weight products run on the GPU (matvec_dense / type-107 kernels, get_rows);
+its per-token glue still runs on the host (see README)."""
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests/fixtures/deepseek4"
+BIN = ROOT / ".dev/ds4"
+OUT = Path(os.environ.get("OUT", "/tmp/ds4gpu"))
+W = Path(os.environ.get("W", "/tmp/ds4gpu-work"))
+RUNS = [("tiny_mixed", "f32"), ("tiny_release_ratios", "f32"), ("tiny_odd", "f32"),
+        ("tiny_defaults", "f32"), ("tiny_trained", "f32"), ("tiny_release", "f32"),
+        ("tiny_trained", "f16"), ("tiny_trained", "q8_0"), ("tiny_mixed", "bf16")]
+
+
+def config(backend):
+    p = W / f"plugins-{backend}.toml"
+    p.write_text(f'plugin_dir = "{BIN}"\n'
+                 f'[[plugin]]\nlibrary = "moe_backend_{backend}"\n'
+                 + ('[plugin.settings]\nactivation = "f32"\n' if backend == "cpu" else "")
+                 + '[[plugin]]\nlibrary = "moe_quant_ggml"\n[[plugin]]\nlibrary = "moe_policy_basic"\n'
+                 f'[devices]\nbackend = "{backend}"\n')
+    return p
+
+
+def moeserve(cfg, *args):
+    r = subprocess.run([str(BIN / "moeserve"), "--config", str(cfg), *map(str, args)],
+                       capture_output=True, text=True, env=dict(os.environ, RUST_LOG="warn"))
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr.strip())
+    return r.stdout
+
+
+def rel(a, b):
+    return float((np.abs(a - b).max(1) / np.abs(b).max()).max())
+
+
+def main():
+    W.mkdir(parents=True, exist_ok=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    cpu, gpu = config("cpu"), config("cuda")
+    rows = []
+    print(f"{'fixture':20} {'type':5} {'gpu vs cpu':>10} {'gpu vs oracle':>13} {'pre vs dec':>10} "
+          f"{'top-1':>6} {'greedy':>7} {'gpu s':>6}")
+    for name, ty in RUNS:
+        ref = np.load(FIX / f"{name}.npz")
+        toks = ",".join(map(str, ref["tokens"]))
+        model = W / f"{name}.{ty}.gguf"
+        moeserve(cpu, "convert", FIX / name, "--out", model, "--type", ty)
+        got = {}
+        t0 = time.time()
+        for backend, cfg in (("cuda", gpu), ("cpu", cpu)):
+            for mode in ("prefill", "decode") if backend == "cuda" else ("prefill",):
+                out = W / f"{name}.{ty}.{backend}.{mode}.npy"
+                moeserve(cfg, "logits", "--model", model, "--tokens", toks, "--out", out, "--mode", mode)
+                got[(backend, mode)] = np.load(out)
+            if backend == "cuda":
+                secs = time.time() - t0
+        n = int(ref["prompt_len"])
+        g = moeserve(gpu, "generate", "--model", model, "--prompt-tokens", ",".join(map(str, ref["tokens"][:n])),
+                     "--max-tokens", len(ref["greedy"]), "--ids").strip()
+        greedy_same = [int(x) for x in g.split(",")] == ref["greedy"].tolist()
+        gp, gd, cp = got[("cuda", "prefill")], got[("cuda", "decode")], got[("cpu", "prefill")]
+        row = dict(fixture=name, type=ty, gpu_vs_cpu=rel(gp, cp), gpu_vs_oracle=rel(gp, ref["logits"]),
+                   gpu_prefill_vs_decode=rel(gp, gd), top1_vs_cpu=float((gp.argmax(1) == cp.argmax(1)).mean()),
+                   greedy_equals_oracle=greedy_same, gpu_seconds=secs)
+        rows.append(row)
+        print(f"{name:20} {ty:5} {row['gpu_vs_cpu']:10.3g} {row['gpu_vs_oracle']:13.3g} "
+              f"{row['gpu_prefill_vs_decode']:10.3g} {row['top1_vs_cpu']:6.3f} {str(greedy_same):>7} {secs:6.1f}",
+              flush=True)
+    (OUT / "ds4_gpu.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
