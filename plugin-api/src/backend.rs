@@ -11,7 +11,10 @@ use crate::quant::QuantFormat;
 pub mod types {
     pub const F32: u32 = 0;
     pub const F16: u32 = 1;
+    pub const Q8_0: u32 = 8;
     pub const I32: u32 = 26;
+    pub const BF16: u32 = 30;
+    pub const MXFP4: u32 = 39;
 }
 
 #[repr(C)]

@@ -180,6 +180,15 @@ def test_bad_checkpoints_are_refused_clearly(tmp_path):
                           "--out", str(tmp_path / "x.gguf")], capture_output=True, text=True)
     assert out.returncode != 0 and "scoring_func 'softmax' is not supported" in out.stderr
     assert "panicked" not in out.stderr
+    for key, value, msg in [("vocab_size", 999, "vocab_size 999 but the embedding has 160 rows"),
+                            ("num_hidden_layers", 2, "num_hidden_layers 2 but the weights have 3 layers"),
+                            ("compress_rates", {"compressed_sparse_attention": 0}, "must be positive")]:
+        bad = dict(c, scoring_func="sqrtsoftplus", **{key: value})
+        (d / "config.json").write_text(json.dumps(bad))
+        out = subprocess.run([str(BIN_DIR / "moeserve"), "--config", str(cfg), "convert", str(d),
+                              "--out", str(tmp_path / "x.gguf")], capture_output=True, text=True)
+        assert out.returncode != 0 and msg in out.stderr, (key, out.stderr)
+        assert "panicked" not in out.stderr
     (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
     c["scoring_func"] = "sqrtsoftplus"
     (d / "config.json").write_text(json.dumps(c))

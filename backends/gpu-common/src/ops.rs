@@ -42,10 +42,7 @@ pub struct Launch {
     pub block: u32,
 }
 
-/// ggml type ids of the plain / block types the dense kernels decode.
-pub const TYPE_BF16: u32 = 30;
-pub const TYPE_Q8_0: u32 = 8;
-pub const TYPE_MXFP4: u32 = 39;
+pub use types::{BF16 as TYPE_BF16, MXFP4 as TYPE_MXFP4, Q8_0 as TYPE_Q8_0};
 
 /// Bytes of one row of `k` values of a dense-kernel type (None: not one of them).
 pub fn dense_row_bytes(ty: u32, k: u64) -> Option<Result<u64, String>> {

@@ -15,18 +15,25 @@ use moe_plugin_host::Registry;
 pub fn run(config: &Path, dir: &Path, out: &Path, ty: &str, pre: Option<&str>) -> Result<()> {
     let ty = OutType::parse(ty)?;
     let reg = Registry::from_config_file(config)?;
-    let encode = |type_id: u32, v: &[f32], _k: usize| -> Result<Vec<u8>> {
+    let encode = |type_id: u32, v: &[f32], k: usize| -> Result<Vec<u8>> {
         let f = reg.quant_format(type_id).ok_or_else(|| {
             anyhow!("no loaded plugin encodes type {type_id} (load the ggml-quants plugin)")
         })?;
-        let bw = f.block_weights.max(1) as usize;
-        let mut q = vec![0u8; v.len() / bw * f.block_bytes as usize];
+        let rows = v.len() / k.max(1);
+        let mut q = vec![
+            0u8;
+            f.row_bytes(k as u64)
+                .map_err(|e| anyhow!("{}: {e}", f.name))? as usize
+                * rows
+        ];
         into_result((f.encode)(
             0,
             RSlice::from_slice(v),
             RSliceMut::from_mut_slice(&mut q),
         ))
         .map_err(|e| anyhow!("{}: {e}", f.name))?;
+        into_result((f.validate)(0, RSlice::from_slice(&q)))
+            .map_err(|e| anyhow!("the {} encoder wrote an invalid block: {e}", f.name))?;
         Ok(q)
     };
     let pb = ProgressBar::new(0);

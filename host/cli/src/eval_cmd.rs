@@ -86,6 +86,9 @@ pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
             .clone()
             .context("the model has no tokenizer; give --prompt-tokens and --ids")
     };
+    if !a.ids {
+        need_tok()?; // before any work: printing text needs the tokenizer
+    }
     let toks = match (&a.prompt, &a.prompt_tokens) {
         (_, Some(ids)) => parse_tokens(ids)?,
         (Some(prompt), None) => {

@@ -38,8 +38,6 @@ pub struct Ds4Config {
     pub index_topk: usize,
     /// Per layer: 0 = sliding only, otherwise the compression ratio.
     pub compress_ratios: Vec<u32>,
-    /// Per layer: this layer's compressor has a lightning indexer (CSA).
-    pub has_indexer: Vec<bool>,
     pub n_hash: usize,
     pub hc_mult: usize,
     pub hc_iters: usize,
@@ -143,59 +141,62 @@ impl Ds4Config {
             rate("compressed_sparse_attention", "compress_rate_csa", 4)?,
             rate("heavily_compressed_attention", "compress_rate_hca", 128)?,
         );
-        let (compress_ratios, has_indexer): (Vec<u32>, Vec<bool>) =
-            if let Some(lt) = get(&v, "layer_types").and_then(Value::as_array) {
-                if lt.len() < n_layer {
-                    bail!(
-                        "config.json: layer_types has {} entries for {n_layer} layers",
-                        lt.len()
-                    );
-                }
-                lt[..n_layer]
-                    .iter()
-                    .map(|t| match t.as_str() {
-                        Some("sliding_attention") => Ok((0, false)),
-                        Some("compressed_sparse_attention") => Ok((csa as u32, true)),
-                        Some("heavily_compressed_attention") => Ok((hca as u32, false)),
-                        other => Err(anyhow!("config.json: unknown layer type {other:?}")),
-                    })
-                    .collect::<Result<Vec<_>>>()?
-                    .into_iter()
-                    .unzip()
-            } else if let Some(cr) = get(&v, "compress_ratios").and_then(Value::as_array) {
-                if cr.len() < n_layer {
-                    bail!(
-                        "config.json: compress_ratios has {} entries for {n_layer} layers",
-                        cr.len()
-                    );
-                }
-                cr[..n_layer]
-                    .iter()
-                    .map(|r| {
-                        let r = r.as_u64().ok_or_else(|| {
-                            anyhow!("config.json: compress_ratios holds a non-integer")
-                        })?;
-                        // The release: ratio 4 layers are CSA (with an indexer), 128 are HCA.
-                        Ok((r as u32, r != 0 && r == csa))
-                    })
-                    .collect::<Result<Vec<_>>>()?
-                    .into_iter()
-                    .unzip()
-            } else {
-                // transformers' default schedule: 2 HCA, then alternating HCA / CSA.
-                (0..n_layer)
-                    .map(|i| {
-                        if i >= 2 && (i - 2) % 2 == 1 {
-                            (csa as u32, true)
-                        } else {
-                            (hca as u32, false)
-                        }
-                    })
-                    .unzip()
-            };
+        let (csa, hca) = match (u32::try_from(csa), u32::try_from(hca)) {
+            (Ok(c), Ok(h)) if c > 0 && h > 0 => (c, h),
+            _ => bail!("config.json: compression rates must be positive 32-bit integers (got {csa} and {hca})"),
+        };
+        // Which layers are CSA (with an indexer) the engine reads from the tensors present.
+        let compress_ratios: Vec<u32> = if let Some(lt) =
+            get(&v, "layer_types").and_then(Value::as_array)
+        {
+            if lt.len() < n_layer {
+                bail!(
+                    "config.json: layer_types has {} entries for {n_layer} layers",
+                    lt.len()
+                );
+            }
+            lt[..n_layer]
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Ok(0),
+                    Some("compressed_sparse_attention") => Ok(csa),
+                    Some("heavily_compressed_attention") => Ok(hca),
+                    other => Err(anyhow!("config.json: unknown layer type {other:?}")),
+                })
+                .collect::<Result<_>>()?
+        } else if let Some(cr) = get(&v, "compress_ratios").and_then(Value::as_array) {
+            if cr.len() < n_layer {
+                bail!(
+                    "config.json: compress_ratios has {} entries for {n_layer} layers",
+                    cr.len()
+                );
+            }
+            cr[..n_layer]
+                .iter()
+                .map(|r| {
+                    r.as_u64()
+                        .and_then(|r| u32::try_from(r).ok())
+                        .ok_or_else(|| {
+                            anyhow!("config.json: compress_ratios holds {r}, not a 32-bit integer")
+                        })
+                })
+                .collect::<Result<_>>()?
+        } else {
+            // transformers' default schedule: 2 HCA, then alternating HCA / CSA.
+            (0..n_layer)
+                .map(|i| if i >= 3 && i % 2 == 1 { csa } else { hca })
+                .collect()
+        };
 
         let n_hash = if let Some(mt) = get(&v, "mlp_layer_types").and_then(Value::as_array) {
-            let kinds: Vec<&str> = mt.iter().take(n_layer).filter_map(Value::as_str).collect();
+            let kinds: Vec<&str> = mt
+                .iter()
+                .take(n_layer)
+                .map(|k| {
+                    k.as_str()
+                        .ok_or_else(|| anyhow!("config.json: mlp_layer_types holds {k}"))
+                })
+                .collect::<Result<_>>()?;
             let n = kinds.iter().take_while(|k| **k == "hash_moe").count();
             if kinds.iter().skip(n).any(|k| *k == "hash_moe") {
                 bail!("config.json: hash_moe layers must come first (GGUF stores a count: hash_layer_count)");
@@ -275,7 +276,6 @@ impl Ds4Config {
             index_dim: int_or(&v, "index_head_dim", 128)?,
             index_topk: int_or(&v, "index_topk", 512)?,
             compress_ratios,
-            has_indexer,
             n_hash,
             hc_mult: int_or(&v, "hc_mult", 4)?,
             hc_iters: int_or(&v, "hc_sinkhorn_iters", 20)?,

@@ -16,12 +16,7 @@ pub use config::Ds4Config;
 use names::Kind;
 use source::Source;
 
-pub const F32: u32 = 0;
-pub const F16: u32 = 1;
-pub const Q8_0: u32 = 8;
-pub const I32: u32 = 26;
-pub const BF16: u32 = 30;
-pub const MXFP4: u32 = 39;
+use moe_plugin_api::types::{BF16, F16, F32, I32, MXFP4, Q8_0};
 
 /// The output type of projection matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,12 +186,6 @@ pub fn convert(
     let mut w = GgufWriter::new(32);
     metadata(&mut w, &c, &name);
     let mut notes = Vec::new();
-    if !tokenizer::add_tokenizer(&mut w, dir, c.vocab, tokenizer_pre)? {
-        notes.push(
-            "no tokenizer.json: the GGUF has no tokenizer (logits work, serve does not)"
-                .to_string(),
-        );
-    }
 
     // Plan: plain tensors one by one, experts grouped per (layer, projection).
     let mut plain = Vec::new();
@@ -227,35 +216,59 @@ pub fn convert(
             ),
         }
     }
-    let has = |names: &[&str]| names.iter().any(|n| src.has(n));
-    if !has(&["head.weight", "lm_head.weight", "model.lm_head.weight"]) {
-        let embd = [
-            "model.embed_tokens.weight",
-            "embed.weight",
-            "embed_tokens.weight",
-        ]
-        .into_iter()
-        .find(|n| src.has(n));
-        match embd {
-            // Tied: the output head is the embedding; store it under both names.
-            Some(e) if c.tied => plain.push((
-                e.to_string(),
-                names::Mapped {
-                    gguf: "output.weight".into(),
-                    kind: Kind::Matrix,
-                },
-            )),
-            _ => bail!(
+    let maps_to = |g: &str| {
+        plain
+            .iter()
+            .find(|(_, m)| m.gguf == g)
+            .map(|(n, _)| n.clone())
+    };
+    let embd = maps_to("token_embd.weight")
+        .ok_or_else(|| anyhow!("{}: no token embedding (embed.weight)", dir.display()))?;
+    // Sizes the rest of the conversion allocates by must agree with the weights.
+    let rows = src.raw(&embd)?.shape.first().copied().unwrap_or(0);
+    if rows != c.vocab {
+        bail!(
+            "config.json: vocab_size {} but the embedding has {rows} rows",
+            c.vocab
+        );
+    }
+    let top = src
+        .names()
+        .filter_map(|n| {
+            names::base_name(n)
+                .strip_prefix("layers.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .max();
+    if top.map_or(0, |t| t + 1) != c.n_layer {
+        bail!(
+            "config.json: num_hidden_layers {} but the weights have {} layers",
+            c.n_layer,
+            top.map_or(0, |t| t + 1)
+        );
+    }
+    if maps_to("output.weight").is_none() {
+        if !c.tied {
+            bail!(
                 "{}: no output head (head.weight) and tie_word_embeddings is not set",
                 dir.display()
-            ),
+            );
         }
+        // Tied: the output head is the embedding; store it under both names.
+        let head = names::Mapped {
+            gguf: "output.weight".into(),
+            kind: Kind::Matrix,
+        };
+        plain.push((embd, head));
     }
-    for ((layer, k), es) in &experts {
-        if es.len() != c.n_expert {
+    for ((layer, k), es) in experts.iter_mut() {
+        es.sort_unstable();
+        if *es != (0..c.n_expert).collect::<Vec<_>>() {
             bail!(
-                "layer {layer}: {} experts have w{k}, config says {}",
-                es.len(),
+                "layer {layer}: the w{k} experts are not exactly 0..{} (config n_routed_experts)",
                 c.n_expert
             );
         }
@@ -267,6 +280,12 @@ pub fn convert(
         );
     }
 
+    if !tokenizer::add_tokenizer(&mut w, dir, c.vocab, tokenizer_pre)? {
+        notes.push(
+            "no tokenizer.json: the GGUF has no tokenizer (logits work, serve does not)"
+                .to_string(),
+        );
+    }
     let total = plain.len() + experts.len();
     let mut done = 0;
     let mut bytes = 0u64;
@@ -323,10 +342,8 @@ pub fn convert(
                 format!("layers.{layer}.ffn.experts.{e}.w{k}.weight")
             }
         };
-        let mut sorted = es.clone();
-        sorted.sort_unstable();
         let (mut data, mut shape, mut t) = (Vec::new(), None, None);
-        for &e in &sorted {
+        for &e in es {
             let n = prefix(e);
             let (s, part, pt) = match src.mxfp4_blocks(&n)? {
                 Some((rows, cols, blocks)) => (vec![rows, cols], blocks, MXFP4),
@@ -336,13 +353,16 @@ pub fn convert(
                     (s, d, pt)
                 }
             };
+            if s.len() != 2 {
+                bail!("'{n}': an expert weight must be 2-D, found {s:?}");
+            }
             if shape.get_or_insert(s.clone()) != &s || *t.get_or_insert(pt) != pt {
                 bail!("'{n}': shape {s:?} or type differs from expert 0 of the same layer");
             }
             data.extend(part);
         }
         let s = shape.ok_or_else(|| anyhow!("layer {layer}: no experts"))?;
-        let dims = vec![s[1] as u64, s[0] as u64, sorted.len() as u64];
+        let dims = vec![s[1] as u64, s[0] as u64, es.len() as u64];
         bytes += data.len() as u64;
         w.add_tensor(&gname, &dims, t.unwrap_or(F32), data);
         done += 1;

@@ -118,6 +118,12 @@ impl Source {
         let (rows, cols) = (r.shape[0], r.shape[1]);
         let (br, bc) = (rows.div_ceil(128), cols.div_ceil(128));
         let scales = e8m0_values(&s, &sname)?;
+        if s.shape != [br, bc] {
+            bail!(
+                "'{sname}': scale shape {:?}, expected [{br}, {bc}] for a {rows}x{cols} weight",
+                s.shape
+            );
+        }
         if scales.len() != br * bc {
             bail!("'{sname}': {} scales for a {rows}x{cols} weight (expected {br}x{bc} blocks of 128x128)", scales.len());
         }
@@ -169,7 +175,7 @@ impl Source {
             bail!("'{name}': packed MXFP4 must be 2-D, found {:?}", r.shape);
         }
         let (rows, cols) = (r.shape[0], r.shape[1] * 2);
-        if cols % 32 != 0 || s.data.len() != rows * cols / 32 {
+        if cols % 32 != 0 || s.data.len() != rows * cols / 32 || s.shape != [rows, cols / 32] {
             bail!(
                 "'{name}': {rows}x{cols} MXFP4 weight with {} scale bytes (expected {})",
                 s.data.len(),

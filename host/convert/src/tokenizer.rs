@@ -110,10 +110,10 @@ pub fn add_tokenizer(
         .flatten()
         .map(|m| match m {
             Json::String(s) => Ok(s.clone()),
-            Json::Array(p) if p.len() == 2 => Ok(format!(
+            Json::Array(p) if p.len() == 2 && p.iter().all(Json::is_string) => Ok(format!(
                 "{} {}",
-                p[0].as_str().unwrap_or(""),
-                p[1].as_str().unwrap_or("")
+                p[0].as_str().unwrap_or_default(),
+                p[1].as_str().unwrap_or_default()
             )),
             _ => Err(anyhow!(
                 "{}: a merge is neither 'a b' nor [a, b]",

@@ -110,7 +110,7 @@ pub fn open_gguf(reg: &Registry, path: &Path) -> Result<GgufFile> {
     // itself; every other type must be claimed by a quant plugin.
     let sizes = |id: u32| {
         reg.type_size(id).or_else(|| {
-            (24..=28)
+            (24..=27)
                 .contains(&id)
                 .then(|| moe_gguf::ggml_type_size(id))
                 .flatten()

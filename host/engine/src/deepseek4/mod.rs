@@ -70,16 +70,24 @@ impl Ds4Params {
         let u_or = |k: &str, d: usize| f.get_u64(&key(k)).map(|v| v as usize).unwrap_or(d);
         let fl = |k: &str, d: f64| f.get_f64(&key(k)).unwrap_or(d) as f32;
         let n_layer = u("block_count")?;
-        // Per-layer arrays or one scalar for all layers.
-        let per_layer_f = |k: &str, d: f32| -> Vec<f32> {
-            match f.get_f64_array(&key(k)) {
-                Ok(v) if v.len() >= n_layer => v.iter().map(|x| *x as f32).collect(),
-                _ => vec![fl(k, d as f64); n_layer],
+        // Per-layer arrays or one scalar for all layers (absent: `d`, no clamp).
+        let per_layer_f = |k: &str, d: f32| -> Result<Vec<f32>> {
+            if f.get(&key(k)).is_none() {
+                return Ok(vec![d; n_layer]);
+            }
+            match (f.get_f64_array(&key(k)), f.get_f64(&key(k))) {
+                (Ok(v), _) if v.len() >= n_layer => Ok(v.iter().map(|x| *x as f32).collect()),
+                (_, Ok(x)) => Ok(vec![x as f32; n_layer]),
+                _ => bail!("{a}: {k} is neither a number nor an array of {n_layer} numbers"),
             }
         };
         let ratios: Vec<usize> = match f.get_i64_array(&key("attention.compress_ratios")) {
             Ok(v) if v.len() >= n_layer => {
-                v[..n_layer].iter().map(|&r| r.max(0) as usize).collect()
+                let v = &v[..n_layer];
+                if let Some(bad) = v.iter().find(|&&r| r < 0) {
+                    bail!("{a}: attention.compress_ratios holds {bad}");
+                }
+                v.iter().map(|&r| r as usize).collect()
             }
             Ok(v) => bail!(
                 "{a}: attention.compress_ratios has {} entries for {n_layer} layers",
@@ -121,8 +129,8 @@ impl Ds4Params {
             n_used: u("expert_used_count")?,
             routed_scale: fl("expert_weights_scale", 1.0),
             norm_topk: f.get_bool(&key("expert_weights_norm")).unwrap_or(true),
-            clamp_exp: per_layer_f("swiglu_clamp_exp", 0.0),
-            clamp_shexp: per_layer_f("swiglu_clamp_shexp", 0.0),
+            clamp_exp: per_layer_f("swiglu_clamp_exp", 0.0)?,
+            clamp_shexp: per_layer_f("swiglu_clamp_shexp", 0.0)?,
             window: u("attention.sliding_window")?,
             idx_heads: u_or("attention.indexer.head_count", 0),
             idx_dim: u_or("attention.indexer.key_length", 0),
@@ -153,6 +161,16 @@ impl Ds4Params {
                 p.head_dim,
                 p.window,
                 p.hc
+            );
+        }
+        if [p.d, p.n_vocab, p.head_dim, p.q_lora, p.o_lora].contains(&0) {
+            bail!(
+                "{a}: a zero size (embedding {}, vocab {}, key_length {}, q_lora_rank {}, output_lora_rank {})",
+                p.d,
+                p.n_vocab,
+                p.head_dim,
+                p.q_lora,
+                p.o_lora
             );
         }
         if p.n_used == 0 || p.n_used > p.n_expert {
@@ -310,7 +328,7 @@ impl Deepseek4 {
                 None
             };
             let indexer = if is_csa {
-                if p.idx_heads == 0 || p.idx_dim < p.rope_dim {
+                if p.idx_heads == 0 || p.idx_dim == 0 || p.idx_dim < p.rope_dim {
                     bail!(
                         "layer {l}: indexer of {} heads x {} dims cannot carry rope width {}",
                         p.idx_heads,
@@ -416,7 +434,8 @@ impl Deepseek4 {
         };
         let hc_fn = g("output_hc_fn.weight")?;
         check_dims(&hc_fn, "output_hc_fn.weight", &[p.hc * p.d, p.hc])?;
-        check_dims(&*g("output.weight")?, "output.weight", &[p.d, p.n_vocab])?;
+        let output = g("output.weight")?;
+        check_dims(&output, "output.weight", &[p.d, p.n_vocab])?;
         let (hs, hb) = (h("output_hc_scale.weight")?, h("output_hc_base.weight")?);
         if hs.is_empty() || hb.len() != p.hc {
             bail!(
@@ -435,18 +454,14 @@ impl Deepseek4 {
             );
         }
         let slots = (0..n_slots.max(1))
-            .map(|_| SlotState::new(&p, &layers_shape(&layers)))
+            .map(|_| SlotState::new(&layers_shape(&layers)))
             .collect();
         Ok(Deepseek4 {
             dev: w.device().clone(),
             embd: g("token_embd.weight")?,
-            out_norm: h("output_norm.weight")?,
-            output: g("output.weight")?,
-            hc_head: (
-                g("output_hc_fn.weight")?,
-                h("output_hc_scale.weight")?,
-                h("output_hc_base.weight")?,
-            ),
+            out_norm,
+            output,
+            hc_head: (hc_fn, hs, hb),
             layers,
             rope_main,
             rope_comp,
@@ -500,7 +515,7 @@ impl Deepseek4 {
         let mut normed = streams.to_vec();
         math::rms_norm(&mut normed, hc * d, None, self.p.eps);
         let mix = self.lin(&site.0, &normed)?;
-        let nm = mix.len() / (streams.len() / (hc * d)).max(1);
+        let nm = 2 * hc + hc * hc;
         let mut x = vec![0.0; streams.len() / hc];
         let mut ws = Vec::new();
         for (t, s) in streams.chunks_exact(hc * d).enumerate() {
@@ -609,7 +624,6 @@ impl Deepseek4 {
             rope.apply(&mut kv[t * hd..(t + 1) * hd], hd, pos, false);
         }
         // Compressed rows (emitted as their windows close) and, for CSA, the indexer's.
-        let mut comp_rows = None;
         if let Some(c) = &lay.comp {
             let (ck, cg) = (self.lin(&c.kv, x)?, self.lin(&c.gate, x)?);
             let st = self.slots[slot].layers[l]
@@ -617,7 +631,6 @@ impl Deepseek4 {
                 .as_mut()
                 .ok_or_else(|| anyhow!("layer {l}: no compressor state"))?;
             st.push(c, &ck, &cg, &self.rope_comp, p.eps);
-            comp_rows = Some(l);
         }
         let mut selected: Option<Vec<Vec<usize>>> = None;
         if let Some(ix) = &lay.indexer {
@@ -672,7 +685,7 @@ impl Deepseek4 {
             let first = (last + 1).saturating_sub(p.window);
             let mut keys: Vec<&[f32]> =
                 (first..=last).map(|r| &win[r * hd..(r + 1) * hd]).collect();
-            if let (Some(_), Some(cst)) = (comp_rows, st.comp.as_ref()) {
+            if let Some(cst) = st.comp.as_ref() {
                 let c = &cst.rows;
                 match &selected {
                     Some(sel) => keys.extend(sel[t].iter().map(|&s| &c[s * hd..(s + 1) * hd])),
@@ -973,7 +986,10 @@ impl CausalLm for Deepseek4 {
                     self.p.n_vocab
                 );
             }
-            let hidden = self.run_chunk(slot, &tokens, p0)?;
+            // A failed step leaves some layers advanced: start the slot over.
+            let hidden = self
+                .run_chunk(slot, &tokens, p0)
+                .inspect_err(|_| self.slots[slot].reset())?;
             self.slots[slot].n_past = p0 + tokens.len();
             let want: Vec<usize> = (i..j)
                 .filter(|&e| batch[e].want_logits)

@@ -2,8 +2,6 @@
 //! compressor's partial window, the previous window's overlap half, and the rows
 //! emitted so far.
 
-use super::Ds4Params;
-
 /// A learned pooling compressor (attention's or the indexer's).
 pub struct Compressor {
     ratio: usize,
@@ -100,7 +98,7 @@ pub struct SlotState {
 pub type Shape = Option<(usize, usize, bool)>;
 
 impl SlotState {
-    pub fn new(_p: &Ds4Params, shapes: &[(Shape, Shape)]) -> SlotState {
+    pub fn new(shapes: &[(Shape, Shape)]) -> SlotState {
         SlotState {
             n_past: 0,
             layers: shapes
