@@ -729,7 +729,7 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // ---------------------------------------------------------------------------------
-// The other tensor types of a model (f32, f16, bf16, and ggml's q8_0 and mxfp4): a
+// The other tensor types of a model (f32, f16, bf16, ggml's q8_0 and mxfp4, ROCmFP4): a
 // decode-as-you-go mat-vec with f32 activations and a row decoder for GET_ROWS. A plain
 // reference path (weights decoded per column tile), not a tuned one.
 #define DT_F32 0
@@ -737,6 +737,8 @@ extern "C" __global__ void __launch_bounds__(256)
 #define DT_Q8_0 8
 #define DT_BF16 30
 #define DT_MXFP4 39
+#define DT_ROCMFP4 100
+#define DT_ROCMFP4_FAST 101
 
 GPU_DEV float half_to_float(unsigned int h) {
     const unsigned int s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
@@ -756,6 +758,18 @@ GPU_DEV float dense_value(const unsigned char* row, int ty, int i) {
     if (ty == DT_Q8_0) {
         const unsigned char* b = row + (i >> 5) * 34;  // f16 scale, 32 int8
         return half_to_float(gpu_load_u16(b)) * (float)(signed char)b[2 + (i & 31)];
+    }
+    if (ty == DT_ROCMFP4 || ty == DT_ROCMFP4_FAST) {
+        // qs[16] (element j low nibble, j+16 high), then UE4M3 scale(s): one per half
+        // (100) or one per block (101). Code: bit 3 sign, m = bits 0..2, |v| = m <= 4 ? m : 2m-4.
+        const int fast = ty == DT_ROCMFP4_FAST;
+        const unsigned char* b = row + (i >> 5) * (fast ? 17 : 18);
+        const int j = i & 31;
+        const int q = (b[j & 15] >> (j >= 16 ? 4 : 0)) & 15;
+        const int m = q & 7;
+        const float mag = (float)(m <= 4 ? m : 2 * m - 4);
+        const float s = ue4m3(b[16 + (fast ? 0 : (j >= 16))]);
+        return (q & 8 ? -mag : mag) * s;
     }
     // mxfp4: an e8m0 byte, then 16 bytes holding element j (low nibble) and j+16 (high).
     const unsigned char* b = row + (i >> 5) * 17;

@@ -23,7 +23,12 @@ OUT = Path(os.environ.get("OUT", "/tmp/ds4gpu"))
 W = Path(os.environ.get("W", "/tmp/ds4gpu-work"))
 RUNS = [("tiny_mixed", "f32"), ("tiny_release_ratios", "f32"), ("tiny_odd", "f32"),
         ("tiny_defaults", "f32"), ("tiny_trained", "f32"), ("tiny_release", "f32"),
-        ("tiny_trained", "f16"), ("tiny_trained", "q8_0"), ("tiny_mixed", "bf16")]
+        ("tiny_trained", "f16"), ("tiny_trained", "q8_0"), ("tiny_mixed", "bf16"),
+        ("tiny_trained", "rocmfpx-mix"), ("tiny_mixed", "rocmfpx-mix")]
+# "rocmfpx-mix": routed experts ROCmFP2 affine (107), attention + shared experts ROCmFP4
+# (100), like the published Strix-Lean files; made with `moeserve quantize` from f32.
+MIX = [(r"_exps\.weight$", "107-affine"),
+       (r"(attn_q_a|attn_q_b|attn_kv|attn_output_a|attn_output_b|_shexp)\.weight$", "Q4_0_ROCMFP4")]
 
 
 def config(backend):
@@ -32,6 +37,7 @@ def config(backend):
                  f'[[plugin]]\nlibrary = "moe_backend_{backend}"\n'
                  + ('[plugin.settings]\nactivation = "f32"\n' if backend == "cpu" else "")
                  + '[[plugin]]\nlibrary = "moe_quant_ggml"\n[[plugin]]\nlibrary = "moe_policy_basic"\n'
+                 + '[[plugin]]\nlibrary = "moe_quant_rocmfpx"\n[plugin.settings]\nfp2 = "affine"\n'
                  f'[devices]\nbackend = "{backend}"\n')
     return p
 
@@ -59,7 +65,15 @@ def main():
         ref = np.load(FIX / f"{name}.npz")
         toks = ",".join(map(str, ref["tokens"]))
         model = W / f"{name}.{ty}.gguf"
-        moeserve(cpu, "convert", FIX / name, "--out", model, "--type", ty)
+        if ty == "rocmfpx-mix":
+            src = W / f"{name}.f32.gguf"
+            moeserve(cpu, "convert", FIX / name, "--out", src, "--type", "f32")
+            for i, (pattern, target) in enumerate(MIX):
+                dst = model if i == len(MIX) - 1 else W / f"{name}.mix{i}.gguf"
+                moeserve(cpu, "quantize", "--model", src, "--out", dst, "--tensors", pattern, "--type", target)
+                src = dst
+        else:
+            moeserve(cpu, "convert", FIX / name, "--out", model, "--type", ty)
         got = {}
         t0 = time.time()
         for backend, cfg in (("cuda", gpu), ("cpu", cpu)):

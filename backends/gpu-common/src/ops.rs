@@ -43,6 +43,9 @@ pub struct Launch {
 }
 
 pub use types::{BF16 as TYPE_BF16, MXFP4 as TYPE_MXFP4, Q8_0 as TYPE_Q8_0};
+/// ROCmFP4 (two half scales) and ROCmFP4_FAST (one scale): decoded by the dense kernels.
+pub const TYPE_ROCMFP4: u32 = 100;
+pub const TYPE_ROCMFP4_FAST: u32 = 101;
 
 /// Bytes of one row of `k` values of a dense-kernel type (None: not one of them).
 pub fn dense_row_bytes(ty: u32, k: u64) -> Option<Result<u64, String>> {
@@ -59,7 +62,8 @@ pub fn dense_row_bytes(ty: u32, k: u64) -> Option<Result<u64, String>> {
         types::F32 => Ok(4 * k),
         types::F16 | TYPE_BF16 => Ok(2 * k),
         TYPE_Q8_0 => blocks(34),
-        TYPE_MXFP4 => blocks(17),
+        TYPE_MXFP4 | TYPE_ROCMFP4_FAST => blocks(17),
+        TYPE_ROCMFP4 => blocks(18),
         _ => return None,
     })
 }
@@ -79,7 +83,7 @@ pub fn bytes_of(t: &TensorRef, backend: &str) -> Result<u64, String> {
             Ok(n / 32 * BLOCK_BYTES)
         }
         other => Err(format!(
-            "the {backend} backend does not handle tensors of type {other} (it has F32, F16, BF16, Q8_0, MXFP4, I32 and 107)"
+            "the {backend} backend does not handle tensors of type {other} (it has F32, F16, BF16, Q8_0, MXFP4, I32, 100, 101 and 107)"
         )),
     }
 }
@@ -258,7 +262,7 @@ pub fn get_rows(
 fn dense_align(ty: u32) -> u64 {
     match ty {
         types::F32 => 4,
-        TYPE_MXFP4 => 1,
+        TYPE_MXFP4 | TYPE_ROCMFP4 | TYPE_ROCMFP4_FAST => 1,
         _ => 2,
     }
 }
@@ -686,6 +690,7 @@ mod tests {
         assert_eq!(bytes_of(&t(types::F16, [3, 2, 1, 1]), "x"), Ok(12));
         assert_eq!(bytes_of(&t(TYPE_Q8_0, [64, 2, 1, 1]), "x"), Ok(4 * 34));
         assert_eq!(bytes_of(&t(TYPE_MXFP4, [32, 3, 1, 1]), "x"), Ok(3 * 17));
+        assert_eq!(bytes_of(&t(TYPE_ROCMFP4, [64, 1, 1, 1]), "x"), Ok(2 * 18));
         assert!(bytes_of(&t(TYPE_Q8_0, [48, 1, 1, 1]), "x")
             .unwrap_err()
             .contains("whole 32-value blocks"));
