@@ -24,11 +24,13 @@ W = Path(os.environ.get("W", "/tmp/ds4gpu-work"))
 RUNS = [("tiny_mixed", "f32"), ("tiny_release_ratios", "f32"), ("tiny_odd", "f32"),
         ("tiny_defaults", "f32"), ("tiny_trained", "f32"), ("tiny_release", "f32"),
         ("tiny_trained", "f16"), ("tiny_trained", "q8_0"), ("tiny_mixed", "bf16"),
-        ("tiny_trained", "rocmfpx-mix"), ("tiny_mixed", "rocmfpx-mix")]
+        ("tiny_trained", "rocmfp4"), ("tiny_trained", "rocmfpx-mix"), ("tiny_mixed", "rocmfpx-mix")]
 # "rocmfpx-mix": routed experts ROCmFP2 affine (107), attention + shared experts ROCmFP4
 # (100), like the published Strix-Lean files; made with `moeserve quantize` from f32.
+# "rocmfp4": only the ROCmFP4 part (the dense kernel, f32 activations like the CPU run).
 MIX = [(r"_exps\.weight$", "107-affine"),
        (r"(attn_q_a|attn_q_b|attn_kv|attn_output_a|attn_output_b|_shexp)\.weight$", "Q4_0_ROCMFP4")]
+MIXES = {"rocmfpx-mix": MIX, "rocmfp4": MIX[1:]}
 
 
 def config(backend):
@@ -65,11 +67,11 @@ def main():
         ref = np.load(FIX / f"{name}.npz")
         toks = ",".join(map(str, ref["tokens"]))
         model = W / f"{name}.{ty}.gguf"
-        if ty == "rocmfpx-mix":
+        if ty in MIXES:
             src = W / f"{name}.f32.gguf"
             moeserve(cpu, "convert", FIX / name, "--out", src, "--type", "f32")
-            for i, (pattern, target) in enumerate(MIX):
-                dst = model if i == len(MIX) - 1 else W / f"{name}.mix{i}.gguf"
+            for i, (pattern, target) in enumerate(MIXES[ty]):
+                dst = model if i == len(MIXES[ty]) - 1 else W / f"{name}.mix{i}.gguf"
                 moeserve(cpu, "quantize", "--model", src, "--out", dst, "--tensors", pattern, "--type", target)
                 src = dst
         else:
