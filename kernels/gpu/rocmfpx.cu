@@ -1,6 +1,6 @@
 // ROCmFPx type 107 (Q2_0_ROCMFP2) kernels: activation quantisation to q8_1, decode
 // mat-vec (MMVQ, 1..8 columns), tiled mat-mat for more columns (MMQ, dp4a), and the
-// grouped MoE mat-vec with its expert sort. Formulas: /work/shared/spec/rocmfpx.md.
+// grouped MoE mat-vec with its expert sort. Formulas: ../shared/spec/rocmfpx.md.
 //
 // Type 107 block (10 bytes, 32 weights, not 4-byte aligned): qs[8] (2-bit codes, LSB
 // first), e[2] (UE4M3 bytes). Two meanings, picked by the `affine` kernel argument:
@@ -197,7 +197,7 @@ GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
 
 // Rows per warp of the MMVQ kernels: more columns reuse each activation load over
 // more rows (the activations are read from L1 once per R rows).
-#define RF_MMVQ_ROWS(NC) ((NC) == 1 ? 1 : (NC) <= 4 ? 2 : 4)
+#define RF_MMVQ_ROWS(NC) ((NC) == 1 ? 4 : (NC) <= 4 ? 2 : 4)
 
 // MMVQ: out[c*m + r] = dot(row r, column c); a 128-thread block = 4 warps x R rows.
 template <int NC>

@@ -10,7 +10,7 @@
 # CPU plugins built here). $OUT gets the JSON and fixture.tar (the fixture and llama.cpp's
 # GGUF of it, as committed under tests/fixtures/deepseek4).
 set -euo pipefail
-W=${W:-/root/w}
+W=${W:-${TMPDIR:-/tmp}/ds4-llamacpp}
 mkdir -p "$W" "$OUT"
 t0=$(date +%s)
 tar xJf .dev/llama.cpp.tar.xz -C "$W"

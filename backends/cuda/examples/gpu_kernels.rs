@@ -7,7 +7,7 @@
 //!   cargo run --release -p moe-backend-cuda --example gpu_kernels [-- --quick]
 //!
 //! The CPU reference is the q8 dot product written out from the spec
-//! (/work/shared/spec/rocmfpx.md): per 16-weight half, d * (A * sum c*q - B * sum q) with
+//! (../shared/spec/rocmfpx.md): per 16-weight half, d * (A * sum c*q - B * sum q) with
 //! A = B = E[h] (two-scale) or A = S, B = O (affine), summed in f64; activations are
 //! quantised with plugin-api's `BlockQ8_1::quantize`.
 

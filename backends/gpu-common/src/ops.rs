@@ -351,7 +351,7 @@ pub struct Matmul {
 /// Rows per warp of the MMVQ kernel for `n` columns (RF_MMVQ_ROWS in rocmfpx.cu).
 pub fn mmvq_rows_per_warp(n: u64) -> u64 {
     match n {
-        1 => 1,
+        1 => 4,
         2..=4 => 2,
         _ => 4,
     }
@@ -811,7 +811,7 @@ mod tests {
         let x = |n| t(types::F32, [256, n, 1, 1]);
         let o = |n| t(types::F32, [1000, n, 1, 1]);
         for (n, name, grid) in [
-            (1, "mmvq_107_n1", (250, 1, 1)),
+            (1, "mmvq_107_n1", (63, 1, 1)),
             (3, "mmvq_107_n3", (125, 1, 1)),
             (8, "mmvq_107_n8", (63, 1, 1)),
         ] {

@@ -125,7 +125,7 @@ fn read_npy(path: &Path) -> (Vec<usize>, Vec<f32>) {
     (shape, values)
 }
 
-/// UE4M3 scale byte, from /work/shared/spec/rocmfpx.md.
+/// UE4M3 scale byte, from ../shared/spec/rocmfpx.md.
 fn ue4m3(b: u8) -> f32 {
     if b > 0x7e {
         return 0.0;
