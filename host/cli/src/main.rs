@@ -7,6 +7,7 @@ mod eval_cmd;
 mod plugins_cmd;
 mod quantize_cmd;
 mod serve_cmd;
+mod synth_cmd;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -109,6 +110,20 @@ enum Command {
         #[arg(long)]
         tokenizer_pre: Option<String>,
     },
+    /// Write a DeepSeek-V4-Flash-shaped GGUF with random valid weights of the real type mix
+    /// (ROCmFP2 experts, ROCmFP4 attention, Q8_0 embeddings), for runs at real width.
+    Synth {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 43)]
+        layers: usize,
+        #[arg(long, default_value_t = 256)]
+        experts: usize,
+        #[arg(long, default_value_t = 129280)]
+        vocab: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Rewrite the tensors whose names match a regex into another quant type; everything
     /// else is copied unchanged.
     Quantize {
@@ -196,6 +211,13 @@ fn main() -> ExitCode {
             };
             dequant_cmd::run(&cli.config, &a)
         }
+        Command::Synth {
+            out,
+            layers,
+            experts,
+            vocab,
+            seed,
+        } => synth_cmd::run(&out, layers, experts, vocab, seed),
         Command::Convert {
             dir,
             out,

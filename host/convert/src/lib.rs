@@ -5,6 +5,7 @@
 pub mod config;
 pub mod names;
 pub mod source;
+pub mod synth;
 pub mod tokenizer;
 
 use std::{collections::BTreeMap, path::Path};
@@ -90,7 +91,8 @@ fn encode_matrix(
     Ok((t, data))
 }
 
-fn metadata(w: &mut GgufWriter, c: &Ds4Config, name: &str) {
+/// The deepseek4 metadata keys for `c` (also used by `moeserve synth`).
+pub fn metadata(w: &mut GgufWriter, c: &Ds4Config, name: &str) {
     let a = "deepseek4";
     let u = |x: usize| Value::U32(x as u32);
     let f = |x: f64| Value::F32(x as f32);

@@ -1,0 +1,34 @@
+//! `moeserve synth`: a DeepSeek-V4-Flash-shaped GGUF with random valid weights of the
+//! real type mix (see moe_convert::synth), optionally with fewer layers / experts / tokens.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use moe_convert::synth::{flash_config, synth};
+use moe_gguf::GgufWriter;
+
+pub fn run(out: &Path, layers: usize, experts: usize, vocab: usize, seed: u64) -> Result<()> {
+    let c = flash_config(layers, experts, vocab);
+    let mut w = GgufWriter::new(32);
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} tensors")
+            .expect("static progress template"),
+    );
+    let b = synth(&c, seed, &mut w, &|done, total| {
+        pb.set_length(total as u64);
+        pb.set_position(done as u64);
+    })?;
+    pb.finish_and_clear();
+    w.write_file(out)
+        .with_context(|| format!("writing {}", out.display()))?;
+    eprintln!(
+        "wrote {} ({layers} layers, {experts} experts, vocab {vocab}: {:.2} GiB of weights; \
+         one decoded token reads {:.1} MiB of them)",
+        out.display(),
+        b.total as f64 / (1u64 << 30) as f64,
+        b.per_token as f64 / (1u64 << 20) as f64
+    );
+    Ok(())
+}
