@@ -10,7 +10,7 @@
 mod math;
 mod state;
 
-use std::sync::Arc;
+use std::{cell::RefCell, sync::Arc};
 
 use anyhow::{anyhow, bail, Context, Result};
 use moe_gguf::GgufFile;
@@ -241,6 +241,18 @@ pub struct Deepseek4 {
     rope_comp: Rope,
     n_ctx: usize,
     slots: Vec<SlotState>,
+    /// Grow-only input / output buffers for the weight products, reused across calls
+    /// (a device allocation per product cost more than the product on the GPU).
+    io: RefCell<[Option<Tensor>; 2]>,
+}
+
+/// A reused f32 buffer in `slot` holding at least `n` values.
+fn reuse<'a>(dev: &Arc<Device>, slot: &'a mut Option<Tensor>, n: usize) -> Result<&'a Tensor> {
+    if slot.as_ref().is_none_or(|t| t.bytes < 4 * n as u64) {
+        *slot = None; // free the old one first
+        *slot = Some(dev.f32([n.next_power_of_two() as u64, 1, 1, 1])?);
+    }
+    slot.as_ref().ok_or_else(|| anyhow!("scratch buffer"))
 }
 
 /// Reads a small tensor to host f32 (F32 directly from the file, anything else
@@ -457,6 +469,7 @@ impl Deepseek4 {
             .map(|_| SlotState::new(&layers_shape(&layers)))
             .collect();
         Ok(Deepseek4 {
+            io: RefCell::new([None, None]),
             dev: w.device().clone(),
             embd: g("token_embd.weight")?,
             out_norm,
@@ -478,11 +491,17 @@ impl Deepseek4 {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let xin = self.dev.f32([k as u64, n as u64, 1, 1])?;
+        let mut io = self.io.borrow_mut();
+        let [xs, ys] = &mut *io;
+        let xin = reuse(&self.dev, xs, k * n)?;
         xin.upload_f32(x)?;
-        let out = self.dev.f32([m as u64, n as u64, 1, 1])?;
+        let out = reuse(&self.dev, ys, m * n)?;
+        let (xr, yr) = (
+            xin.view([k as u64, n as u64, 1, 1]),
+            out.view([m as u64, n as u64, 1, 1]),
+        );
         self.dev
-            .op(ops::MATMUL, OpParams::default(), &[w, xin.r, out.r])?;
+            .op(ops::MATMUL, OpParams::default(), &[w, xr, yr])?;
         self.dev.sync()?;
         out.download_f32(m * n)
     }
