@@ -2,7 +2,7 @@
 //! decode), every type, k = 576 and 1536 (K-quants: 1536 and 2048, since 576 is not a
 //! multiple of 256), every instruction-set variant this CPU runs.
 //!
-//! Run: `cargo run --release -p moe-quant-ggml --example dot_throughput [-- --json] [--only Q4_K]`
+//! Run: `cargo run --release -p moe-quant-ggml --example ggml_dot_throughput [-- --json] [--only Q4_K]`
 //!
 //! The last column runs 8 activation columns at once (each unpacked block reused 8 times):
 //! GB/s of weights and Gmac/s (weight x column products per second).

@@ -2,7 +2,7 @@
 //! k = 2048 against 1 and against 8 q8_1 columns, every compiled instruction-set variant.
 //! The weights (~0.3-1 MB) stay in cache: this measures the kernels, not DRAM.
 //!
-//! Run: `cargo run --release -p moe-quant-rocmfpx --example dot_throughput`
+//! Run: `cargo run --release -p moe-quant-rocmfpx --example rocmfpx_dot_throughput`
 
 use std::time::Instant;
 
