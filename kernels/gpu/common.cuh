@@ -19,6 +19,11 @@
 
 #define GPU_DEV static __device__ __forceinline__
 
+// Four floats loaded in one 16-byte access (the vector types differ between toolchains).
+struct __attribute__((aligned(16))) gpu_f4 {
+    float x, y, z, w;
+};
+
 // 4-way int8 dot product with accumulate: c + sum a[i] * b[i] over signed bytes.
 GPU_DEV int gpu_dp4a(int a, int b, int c) {
 #if defined(GPU_HIP)

@@ -25,6 +25,7 @@
 #define KID_MMQ_MMA_107 15
 #define KID_MATVEC_DENSE 16
 #define KID_GET_ROWS_DENSE 17
+#define KID_MATVEC_DENSE_ID 30 // 18..29, 31: ds4.cu
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -783,30 +784,119 @@ GPU_DEV float dense_value(const unsigned char* row, int ty, int i) {
     return (q & 8 ? -(float)mag : (float)mag) * scale;
 }
 
-// out[c*m + r] = sum_i W[r][i] * x[c*k + i]: one warp per row r, 8 columns per grid row.
-// grid = (ceil(m / 4), ceil(n / 8)), block = 128.
+// Values i0..i0+7 of a row (i0 a multiple of 8): consecutive lanes take consecutive
+// groups of 8, so a warp's loads of weights and activations are contiguous.
+GPU_DEV void dense_group8(const unsigned char* row, int ty, int i0, float* v) {
+    if (ty == DT_F32) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = ((const float*)row)[i0 + j];
+    } else if (ty == DT_Q8_0) {
+        const unsigned char* b = row + (i0 >> 5) * 34;
+        const float d = half_to_float(gpu_load_u16(b));
+        const unsigned char* q = b + 2 + (i0 & 31);
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+            const unsigned int u = gpu_load_u16(q + j);
+            v[j] = d * (float)(signed char)(u & 0xffu);
+            v[j + 1] = d * (float)(signed char)(u >> 8);
+        }
+    } else if (ty == DT_ROCMFP4 || ty == DT_ROCMFP4_FAST || ty == DT_MXFP4) {
+        const int j0 = i0 & 31, hi = j0 >= 16;
+        float scale;
+        const unsigned char* qs;
+        if (ty == DT_MXFP4) {
+            const unsigned char* b = row + (i0 >> 5) * 17;
+            const unsigned int e = b[0];
+            scale = e < 2u ? __int_as_float((int)(0x00200000u << e)) : __int_as_float((int)((e - 1u) << 23));
+            qs = b + 1;
+        } else {
+            const int fast = ty == DT_ROCMFP4_FAST;
+            const unsigned char* b = row + (i0 >> 5) * (fast ? 17 : 18);
+            scale = ue4m3(b[16 + (fast ? 0 : hi)]);
+            qs = b;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int c = (qs[(j0 & 15) + j] >> (hi ? 4 : 0)) & 15, m = c & 7;
+            float mag;
+            if (ty == DT_MXFP4) mag = (float)(m < 5 ? m : (m == 5 ? 6 : (m == 6 ? 8 : 12)));
+            else mag = (float)(m <= 4 ? m : 2 * m - 4);
+            v[j] = (c & 8 ? -mag : mag) * scale;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = dense_value(row, ty, i0 + j);
+    }
+}
+
+// Sum over the 128 threads of a block into every thread's return value (sh: 4 floats).
+GPU_DEV float dense_block_sum(float v, float* sh) {
+    v = gpu_warp_sum(v);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    const float s = sh[0] + sh[1] + sh[2] + sh[3];
+    __syncthreads();
+    return s;
+}
+
+// Partial dot products of one row with `nc` (<= 8) columns x + c*k, for this thread:
+// the 4 warps of the block split the row in groups of 256 values (8 per lane) when
+// k % 8 == 0, else thread-strided single values.
+GPU_DEV void dense_row_dots(const unsigned char* row, int ty, int k, const float* x, int nc,
+                            float* acc) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if ((k & 7) == 0) {
+        const bool vec = (((unsigned long long)x) & 15ull) == 0;
+        for (int i0 = warp * 256 + lane * 8; i0 < k; i0 += 1024) {
+            float v[8];
+            dense_group8(row, ty, i0, v);
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                if (c >= nc) break;
+                const float* xc = x + (long long)c * k + i0;
+                float s = 0.0f;
+                if (vec) {
+                    const gpu_f4 a = *(const gpu_f4*)xc, b = *(const gpu_f4*)(xc + 4);
+                    s = v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y +
+                        v[6] * b.z + v[7] * b.w;
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) s += v[j] * xc[j];
+                }
+                acc[c] += s;
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < k; i += 128) {
+            const float v = dense_value(row, ty, i);
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                if (c >= nc) break;
+                acc[c] += v * x[(long long)c * k + i];
+            }
+        }
+    }
+}
+
+// out[c*m + r] = sum_i W[r][i] * x[c*k + i]: one 128-thread block per row r, 8 columns
+// per grid row. grid = (m, ceil(n / 8)), block = 128.
 extern "C" __global__ void __launch_bounds__(128)
     matvec_dense(const unsigned char* __restrict__ w, long long row_bytes, int ty, int k, int m,
                  const float* __restrict__ x, int n, float* __restrict__ out,
                  unsigned int* counters) {
     gpu_count_launch(counters, KID_MATVEC_DENSE);
-    const int r = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    const int c0 = blockIdx.y * 8;
-    if (r >= m) return;
-    const unsigned char* row = w + (long long)r * row_bytes;
+    __shared__ float sh[4];
+    const int r = blockIdx.x, c0 = blockIdx.y * 8;
+    const int nc = n - c0 < 8 ? n - c0 : 8;
     float acc[8];
 #pragma unroll
     for (int c = 0; c < 8; ++c) acc[c] = 0.0f;
-    for (int i = lane; i < k; i += GPU_WARP) {
-        const float v = dense_value(row, ty, i);
-#pragma unroll
-        for (int c = 0; c < 8; ++c)
-            if (c0 + c < n) acc[c] += v * x[(long long)(c0 + c) * k + i];
-    }
+    dense_row_dots(w + (long long)r * row_bytes, ty, k, x + (long long)c0 * k, nc, acc);
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
-        const float s = gpu_warp_sum(acc[c]);
-        if (lane == 0 && c0 + c < n) out[(long long)(c0 + c) * m + r] = s;
+        if (c >= nc) break;
+        const float s = dense_block_sum(acc[c], sh);
+        if (threadIdx.x == 0) out[(long long)(c0 + c) * m + r] = s;
     }
 }
 
@@ -821,4 +911,25 @@ extern "C" __global__ void __launch_bounds__(256)
     if (j >= cols) return;
     out[(long long)blockIdx.y * cols + j] =
         (id >= 0 && id < rows) ? dense_value(table + (long long)id * row_bytes, ty, j) : 0.0f;
+}
+
+// Grouped mat-vec for the dense types (see matvec_dense): pair p (= token * n_slots +
+// slot) multiplies expert ids[p]'s rows with its activation column (p when per_pair,
+// else p / n_slots); ids outside 0..E give zeros. grid = (m, pairs), block 128.
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_dense_id(const unsigned char* __restrict__ w, long long expert_bytes,
+                    long long row_bytes, int ty, int k, int m, int n_experts,
+                    const float* __restrict__ x, int per_pair, int n_slots,
+                    const int* __restrict__ ids, float* __restrict__ out,
+                    unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATVEC_DENSE_ID);
+    __shared__ float sh[4];
+    const int r = blockIdx.x, p = blockIdx.y;
+    const int e = ids[p];
+    float acc = 0.0f;
+    if (e >= 0 && e < n_experts)
+        dense_row_dots(w + (long long)e * expert_bytes + (long long)r * row_bytes, ty, k,
+                       x + (long long)(per_pair ? p : p / n_slots) * k, 1, &acc);
+    const float s = dense_block_sum(acc, sh);
+    if (threadIdx.x == 0) out[(long long)p * m + r] = s;
 }

@@ -77,10 +77,72 @@ pub mod ops {
     /// args: q (F32 [hd, heads, n]), k_cache, v_cache (F32 [hd, kv_heads, ctx, slots]),
     /// slot (I32 [n]), pos (I32 [n]), out (F32 [hd, heads, n]).
     pub const ATTENTION: u32 = 6;
-    /// out = silu(gate) * up. args: gate, up, out (F32, same shape).
+    /// out = silu(gate) * up; with f[0] = lim > 0, gate is first clamped above at lim
+    /// and up to [-lim, lim]. args: gate, up, out (F32, same shape).
     pub const SWIGLU: u32 = 7;
     /// out = a + b. args: a, b, out (F32, same shape).
     pub const ADD: u32 = 8;
+    /// Grouped (MoE) product: pair p = token * slots + slot multiplies expert ids[p].
+    /// args: w ([k, m, experts]), x (F32 [k, tokens] or [k, pairs]), ids (I32
+    /// [slots, tokens], -1 = none: zeros), out (F32 [m, pairs]).
+    pub const MATMUL_ID: u32 = 9;
+
+    // DeepSeek-V4 glue (ABI 1.1). Positions come from an I32 tensor `pos` ([n], the
+    // chunk's first at pos[0]) so a captured step replays at any position.
+    /// RMS norm of each d-row (i[0]: 0 none, 1 plain, 2 times w; f[0] = eps), then
+    /// rotary on the trailing 2*i[1] values as interleaved pairs at angle pos * inv_freq
+    /// (f[1] = cos/sin scale, i[2] = 1: inverse rotation). args: x (F32 [d, heads, n]),
+    /// w (F32 [d]), inv_freq (F32 [i[1]]), pos, out (like x; may be x).
+    pub const NORM_ROPE: u32 = 16;
+    /// mHC pre: mixes = W * streams (un-normalised) -> pre / post / Sinkhorn comb
+    /// (i[0] iterations, f[1] = eps of the weights; i[1] = 1: the head, pre only), then
+    /// x = sum pre_h * stream_h, RMS-normed (f[0]) times norm. args: streams (F32
+    /// [d, hc, n]), mix ([nm, n]), scale ([3] or [1]), base ([nm]), norm ([d]), out
+    /// ([d, n]), weights out ([nm, n]); nm = 2hc + hc^2 (hc for the head).
+    pub const HC_PRE: u32 = 17;
+    /// mHC post, in place: stream_k = post_k * block + sum_j comb[j][k] * stream_j.
+    /// args: streams (F32 [d, hc, n]), block ([d, n]), weights ([nm, n]).
+    pub const HC_POST: u32 = 18;
+    /// A learned compressor: pools each window of i[0] positions that closes in this
+    /// chunk (i[1] = 1: overlapping windows, inputs 2*dim wide) into rows[window],
+    /// RMS-normed (f[0]) and rotated on its last 2*i[2] values (f[1] scale), and keeps
+    /// the last 2*ratio inputs in the rings. args: kv, gate (F32 [width, n]), pos, ape
+    /// ([width, ratio]), norm ([dim]), inv_freq, ring_kv, ring_gate ([width, 2 ratio]),
+    /// rows ([dim, capacity]).
+    pub const COMPRESS: u32 = 19;
+    /// Lightning-indexer scores: out[t][s] = sum_h relu(q_th . row_s) * f[0] * (w_th *
+    /// f[1]) for the (pos+1)/i[0] rows visible to token t. args: q (F32 [dim, heads, n]),
+    /// w ([heads, n]), rows ([dim, capacity]), pos, out ([capacity, n]).
+    pub const INDEX_SCORES: u32 = 20;
+    /// Per token, the k best of its (pos+1)/i[0] visible scores (ties: lower index), or
+    /// all when no more than k; -1 pads. args: scores (F32 [capacity, n]), pos, out (I32
+    /// [k, n]).
+    pub const TOPK_ROWS: u32 = 21;
+    /// Attention with per-head sink logits over one shared K=V head: the sliding window
+    /// (ring of `window` rows: positions older than the chunk at pos % window; stored
+    /// after) plus compressed rows (i[1]: 0 none, 1 the (pos+1)/i[0] visible, 2 the
+    /// selected), scale f[0]. args: q (F32 [hd, heads, n]), kv ([hd, n]), ring ([hd,
+    /// window]), rows ([hd, capacity]), sel (I32 [k, n]), sinks ([heads]), pos, out
+    /// (like q).
+    pub const SPARSE_ATTENTION: u32 = 22;
+    /// Router: scores sigmoid (i[0] = 2) or sqrt(softplus) (4); experts = the k best
+    /// (i[2] = 0), the k best of score + bias (1) or the token's hash-table row (2);
+    /// weights = scores, normalised when i[1] = 1, times f[0]. args: logits (F32 [E, n]),
+    /// bias ([E]), table (I32 [k, vocab]), tokens (I32 [n]), ids out (I32 [k, n]),
+    /// weights out (F32 [k, n]).
+    pub const ROUTER: u32 = 23;
+    /// out[t] = sum_j w[t][j] * y[t][j] (+ shared[t]). args: y (F32 [d, k, n]), w ([k,
+    /// n]), out ([d, n]), optional shared ([d, n]).
+    pub const MOE_COMBINE: u32 = 24;
+    /// out[a, c, b] = x[a, b, c]. args: x (F32 [a, b, c]), out.
+    pub const TRANSPOSE12: u32 = 25;
+    /// Stream capture: ops queued on the stream between GRAPH_BEGIN and GRAPH_END are
+    /// recorded as graph i[0] instead of run; GRAPH_LAUNCH replays it. A backend may
+    /// drop its graphs (its scratch memory moved): GRAPH_LAUNCH then fails and the
+    /// caller records again. No args.
+    pub const GRAPH_BEGIN: u32 = 26;
+    pub const GRAPH_END: u32 = 27;
+    pub const GRAPH_LAUNCH: u32 = 28;
 }
 
 /// Parameters of one op call.

@@ -19,12 +19,13 @@ use crate::rt::{err, Device, Raw};
 
 pub const COMMON_CUH: &str = include_str!("../../../kernels/gpu/common.cuh");
 pub const ROCMFPX_CU: &str = include_str!("../../../kernels/gpu/rocmfpx.cu");
+pub const DS4_CU: &str = include_str!("../../../kernels/gpu/ds4.cu");
 
 pub use moe_gpu_common::kernels::{cache_dir, COUNTER_SLOTS, KERNELS};
 
 /// The full translation unit NVRTC compiles (the include resolved in place).
 pub fn source() -> String {
-    moe_gpu_common::kernels::source(COMMON_CUH, ROCMFPX_CU)
+    moe_gpu_common::kernels::source(COMMON_CUH, &[ROCMFPX_CU, DS4_CU])
 }
 
 fn nvrtc_present() -> bool {

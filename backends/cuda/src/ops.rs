@@ -5,7 +5,7 @@
 //! `moe_gpu_common::ops` (shared with the HIP backend); this file allocates and launches.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     ffi::c_void,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -16,7 +16,7 @@ use std::{
 use cudarc::driver::{result as cu, sys};
 use moe_gpu_common::ops::{self as plan, bytes_of, check_placement, Launch};
 pub use moe_gpu_common::ops::{FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID, TYPE_Q2_0_ROCMFP2};
-use moe_plugin_api::{OpParams, TensorRef};
+use moe_plugin_api::{ops, OpParams, TensorRef};
 
 use crate::{
     kernels::Module,
@@ -61,6 +61,7 @@ fn scratch(stream: u64, raw: sys::CUstream, bytes: usize) -> Result<sys::CUdevic
             cu::stream::synchronize(raw).map_err(|e| err("cuStreamSynchronize", e))?;
             let _ = cu::free_sync(p);
         }
+        drop_graphs(stream);
         map.remove(&stream);
     }
     let len = plan::scratch_len(bytes);
@@ -93,15 +94,74 @@ impl plan::Gpu for Stream<'_> {
     }
 }
 
-pub fn run(stream_id: u64, op: u32, _p: &OpParams, args: &[TensorRef]) -> Result<(), String> {
+/// Instantiated graphs per (stream, key).
+struct Exec(sys::CUgraphExec);
+// SAFETY: a graph exec handle is usable from any thread of the process.
+unsafe impl Send for Exec {}
+static GRAPHS: Mutex<BTreeMap<(u64, i64), Exec>> = Mutex::new(BTreeMap::new());
+
+fn graphs() -> std::sync::MutexGuard<'static, BTreeMap<(u64, i64), Exec>> {
+    GRAPHS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Forgets the graphs recorded on `stream` (they hold pointers into its old scratch).
+fn drop_graphs(stream: u64) {
+    let mut g = graphs();
+    let keys: Vec<_> = g.keys().filter(|k| k.0 == stream).copied().collect();
+    for k in keys {
+        if let Some(e) = g.remove(&k) {
+            // SAFETY: no launch of it is queued past the synchronisation before this.
+            unsafe {
+                let _ = cu::graph::exec_destroy(e.0);
+            }
+        }
+    }
+}
+
+/// GRAPH_BEGIN / GRAPH_END / GRAPH_LAUNCH on a bound stream.
+fn graph_op(stream_id: u64, raw: sys::CUstream, op: u32, key: i64) -> Result<(), String> {
+    // SAFETY: `raw` is a live stream of the bound context; graphs are only used on the
+    // stream that recorded them.
+    unsafe {
+        match op {
+            ops::GRAPH_BEGIN => cu::stream::begin_capture(
+                raw,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+            .map_err(|e| err("cuStreamBeginCapture", e)),
+            ops::GRAPH_END => {
+                let g = cu::stream::end_capture(raw).map_err(|e| err("cuStreamEndCapture", e))?;
+                let exec = cu::graph::instantiate(g, sys::CUgraphInstantiate_flags(0));
+                let _ = cu::graph::destroy(g);
+                let exec = exec.map_err(|e| err("cuGraphInstantiate", e))?;
+                if let Some(old) = graphs().insert((stream_id, key), Exec(exec)) {
+                    let _ = cu::graph::exec_destroy(old.0);
+                }
+                Ok(())
+            }
+            _ => {
+                let g = graphs();
+                let e = g
+                    .get(&(stream_id, key))
+                    .ok_or_else(|| format!("graph {key} is not recorded on stream {stream_id}"))?;
+                cu::graph::launch(e.0, raw).map_err(|e| err("cuGraphLaunch", e))
+            }
+        }
+    }
+}
+
+pub fn run(stream_id: u64, op: u32, p: &OpParams, args: &[TensorRef]) -> Result<(), String> {
     let s = rt::stream(stream_id)?;
     let dev = rt::runtime()?.device(s.device)?;
     dev.bind()?;
+    if matches!(op, ops::GRAPH_BEGIN | ops::GRAPH_END | ops::GRAPH_LAUNCH) {
+        return graph_op(stream_id, s.raw.0, op, p.i[0]);
+    }
     let stream = Stream {
         id: stream_id,
         device: s.device,
         raw: s.raw.0,
         module: dev.module()?,
     };
-    plan::run(&stream, "cuda", mmq_kernel(dev.cc), op, args)
+    plan::run(&stream, "cuda", mmq_kernel(dev.cc), op, p, args)
 }

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 18] = [
+pub const KERNELS: [&str; 32] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -28,17 +28,36 @@ pub const KERNELS: [&str; 18] = [
     "mmq_mma_107",
     "matvec_dense",
     "get_rows_dense",
+    "ds4_norm_rope",
+    "ds4_hc_pre",
+    "ds4_hc_post",
+    "ds4_comp_pool",
+    "ds4_comp_store",
+    "ds4_index_scores",
+    "ds4_topk_rows",
+    "ds4_attention",
+    "ds4_window_store",
+    "ds4_router",
+    "ds4_swiglu",
+    "ds4_moe_combine",
+    "matvec_dense_id",
+    "transpose12",
 ];
 /// Device-side launch counters (u32 each) the kernels bump.
 pub const COUNTER_SLOTS: usize = 32;
 
-/// The full translation unit: `rocmfpx_cu` with its `#include "common.cuh"` replaced
-/// by `common_cuh` (less its `#pragma once`).
-pub fn source(common_cuh: &str, rocmfpx_cu: &str) -> String {
-    rocmfpx_cu.replace(
-        "#include \"common.cuh\"",
-        &common_cuh.replace("#pragma once", ""),
-    )
+/// The full translation unit: the `units` in order, the first one's
+/// `#include "common.cuh"` replaced by `common_cuh` (less its `#pragma once`), the
+/// others' dropped.
+pub fn source(common_cuh: &str, units: &[&str]) -> String {
+    let inc = "#include \"common.cuh\"";
+    let mut out = String::new();
+    for (i, u) in units.iter().enumerate() {
+        let with = if i == 0 { common_cuh.replace("#pragma once", "") } else { String::new() };
+        out.push_str(&u.replace(inc, &with));
+        out.push('\n');
+    }
+    out
 }
 
 /// 64-bit FNV-1a: a hash stable across builds and Rust versions, for cache keys.
@@ -167,10 +186,11 @@ mod tests {
     fn source_resolves_the_include() {
         let s = source(
             "#pragma once\nint c;\n",
-            "#include \"common.cuh\"\nint k;\n",
+            &["#include \"common.cuh\"\nint k;\n", "#include \"common.cuh\"\nint j;\n"],
         );
         assert!(!s.contains("#include") && !s.contains("#pragma once"));
-        assert!(s.contains("int c;") && s.contains("int k;"));
+        assert!(s.contains("int c;") && s.contains("int k;") && s.contains("int j;"));
+        assert_eq!(s.matches("int c;").count(), 1);
     }
 
     #[test]

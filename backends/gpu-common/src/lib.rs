@@ -4,6 +4,7 @@
 //! and launch counting ([`kernels`]). Nothing here touches a GPU: the backends keep
 //! only their allocation and launch calls.
 
+pub mod ds4;
 pub mod kernels;
 pub mod ops;
 

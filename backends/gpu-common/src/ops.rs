@@ -6,7 +6,7 @@
 
 use std::ffi::c_void;
 
-use moe_plugin_api::{ops, types, TensorRef};
+use moe_plugin_api::{ops, types, OpParams, TensorRef};
 
 use crate::kargs;
 
@@ -259,7 +259,7 @@ pub fn get_rows(
 }
 
 /// Address alignment the kernels need for a tensor of `ty` (byte loads for MXFP4).
-fn dense_align(ty: u32) -> u64 {
+pub(crate) fn dense_align(ty: u32) -> u64 {
     match ty {
         types::F32 => 4,
         TYPE_MXFP4 | TYPE_ROCMFP4 | TYPE_ROCMFP4_FAST => 1,
@@ -308,11 +308,7 @@ pub fn matmul_dense(
         ));
     }
     let (pw, px, po) = (ptr(&w, dense_align(w.type_id))?, ptr(&x, 4)?, ptr(&out, 4)?);
-    let grid = (
-        m.div_ceil(4) as u32,
-        to_i32(n.div_ceil(8), "n / 8")? as u32,
-        1,
-    );
+    let grid = (to_i32(m, "m")? as u32, to_i32(n.div_ceil(8), "n / 8")? as u32, 1);
     Ok(Some(DenseMatmul {
         w: pw,
         row_bytes: row_bytes as i64,
@@ -576,15 +572,26 @@ pub trait Gpu {
     unsafe fn launch(&self, l: Launch, params: &[*mut c_void]) -> Result<(), String>;
 }
 
-/// Runs `op` (MATMUL, [`OP_MATMUL_ID`], ADD, GET_ROWS) on `gpu`; `mmq` is the MMQ
-/// kernel the device runs, `backend` names the backend in errors.
+/// Runs `op` (MATMUL, MATMUL_ID / [`OP_MATMUL_ID`], ADD, GET_ROWS and the
+/// DeepSeek-V4 glue of [`crate::ds4`]) on `gpu`; `mmq` is the MMQ kernel the device
+/// runs, `backend` names the backend in errors.
 pub fn run(
     gpu: &impl Gpu,
     backend: &str,
     mmq: &'static str,
     op: u32,
+    params: &OpParams,
     args: &[TensorRef],
 ) -> Result<(), String> {
+    if let Some(r) = crate::ds4::run(gpu, op, params, args) {
+        return r;
+    }
+    let op = if op == ops::MATMUL_ID { OP_MATMUL_ID } else { op };
+    if op == OP_MATMUL_ID {
+        if let Some(r) = crate::ds4::matmul_id_dense(gpu, args) {
+            return r;
+        }
+    }
     let ptr = |t: &TensorRef, a| gpu.ptr(t, a);
     // SAFETY (all launches): the plans check every tensor's range and size the
     // scratch; the parameter lists match the kernels' signatures.
@@ -780,7 +787,7 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((p.row_bytes, p.ty, p.k, p.m, p.n), (34, 39, 64, 10, 9));
-        assert_eq!((p.launch.name, p.launch.grid), ("matvec_dense", (3, 2, 1)));
+        assert_eq!((p.launch.name, p.launch.grid), ("matvec_dense", (10, 2, 1)));
         // 107 is not a dense type; a shape mismatch is refused.
         assert_eq!(
             matmul_dense(
@@ -921,8 +928,8 @@ mod run_tests {
         let g = Rec::default();
         let w = t(107, [64, 4, 1, 1]);
         let f = |k, n| t(types::F32, [k, n, 1, 1]);
-        run(&g, "test", MMQ_MMA, ops::MATMUL, &[w, f(64, 2), f(4, 2)]).unwrap();
-        run(&g, "test", MMQ_MMA, ops::MATMUL, &[w, f(64, 9), f(4, 9)]).unwrap();
+        run(&g, "test", MMQ_MMA, ops::MATMUL, &OpParams::default(), &[w, f(64, 2), f(4, 2)]).unwrap();
+        run(&g, "test", MMQ_MMA, ops::MATMUL, &OpParams::default(), &[w, f(64, 9), f(4, 9)]).unwrap();
         let we = t(107, [64, 4, 3, 1]);
         let ids = t(types::I32, [2, 1, 1, 1]);
         run(
@@ -933,9 +940,9 @@ mod run_tests {
             &[we, f(64, 1), ids, f(4, 2)],
         )
         .unwrap();
-        run(&g, "test", MMQ_MMA, ops::ADD, &[f(8, 1); 3]).unwrap();
+        run(&g, "test", MMQ_MMA, ops::ADD, &OpParams::default(), &[f(8, 1); 3]).unwrap();
         let rows = [w, t(types::I32, [2, 1, 1, 1]), f(64, 2)];
-        run(&g, "test", MMQ_MMA, ops::GET_ROWS, &rows).unwrap();
+        run(&g, "test", MMQ_MMA, ops::GET_ROWS, &OpParams::default(), &rows).unwrap();
         let names: Vec<_> = g.launches.borrow().iter().map(|l| (l.0, l.2)).collect();
         assert_eq!(
             names,
@@ -952,7 +959,7 @@ mod run_tests {
             ]
         );
         assert_eq!(g.scratch.borrow()[..2], [2 * 2 * 40, 9 * 2 * 40]);
-        let e = run(&g, "test", MMQ_MMA, 7, &[]).unwrap_err();
-        assert_eq!(e, "op 7 is not supported by the test backend");
+        let e = run(&g, "test", MMQ_MMA, 99, &OpParams::default(), &[]).unwrap_err();
+        assert_eq!(e, "op 99 is not supported by the test backend");
     }
 }

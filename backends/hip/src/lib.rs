@@ -45,7 +45,7 @@ use moe_plugin_api::{
 };
 
 /// The kernel sources the HIP path will compile with hiprtc (shared with CUDA).
-pub const KERNEL_SOURCES: [(&str, &str); 2] = [
+pub const KERNEL_SOURCES: [(&str, &str); 3] = [
     (
         "common.cuh",
         include_str!("../../../kernels/gpu/common.cuh"),
@@ -54,6 +54,7 @@ pub const KERNEL_SOURCES: [(&str, &str); 2] = [
         "rocmfpx.cu",
         include_str!("../../../kernels/gpu/rocmfpx.cu"),
     ),
+    ("ds4.cu", include_str!("../../../kernels/gpu/ds4.cu")),
 ];
 
 pub const NO_RUNTIME: &str = "no HIP runtime found (libamdhip64.so.7/.6)";

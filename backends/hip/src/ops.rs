@@ -74,7 +74,7 @@ fn scratch(c: &Ctx, stream: u64, bytes: usize) -> Result<DevPtr, String> {
     Ok(p as u64)
 }
 
-pub fn run(stream_id: u64, op: u32, _p: &OpParams, args: &[TensorRef]) -> Result<(), String> {
+pub fn run(stream_id: u64, op: u32, p: &OpParams, args: &[TensorRef]) -> Result<(), String> {
     let s = get(&STREAMS, stream_id, "stream")?;
     let hip = bind(s.device)?;
     let rt = crate::runtime()?;
@@ -86,7 +86,7 @@ pub fn run(stream_id: u64, op: u32, _p: &OpParams, args: &[TensorRef]) -> Result
         raw: s.ptr as Ptr,
         stream: stream_id,
     };
-    plan::run(&c, "hip", mmq_kernel(c.arch), op, args)
+    plan::run(&c, "hip", mmq_kernel(c.arch), op, p, args)
 }
 
 /// What one op needs: the runtime, the device's kernels and the stream.

@@ -1,11 +1,17 @@
 //! `moeserve bench`: prefill and decode throughput of a model, measured the way
 //! llama-bench does (pp: one batched pass over N prompt tokens; tg: N tokens decoded one
-//! at a time), so the two can be put side by side.
+//! at a time), so the two can be put side by side. At context depths > 0 the slot is
+//! first moved to that depth without running it (`CausalLm::seek`: the caches hold
+//! zeros, the step reads as many rows as a real one). With `--limits` it also measures,
+//! in the same run, the device's streaming bandwidth and ROCmFP2 matrix rate and reports
+//! decode as a fraction of bytes-per-token / bandwidth and prefill as a fraction of the
+//! matrix rate.
 
-use std::{path::Path, time::Instant};
+use std::{path::Path, sync::Arc, time::Instant};
 
-use anyhow::{Context, Result};
-use moe_engine::{sampling::argmax, BatchEntry, LoadOptions};
+use anyhow::{bail, Context, Result};
+use moe_engine::{device::Device, sampling::argmax, BatchEntry, LoadOptions, StepTraffic};
+use moe_plugin_api::{ops, OpParams};
 use serde_json::json;
 
 pub struct BenchArgs {
@@ -13,6 +19,12 @@ pub struct BenchArgs {
     pub gen_tokens: usize,
     pub repetitions: usize,
     pub json: bool,
+    /// Context depths to measure at.
+    pub depths: Vec<usize>,
+    /// Build this many layers from the file's (deepseek4 synthetic models).
+    pub layers: Option<usize>,
+    /// Measure the bandwidth and matrix-rate limits.
+    pub limits: bool,
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -21,40 +33,137 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
     (m, var.sqrt())
 }
 
+/// Streaming bandwidth: `out = a + b` over 3 x 1 GiB (read 2, write 1), bytes moved / s.
+fn stream_bandwidth(dev: &Arc<Device>) -> Result<f64> {
+    let n = 1u64 << 28;
+    let (a, b, c) = (dev.f32([n, 1, 1, 1])?, dev.f32([n, 1, 1, 1])?, dev.f32([n, 1, 1, 1])?);
+    let run = |reps: usize| -> Result<f64> {
+        let t = Instant::now();
+        for _ in 0..reps {
+            dev.op(ops::ADD, OpParams::default(), &[a.r, b.r, c.r])?;
+        }
+        dev.sync()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    run(3)?;
+    let reps = 20;
+    Ok(3.0 * 4.0 * n as f64 * reps as f64 / run(reps)?)
+}
+
+/// ROCmFP2 (type 107, affine) MATMUL rate on 512 columns: flop/s of a [4096 x 16384]
+/// product (weights from a fixed pseudo-random byte pattern; the kernel's speed does
+/// not depend on the values).
+fn matrix_rate(dev: &Arc<Device>) -> Result<f64> {
+    let (k, m, n) = (4096u64, 16384u64, 512u64);
+    let bytes = k * m / 32 * 10;
+    let mut w = dev.tensor(107, [k, m, 1, 1], bytes)?;
+    w.r.variant = 2;
+    let data: Vec<u8> = (0..bytes)
+        .map(|i| {
+            // Scale bytes (8, 9 of each 10-byte block) kept small and valid (< 0x7f).
+            let v = (i.wrapping_mul(2654435761) >> 13) as u8;
+            if i % 10 >= 8 { 0x30 | (v & 0x0f) } else { v }
+        })
+        .collect();
+    w.upload(&data)?;
+    let x = dev.f32([k, n, 1, 1])?;
+    x.upload_f32(&(0..k * n).map(|i| ((i % 97) as f32 - 48.0) / 64.0).collect::<Vec<_>>())?;
+    let out = dev.f32([m, n, 1, 1])?;
+    let run = |reps: usize| -> Result<f64> {
+        let t = Instant::now();
+        for _ in 0..reps {
+            dev.op(ops::MATMUL, OpParams::default(), &[w.r, x.r, out.r])?;
+        }
+        dev.sync()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    run(2)?;
+    let reps = 10;
+    Ok(2.0 * (k * m * n) as f64 * reps as f64 / run(reps)?)
+}
+
+struct Row {
+    depth: usize,
+    pp: (f64, f64),
+    tg: (f64, f64),
+    traffic: Option<StepTraffic>,
+}
+
 pub fn run(config: &Path, model: &Path, a: &BenchArgs) -> Result<()> {
-    let n_ctx = (a.prompt_tokens + a.gen_tokens + 8).next_power_of_two();
-    let mut m = crate::eval_cmd::load_model(config, model, &LoadOptions { n_ctx, n_slots: 1 })?;
+    if a.depths.is_empty() || a.prompt_tokens == 0 {
+        bail!("bench: need at least one depth and one prompt token");
+    }
+    let deepest = a.depths.iter().max().copied().unwrap_or(0);
+    let n_ctx = deepest + a.prompt_tokens + a.gen_tokens + 8;
+    let opts = LoadOptions {
+        n_ctx,
+        n_slots: 1,
+        repeat_layers: a.layers,
+    };
+    let t_load = Instant::now();
+    let mut m = crate::eval_cmd::load_model(config, model, &opts)?;
+    eprintln!("bench: loaded in {:.1} s", t_load.elapsed().as_secs_f64());
     let vocab = m.model.n_vocab() as u32;
     // Deterministic pseudo-random prompt ids, avoiding the first few (special) ids.
     let prompt: Vec<u32> = (0..a.prompt_tokens as u32)
         .map(|i| 100 + (i.wrapping_mul(2654435761) % (vocab - 100)))
         .collect();
-    let mut pp = Vec::new();
-    let mut tg = Vec::new();
-    // One warm-up round, then the measured ones.
-    for rep in 0..=a.repetitions {
-        let entries = BatchEntry::prompt(&prompt, 0, false);
-        let t0 = Instant::now();
-        let mut logits = m.model.forward(&entries)?.pop().context("no logits")?;
-        let dt_pp = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        for i in 0..a.gen_tokens {
-            let e = BatchEntry {
-                token: argmax(&logits),
-                slot: 0,
-                pos: (prompt.len() + i) as u32,
-                want_logits: true,
-            };
-            logits = m.model.forward(&[e])?.pop().context("no logits")?;
+    let mut rows = Vec::new();
+    for &depth in &a.depths {
+        let mut pp = Vec::new();
+        let mut tg = Vec::new();
+        // One warm-up round, then the measured ones.
+        for rep in 0..=a.repetitions {
+            if depth > 0 {
+                m.model.seek(0, depth).with_context(|| format!("moving to depth {depth}"))?;
+            }
+            let entries: Vec<BatchEntry> = prompt
+                .iter()
+                .enumerate()
+                .map(|(i, &token)| BatchEntry {
+                    token,
+                    slot: 0,
+                    pos: (depth + i) as u32,
+                    want_logits: i + 1 == prompt.len(),
+                })
+                .collect();
+            let t0 = Instant::now();
+            let mut logits = m.model.forward(&entries)?.pop().context("no logits")?;
+            let dt_pp = t0.elapsed().as_secs_f64();
+            let t1 = Instant::now();
+            for i in 0..a.gen_tokens {
+                let e = BatchEntry {
+                    token: argmax(&logits),
+                    slot: 0,
+                    pos: (depth + prompt.len() + i) as u32,
+                    want_logits: true,
+                };
+                logits = m.model.forward(&[e])?.pop().context("no logits")?;
+            }
+            let dt_tg = t1.elapsed().as_secs_f64();
+            if rep > 0 {
+                pp.push(a.prompt_tokens as f64 / dt_pp);
+                tg.push(a.gen_tokens as f64 / dt_tg);
+            }
         }
-        let dt_tg = t1.elapsed().as_secs_f64();
-        if rep > 0 {
-            pp.push(a.prompt_tokens as f64 / dt_pp);
-            tg.push(a.gen_tokens as f64 / dt_tg);
-        }
+        let row = Row {
+            depth,
+            pp: mean_sd(&pp),
+            tg: mean_sd(&tg),
+            traffic: m.model.step_traffic(depth + a.prompt_tokens + a.gen_tokens / 2),
+        };
+        eprintln!(
+            "bench: depth {depth}: pp{} {:.1} tok/s, tg{} {:.1} tok/s",
+            a.prompt_tokens, row.pp.0, a.gen_tokens, row.tg.0
+        );
+        rows.push(row);
     }
-    let (pp_m, pp_sd) = mean_sd(&pp);
-    let (tg_m, tg_sd) = mean_sd(&tg);
+    let dev = m.model.device().clone();
+    let (bw, rate) = if a.limits {
+        (Some(stream_bandwidth(&dev)?), Some(matrix_rate(&dev)?))
+    } else {
+        (None, None)
+    };
     // What each plugin says of itself (e.g. which SIMD kernels it picked on this CPU).
     let plugins: Vec<String> = moe_plugin_host::Registry::from_config_file(config)?
         .plugins
@@ -62,29 +171,55 @@ pub fn run(config: &Path, model: &Path, a: &BenchArgs) -> Result<()> {
         .map(|p| format!("{}: {}", p.info.name, p.info.description))
         .collect();
     let threads = std::env::var("MOE_CPU_THREADS").unwrap_or_else(|_| "all".into());
+    let depth_json: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            let t = r.traffic.unwrap_or_default();
+            let bytes = (t.weight_bytes + t.cache_bytes) as f64;
+            let limit = bw.map(|b| b / bytes.max(1.0));
+            let pp_flops = 2.0 * t.weight_params as f64 * r.pp.0;
+            json!({
+                "depth": r.depth,
+                "pp_tok_s": r.pp.0, "pp_tok_s_sd": r.pp.1,
+                "tg_tok_s": r.tg.0, "tg_tok_s_sd": r.tg.1,
+                "weight_bytes_per_token": t.weight_bytes, "cache_bytes_per_token": t.cache_bytes,
+                "weight_params_per_token": t.weight_params,
+                "tg_limit_tok_s": limit,
+                "tg_fraction_of_limit": limit.map(|l| r.tg.0 / l),
+                "pp_weight_flop_s": pp_flops,
+                "pp_fraction_of_matrix_rate": rate.map(|x| pp_flops / x),
+            })
+        })
+        .collect();
     if a.json {
         println!(
             "{}",
             json!({
                 "engine": "moeserve", "model": model.display().to_string(), "arch": m.arch,
+                "device": dev.name(), "layers": a.layers,
                 "threads": threads, "repetitions": a.repetitions,
-                "pp_tokens": a.prompt_tokens, "pp_tok_s": pp_m, "pp_tok_s_sd": pp_sd,
-                "tg_tokens": a.gen_tokens, "tg_tok_s": tg_m, "tg_tok_s_sd": tg_sd,
-                "kernels": m.model.device().counters(),
+                "pp_tokens": a.prompt_tokens, "pp_tok_s": rows[0].pp.0, "pp_tok_s_sd": rows[0].pp.1,
+                "tg_tokens": a.gen_tokens, "tg_tok_s": rows[0].tg.0, "tg_tok_s_sd": rows[0].tg.1,
+                "stream_bandwidth_bytes_s": bw, "matrix_rate_flop_s": rate,
+                "depths": depth_json,
+                "kernels": dev.counters(),
                 "plugins": plugins,
             })
         );
     } else {
-        println!("| model | threads | test | tok/s |");
-        println!("| --- | --- | --- | --- |");
-        println!(
-            "| {} | {threads} | pp{} | {pp_m:.1} ± {pp_sd:.1} |",
-            m.name, a.prompt_tokens
-        );
-        println!(
-            "| {} | {threads} | tg{} | {tg_m:.1} ± {tg_sd:.1} |",
-            m.name, a.gen_tokens
-        );
+        println!("| model | threads | depth | test | tok/s | fraction of limit |");
+        println!("| --- | --- | --- | --- | --- | --- |");
+        for (r, j) in rows.iter().zip(&depth_json) {
+            let frac = |k: &str| j[k].as_f64().map_or("-".into(), |f| format!("{:.1}%", 100.0 * f));
+            println!(
+                "| {} | {threads} | {} | pp{} | {:.1} ± {:.1} | {} of matrix rate |",
+                m.name, r.depth, a.prompt_tokens, r.pp.0, r.pp.1, frac("pp_fraction_of_matrix_rate")
+            );
+            println!(
+                "| {} | {threads} | {} | tg{} | {:.1} ± {:.1} | {} of bandwidth limit |",
+                m.name, r.depth, a.gen_tokens, r.tg.0, r.tg.1, frac("tg_fraction_of_limit")
+            );
+        }
     }
     Ok(())
 }

@@ -34,6 +34,7 @@ pub fn logits(config: &Path, model: &Path, tokens: &str, out: &Path, mode: &str)
         &LoadOptions {
             n_ctx: toks.len().max(16),
             n_slots: 1,
+            repeat_layers: None,
         },
     )?;
     let entries = BatchEntry::prompt(&toks, 0, true);
@@ -78,6 +79,7 @@ pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
         &LoadOptions {
             n_ctx: 4096,
             n_slots: 1,
+            repeat_layers: None,
         },
     )?;
     let tokenizer = m.tokenizer.clone();

@@ -42,6 +42,18 @@ enum Command {
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
+        /// Context depths to measure at, comma-separated (deeper than 0: the slot is
+        /// moved there without running the tokens; deepseek4 on a GPU backend).
+        #[arg(long, value_delimiter = ',', default_value = "0")]
+        depths: Vec<usize>,
+        /// Build this many layers from a deepseek4 file with fewer (synthetic models:
+        /// each repeated layer is its own copy on the device).
+        #[arg(long)]
+        layers: Option<usize>,
+        /// Also measure the device's streaming bandwidth and ROCmFP2 matrix rate, and
+        /// report decode and prefill as fractions of those limits.
+        #[arg(long)]
+        limits: bool,
     },
     /// Serve a model through the OpenAI-compatible API.
     Serve(serve_cmd::ServeArgs),
@@ -164,12 +176,18 @@ fn main() -> ExitCode {
             gen_tokens,
             repetitions,
             json,
+            depths,
+            layers,
+            limits,
         } => {
             let a = bench_cmd::BenchArgs {
                 prompt_tokens,
                 gen_tokens,
                 repetitions,
                 json,
+                depths,
+                layers,
+                limits,
             };
             bench_cmd::run(&cli.config, &model, &a)
         }

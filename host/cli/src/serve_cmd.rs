@@ -62,6 +62,7 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
     let load_opts = LoadOptions {
         n_ctx: a.ctx_size,
         n_slots: a.parallel,
+        repeat_layers: None,
     };
     let sched_opts = SchedulerOptions {
         max_batch_tokens: a.batch_tokens,

@@ -9,6 +9,6 @@ pub mod npy;
 pub mod sampling;
 pub mod scheduler;
 
-pub use model::{load, BatchEntry, CausalLm, LoadOptions, LoadedModel};
+pub use model::{load, BatchEntry, CausalLm, LoadOptions, LoadedModel, StepTraffic};
 pub use sampling::{Sampled, SamplingParams};
 pub use scheduler::{Event, FinishReason, GenRequest, Scheduler, SchedulerOptions, Stats, Timings};

@@ -52,6 +52,27 @@ pub trait CausalLm: Send {
     fn device(&self) -> &Arc<Device>;
     /// Runs the batch; returns logits rows for entries with `want_logits`, in order.
     fn forward(&mut self, batch: &[BatchEntry]) -> Result<Vec<Vec<f32>>>;
+    /// Benchmarks: puts slot `slot` at position `pos` as if `pos` tokens had run,
+    /// without running them (the caches keep whatever they hold), so a step at depth
+    /// `pos` costs what a real one does.
+    fn seek(&mut self, _slot: u32, _pos: usize) -> Result<()> {
+        anyhow::bail!("{}: seeking a slot is not supported", self.arch())
+    }
+    /// What one decoded token reads at context depth `pos`, where the model knows.
+    fn step_traffic(&self, _pos: usize) -> Option<StepTraffic> {
+        None
+    }
+}
+
+/// Bytes one decode step reads and the weights it multiplies.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTraffic {
+    /// Weight bytes read (routed experts: the ones a token uses).
+    pub weight_bytes: u64,
+    /// Cache bytes read (window, compressed rows, indexer keys).
+    pub cache_bytes: u64,
+    /// Weight values multiplied per token (2 flops each).
+    pub weight_params: u64,
 }
 
 /// The model's weights on their devices, by GGUF tensor name.
@@ -78,6 +99,10 @@ pub struct LoadOptions {
     pub n_ctx: usize,
     /// Concurrent sequences (KV-cache slots).
     pub n_slots: usize,
+    /// Benchmarks only (deepseek4): build this many layers from a file with fewer, layer
+    /// j >= L copying a file layer of the same kind (see `Ds4Params::with_layers`); each
+    /// copy is its own device allocation, so memory and bytes read are the real ones.
+    pub repeat_layers: Option<usize>,
 }
 
 impl Default for LoadOptions {
@@ -85,6 +110,7 @@ impl Default for LoadOptions {
         LoadOptions {
             n_ctx: 0,
             n_slots: 4,
+            repeat_layers: None,
         }
     }
 }
@@ -262,6 +288,34 @@ pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedMod
         dev.name()
     );
     let meta_json = f.scalar_metadata_json();
+    let ds4 = if arch == "deepseek4" {
+        let p = deepseek4::Ds4Params::from_gguf(&f)
+            .with_context(|| format!("{}: deepseek4 metadata", path.display()))?;
+        Some(match opts.repeat_layers {
+            Some(n) => p.with_layers(n)?,
+            None => p,
+        })
+    } else if opts.repeat_layers.is_some() {
+        bail!("repeating layers is only done for deepseek4 models");
+    } else {
+        None
+    };
+    // The names each file tensor is uploaded under (more than one when layers repeat).
+    let names_of = |name: &str| -> Vec<String> {
+        let (Some(p), Some(rest)) = (&ds4, name.strip_prefix("blk.")) else {
+            return vec![name.to_string()];
+        };
+        let Some((l, tail)) = rest.split_once('.') else {
+            return vec![name.to_string()];
+        };
+        let Ok(l) = l.parse::<usize>() else {
+            return vec![name.to_string()];
+        };
+        (0..p.n_layer)
+            .filter(|&j| p.src_layer[j] == l)
+            .map(|j| format!("blk.{j}.{tail}"))
+            .collect()
+    };
     let mut map = HashMap::new();
     for t in f.tensors() {
         let data = f.tensor_data(t);
@@ -277,24 +331,24 @@ pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedMod
         for (d, v) in dims.iter_mut().zip(&t.dims) {
             *d = *v;
         }
-        let mut tensor = dev.tensor(t.type_id, dims, t.n_bytes.max(1))?;
-        tensor.r.variant = variant;
-        tensor
-            .upload(data)
-            .with_context(|| format!("uploading {}", t.name))?;
-        map.insert(t.name.clone(), Arc::new(tensor));
+        for name in names_of(&t.name) {
+            let mut tensor = dev.tensor(t.type_id, dims, t.n_bytes.max(1))?;
+            tensor.r.variant = variant;
+            tensor
+                .upload(data)
+                .with_context(|| format!("uploading {name}"))?;
+            map.insert(name, Arc::new(tensor));
+        }
     }
     let weights = Weights { dev, map };
-    let model: Box<dyn CausalLm> = if arch == "deepseek4" {
-        let p = deepseek4::Ds4Params::from_gguf(&f)
-            .with_context(|| format!("{}: deepseek4 metadata", path.display()))?;
+    let model: Box<dyn CausalLm> = if let Some(p) = ds4 {
         let n_ctx = if opts.n_ctx == 0 {
             p.train_ctx.min(4096)
         } else {
             opts.n_ctx
         };
         Box::new(
-            deepseek4::Deepseek4::new(&f, &weights, n_ctx, opts.n_slots.max(1))
+            deepseek4::Deepseek4::new(&f, &weights, p, n_ctx, opts.n_slots.max(1))
                 .with_context(|| format!("{}: building the deepseek4 graph", path.display()))?,
         )
     } else {

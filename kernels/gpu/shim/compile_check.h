@@ -67,3 +67,20 @@ static __device__ inline float roundf(float x) { return __builtin_roundf(x); }
 static __device__ inline float fabsf(float x) { return __builtin_fabsf(x); }
 static __device__ inline float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
 static __device__ inline float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+static __device__ inline int __float_as_int(float v) { return __builtin_bit_cast(int, v); }
+static __device__ inline float fminf(float a, float b) { return __builtin_fminf(a, b); }
+// Libm-style device functions (the real toolchains supply exact ones): AMD objects are
+// linked, so they get builtins; NVPTX only needs declarations.
+#if defined(__HIP__)
+static __device__ inline float expf(float x) { return __builtin_expf(x); }
+static __device__ inline float sqrtf(float x) { return __builtin_sqrtf(x); }
+static __device__ inline float cosf(float x) { return __builtin_cosf(x); }
+static __device__ inline float sinf(float x) { return __builtin_sinf(x); }
+static __device__ inline float log1pf(float x) { return __builtin_logf(1.0f + x); }
+#else
+extern "C" __device__ float expf(float);
+extern "C" __device__ float sqrtf(float);
+extern "C" __device__ float cosf(float);
+extern "C" __device__ float sinf(float);
+extern "C" __device__ float log1pf(float);
+#endif

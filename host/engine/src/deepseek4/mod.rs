@@ -7,6 +7,7 @@
 //! here walks the same per-token state machine, so prefill == decode by construction
 //! of the compressors and an explicit per-query causal window / row threshold.
 
+mod gpu;
 mod math;
 mod state;
 
@@ -57,12 +58,36 @@ pub struct Ds4Params {
     pub train_ctx: usize,
     /// Router score function (ggml's numbering): 4 = sqrt(softplus), 2 = sigmoid.
     pub gating: u32,
+    /// The file layer each layer's tensors come from (itself, unless `with_layers`).
+    pub src_layer: Vec<usize>,
 }
 
 const GATING_SIGMOID: u32 = 2;
 const GATING_SQRT_SOFTPLUS: u32 = 4;
 
 impl Ds4Params {
+    /// `n` layers from a file of L (benchmarks: V4-Flash depth from a shorter synthetic
+    /// file). Layers below L are the file's; layer j >= L repeats file layer
+    /// L - 2 + (j - L) % 2, keeping the alternating CSA / HCA schedule of the last two.
+    pub fn with_layers(mut self, n: usize) -> Result<Ds4Params> {
+        let l = self.n_layer;
+        if n <= l {
+            bail!("--layers {n}: the file already has {l} layers");
+        }
+        if l < self.n_hash + 2 {
+            bail!("repeating layers needs a file with two non-hash layers after the {} hash layers, it has {l}", self.n_hash);
+        }
+        let src: Vec<usize> = (0..n)
+            .map(|j| if j < l { j } else { l - 2 + (j - l) % 2 })
+            .collect();
+        self.clamp_exp = src.iter().map(|&s| self.clamp_exp[s]).collect();
+        self.clamp_shexp = src.iter().map(|&s| self.clamp_shexp[s]).collect();
+        self.ratios = src.iter().map(|&s| self.ratios[s]).collect();
+        self.src_layer = src;
+        self.n_layer = n;
+        Ok(self)
+    }
+
     pub fn from_gguf(f: &GgufFile) -> Result<Ds4Params> {
         let a = "deepseek4";
         let key = |k: &str| format!("{a}.{k}");
@@ -146,6 +171,7 @@ impl Ds4Params {
             yarn,
             train_ctx: u_or("context_length", 4096),
             gating,
+            src_layer: (0..n_layer).collect(),
         };
         if p.n_head == 0 || p.o_groups == 0 || !p.n_head.is_multiple_of(p.o_groups) {
             bail!(
@@ -244,6 +270,8 @@ pub struct Deepseek4 {
     /// Grow-only input / output buffers for the weight products, reused across calls
     /// (a device allocation per product cost more than the product on the GPU).
     io: RefCell<[Option<Tensor>; 2]>,
+    /// The device-resident forward, when the backend runs the glue ops.
+    gpu: Option<gpu::GpuPath>,
 }
 
 /// A reused f32 buffer in `slot` holding at least `n` values.
@@ -294,19 +322,23 @@ fn check_dims(t: &Tensor, name: &str, want: &[usize]) -> Result<()> {
 }
 
 impl Deepseek4 {
-    pub fn new(f: &GgufFile, w: &Weights, n_ctx: usize, n_slots: usize) -> Result<Deepseek4> {
-        let p = Ds4Params::from_gguf(f)?;
+    /// The model over loaded weights; `p` from [`Ds4Params::from_gguf`] (maybe
+    /// [`Ds4Params::with_layers`]): small tensors are read from the file layer
+    /// `p.src_layer[l]`, weights by their own names.
+    pub fn new(f: &GgufFile, w: &Weights, p: Ds4Params, n_ctx: usize, n_slots: usize) -> Result<Deepseek4> {
         let g = |n: &str| w.get(n);
         let h = |n: &str| host_f32(f, w, n);
         let hd = p.head_dim;
         let mut layers = Vec::with_capacity(p.n_layer);
         for l in 0..p.n_layer {
             let b = |s: &str| format!("blk.{l}.{s}");
+            // File reads (small f32 tensors, presence checks) go to the source layer.
+            let bf = |s: &str| format!("blk.{}.{s}", p.src_layer[l]);
             let hc_site = |s: &str| -> Result<(Arc<Tensor>, HostF32, HostF32)> {
                 Ok((
                     g(&b(&format!("hc_{s}_fn.weight")))?,
-                    h(&b(&format!("hc_{s}_scale.weight")))?,
-                    h(&b(&format!("hc_{s}_base.weight")))?,
+                    h(&bf(&format!("hc_{s}_scale.weight")))?,
+                    h(&bf(&format!("hc_{s}_base.weight")))?,
                 ))
             };
             let ratio = p.ratios[l];
@@ -314,7 +346,7 @@ impl Deepseek4 {
                 let kv = g(&b(&format!("{pre}_kv.weight")))?;
                 let width = if overlap { 2 * dim } else { dim };
                 check_dims(&kv, &b(&format!("{pre}_kv.weight")), &[p.d, width])?;
-                let ape = h(&b(&format!("{pre}_ape.weight")))?;
+                let ape = h(&bf(&format!("{pre}_ape.weight")))?;
                 if ape.len() != ratio * width {
                     bail!(
                         "{}: {} values, expected ratio {ratio} x {width}",
@@ -325,7 +357,7 @@ impl Deepseek4 {
                 Ok(CompWeights {
                     ratio,
                     ape,
-                    norm: h(&b(&format!("{pre}_norm.weight")))?,
+                    norm: h(&bf(&format!("{pre}_norm.weight")))?,
                     kv,
                     gate: g(&b(&format!("{pre}_gate.weight")))?,
                     overlap,
@@ -333,7 +365,7 @@ impl Deepseek4 {
                 })
             };
             // A compressed layer with an indexer is CSA (overlapping windows); without, HCA.
-            let is_csa = ratio > 0 && f.tensor(&b("indexer.attn_q_b.weight")).is_some();
+            let is_csa = ratio > 0 && f.tensor(&bf("indexer.attn_q_b.weight")).is_some();
             let comp = if ratio > 0 {
                 Some(comp_w("attn_compressor", hd, is_csa)?)
             } else {
@@ -358,7 +390,7 @@ impl Deepseek4 {
             };
             let is_hash = l < p.n_hash;
             let tid2eid = if is_hash {
-                let name = b("ffn_gate_tid2eid.weight");
+                let name = bf("ffn_gate_tid2eid.weight");
                 let info = f
                     .tensor(&name)
                     .ok_or_else(|| anyhow!("hash layer {l} has no {name}"))?;
@@ -382,12 +414,12 @@ impl Deepseek4 {
             } else {
                 None
             };
-            let bias = if !is_hash && f.tensor(&b("exp_probs_b.bias")).is_some() {
-                Some(h(&b("exp_probs_b.bias"))?)
+            let bias = if !is_hash && f.tensor(&bf("exp_probs_b.bias")).is_some() {
+                Some(h(&bf("exp_probs_b.bias"))?)
             } else {
                 None
             };
-            let shexp = if f.tensor(&b("ffn_gate_shexp.weight")).is_some() {
+            let shexp = if f.tensor(&bf("ffn_gate_shexp.weight")).is_some() {
                 Some((
                     g(&b("ffn_gate_shexp.weight"))?,
                     g(&b("ffn_up_shexp.weight"))?,
@@ -414,18 +446,18 @@ impl Deepseek4 {
                 );
             }
             let layer = Layer {
-                attn_norm: h(&b("attn_norm.weight"))?,
-                ffn_norm: h(&b("ffn_norm.weight"))?,
+                attn_norm: h(&bf("attn_norm.weight"))?,
+                ffn_norm: h(&bf("ffn_norm.weight"))?,
                 hc_attn: hc_site("attn")?,
                 hc_ffn: hc_site("ffn")?,
                 q_a: g(&b("attn_q_a.weight"))?,
-                q_a_norm: h(&b("attn_q_a_norm.weight"))?,
+                q_a_norm: h(&bf("attn_q_a_norm.weight"))?,
                 q_b,
                 kv: g(&b("attn_kv.weight"))?,
-                kv_norm: h(&b("attn_kv_a_norm.weight"))?,
+                kv_norm: h(&bf("attn_kv_a_norm.weight"))?,
                 out_a,
                 out_b: g(&b("attn_output_b.weight"))?,
-                sinks: h(&b("attn_sinks.weight"))?,
+                sinks: h(&bf("attn_sinks.weight"))?,
                 comp,
                 indexer,
                 router: g(&b("ffn_gate_inp.weight"))?,
@@ -468,7 +500,8 @@ impl Deepseek4 {
         let slots = (0..n_slots.max(1))
             .map(|_| SlotState::new(&layers_shape(&layers)))
             .collect();
-        Ok(Deepseek4 {
+        let mut m = Deepseek4 {
+            gpu: None,
             io: RefCell::new([None, None]),
             dev: w.device().clone(),
             embd: g("token_embd.weight")?,
@@ -481,7 +514,15 @@ impl Deepseek4 {
             n_ctx,
             slots,
             p,
-        })
+        };
+        if gpu::fits(&m.p) {
+            m.gpu = gpu::GpuPath::new(&m).context("preparing the device-resident forward")?;
+        }
+        tracing::info!(
+            "deepseek4: per-token glue on {}",
+            if m.gpu.is_some() { "the device (resident activations and caches)" } else { "the host" }
+        );
+        Ok(m)
     }
 
     /// out[n, m] = W x for `n` rows of `k` values (W given as a view: [k, m]).
@@ -968,6 +1009,73 @@ impl CausalLm for Deepseek4 {
         &self.dev
     }
 
+    fn seek(&mut self, slot: u32, pos: usize) -> Result<()> {
+        if self.gpu.is_none() {
+            bail!("deepseek4: seeking needs the device-resident forward (the host glue keeps its compressor state on the host)");
+        }
+        if pos >= self.n_ctx {
+            bail!("position {pos} is outside the context of {}", self.n_ctx);
+        }
+        let n = self.slots.len();
+        let st = self
+            .slots
+            .get_mut(slot as usize)
+            .ok_or_else(|| anyhow!("slot {slot} outside 0..{n}"))?;
+        st.reset();
+        st.n_past = pos;
+        Ok(())
+    }
+
+    fn step_traffic(&self, pos: usize) -> Option<crate::model::StepTraffic> {
+        let p = &self.p;
+        let mut t = crate::model::StepTraffic::default();
+        let mut add = |w: &Tensor, frac: (u64, u64)| {
+            t.weight_bytes += w.bytes * frac.0 / frac.1;
+            t.weight_params += w.r.numel() * frac.0 / frac.1;
+        };
+        let all = (1, 1);
+        // One embedding row.
+        add(&self.embd, (1, p.n_vocab as u64));
+        for (l, y) in self.layers.iter().enumerate() {
+            for w in [&y.hc_attn.0, &y.hc_ffn.0, &y.q_a, &y.q_b, &y.kv, &y.out_a, &y.out_b, &y.router] {
+                add(w, all);
+            }
+            for c in [y.comp.as_ref(), y.indexer.as_ref().map(|i| &i.comp)].into_iter().flatten() {
+                add(&c.kv, all);
+                add(&c.gate, all);
+            }
+            if let Some(ix) = &y.indexer {
+                add(&ix.q_b, all);
+                add(&ix.proj, all);
+            }
+            if let Some((g, u, d)) = &y.shexp {
+                for w in [g, u, d] {
+                    add(w, all);
+                }
+            }
+            for w in [&y.gate_exps, &y.up_exps, &y.down_exps] {
+                add(w, (p.n_used as u64, p.n_expert as u64));
+            }
+            // Caches: the window, then compressed rows (selected or all visible) and
+            // the indexer's keys.
+            let hd = p.head_dim as u64;
+            let mut rows = (pos + 1).min(p.window) as u64;
+            if p.ratios[l] > 0 {
+                let visible = ((pos + 1) / p.ratios[l]) as u64;
+                if y.indexer.is_some() {
+                    rows += visible.min(p.idx_topk as u64);
+                    t.cache_bytes += 4 * visible * p.idx_dim as u64;
+                } else {
+                    rows += visible;
+                }
+            }
+            t.cache_bytes += 4 * rows * hd;
+        }
+        add(&self.hc_head.0, all);
+        add(&self.output, all);
+        Some(t)
+    }
+
     fn forward(&mut self, batch: &[BatchEntry]) -> Result<Vec<Vec<f32>>> {
         let mut rows = Vec::new();
         let mut i = 0;
@@ -1005,15 +1113,23 @@ impl CausalLm for Deepseek4 {
                     self.p.n_vocab
                 );
             }
+            let want: Vec<usize> = (i..j)
+                .filter(|&e| batch[e].want_logits)
+                .map(|e| e - i)
+                .collect();
+            if self.gpu.is_some() {
+                let out = gpu::GpuPath::run(self, slot, &tokens, p0, &want)
+                    .inspect_err(|_| self.slots[slot].reset())?;
+                self.slots[slot].n_past = p0 + tokens.len();
+                rows.extend(out);
+                i = j;
+                continue;
+            }
             // A failed step leaves some layers advanced: start the slot over.
             let hidden = self
                 .run_chunk(slot, &tokens, p0)
                 .inspect_err(|_| self.slots[slot].reset())?;
             self.slots[slot].n_past = p0 + tokens.len();
-            let want: Vec<usize> = (i..j)
-                .filter(|&e| batch[e].want_logits)
-                .map(|e| e - i)
-                .collect();
             if !want.is_empty() {
                 let d = self.p.d;
                 let xs: Vec<f32> = want

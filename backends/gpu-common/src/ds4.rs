@@ -1,0 +1,460 @@
+//! The DeepSeek-V4 glue ops (`ops::NORM_ROPE` .. `ops::TRANSPOSE12`, SWIGLU with a
+//! clamp, MATMUL_ID for the dense weight types): argument checks and launches of the
+//! `kernels/gpu/ds4.cu` kernels. Shapes are innermost first, as in the ABI.
+
+use moe_plugin_api::{ops, types, OpParams, TensorRef};
+
+use crate::ops::{dense_align, dense_row_bytes, expect, to_i32, Gpu, Launch};
+
+/// Limits the kernels are written for (their shared-memory and register arrays).
+pub const HC_MAX: u64 = 8;
+pub const COMP_MAX_DIM: u64 = 1024;
+pub const HEAD_MAX: u64 = 512;
+pub const IDX_Q_MAX: u64 = 8192;
+pub const IDX_DIM_MAX: u64 = 256;
+pub const TOPK_MAX: u64 = 16;
+pub const ROUTER_MAX_EXPERTS: u64 = 1024;
+
+/// Kernel arguments as 8-byte slots: the launch reads each parameter's own size from
+/// its slot (little-endian), so i32 / f32 sit in the low half.
+#[derive(Default)]
+struct KArgs(Vec<u64>);
+
+impl KArgs {
+    fn p(mut self, v: u64) -> Self {
+        self.0.push(v);
+        self
+    }
+    fn i(mut self, v: i32) -> Self {
+        self.0.push(v as u32 as u64);
+        self
+    }
+    fn f(mut self, v: f32) -> Self {
+        self.0.push(v.to_bits() as u64);
+        self
+    }
+    /// # Safety
+    /// The slots must match the kernel's parameters and point at valid memory.
+    unsafe fn launch(mut self, gpu: &impl Gpu, name: &'static str, grid: (u64, u64, u64), block: u32) -> Result<(), String> {
+        let g = |v: u64, what: &str| u32::try_from(v.max(1)).map_err(|_| format!("{name}: grid {what} = {v} is too large"));
+        let l = Launch {
+            name,
+            grid: (g(grid.0, "x")?, g(grid.1, "y")?, g(grid.2, "z")?),
+            block,
+        };
+        let ptrs: Vec<*mut std::ffi::c_void> = self.0.iter_mut().map(|v| v as *mut u64 as *mut _).collect();
+        gpu.launch(l, &ptrs)
+    }
+}
+
+fn args<const N: usize>(a: &[TensorRef], op: &str) -> Result<[TensorRef; N], String> {
+    a.try_into()
+        .map_err(|_| format!("{op}: expected {N} tensor arguments, got {}", a.len()))
+}
+
+/// `t` is F32 (or `ty`) and holds at least `n` values.
+fn holds(t: &TensorRef, ty: u32, n: u64, what: &str) -> Result<(), String> {
+    expect(t, ty, what)?;
+    if t.numel() < n {
+        return Err(format!("{what}: {} values, need {n}", t.numel()));
+    }
+    Ok(())
+}
+
+fn f32p(gpu: &impl Gpu, t: &TensorRef) -> Result<u64, String> {
+    gpu.ptr(t, 4)
+}
+
+/// Runs one of the DeepSeek-V4 glue ops; None when `op` is not one of them.
+pub fn run(gpu: &impl Gpu, op: u32, p: &OpParams, a: &[TensorRef]) -> Option<Result<(), String>> {
+    // SAFETY (all launches): every tensor is checked to hold what the kernel touches,
+    // pointers come from `gpu.ptr` (range-checked), slots follow the kernel signatures.
+    let r = unsafe {
+        match op {
+            ops::NORM_ROPE => norm_rope(gpu, p, a),
+            ops::HC_PRE => hc_pre(gpu, p, a),
+            ops::HC_POST => hc_post(gpu, a),
+            ops::COMPRESS => compress(gpu, p, a),
+            ops::INDEX_SCORES => index_scores(gpu, p, a),
+            ops::TOPK_ROWS => topk_rows(gpu, p, a),
+            ops::SPARSE_ATTENTION => sparse_attention(gpu, p, a),
+            ops::ROUTER => router(gpu, p, a),
+            ops::SWIGLU => swiglu(gpu, p, a),
+            ops::MOE_COMBINE => moe_combine(gpu, a),
+            ops::TRANSPOSE12 => transpose12(gpu, a),
+            _ => return None,
+        }
+    };
+    Some(r)
+}
+
+unsafe fn norm_rope(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    let [x, w, inv, pos, out] = args(a, "norm_rope")?;
+    let (d, heads) = (x.dims[0], x.dims[1]);
+    let n = x.dims[2] * x.dims[3];
+    let (norm, pairs, inverse) = (p.i[0], p.i[1].max(0) as u64, p.i[2]);
+    if !d.is_multiple_of(2) || 2 * pairs > d || !(0..=2).contains(&norm) {
+        return Err(format!("norm_rope: row of {d} with {pairs} rotated pairs, norm mode {norm}"));
+    }
+    holds(&x, types::F32, 0, "norm_rope input")?;
+    holds(&out, types::F32, x.numel(), "norm_rope output")?;
+    holds(&w, types::F32, if norm == 2 { d } else { 0 }, "norm_rope weight")?;
+    holds(&inv, types::F32, pairs, "norm_rope frequencies")?;
+    holds(&pos, types::I32, if pairs > 0 { n } else { 0 }, "norm_rope positions")?;
+    KArgs::default()
+        .p(f32p(gpu, &x)?)
+        .p(f32p(gpu, &w)?)
+        .i(norm as i32)
+        .f(p.f[0])
+        .i(to_i32(d, "d")?)
+        .i(to_i32(heads, "heads")?)
+        .p(f32p(gpu, &inv)?)
+        .i(pairs as i32)
+        .f(p.f[1])
+        .i(inverse as i32)
+        .p(gpu.ptr(&pos, 4)?)
+        .p(f32p(gpu, &out)?)
+        .launch(gpu, "ds4_norm_rope", (heads, n, 1), 128)
+}
+
+/// (d, hc, n, mixes per token) of the mHC streams `s` ([d, hc, n]).
+fn hc_dims(s: &TensorRef, head: bool) -> Result<(u64, u64, u64, u64), String> {
+    let (d, hc, n) = (s.dims[0], s.dims[1], s.dims[2] * s.dims[3]);
+    if hc == 0 || hc > HC_MAX {
+        return Err(format!("mHC: {hc} streams (1..={HC_MAX})"));
+    }
+    Ok((d, hc, n, if head { hc } else { 2 * hc + hc * hc }))
+}
+
+unsafe fn hc_pre(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    let [s, mix, scale, base, norm_w, out, wts] = args(a, "hc_pre")?;
+    let head = p.i[1] != 0;
+    let (d, hc, n, nm) = hc_dims(&s, head)?;
+    holds(&s, types::F32, 0, "hc_pre streams")?;
+    holds(&mix, types::F32, nm * n, "hc_pre mixes")?;
+    holds(&scale, types::F32, if head { 1 } else { 3 }, "hc_pre scale")?;
+    holds(&base, types::F32, nm, "hc_pre base")?;
+    holds(&norm_w, types::F32, d, "hc_pre norm")?;
+    holds(&out, types::F32, d * n, "hc_pre output")?;
+    holds(&wts, types::F32, nm * n, "hc_pre weights")?;
+    KArgs::default()
+        .p(f32p(gpu, &s)?)
+        .p(f32p(gpu, &mix)?)
+        .p(f32p(gpu, &scale)?)
+        .p(f32p(gpu, &base)?)
+        .p(f32p(gpu, &norm_w)?)
+        .i(to_i32(d, "d")?)
+        .i(hc as i32)
+        .i(p.i[0] as i32)
+        .f(p.f[0])
+        .f(p.f[1])
+        .i(head as i32)
+        .p(f32p(gpu, &out)?)
+        .p(f32p(gpu, &wts)?)
+        .launch(gpu, "ds4_hc_pre", (n, 1, 1), 256)
+}
+
+unsafe fn hc_post(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
+    let [s, block, wts] = args(a, "hc_post")?;
+    let (d, hc, n, nm) = hc_dims(&s, false)?;
+    holds(&s, types::F32, 0, "hc_post streams")?;
+    holds(&block, types::F32, d * n, "hc_post block output")?;
+    holds(&wts, types::F32, nm * n, "hc_post weights")?;
+    KArgs::default()
+        .p(f32p(gpu, &s)?)
+        .p(f32p(gpu, &block)?)
+        .p(f32p(gpu, &wts)?)
+        .i(to_i32(d, "d")?)
+        .i(hc as i32)
+        .launch(gpu, "ds4_hc_post", (d.div_ceil(256), n, 1), 256)
+}
+
+unsafe fn compress(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    let [kv, gate, pos, ape, norm_w, inv, ring_kv, ring_g, rows] = args(a, "compress")?;
+    let (ratio, overlap, pairs) = (p.i[0].max(0) as u64, p.i[1] != 0, p.i[2].max(0) as u64);
+    let (dim, cap) = (rows.dims[0], rows.dims[1] * rows.dims[2] * rows.dims[3]);
+    let width = if overlap { 2 * dim } else { dim };
+    let n = kv.numel() / width.max(1);
+    if ratio == 0 || dim == 0 || dim > COMP_MAX_DIM || !dim.is_multiple_of(2) || 2 * pairs > dim || kv.dims[0] != width {
+        return Err(format!(
+            "compress: ratio {ratio}, rows of {dim} (even, <= {COMP_MAX_DIM}), {pairs} rotated pairs, input rows of {} (expected {width})",
+            kv.dims[0]
+        ));
+    }
+    holds(&kv, types::F32, 0, "compress kv")?;
+    holds(&gate, types::F32, n * width, "compress gate")?;
+    holds(&pos, types::I32, n, "compress positions")?;
+    holds(&ape, types::F32, ratio * width, "compress ape")?;
+    holds(&norm_w, types::F32, dim, "compress norm")?;
+    holds(&inv, types::F32, pairs, "compress frequencies")?;
+    holds(&ring_kv, types::F32, 2 * ratio * width, "compress kv ring")?;
+    holds(&ring_g, types::F32, 2 * ratio * width, "compress gate ring")?;
+    holds(&rows, types::F32, 0, "compress rows")?;
+    let (pkv, pg, pp) = (f32p(gpu, &kv)?, f32p(gpu, &gate)?, gpu.ptr(&pos, 4)?);
+    let (prk, prg) = (f32p(gpu, &ring_kv)?, f32p(gpu, &ring_g)?);
+    let (ni, ri, wi) = (to_i32(n, "n")?, to_i32(ratio, "ratio")?, to_i32(width, "width")?);
+    KArgs::default()
+        .p(pkv)
+        .p(pg)
+        .p(pp)
+        .i(ni)
+        .p(prk)
+        .p(prg)
+        .p(f32p(gpu, &ape)?)
+        .p(f32p(gpu, &norm_w)?)
+        .p(f32p(gpu, &inv)?)
+        .i(pairs as i32)
+        .f(p.f[1])
+        .i(ri)
+        .i(dim as i32)
+        .i(overlap as i32)
+        .f(p.f[0])
+        .i(to_i32(cap, "rows")?)
+        .p(f32p(gpu, &rows)?)
+        .launch(gpu, "ds4_comp_pool", ((n + ratio - 1) / ratio, 1, 1), 256)?;
+    KArgs::default()
+        .p(pkv)
+        .p(pg)
+        .p(pp)
+        .i(ni)
+        .i(ri)
+        .i(wi)
+        .p(prk)
+        .p(prg)
+        .launch(gpu, "ds4_comp_store", (width.div_ceil(256), n.min(2 * ratio), 1), 256)
+}
+
+unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    let [q, w, rows, pos, scores] = args(a, "index_scores")?;
+    let (id, ih, n) = (q.dims[0], q.dims[1], q.dims[2] * q.dims[3]);
+    let cap = rows.numel() / id.max(1);
+    let ratio = p.i[0].max(0) as u64;
+    if id == 0 || id > IDX_DIM_MAX || id * ih > IDX_Q_MAX || rows.dims[0] != id || ratio == 0 {
+        return Err(format!(
+            "index_scores: {ih} heads x {id} (at most {IDX_DIM_MAX} wide, {IDX_Q_MAX} in all), rows of {}, ratio {ratio}",
+            rows.dims[0]
+        ));
+    }
+    holds(&q, types::F32, 0, "index_scores queries")?;
+    holds(&w, types::F32, ih * n, "index_scores head weights")?;
+    holds(&rows, types::F32, 0, "index_scores rows")?;
+    holds(&pos, types::I32, n, "index_scores positions")?;
+    holds(&scores, types::F32, cap * n, "index_scores output")?;
+    KArgs::default()
+        .p(f32p(gpu, &q)?)
+        .p(f32p(gpu, &w)?)
+        .p(f32p(gpu, &rows)?)
+        .p(gpu.ptr(&pos, 4)?)
+        .i(ih as i32)
+        .i(id as i32)
+        .i(to_i32(ratio, "ratio")?)
+        .i(to_i32(cap, "rows")?)
+        .f(p.f[0])
+        .f(p.f[1])
+        .p(f32p(gpu, &scores)?)
+        .launch(gpu, "ds4_index_scores", (cap.div_ceil(32), n, 1), 256)
+}
+
+unsafe fn topk_rows(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    let [scores, pos, sel] = args(a, "topk_rows")?;
+    let (cap, n, k) = (scores.dims[0], scores.numel() / scores.dims[0].max(1), sel.dims[0]);
+    let ratio = p.i[0].max(0) as u64;
+    if ratio == 0 || k == 0 || sel.numel() < k * n {
+        return Err(format!("topk_rows: ratio {ratio}, {k} per token for {n} tokens"));
+    }
+    holds(&scores, types::F32, 0, "topk_rows scores")?;
+    holds(&pos, types::I32, n, "topk_rows positions")?;
+    holds(&sel, types::I32, k * n, "topk_rows output")?;
+    KArgs::default()
+        .p(f32p(gpu, &scores)?)
+        .p(gpu.ptr(&pos, 4)?)
+        .i(to_i32(ratio, "ratio")?)
+        .i(to_i32(cap, "rows")?)
+        .i(to_i32(k, "k")?)
+        .p(gpu.ptr(&sel, 4)?)
+        .launch(gpu, "ds4_topk_rows", (n, 1, 1), 256)
+}
+
+unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    let [q, kv, ring, rows, sel, sinks, pos, out] = args(a, "sparse_attention")?;
+    let (hd, heads, n) = (q.dims[0], q.dims[1], q.dims[2] * q.dims[3]);
+    let window = ring.numel() / hd.max(1);
+    let (ratio, mode) = (p.i[0].max(0) as u64, p.i[1]);
+    let cap = rows.numel() / hd.max(1);
+    if hd == 0 || hd > HEAD_MAX || window == 0 || !(0..=2).contains(&mode) || (mode > 0 && ratio == 0) {
+        return Err(format!(
+            "sparse_attention: heads of {hd} (at most {HEAD_MAX}), window {window}, mode {mode}, ratio {ratio}"
+        ));
+    }
+    let k_sel = if mode == 2 { sel.dims[0] } else { 0 };
+    holds(&q, types::F32, 0, "sparse_attention queries")?;
+    holds(&kv, types::F32, hd * n, "sparse_attention keys")?;
+    holds(&ring, types::F32, hd * window, "sparse_attention window")?;
+    holds(&rows, types::F32, 0, "sparse_attention rows")?;
+    holds(&sel, types::I32, k_sel * n, "sparse_attention selection")?;
+    holds(&sinks, types::F32, heads, "sparse_attention sinks")?;
+    holds(&pos, types::I32, n, "sparse_attention positions")?;
+    holds(&out, types::F32, q.numel(), "sparse_attention output")?;
+    let (pkv, pp, pr) = (f32p(gpu, &kv)?, gpu.ptr(&pos, 4)?, f32p(gpu, &ring)?);
+    let (hdi, wi) = (hd as i32, to_i32(window, "window")?);
+    KArgs::default()
+        .p(f32p(gpu, &q)?)
+        .p(pkv)
+        .p(pr)
+        .p(f32p(gpu, &rows)?)
+        .p(gpu.ptr(&sel, 4)?)
+        .p(f32p(gpu, &sinks)?)
+        .p(pp)
+        .i(to_i32(heads, "heads")?)
+        .i(hdi)
+        .i(wi)
+        .i(to_i32(ratio, "ratio")?)
+        .i(mode as i32)
+        .i(to_i32(k_sel, "k")?)
+        .i(to_i32(cap, "rows")?)
+        .f(p.f[0])
+        .p(f32p(gpu, &out)?)
+        .launch(gpu, "ds4_attention", (heads, n, 1), 256)?;
+    KArgs::default()
+        .p(pkv)
+        .p(pp)
+        .i(to_i32(n, "n")?)
+        .i(hdi)
+        .i(wi)
+        .p(pr)
+        .launch(gpu, "ds4_window_store", (hd.div_ceil(256), n.min(window), 1), 256)
+}
+
+unsafe fn router(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    let [logits, bias, table, tokens, ids, w] = args(a, "router")?;
+    let (e, n, k) = (logits.dims[0], logits.numel() / logits.dims[0].max(1), ids.dims[0]);
+    let (gating, norm_topk, mode) = (p.i[0], p.i[1], p.i[2]);
+    if e == 0 || e > ROUTER_MAX_EXPERTS || k == 0 || k > TOPK_MAX.min(e) || !(0..=2).contains(&mode) || ![2, 4].contains(&gating) {
+        return Err(format!(
+            "router: {k} of {e} experts (at most {TOPK_MAX} of {ROUTER_MAX_EXPERTS}), mode {mode}, gating {gating}"
+        ));
+    }
+    holds(&logits, types::F32, 0, "router logits")?;
+    holds(&bias, types::F32, if mode == 1 { e } else { 0 }, "router bias")?;
+    holds(&table, types::I32, if mode == 2 { k } else { 0 }, "router hash table")?;
+    holds(&tokens, types::I32, if mode == 2 { n } else { 0 }, "router tokens")?;
+    holds(&ids, types::I32, k * n, "router ids")?;
+    holds(&w, types::F32, k * n, "router weights")?;
+    let table_rows = if mode == 2 { table.numel() / k } else { 0 };
+    KArgs::default()
+        .p(f32p(gpu, &logits)?)
+        .p(f32p(gpu, &bias)?)
+        .p(gpu.ptr(&table, 4)?)
+        .i(to_i32(table_rows, "hash table rows")?)
+        .p(gpu.ptr(&tokens, 4)?)
+        .i(e as i32)
+        .i(k as i32)
+        .i(gating as i32)
+        .i((norm_topk != 0) as i32)
+        .f(p.f[0])
+        .i(mode as i32)
+        .p(gpu.ptr(&ids, 4)?)
+        .p(f32p(gpu, &w)?)
+        .launch(gpu, "ds4_router", (n, 1, 1), 256)
+}
+
+unsafe fn swiglu(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    let [g, u, out] = args(a, "swiglu")?;
+    let n = out.numel();
+    holds(&g, types::F32, n, "swiglu gate")?;
+    holds(&u, types::F32, n, "swiglu up")?;
+    holds(&out, types::F32, n, "swiglu output")?;
+    KArgs::default()
+        .p(f32p(gpu, &g)?)
+        .p(f32p(gpu, &u)?)
+        .p(f32p(gpu, &out)?)
+        .p(n)
+        .f(p.f[0])
+        .launch(gpu, "ds4_swiglu", (n.div_ceil(256), 1, 1), 256)
+}
+
+unsafe fn moe_combine(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
+    let (y, w, out, shared) = match a {
+        [y, w, out] => (*y, *w, *out, None),
+        [y, w, out, s] => (*y, *w, *out, Some(*s)),
+        _ => return Err(format!("moe_combine: expected 3 or 4 tensor arguments, got {}", a.len())),
+    };
+    let (d, k) = (y.dims[0], y.dims[1]);
+    let n = y.dims[2] * y.dims[3];
+    holds(&y, types::F32, 0, "moe_combine expert outputs")?;
+    holds(&w, types::F32, k * n, "moe_combine weights")?;
+    holds(&out, types::F32, d * n, "moe_combine output")?;
+    let ps = match &shared {
+        Some(s) => {
+            holds(s, types::F32, d * n, "moe_combine shared expert")?;
+            f32p(gpu, s)?
+        }
+        None => 0,
+    };
+    KArgs::default()
+        .p(f32p(gpu, &y)?)
+        .p(f32p(gpu, &w)?)
+        .p(ps)
+        .i(to_i32(d, "d")?)
+        .i(to_i32(k, "k")?)
+        .p(f32p(gpu, &out)?)
+        .launch(gpu, "ds4_moe_combine", (d.div_ceil(256), n, 1), 256)
+}
+
+unsafe fn transpose12(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
+    let [x, out] = args(a, "transpose12")?;
+    let (d0, d1, d2) = (x.dims[0], x.dims[1], x.dims[2] * x.dims[3]);
+    holds(&x, types::F32, 0, "transpose12 input")?;
+    holds(&out, types::F32, x.numel(), "transpose12 output")?;
+    KArgs::default()
+        .p(f32p(gpu, &x)?)
+        .i(to_i32(d0, "a")?)
+        .i(to_i32(d1, "b")?)
+        .i(to_i32(d2, "c")?)
+        .p(f32p(gpu, &out)?)
+        .launch(gpu, "transpose12", (d0.div_ceil(256), d1, d2), 256)
+}
+
+/// MATMUL_ID with dense weights ([k, m, experts] of f32 / f16 / bf16 / q8_0 / mxfp4 /
+/// ROCmFP4): one warp per (row, pair). None when the weights are not a dense type.
+pub fn matmul_id_dense(gpu: &impl Gpu, a: &[TensorRef]) -> Option<Result<(), String>> {
+    let w = a.first()?;
+    let row_bytes = dense_row_bytes(w.type_id, w.dims[0])?;
+    // SAFETY: as in `run`.
+    Some(unsafe { matmul_id_dense_inner(gpu, a, row_bytes) })
+}
+
+unsafe fn matmul_id_dense_inner(gpu: &impl Gpu, a: &[TensorRef], row_bytes: Result<u64, String>) -> Result<(), String> {
+    let row_bytes = row_bytes?;
+    let [w, x, ids, out] = args(a, "matmul_id")?;
+    let (k, m, experts) = (w.dims[0], w.dims[1], w.dims[2] * w.dims[3]);
+    let (n_slots, n_tok) = (ids.dims[0], ids.dims[1] * ids.dims[2] * ids.dims[3]);
+    let pairs = n_slots * n_tok;
+    let per_pair = if x.numel() == k * n_tok {
+        0
+    } else if x.numel() == k * pairs {
+        1
+    } else {
+        return Err(format!(
+            "matmul_id: input of {} values is neither {n_tok} nor {pairs} columns of {k}",
+            x.numel()
+        ));
+    };
+    expect(&ids, types::I32, "matmul_id ids")?;
+    holds(&x, types::F32, 0, "matmul_id input")?;
+    holds(&out, types::F32, m * pairs, "matmul_id output")?;
+    KArgs::default()
+        .p(gpu.ptr(&w, dense_align(w.type_id))?)
+        .p(row_bytes * m)
+        .p(row_bytes)
+        .i(w.type_id as i32)
+        .i(to_i32(k, "k")?)
+        .i(to_i32(m, "m")?)
+        .i(to_i32(experts, "experts")?)
+        .p(f32p(gpu, &x)?)
+        .i(per_pair)
+        .i(to_i32(n_slots, "slots")?)
+        .p(gpu.ptr(&ids, 4)?)
+        .p(f32p(gpu, &out)?)
+        .launch(gpu, "matvec_dense_id", (m, pairs, 1), 128)
+}

@@ -1,0 +1,652 @@
+//! The DeepSeek-V4 forward with activations and every cache (sliding window, compressor
+//! rings and rows, indexer rows, mHC streams) resident on the device: a step is a
+//! queue of backend ops (weight products and the glue ops of ABI 1.1) between one
+//! upload (token ids, positions) and one download (logits). Single-token steps of a
+//! slot are recorded once as a graph and replayed, where the backend can.
+//!
+//! Used when the backend runs the glue ops (probed at load); otherwise the host glue
+//! in `super` runs. Same maths; summation orders differ (see docs/notes).
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context, Result};
+use moe_plugin_api::{ops, OpParams, TensorRef};
+
+use super::{math::Rope, CompWeights, Deepseek4, Ds4Params, Layer, GATING_SIGMOID};
+use crate::device::{Device, Tensor};
+
+/// A graph key per slot; decode steps of one token replay it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum GraphState {
+    /// Not run yet at this shape: run directly once so scratch memory settles.
+    Cold,
+    /// Ran once: record the next step.
+    Warm,
+    Recorded,
+    /// Recording or replay failed: run directly from now on.
+    Off,
+}
+
+struct DevComp {
+    ape: Tensor,
+    norm: Tensor,
+}
+
+struct DevLayer {
+    attn_norm: Tensor,
+    ffn_norm: Tensor,
+    hc_attn: (Tensor, Tensor),
+    hc_ffn: (Tensor, Tensor),
+    q_a_norm: Tensor,
+    kv_norm: Tensor,
+    sinks: Tensor,
+    comp: Option<DevComp>,
+    idx: Option<DevComp>,
+    bias: Option<Tensor>,
+    tid2eid: Option<Tensor>,
+}
+
+/// A compressor's state: the last 2 * ratio projected inputs and the rows so far.
+struct CompState {
+    ring_kv: Tensor,
+    ring_g: Tensor,
+    rows: Tensor,
+}
+
+struct LayerState {
+    /// K=V rows of the last `window` positions, position q at q % window.
+    ring: Tensor,
+    comp: Option<CompState>,
+    idx: Option<CompState>,
+}
+
+/// Activations of a chunk of up to `cap` tokens.
+struct Work {
+    cap: usize,
+    tok_rep: Tensor,
+    tokens: Tensor,
+    pos: Tensor,
+    want: Tensor,
+    streams: Tensor,
+    mix: Tensor,
+    wts: Tensor,
+    x: Tensor,
+    q_res: Tensor,
+    q: Tensor,
+    kv: Tensor,
+    ck: Tensor,
+    cg: Tensor,
+    ik: Tensor,
+    ig: Tensor,
+    iq: Tensor,
+    iw: Tensor,
+    scores: Tensor,
+    sel: Tensor,
+    att: Tensor,
+    att_t: Tensor,
+    mid: Tensor,
+    mid_t: Tensor,
+    ao: Tensor,
+    rl: Tensor,
+    rids: Tensor,
+    rw: Tensor,
+    eg: Tensor,
+    eu: Tensor,
+    ea: Tensor,
+    ey: Tensor,
+    sg: Tensor,
+    su: Tensor,
+    sa: Tensor,
+    sy: Tensor,
+    mo: Tensor,
+    hidden: Tensor,
+    hsel: Tensor,
+    logits: Tensor,
+}
+
+pub(super) struct GpuPath {
+    layers: Vec<DevLayer>,
+    head: (Tensor, Tensor),
+    out_norm: Tensor,
+    inv_main: (Tensor, f32),
+    inv_comp: (Tensor, f32),
+    slots: Vec<Option<Vec<LayerState>>>,
+    graphs: Vec<GraphState>,
+    work: Option<Work>,
+    work1: Option<Work>,
+    /// Largest compressed-row count (n_ctx / ratio + 1) per layer.
+    idx_cap: usize,
+}
+
+fn upload(dev: &Arc<Device>, v: &[f32]) -> Result<Tensor> {
+    let t = dev.f32([v.len().max(1) as u64, 1, 1, 1])?;
+    if !v.is_empty() {
+        t.upload_f32(v)?;
+    }
+    Ok(t)
+}
+
+fn f32s(dev: &Arc<Device>, n: usize) -> Result<Tensor> {
+    dev.f32([n.max(1) as u64, 1, 1, 1])
+}
+
+/// `t` seen as `dims` from f32/i32 element `at`.
+fn at(t: &Tensor, at: usize, dims: [usize; 4]) -> TensorRef {
+    TensorRef {
+        offset: t.r.offset + 4 * at as u64,
+        dims: dims.map(|d| d as u64),
+        ..t.r
+    }
+}
+
+fn v(t: &Tensor, dims: [usize; 4]) -> TensorRef {
+    at(t, 0, dims)
+}
+
+/// The [k, m] product view of a weight (its leading two dims).
+fn wv(t: &Tensor) -> TensorRef {
+    TensorRef {
+        dims: [t.r.dims[0], t.r.dims[1], 1, 1],
+        ..t.r
+    }
+}
+
+fn pr(f: &[f32], i: &[i64]) -> OpParams {
+    let mut p = OpParams::default();
+    p.f[..f.len()].copy_from_slice(f);
+    p.i[..i.len()].copy_from_slice(i);
+    p
+}
+
+impl GpuPath {
+    /// Device copies of the small tensors, or None when the backend does not run the
+    /// glue ops (the probe's "not supported").
+    pub(super) fn new(m: &Deepseek4) -> Result<Option<GpuPath>> {
+        let dev = &m.dev;
+        if std::env::var_os("MOE_DS4_HOST_GLUE").is_some() || !probe(dev) {
+            return Ok(None);
+        }
+        let comp = |c: &CompWeights| -> Result<DevComp> {
+            Ok(DevComp {
+                ape: upload(dev, &c.ape)?,
+                norm: upload(dev, &c.norm)?,
+            })
+        };
+        let mut layers = Vec::new();
+        for l in &m.layers {
+            let tid2eid = match &l.tid2eid {
+                Some(t) => {
+                    let d = dev.i32(t.len())?;
+                    d.upload_i32(t)?;
+                    Some(d)
+                }
+                None => None,
+            };
+            layers.push(DevLayer {
+                attn_norm: upload(dev, &l.attn_norm)?,
+                ffn_norm: upload(dev, &l.ffn_norm)?,
+                hc_attn: (upload(dev, &l.hc_attn.1)?, upload(dev, &l.hc_attn.2)?),
+                hc_ffn: (upload(dev, &l.hc_ffn.1)?, upload(dev, &l.hc_ffn.2)?),
+                q_a_norm: upload(dev, &l.q_a_norm)?,
+                kv_norm: upload(dev, &l.kv_norm)?,
+                sinks: upload(dev, &l.sinks)?,
+                comp: l.comp.as_ref().map(comp).transpose()?,
+                idx: l.indexer.as_ref().map(|i| comp(&i.comp)).transpose()?,
+                bias: l.bias.as_deref().map(|b| upload(dev, b)).transpose()?,
+                tid2eid,
+            });
+        }
+        let inv = |r: &Rope| -> Result<(Tensor, f32)> { Ok((upload(dev, &r.inv_freq)?, r.mscale)) };
+        let min_ratio = m.p.ratios.iter().filter(|&&r| r > 0).min().copied().unwrap_or(1);
+        Ok(Some(GpuPath {
+            layers,
+            head: (upload(dev, &m.hc_head.1)?, upload(dev, &m.hc_head.2)?),
+            out_norm: upload(dev, &m.out_norm)?,
+            inv_main: inv(&m.rope_main)?,
+            inv_comp: inv(&m.rope_comp)?,
+            slots: (0..m.slots.len()).map(|_| None).collect(),
+            graphs: vec![GraphState::Cold; m.slots.len()],
+            work: None,
+            work1: None,
+            idx_cap: m.n_ctx / min_ratio + 1,
+        }))
+    }
+
+    fn slot_state(m: &Deepseek4, slot: usize) -> Result<Vec<LayerState>> {
+        let (p, dev) = (&m.p, &m.dev);
+        let comp = |c: &CompWeights| -> Result<CompState> {
+            let width = if c.overlap { 2 * c.dim } else { c.dim };
+            Ok(CompState {
+                ring_kv: dev.f32([width as u64, 2 * c.ratio as u64, 1, 1])?,
+                ring_g: dev.f32([width as u64, 2 * c.ratio as u64, 1, 1])?,
+                rows: dev.f32([c.dim as u64, (m.n_ctx / c.ratio + 1) as u64, 1, 1])?,
+            })
+        };
+        m.layers
+            .iter()
+            .map(|l| {
+                Ok(LayerState {
+                    ring: dev.f32([p.head_dim as u64, p.window as u64, 1, 1])?,
+                    comp: l.comp.as_ref().map(comp).transpose()?,
+                    idx: l.indexer.as_ref().map(|i| comp(&i.comp)).transpose()?,
+                })
+            })
+            .collect::<Result<_>>()
+            .with_context(|| format!("allocating the device state of slot {slot}"))
+    }
+
+    fn alloc_work(m: &Deepseek4, cap: usize, idx_cap: usize) -> Result<Work> {
+        let (p, dev) = (&m.p, &m.dev);
+        let (d, hc, n) = (p.d, p.hc, cap);
+        let nm = 2 * hc + hc * hc;
+        let ff = m.layers.first().map_or(1, |l| l.gate_exps.r.dims[1] as usize);
+        let sf = m
+            .layers
+            .iter()
+            .filter_map(|l| l.shexp.as_ref().map(|s| s.0.r.dims[1] as usize))
+            .max()
+            .unwrap_or(1);
+        let attn = p.n_head * p.head_dim;
+        let k = p.n_used;
+        let f = |len: usize| f32s(dev, len);
+        Ok(Work {
+            cap,
+            tok_rep: dev.i32(hc * n)?,
+            tokens: dev.i32(n)?,
+            pos: dev.i32(n)?,
+            want: dev.i32(n)?,
+            streams: f(d * hc * n)?,
+            mix: f(nm * n)?,
+            wts: f(nm * n)?,
+            x: f(d * n)?,
+            q_res: f(p.q_lora * n)?,
+            q: f(attn * n)?,
+            kv: f(p.head_dim * n)?,
+            ck: f(2 * p.head_dim * n)?,
+            cg: f(2 * p.head_dim * n)?,
+            ik: f(2 * p.idx_dim * n)?,
+            ig: f(2 * p.idx_dim * n)?,
+            iq: f(p.idx_heads * p.idx_dim * n)?,
+            iw: f(p.idx_heads * n)?,
+            scores: f(idx_cap * n)?,
+            sel: dev.i32(p.idx_topk.max(1) * n)?,
+            att: f(attn * n)?,
+            att_t: f(attn * n)?,
+            mid: f(p.o_groups * p.o_lora * n)?,
+            mid_t: f(p.o_groups * p.o_lora * n)?,
+            ao: f(d * n)?,
+            rl: f(p.n_expert * n)?,
+            rids: dev.i32(k * n)?,
+            rw: f(k * n)?,
+            eg: f(ff * k * n)?,
+            eu: f(ff * k * n)?,
+            ea: f(ff * k * n)?,
+            ey: f(d * k * n)?,
+            sg: f(sf * n)?,
+            su: f(sf * n)?,
+            sa: f(sf * n)?,
+            sy: f(d * n)?,
+            mo: f(d * n)?,
+            hidden: f(d * n)?,
+            hsel: f(d * n)?,
+            logits: f(p.n_vocab * n)?,
+        })
+    }
+
+    /// Runs `tokens` of `slot` from position `p0`; returns the logits of the tokens
+    /// whose chunk index is in `want` (ascending).
+    pub(super) fn run(
+        m: &mut Deepseek4,
+        slot: usize,
+        tokens: &[u32],
+        p0: usize,
+        want: &[usize],
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut g = m.gpu.take().ok_or_else(|| anyhow!("no device path"))?;
+        let r = g.run_inner(m, slot, tokens, p0, want);
+        m.gpu = Some(g);
+        r
+    }
+
+    fn run_inner(
+        &mut self,
+        m: &Deepseek4,
+        slot: usize,
+        tokens: &[u32],
+        p0: usize,
+        want: &[usize],
+    ) -> Result<Vec<Vec<f32>>> {
+        let (p, dev) = (&m.p, &m.dev);
+        let n = tokens.len();
+        if self.slots[slot].is_none() {
+            self.slots[slot] = Some(Self::slot_state(m, slot)?);
+        }
+        let single = n == 1 && want == [0];
+        let work_slot = if single { &mut self.work1 } else { &mut self.work };
+        if work_slot.as_ref().is_none_or(|w| w.cap < n) {
+            *work_slot = None;
+            *work_slot = Some(Self::alloc_work(m, n.next_power_of_two(), self.idx_cap)?);
+        }
+        let w = if single { &self.work1 } else { &self.work };
+        let w = w.as_ref().ok_or_else(|| anyhow!("work buffers"))?;
+        let rep: Vec<i32> = tokens
+            .iter()
+            .flat_map(|&t| std::iter::repeat_n(t as i32, p.hc))
+            .collect();
+        w.tok_rep.upload_i32(&rep)?;
+        w.tokens
+            .upload_i32(&tokens.iter().map(|&t| t as i32).collect::<Vec<_>>())?;
+        w.pos
+            .upload_i32(&(0..n).map(|t| (p0 + t) as i32).collect::<Vec<_>>())?;
+        if !single {
+            w.want
+                .upload_i32(&want.iter().map(|&t| t as i32).collect::<Vec<_>>())?;
+        }
+        let st = self.slots[slot].as_ref().ok_or_else(|| anyhow!("slot state"))?;
+        let state = if single { self.graphs[slot] } else { GraphState::Off };
+        let key = pr(&[], &[slot as i64]);
+        let step = |w: &Work| self.enqueue(m, st, w, n, want.len(), single);
+        let next = match state {
+            GraphState::Recorded => {
+                if dev.op(ops::GRAPH_LAUNCH, key, &[]).is_ok() {
+                    GraphState::Recorded
+                } else {
+                    step(w)?;
+                    GraphState::Warm
+                }
+            }
+            GraphState::Warm => {
+                dev.op(ops::GRAPH_BEGIN, key, &[])?;
+                let rec = step(w);
+                let end = dev.op(ops::GRAPH_END, key, &[]);
+                match (rec, end) {
+                    (Ok(()), Ok(())) => {
+                        dev.op(ops::GRAPH_LAUNCH, key, &[])?;
+                        GraphState::Recorded
+                    }
+                    (rec, end) => {
+                        tracing::warn!(
+                            "deepseek4: recording the decode step failed ({}); running it directly",
+                            rec.err().or(end.err()).map(|e| format!("{e:#}")).unwrap_or_default()
+                        );
+                        step(w)?;
+                        GraphState::Off
+                    }
+                }
+            }
+            GraphState::Cold => {
+                step(w)?;
+                GraphState::Warm
+            }
+            GraphState::Off => {
+                step(w)?;
+                GraphState::Off
+            }
+        };
+        if single {
+            self.graphs[slot] = next;
+        }
+        dev.sync()?;
+        let all = w.logits.download_f32(want.len() * p.n_vocab)?;
+        Ok(all.chunks_exact(p.n_vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Queues one chunk's ops (embedding .. logits of the `n_want` wanted rows).
+    fn enqueue(
+        &self,
+        m: &Deepseek4,
+        st: &[LayerState],
+        w: &Work,
+        n: usize,
+        n_want: usize,
+        single: bool,
+    ) -> Result<()> {
+        let (p, dev) = (&m.p, &m.dev);
+        let (d, hc) = (p.d, p.hc);
+        let nm = 2 * hc + hc * hc;
+        let op = |code: u32, prm: OpParams, args: &[TensorRef]| dev.op(code, prm, args);
+        op(
+            ops::GET_ROWS,
+            OpParams::default(),
+            &[m.embd.r, v(&w.tok_rep, [hc * n, 1, 1, 1]), v(&w.streams, [d, hc * n, 1, 1])],
+        )
+        .context("embedding")?;
+        let streams = v(&w.streams, [d, hc, n, 1]);
+        let x = v(&w.x, [d, n, 1, 1]);
+        let wts = v(&w.wts, [nm, n, 1, 1]);
+        for (l, (lay, dl)) in m.layers.iter().zip(&self.layers).enumerate() {
+            let site = |fnw: &Tensor, sb: &(Tensor, Tensor), norm: &Tensor| -> Result<()> {
+                op(
+                    ops::MATMUL,
+                    OpParams::default(),
+                    &[wv(fnw), v(&w.streams, [hc * d, n, 1, 1]), v(&w.mix, [nm, n, 1, 1])],
+                )?;
+                op(
+                    ops::HC_PRE,
+                    pr(&[p.eps, p.hc_eps], &[p.hc_iters as i64, 0]),
+                    &[streams, v(&w.mix, [nm, n, 1, 1]), sb.0.r, sb.1.r, norm.r, x, wts],
+                )
+            };
+            site(&lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm)
+                .with_context(|| format!("layer {l}: mHC before attention"))?;
+            self.attention(m, l, lay, dl, &st[l], w, n)
+                .with_context(|| format!("layer {l}: attention"))?;
+            op(ops::HC_POST, OpParams::default(), &[streams, v(&w.ao, [d, n, 1, 1]), wts])?;
+            site(&lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm)
+                .with_context(|| format!("layer {l}: mHC before the MoE"))?;
+            self.moe(m, l, lay, dl, w, n)
+                .with_context(|| format!("layer {l}: MoE"))?;
+            op(ops::HC_POST, OpParams::default(), &[streams, v(&w.mo, [d, n, 1, 1]), wts])?;
+        }
+        if n_want == 0 {
+            return Ok(());
+        }
+        op(
+            ops::MATMUL,
+            OpParams::default(),
+            &[wv(&m.hc_head.0), v(&w.streams, [hc * d, n, 1, 1]), v(&w.mix, [hc, n, 1, 1])],
+        )?;
+        op(
+            ops::HC_PRE,
+            pr(&[p.eps, p.hc_eps], &[0, 1]),
+            &[
+                streams,
+                v(&w.mix, [hc, n, 1, 1]),
+                self.head.0.r,
+                self.head.1.r,
+                self.out_norm.r,
+                v(&w.hidden, [d, n, 1, 1]),
+                v(&w.wts, [hc, n, 1, 1]),
+            ],
+        )
+        .context("output head")?;
+        let hsel = if single || n_want == n {
+            v(&w.hidden, [d, n_want, 1, 1])
+        } else {
+            let out = v(&w.hsel, [d, n_want, 1, 1]);
+            op(
+                ops::GET_ROWS,
+                OpParams::default(),
+                &[v(&w.hidden, [d, n, 1, 1]), v(&w.want, [n_want, 1, 1, 1]), out],
+            )?;
+            out
+        };
+        op(
+            ops::MATMUL,
+            OpParams::default(),
+            &[wv(&m.output), hsel, v(&w.logits, [p.n_vocab, n_want, 1, 1])],
+        )
+        .context("output projection")
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        m: &Deepseek4,
+        l: usize,
+        lay: &Layer,
+        dl: &DevLayer,
+        st: &LayerState,
+        w: &Work,
+        n: usize,
+    ) -> Result<()> {
+        let (p, dev) = (&m.p, &m.dev);
+        let (hd, nh, d) = (p.head_dim, p.n_head, p.d);
+        let op = |code: u32, prm: OpParams, args: &[TensorRef]| dev.op(code, prm, args);
+        let mm = |wt: TensorRef, x: TensorRef, out: TensorRef| op(ops::MATMUL, OpParams::default(), &[wt, x, out]);
+        let x = v(&w.x, [d, n, 1, 1]);
+        let pos = v(&w.pos, [n, 1, 1, 1]);
+        let ratio = p.ratios[l];
+        let (inv, ms) = if ratio == 0 { &self.inv_main } else { &self.inv_comp };
+        let (cinv, cms) = &self.inv_comp;
+        let pairs = (p.rope_dim / 2) as i64;
+        let q_res = v(&w.q_res, [p.q_lora, n, 1, 1]);
+        mm(wv(&lay.q_a), x, q_res)?;
+        let qr3 = v(&w.q_res, [p.q_lora, 1, n, 1]);
+        op(ops::NORM_ROPE, pr(&[p.eps, 1.0], &[2, 0, 0]), &[qr3, dl.q_a_norm.r, inv.r, pos, qr3])?;
+        mm(wv(&lay.q_b), q_res, v(&w.q, [nh * hd, n, 1, 1]))?;
+        let q = v(&w.q, [hd, nh, n, 1]);
+        op(ops::NORM_ROPE, pr(&[p.eps, *ms], &[1, pairs, 0]), &[q, dl.q_a_norm.r, inv.r, pos, q])?;
+        mm(wv(&lay.kv), x, v(&w.kv, [hd, n, 1, 1]))?;
+        let kv3 = v(&w.kv, [hd, 1, n, 1]);
+        op(ops::NORM_ROPE, pr(&[p.eps, *ms], &[2, pairs, 0]), &[kv3, dl.kv_norm.r, inv.r, pos, kv3])?;
+        let compress = |c: &CompWeights, dc: &DevComp, cs: &CompState, kvb: &Tensor, gb: &Tensor| -> Result<()> {
+            let width = if c.overlap { 2 * c.dim } else { c.dim };
+            let (kvr, gr) = (v(kvb, [width, n, 1, 1]), v(gb, [width, n, 1, 1]));
+            mm(wv(&c.kv), x, kvr)?;
+            mm(wv(&c.gate), x, gr)?;
+            op(
+                ops::COMPRESS,
+                pr(&[p.eps, *cms], &[c.ratio as i64, c.overlap as i64, pairs]),
+                &[kvr, gr, pos, dc.ape.r, dc.norm.r, cinv.r, cs.ring_kv.r, cs.ring_g.r, cs.rows.r],
+            )
+        };
+        if let (Some(c), Some(dc), Some(cs)) = (&lay.comp, &dl.comp, &st.comp) {
+            compress(c, dc, cs, &w.ck, &w.cg).context("compressor")?;
+        }
+        let mut mode = if lay.comp.is_some() { 1 } else { 0 };
+        if let (Some(ix), Some(dc), Some(cs)) = (&lay.indexer, &dl.idx, &st.idx) {
+            compress(&ix.comp, dc, cs, &w.ik, &w.ig).context("indexer compressor")?;
+            let (ih, id) = (p.idx_heads, p.idx_dim);
+            let iq = v(&w.iq, [id, ih, n, 1]);
+            mm(wv(&ix.q_b), q_res, v(&w.iq, [id * ih, n, 1, 1]))?;
+            mm(wv(&ix.proj), x, v(&w.iw, [ih, n, 1, 1]))?;
+            op(ops::NORM_ROPE, pr(&[p.eps, *cms], &[0, pairs, 0]), &[iq, dl.q_a_norm.r, cinv.r, pos, iq])?;
+            let cap = cs.rows.r.dims[1] as usize;
+            let scores = v(&w.scores, [cap, n, 1, 1]);
+            op(
+                ops::INDEX_SCORES,
+                pr(&[(id as f32).powf(-0.5), (ih as f32).powf(-0.5)], &[ix.comp.ratio as i64]),
+                &[iq, v(&w.iw, [ih, n, 1, 1]), cs.rows.r, pos, scores],
+            )?;
+            op(
+                ops::TOPK_ROWS,
+                pr(&[], &[ix.comp.ratio as i64]),
+                &[scores, pos, v(&w.sel, [p.idx_topk, n, 1, 1])],
+            )?;
+            mode = 2;
+        }
+        let rows = st.comp.as_ref().map_or(st.ring.r, |c| c.rows.r);
+        let sel = if mode == 2 { v(&w.sel, [p.idx_topk, n, 1, 1]) } else { pos };
+        let att = v(&w.att, [hd, nh, n, 1]);
+        op(
+            ops::SPARSE_ATTENTION,
+            pr(&[(hd as f32).powf(-0.5)], &[ratio as i64, mode]),
+            &[q, v(&w.kv, [hd, n, 1, 1]), st.ring.r, rows, sel, dl.sinks.r, pos, att],
+        )?;
+        op(ops::NORM_ROPE, pr(&[p.eps, *ms], &[0, pairs, 1]), &[att, dl.sinks.r, inv.r, pos, att])?;
+        // Grouped output projection: group g's heads through its own block of rows.
+        let (g_n, gw, gr) = (p.o_groups, nh * hd / p.o_groups, p.o_lora);
+        let per_group = lay.out_a.bytes / g_n as u64;
+        let group_w = |g: usize| TensorRef {
+            offset: lay.out_a.r.offset + per_group * g as u64,
+            dims: [gw as u64, gr as u64, 1, 1],
+            ..lay.out_a.r
+        };
+        let mid = if n == 1 {
+            for g in 0..g_n {
+                mm(group_w(g), at(&w.att, g * gw, [gw, 1, 1, 1]), at(&w.mid, g * gr, [gr, 1, 1, 1]))?;
+            }
+            v(&w.mid, [g_n * gr, 1, 1, 1])
+        } else {
+            op(ops::TRANSPOSE12, OpParams::default(), &[v(&w.att, [gw, g_n, n, 1]), v(&w.att_t, [gw, n, g_n, 1])])?;
+            for g in 0..g_n {
+                mm(group_w(g), at(&w.att_t, g * gw * n, [gw, n, 1, 1]), at(&w.mid, g * gr * n, [gr, n, 1, 1]))?;
+            }
+            op(ops::TRANSPOSE12, OpParams::default(), &[v(&w.mid, [gr, n, g_n, 1]), v(&w.mid_t, [gr, g_n, n, 1])])?;
+            v(&w.mid_t, [g_n * gr, n, 1, 1])
+        };
+        mm(wv(&lay.out_b), mid, v(&w.ao, [d, n, 1, 1]))
+    }
+
+    fn moe(&self, m: &Deepseek4, l: usize, lay: &Layer, dl: &DevLayer, w: &Work, n: usize) -> Result<()> {
+        let (p, dev) = (&m.p, &m.dev);
+        let (d, k, e) = (p.d, p.n_used, p.n_expert);
+        let op = |code: u32, prm: OpParams, args: &[TensorRef]| dev.op(code, prm, args);
+        let x = v(&w.x, [d, n, 1, 1]);
+        let rl = v(&w.rl, [e, n, 1, 1]);
+        op(ops::MATMUL, OpParams::default(), &[wv(&lay.router), x, rl])?;
+        let (mode, bias, table) = match (&dl.tid2eid, &dl.bias) {
+            (Some(t), _) => (2, rl, t.r),
+            (None, Some(b)) => (1, b.r, w.tokens.r),
+            (None, None) => (0, rl, w.tokens.r),
+        };
+        let gating = if p.gating == GATING_SIGMOID { 2 } else { 4 };
+        let (ids, rw) = (v(&w.rids, [k, n, 1, 1]), v(&w.rw, [k, n, 1, 1]));
+        op(
+            ops::ROUTER,
+            pr(&[p.routed_scale], &[gating, p.norm_topk as i64, mode]),
+            &[rl, bias, table, v(&w.tokens, [n, 1, 1, 1]), ids, rw],
+        )?;
+        let ff = lay.gate_exps.r.dims[1] as usize;
+        let (eg, eu, ea) = (
+            v(&w.eg, [ff, k * n, 1, 1]),
+            v(&w.eu, [ff, k * n, 1, 1]),
+            v(&w.ea, [ff, k * n, 1, 1]),
+        );
+        let ey = v(&w.ey, [d, k * n, 1, 1]);
+        op(ops::MATMUL_ID, OpParams::default(), &[lay.gate_exps.r, x, ids, eg])?;
+        op(ops::MATMUL_ID, OpParams::default(), &[lay.up_exps.r, x, ids, eu])?;
+        op(ops::SWIGLU, pr(&[p.clamp_exp[l]], &[]), &[eg, eu, ea])?;
+        op(ops::MATMUL_ID, OpParams::default(), &[lay.down_exps.r, ea, ids, ey])?;
+        let out = v(&w.mo, [d, n, 1, 1]);
+        let y = v(&w.ey, [d, k, n, 1]);
+        match &lay.shexp {
+            Some((g, u, dn)) => {
+                let sf = g.r.dims[1] as usize;
+                let (sg, su, sa) = (v(&w.sg, [sf, n, 1, 1]), v(&w.su, [sf, n, 1, 1]), v(&w.sa, [sf, n, 1, 1]));
+                op(ops::MATMUL, OpParams::default(), &[wv(g), x, sg])?;
+                op(ops::MATMUL, OpParams::default(), &[wv(u), x, su])?;
+                op(ops::SWIGLU, pr(&[p.clamp_shexp[l]], &[]), &[sg, su, sa])?;
+                let sy = v(&w.sy, [d, n, 1, 1]);
+                op(ops::MATMUL, OpParams::default(), &[wv(dn), sa, sy])?;
+                op(ops::MOE_COMBINE, OpParams::default(), &[y, rw, out, sy])
+            }
+            None => op(ops::MOE_COMBINE, OpParams::default(), &[y, rw, out]),
+        }
+    }
+}
+
+/// Whether the backend runs the glue ops: one tiny NORM_ROPE.
+fn probe(dev: &Arc<Device>) -> bool {
+    let run = || -> Result<()> {
+        let x = dev.f32([2, 1, 1, 1])?;
+        let pos = dev.i32(1)?;
+        dev.op(ops::NORM_ROPE, pr(&[1e-6, 1.0], &[1, 0, 0]), &[x.r, x.r, x.r, pos.r, x.r])?;
+        dev.sync()
+    };
+    run().is_ok()
+}
+
+/// Sizes the device path handles (the kernels' limits); the host glue runs otherwise.
+pub(super) fn fits(p: &Ds4Params) -> bool {
+    p.hc <= 8
+        && p.head_dim <= 512
+        && p.head_dim.is_multiple_of(2)
+        && p.idx_dim <= 256
+        && p.idx_heads * p.idx_dim <= 8192
+        && p.n_expert <= 1024
+        && p.n_used <= 16
+        && p.q_lora.is_multiple_of(2)
+        && p.idx_dim.is_multiple_of(2)
+}

@@ -1,0 +1,618 @@
+// DeepSeek-V4's per-token glue on the device: RMS norm + partial interleaved rotary,
+// mHC pre (Sinkhorn, collapse, norm) and post, the learned compressors' pooling,
+// the lightning indexer's scores and top-k, sparse attention with sinks over the
+// sliding window and the compressed rows, the router, clamped SwiGLU, the MoE
+// combine, a dense grouped mat-vec and a transpose. Same maths, in f32, as the host
+// glue (host/engine/src/deepseek4/math.rs); only summation orders differ.
+//
+// Every kernel takes the positions of its chunk from device memory (`pos[t]`, the
+// chunk's first at pos[0]) and sizes its grid for the worst case, so a captured decode
+// step replays correctly at any position.
+#include "common.cuh"
+
+#define KID_DS4_NORM_ROPE 18
+#define KID_DS4_HC_PRE 19
+#define KID_DS4_HC_POST 20
+#define KID_DS4_COMP_POOL 21
+#define KID_DS4_COMP_STORE 22
+#define KID_DS4_INDEX_SCORES 23
+#define KID_DS4_TOPK_ROWS 24
+#define KID_DS4_ATTENTION 25
+#define KID_DS4_WINDOW_STORE 26
+#define KID_DS4_ROUTER 27
+#define KID_DS4_SWIGLU 28
+#define KID_DS4_MOE_COMBINE 29
+#define KID_TRANSPOSE12 31
+
+#define DS4_HC_MAX 8           // mHC streams
+#define DS4_COMP_MAX_DIM 1024  // compressed row width
+#define DS4_HEAD_MAX 512       // attention head width (16 values per lane)
+#define DS4_IDX_Q_MAX 8192     // indexer heads x dims staged in shared memory
+#define DS4_IDX_DIM_MAX 256    // indexer head width (8 values per lane)
+#define DS4_TOPK_MAX 16        // routed experts per token
+#define DS4_ATT_WARPS 8
+#define DS4_NEG_INF __int_as_float((int)0xff800000u)
+
+GPU_DEV float ds4_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Sum over a block of `threads` (a multiple of 32); every thread gets it. `sh` holds
+// 32 floats; the leading barrier lets a block call this back to back.
+GPU_DEV float ds4_block_sum(float v, float* sh, int threads) {
+    v = gpu_warp_sum(v);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = threads >> 5;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    return gpu_warp_sum(l < nw ? sh[l] : 0.0f);
+}
+
+// Rotates the pair (a, b) by angle pos * f, scaled by mscale; `inverse` negates sin.
+GPU_DEV void ds4_rotate(float& a, float& b, float pos, float f, float mscale, int inverse) {
+    const float ang = pos * f;
+    const float c = cosf(ang) * mscale;
+    float s = sinf(ang) * mscale;
+    if (inverse) s = -s;
+    const float x0 = a, x1 = b;
+    a = x0 * c - x1 * s;
+    b = x1 * c + x0 * s;
+}
+
+// ---------------------------------------------------------------------------------
+// RMS norm (norm 0: none, 1: plain, 2: times w) then rotary on the trailing 2*n_pairs
+// values (interleaved pairs) of each d-row. x and out are [n][heads][d] (may alias).
+// grid = (heads, n), block = 128.
+extern "C" __global__ void __launch_bounds__(128)
+    ds4_norm_rope(const float* x, const float* __restrict__ w, int norm, float eps, int d,
+                  int heads, const float* __restrict__ inv_freq, int n_pairs, float mscale,
+                  int inverse, const int* __restrict__ pos, float* out, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_NORM_ROPE);
+    __shared__ float sh[32];
+    const long long base = ((long long)blockIdx.y * heads + blockIdx.x) * d;
+    float r = 1.0f;
+    if (norm) {
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < d; i += 128) s += x[base + i] * x[base + i];
+        s = ds4_block_sum(s, sh, 128);
+        r = 1.0f / sqrtf(s / (float)d + eps);
+    }
+    const int tail = d - 2 * n_pairs;
+    const float p = n_pairs ? (float)pos[blockIdx.y] : 0.0f;
+    for (int i = threadIdx.x; 2 * i < d; i += 128) {
+        float a = x[base + 2 * i], b = x[base + 2 * i + 1];
+        if (norm) {
+            a *= r;
+            b *= r;
+            if (norm == 2) {
+                a = w[2 * i] * a;
+                b = w[2 * i + 1] * b;
+            }
+        }
+        if (2 * i >= tail) ds4_rotate(a, b, p, inv_freq[(2 * i - tail) / 2], mscale, inverse);
+        out[base + 2 * i] = a;
+        out[base + 2 * i + 1] = b;
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// mHC pre: `mix` holds W * streams (the un-normalised streams; the RMS factor of the
+// streams is applied here, which equals projecting the normalised streams). Site mode:
+// pre = sigmoid(.)+eps, post = 2 sigmoid(.), comb = Sinkhorn(softmax rows); head mode:
+// pre only. Then x = sum_h pre_h stream_h, RMS-normed times norm_w. wts gets
+// [pre, post, comb] (site) or [pre] (head) per token. grid = n, block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_hc_pre(const float* __restrict__ streams, const float* __restrict__ mix,
+               const float* __restrict__ scale, const float* __restrict__ base,
+               const float* __restrict__ norm_w, int d, int hc, int iters, float eps,
+               float hc_eps, int head_mode, float* __restrict__ out, float* __restrict__ wts,
+               unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_HC_PRE);
+    __shared__ float sh[32];
+    __shared__ float W[2 * DS4_HC_MAX + DS4_HC_MAX * DS4_HC_MAX];
+    const int t = blockIdx.x;
+    const float* s = streams + (long long)t * hc * d;
+    float acc = 0.0f;
+    for (int i = threadIdx.x; i < hc * d; i += 256) acc += s[i] * s[i];
+    acc = ds4_block_sum(acc, sh, 256);
+    const float r = 1.0f / sqrtf(acc / (float)(hc * d) + eps);
+    const int nm = head_mode ? hc : 2 * hc + hc * hc;
+    if (threadIdx.x == 0) {
+        const float* m = mix + (long long)t * nm;
+        for (int i = 0; i < hc; ++i) W[i] = ds4_sigmoid(m[i] * r * scale[0] + base[i]) + hc_eps;
+        if (!head_mode) {
+            for (int i = 0; i < hc; ++i)
+                W[hc + i] = 2.0f * ds4_sigmoid(m[hc + i] * r * scale[1] + base[hc + i]);
+            float* c = W + 2 * hc;
+            for (int i = 0; i < hc * hc; ++i) c[i] = m[2 * hc + i] * r * scale[2] + base[2 * hc + i];
+            for (int i = 0; i < hc; ++i) {
+                float mx = DS4_NEG_INF, sum = 0.0f;
+                for (int j = 0; j < hc; ++j) mx = fmaxf(mx, c[i * hc + j]);
+                for (int j = 0; j < hc; ++j) {
+                    c[i * hc + j] = expf(c[i * hc + j] - mx);
+                    sum += c[i * hc + j];
+                }
+                for (int j = 0; j < hc; ++j) c[i * hc + j] = c[i * hc + j] / sum + hc_eps;
+            }
+            for (int it = 0; it < (iters > 1 ? iters : 1); ++it) {
+                if (it > 0) {
+                    for (int i = 0; i < hc; ++i) {
+                        float sum = 0.0f;
+                        for (int j = 0; j < hc; ++j) sum += c[i * hc + j];
+                        sum += hc_eps;
+                        for (int j = 0; j < hc; ++j) c[i * hc + j] /= sum;
+                    }
+                }
+                for (int j = 0; j < hc; ++j) {
+                    float sum = 0.0f;
+                    for (int i = 0; i < hc; ++i) sum += c[i * hc + j];
+                    sum += hc_eps;
+                    for (int i = 0; i < hc; ++i) c[i * hc + j] /= sum;
+                }
+            }
+        }
+        for (int i = 0; i < nm; ++i) wts[(long long)t * nm + i] = W[i];
+    }
+    __syncthreads();
+    float* o = out + (long long)t * d;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += 256) {
+        float v = 0.0f;
+        for (int h = 0; h < hc; ++h) v += W[h] * s[(long long)h * d + i];
+        o[i] = v;
+        ss += v * v;
+    }
+    ss = ds4_block_sum(ss, sh, 256);
+    const float rr = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += 256) o[i] = norm_w[i] * (o[i] * rr);
+}
+
+// mHC post, in place: new_k = post_k * block + sum_j comb[j][k] * old_j.
+// grid = (ceil(d / 256), n), block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_hc_post(float* __restrict__ streams, const float* __restrict__ block,
+                const float* __restrict__ wts, int d, int hc, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_HC_POST);
+    const int i = blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
+    if (i >= d) return;
+    float* s = streams + (long long)t * hc * d;
+    const float* W = wts + (long long)t * (2 * hc + hc * hc);
+    float old[DS4_HC_MAX];
+#pragma unroll
+    for (int j = 0; j < DS4_HC_MAX; ++j) old[j] = j < hc ? s[(long long)j * d + i] : 0.0f;
+    const float b = block[(long long)t * d + i];
+#pragma unroll
+    for (int k = 0; k < DS4_HC_MAX; ++k) {
+        if (k >= hc) break;
+        float acc = W[hc + k] * b;
+#pragma unroll
+        for (int j = 0; j < DS4_HC_MAX; ++j)
+            if (j < hc) acc += W[2 * hc + j * hc + k] * old[j];
+        s[(long long)k * d + i] = acc;
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Compressors. The projected kv / gate of position q live in this chunk's arrays
+// (q >= pos[0]) or in the ring of the last 2 * ratio positions (q % (2 ratio)).
+GPU_DEV float ds4_hist(const float* chunk, const float* ring, int q, int p0, int ring_len,
+                       int width, int col) {
+    return q >= p0 ? chunk[(long long)(q - p0) * width + col]
+                   : ring[(long long)(q % ring_len) * width + col];
+}
+
+// Closes every window that ends in this chunk: softmax(gate + ape)-weighted pooling per
+// channel (overlapping windows: the previous window's first halves, then this one's
+// second halves), RMS norm times norm_w, rotary at the window's first position; writes
+// rows[w]. grid = (most windows a chunk of n can close), block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_comp_pool(const float* __restrict__ kv, const float* __restrict__ gate,
+                  const int* __restrict__ pos, int n, const float* __restrict__ ring_kv,
+                  const float* __restrict__ ring_g, const float* __restrict__ ape,
+                  const float* __restrict__ norm_w, const float* __restrict__ inv_freq,
+                  int n_pairs, float mscale, int ratio, int dim, int overlap, float eps, int cap,
+                  float* __restrict__ rows, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_COMP_POOL);
+    __shared__ float row[DS4_COMP_MAX_DIM];
+    __shared__ float sh[32];
+    const int p0 = pos[0];
+    const int w = p0 / ratio + (int)blockIdx.x;
+    if ((w + 1) * ratio > p0 + n || w >= cap) return;
+    const int width = overlap ? 2 * dim : dim, ring_len = 2 * ratio;
+    const int slots = overlap ? 2 * ratio : ratio;
+    for (int c = threadIdx.x; c < dim; c += 256) {
+        float m = DS4_NEG_INF;
+        for (int j = 0; j < slots; ++j) {
+            const bool prev = overlap && j < ratio;
+            if (prev && w == 0) continue;
+            const int jj = prev || !overlap ? j : j - ratio;
+            const int q = (prev ? w - 1 : w) * ratio + jj, col = prev || !overlap ? c : dim + c;
+            const float g = ds4_hist(gate, ring_g, q, p0, ring_len, width, col) + ape[jj * width + col];
+            m = fmaxf(m, g);
+        }
+        float num = 0.0f, den = 0.0f;
+        for (int j = 0; j < slots; ++j) {
+            const bool prev = overlap && j < ratio;
+            if (prev && w == 0) continue;
+            const int jj = prev || !overlap ? j : j - ratio;
+            const int q = (prev ? w - 1 : w) * ratio + jj, col = prev || !overlap ? c : dim + c;
+            const float g = ds4_hist(gate, ring_g, q, p0, ring_len, width, col) + ape[jj * width + col];
+            const float e = expf(g - m);
+            num += e * ds4_hist(kv, ring_kv, q, p0, ring_len, width, col);
+            den += e;
+        }
+        row[c] = num / den;
+    }
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < dim; c += 256) ss += row[c] * row[c];
+    ss = ds4_block_sum(ss, sh, 256);
+    const float r = 1.0f / sqrtf(ss / (float)dim + eps);
+    const int tail = dim - 2 * n_pairs;
+    float* o = rows + (long long)w * dim;
+    for (int i = threadIdx.x; 2 * i < dim; i += 256) {
+        float a = norm_w[2 * i] * (row[2 * i] * r), b = norm_w[2 * i + 1] * (row[2 * i + 1] * r);
+        if (2 * i >= tail)
+            ds4_rotate(a, b, (float)(w * ratio), inv_freq[(2 * i - tail) / 2], mscale, 0);
+        o[2 * i] = a;
+        o[2 * i + 1] = b;
+    }
+}
+
+// Keeps the chunk's last 2 * ratio positions in the rings (after ds4_comp_pool read
+// them). grid = (ceil(width / 256), min(n, 2 ratio)), block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_comp_store(const float* __restrict__ kv, const float* __restrict__ gate,
+                   const int* __restrict__ pos, int n, int ratio, int width,
+                   float* __restrict__ ring_kv, float* __restrict__ ring_g,
+                   unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_COMP_STORE);
+    const int c = blockIdx.x * 256 + threadIdx.x;
+    const int keep = n < 2 * ratio ? n : 2 * ratio;
+    const int t = n - keep + (int)blockIdx.y;
+    if (c >= width) return;
+    const long long dst = (long long)((pos[0] + t) % (2 * ratio)) * width + c;
+    ring_kv[dst] = kv[(long long)t * width + c];
+    ring_g[dst] = gate[(long long)t * width + c];
+}
+
+// ---------------------------------------------------------------------------------
+// Lightning indexer: score[t][s] = sum_h relu(q_th . row_s) * sm * (w_th * ws) for the
+// rows visible to token t ((pos+1)/ratio). grid = (ceil(cap / 32), n), block = 256:
+// 8 warps x 4 rows, the token's queries staged in shared memory.
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_index_scores(const float* __restrict__ q, const float* __restrict__ wproj,
+                     const float* __restrict__ rows, const int* __restrict__ pos, int ih, int id,
+                     int ratio, int cap, float sm, float ws, float* __restrict__ scores,
+                     unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_INDEX_SCORES);
+    __shared__ float qs[DS4_IDX_Q_MAX];
+    __shared__ float wh[DS4_IDX_Q_MAX / 32];
+    const int t = blockIdx.y;
+    int visible = (pos[t] + 1) / ratio;
+    if (visible > cap) visible = cap;
+    const int r0 = blockIdx.x * 32;
+    if (r0 >= visible) return;
+    for (int i = threadIdx.x; i < ih * id; i += 256) qs[i] = q[(long long)t * ih * id + i];
+    for (int h = threadIdx.x; h < ih; h += 256) wh[h] = wproj[(long long)t * ih + h] * ws;
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int k = 0; k < 4; ++k) {
+        const int r = r0 + warp * 4 + k;
+        if (r >= visible) break;
+        float kr[DS4_IDX_DIM_MAX / 32];
+#pragma unroll
+        for (int j = 0; j < DS4_IDX_DIM_MAX / 32; ++j) {
+            const int i = j * 32 + lane;
+            kr[j] = i < id ? rows[(long long)r * id + i] : 0.0f;
+        }
+        float acc = 0.0f;
+        for (int h = 0; h < ih; ++h) {
+            float part = 0.0f;
+#pragma unroll
+            for (int j = 0; j < DS4_IDX_DIM_MAX / 32; ++j) {
+                const int i = j * 32 + lane;
+                if (i < id) part += qs[h * id + i] * kr[j];
+            }
+            const float dot = gpu_warp_sum(part);
+            acc += fmaxf(dot, 0.0f) * sm * wh[h];
+        }
+        if (lane == 0) scores[(long long)t * cap + r] = acc;
+    }
+}
+
+// Order-preserving unsigned key of a float (larger float, larger key; -0 < +0).
+GPU_DEV unsigned int ds4_key(float f) {
+    const unsigned int u = (unsigned int)__float_as_int(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The k best visible rows per token (ties: lower index), or all of them when no more
+// than k are visible; unused entries -1. Radix select on the keys, 8 bits per pass.
+// grid = n, block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_topk_rows(const float* __restrict__ scores, const int* __restrict__ pos, int ratio,
+                  int cap, int k, int* __restrict__ sel, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_TOPK_ROWS);
+    __shared__ unsigned int hist[256];
+    __shared__ unsigned int sh_prefix;
+    __shared__ int sh_left, n_gt, n_eq;
+    __shared__ int flags[256];
+    const int t = blockIdx.x, tid = threadIdx.x;
+    int visible = (pos[t] + 1) / ratio;
+    if (visible > cap) visible = cap;
+    const float* s = scores + (long long)t * cap;
+    int* o = sel + (long long)t * k;
+    if (visible <= k) {
+        for (int i = tid; i < k; i += 256) o[i] = i < visible ? i : -1;
+        return;
+    }
+    unsigned int prefix = 0, mask = 0;
+    int left = k;  // how many still to take among keys matching the prefix
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        hist[tid] = 0;
+        __syncthreads();
+        for (int i = tid; i < visible; i += 256) {
+            const unsigned int key = ds4_key(s[i]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            int cum = 0, b = 255;
+            for (; b > 0; --b) {
+                if (cum + (int)hist[b] >= left) break;
+                cum += (int)hist[b];
+            }
+            sh_prefix = prefix | ((unsigned int)b << shift);
+            sh_left = left - cum;
+        }
+        __syncthreads();
+        prefix = sh_prefix;
+        left = sh_left;
+        mask |= 255u << shift;
+    }
+    // prefix is now the k-th best key: take every key above it, then `left` equal keys
+    // in index order.
+    if (tid == 0) {
+        n_gt = 0;
+        n_eq = 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < visible; i += 256)
+        if (ds4_key(s[i]) > prefix) o[atomicAdd(&n_gt, 1)] = i;
+    const int first_eq = k - left;
+    for (int c0 = 0; c0 < visible; c0 += 256) {
+        const int i = c0 + tid;
+        const int f = i < visible && ds4_key(s[i]) == prefix;
+        flags[tid] = f;
+        __syncthreads();
+        for (int st = 1; st < 256; st <<= 1) {
+            const int v = tid >= st ? flags[tid - st] : 0;
+            __syncthreads();
+            flags[tid] += v;
+            __syncthreads();
+        }
+        const int rank = n_eq + flags[tid] - f;
+        if (f && rank < left) o[first_eq + rank] = i;
+        __syncthreads();
+        if (tid == 0) n_eq += flags[255];
+        __syncthreads();
+        if (n_eq >= left) break;
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Attention with a sink logit, K = V (one shared head), for head h of token t: the
+// window (positions pos-window+1 .. pos; older than this chunk from the ring at
+// q % window) then compressed rows: none (mode 0), all visible (1: (pos+1)/ratio) or
+// the indexer's selection (2). One warp per key with an online softmax, warps merged
+// at the end. grid = (heads, n), block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_attention(const float* __restrict__ q, const float* __restrict__ kv,
+                  const float* __restrict__ ring, const float* __restrict__ rows,
+                  const int* __restrict__ sel, const float* __restrict__ sinks,
+                  const int* __restrict__ pos, int heads, int hd, int window, int ratio,
+                  int mode, int k_sel, int cap, float scale, float* __restrict__ out,
+                  unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION);
+    __shared__ float wm[DS4_ATT_WARPS], wl[DS4_ATT_WARPS];
+    __shared__ float wacc[DS4_ATT_WARPS * DS4_HEAD_MAX];
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int p0 = pos[0], p = pos[t];
+    const float* qh = q + ((long long)t * heads + h) * hd;
+    float qr[DS4_HEAD_MAX / 32], acc[DS4_HEAD_MAX / 32];
+#pragma unroll
+    for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) {
+        const int i = j * 32 + lane;
+        qr[j] = i < hd ? qh[i] : 0.0f;
+        acc[j] = 0.0f;
+    }
+    const int first = p - window + 1 > 0 ? p - window + 1 : 0;
+    const int n_win = p - first + 1;
+    int n_comp = 0;
+    if (mode == 1) {
+        n_comp = (p + 1) / ratio;
+        if (n_comp > cap) n_comp = cap;
+    } else if (mode == 2) {
+        n_comp = k_sel;
+    }
+    float m = DS4_NEG_INF, l = 0.0f;
+    for (int kk = warp; kk < n_win + n_comp; kk += DS4_ATT_WARPS) {
+        const float* key;
+        if (kk < n_win) {
+            const int qp = first + kk;
+            key = qp >= p0 ? kv + (long long)(qp - p0) * hd : ring + (long long)(qp % window) * hd;
+        } else {
+            const int j = kk - n_win;
+            const int r = mode == 2 ? sel[(long long)t * k_sel + j] : j;
+            if (r < 0) continue;
+            key = rows + (long long)r * hd;
+        }
+        float kr[DS4_HEAD_MAX / 32];
+        float part = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) {
+            const int i = j * 32 + lane;
+            kr[j] = i < hd ? key[i] : 0.0f;
+            part += qr[j] * kr[j];
+        }
+        const float logit = gpu_warp_sum(part) * scale;
+        const float mn = fmaxf(m, logit);
+        const float corr = expf(m - mn), e = expf(logit - mn);
+        l = l * corr + e;
+#pragma unroll
+        for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) acc[j] = acc[j] * corr + e * kr[j];
+        m = mn;
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) wacc[warp * DS4_HEAD_MAX + j * 32 + lane] = acc[j];
+    __syncthreads();
+    const float sink = sinks[h];
+    float mx = sink;
+    for (int w = 0; w < DS4_ATT_WARPS; ++w) mx = fmaxf(mx, wm[w]);
+    float den = expf(sink - mx);
+    for (int w = 0; w < DS4_ATT_WARPS; ++w) den += wl[w] * expf(wm[w] - mx);
+    float* o = out + ((long long)t * heads + h) * hd;
+    for (int i = threadIdx.x; i < hd; i += 256) {
+        float v = 0.0f;
+        for (int w = 0; w < DS4_ATT_WARPS; ++w) v += wacc[w * DS4_HEAD_MAX + i] * expf(wm[w] - mx);
+        o[i] = v / den;
+    }
+}
+
+// Keeps the chunk's last `window` K=V rows in the ring (after ds4_attention read it).
+// grid = (ceil(hd / 256), min(n, window)), block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_window_store(const float* __restrict__ kv, const int* __restrict__ pos, int n, int hd,
+                     int window, float* __restrict__ ring, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_WINDOW_STORE);
+    const int c = blockIdx.x * 256 + threadIdx.x;
+    const int keep = n < window ? n : window;
+    const int t = n - keep + (int)blockIdx.y;
+    if (c >= hd) return;
+    ring[(long long)((pos[0] + t) % window) * hd + c] = kv[(long long)t * hd + c];
+}
+
+// ---------------------------------------------------------------------------------
+// Router: scores sigmoid (gating 2) or sqrt(softplus) (4); experts from the hash table
+// row of the token (mode 2) or the k best scores (+ bias for selection when mode 1,
+// ties: lower index); weights = the chosen scores, normalised to sum 1 when norm_topk,
+// times routed_scale. grid = n, block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_router(const float* __restrict__ logits, const float* __restrict__ bias,
+               const int* __restrict__ table, int table_rows, const int* __restrict__ tokens,
+               int n_expert, int k, int gating, int norm_topk, float routed_scale, int mode,
+               int* __restrict__ ids, float* __restrict__ wout, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ROUTER);
+    __shared__ float sc[1024];
+    __shared__ unsigned char taken[1024];
+    __shared__ float bv[DS4_ATT_WARPS];
+    __shared__ int bi[DS4_ATT_WARPS];
+    __shared__ int chosen[DS4_TOPK_MAX];
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int e = tid; e < n_expert; e += 256) {
+        const float v = logits[(long long)t * n_expert + e];
+        sc[e] = gating == 2 ? ds4_sigmoid(v) : sqrtf(v > 20.0f ? v : log1pf(expf(v)));
+        taken[e] = 0;
+    }
+    __syncthreads();
+    if (mode == 2) {
+        if (tid < k) {
+            const int tok = tokens[t];
+            chosen[tid] = tok >= 0 && tok < table_rows ? table[(long long)tok * k + tid] : 0;
+        }
+    } else {
+        for (int j = 0; j < k; ++j) {
+            float best = DS4_NEG_INF;
+            int bidx = n_expert;
+            for (int e = tid; e < n_expert; e += 256) {
+                if (taken[e]) continue;
+                const float v = mode == 1 ? sc[e] + bias[e] : sc[e];
+                if (v > best || (v == best && e < bidx)) {
+                    best = v;
+                    bidx = e;
+                }
+            }
+            for (int msk = 16; msk > 0; msk >>= 1) {
+                const float ov = gpu_shfl_xor(best, msk);
+                const int oi = (int)gpu_shfl_xor((float)bidx, msk);
+                if (ov > best || (ov == best && oi < bidx)) {
+                    best = ov;
+                    bidx = oi;
+                }
+            }
+            if (lane == 0) {
+                bv[warp] = best;
+                bi[warp] = bidx;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                for (int w = 1; w < DS4_ATT_WARPS; ++w)
+                    if (bv[w] > bv[0] || (bv[w] == bv[0] && bi[w] < bi[0])) {
+                        bv[0] = bv[w];
+                        bi[0] = bi[w];
+                    }
+                chosen[j] = bi[0] < n_expert ? bi[0] : 0;
+                taken[chosen[j]] = 1;
+            }
+            __syncthreads();
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float w[DS4_TOPK_MAX];
+        float sum = 0.0f;
+        for (int j = 0; j < k; ++j) {
+            w[j] = sc[chosen[j]];
+            sum += w[j];
+        }
+        for (int j = 0; j < k; ++j) {
+            float v = norm_topk ? w[j] / (sum + 1e-20f) : w[j];
+            ids[(long long)t * k + j] = chosen[j];
+            wout[(long long)t * k + j] = v * routed_scale;
+        }
+    }
+}
+
+// out = silu(min(g, lim)) * clamp(u, -lim, lim) (no clamp when lim <= 0).
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_swiglu(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out,
+               long long n, float lim, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_SWIGLU);
+    const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
+    if (i >= n) return;
+    float a = g[i], b = u[i];
+    if (lim > 0.0f) {
+        a = fminf(a, lim);
+        b = fminf(fmaxf(b, -lim), lim);
+    }
+    out[i] = a * ds4_sigmoid(a) * b;
+}
+
+// out[t] = sum_j w[t][j] * y[t*k + j] (+ shared[t]). grid = (ceil(d / 256), n).
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_moe_combine(const float* __restrict__ y, const float* __restrict__ w,
+                    const float* __restrict__ shared, int d, int k, float* __restrict__ out,
+                    unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_MOE_COMBINE);
+    const int i = blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
+    if (i >= d) return;
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j)
+        acc += w[(long long)t * k + j] * y[((long long)t * k + j) * d + i];
+    if (shared) acc += shared[(long long)t * d + i];
+    out[(long long)t * d + i] = acc;
+}
+
+// out[a, c, b] = x[a, b, c] (innermost first). grid = (ceil(a / 256), b, c).
+extern "C" __global__ void __launch_bounds__(256)
+    transpose12(const float* __restrict__ x, int a, int b, int c, float* __restrict__ out,
+                unsigned int* counters) {
+    gpu_count_launch(counters, KID_TRANSPOSE12);
+    const int i = blockIdx.x * 256 + threadIdx.x, y = blockIdx.y, z = blockIdx.z;
+    if (i >= a) return;
+    out[(long long)a * ((long long)z + (long long)c * y) + i] =
+        x[(long long)a * ((long long)y + (long long)b * z) + i];
+}

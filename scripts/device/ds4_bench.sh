@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The issue-#6 benchmark on one H200: a V4-Flash-shaped DeepSeek-V4 (Strix-Lean type mix,
+# 4096 hidden, 256 experts top-6, vocabulary 129280) of LAYERS (43) layers, built from a
+# TEMPLATE-layer synthetic file (`moeserve synth`; layers past the file's repeat its last
+# two, each as its own device copy: the real 43-layer memory and traffic), then
+# `moeserve bench --limits` at context depths DEPTHS: decode tok/s vs bytes per token /
+# streaming bandwidth, prefill vs the ROCmFP2 matrix rate, all measured in this run.
+# With PARITY=1 it first runs scripts/device/ds4_gpu.sh (the fixtures) while the file is
+# written. Carry .dev/ds4. $OUT gets bench.json (+ parity.log).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/device/cuda_env.sh
+export MOE_KERNEL_CACHE=${MOE_KERNEL_CACHE:-/tmp/moe-kernel-cache}
+OUT=${OUT:-/tmp/ds4-bench}
+W=${W:-${TMPDIR:-/tmp}/ds4-synth}
+mkdir -p "$OUT" "$W"
+cat > "$W/plugins.toml" <<TOML
+plugin_dir = "$PWD/.dev/ds4"
+[[plugin]]
+library = "moe_backend_cuda"
+[[plugin]]
+library = "moe_quant_ggml"
+[[plugin]]
+library = "moe_quant_rocmfpx"
+[[plugin]]
+library = "moe_policy_basic"
+[devices]
+backend = "cuda"
+TOML
+date -u +"run: %Y-%m-%d %H:%M UTC"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+t0=$(date +%s)
+.dev/ds4/moeserve --config "$W/plugins.toml" synth --out "$W/synth.gguf" --layers "${TEMPLATE:-6}" \
+    > "$W/synth.log" 2>&1 &
+synth=$!
+if [ -n "${PARITY:-}" ]; then bash scripts/device/ds4_gpu.sh 2>&1 | tee "$OUT/parity.log"; fi
+wait $synth
+tail -1 "$W/synth.log"
+echo "synth: $(( $(date +%s) - t0 )) s"
+RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench --model "$W/synth.gguf" \
+    --layers "${LAYERS:-43}" --depths "${DEPTHS:-0,4096,32768,131072}" --limits \
+    --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" --repetitions "${REPS:-1}" --json \
+    > "$OUT/bench.json"
+python3 - "$OUT/bench.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+print(f"device {b['device']}, {b['layers']} layers, stream bandwidth {b['stream_bandwidth_bytes_s']/1e9:.0f} GB/s, "
+      f"ROCmFP2 matrix rate {b['matrix_rate_flop_s']/1e12:.0f} TFLOP/s")
+print("| depth | pp tok/s | pp / matrix rate | tg tok/s | MiB read per token (weights + cache) | tg limit tok/s | tg / limit |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for d in b["depths"]:
+    mib = (d["weight_bytes_per_token"] + d["cache_bytes_per_token"]) / 2**20
+    print(f"| {d['depth']} | {d['pp_tok_s']:.1f} | {100*d['pp_fraction_of_matrix_rate']:.1f}% | {d['tg_tok_s']:.1f} | "
+          f"{mib:.0f} ({d['weight_bytes_per_token']/2**20:.0f} + {d['cache_bytes_per_token']/2**20:.1f}) | "
+          f"{d['tg_limit_tok_s']:.0f} | {100*d['tg_fraction_of_limit']:.1f}% |")
+k = dict(b["kernels"])
+print("device launches:", {n: v for n, v in k.items() if n.endswith(".device")})
+PY
+# Where the decode time goes (NSYS=1 and Nsight Systems installed): GPU time per kernel
+# over a short run at depth 0.
+if [ -n "${NSYS:-}" ]; then
+    NSYS_BIN=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1 || true)
+    if [ -n "$NSYS_BIN" ]; then
+        RUST_LOG=warn "$NSYS_BIN" profile -o "$W/prof" --force-overwrite true \
+            .dev/ds4/moeserve --config "$W/plugins.toml" bench --model "$W/synth.gguf" \
+            --layers "${LAYERS:-43}" --prompt-tokens 64 --gen-tokens 16 --repetitions 1 > /dev/null 2>&1 || true
+        "$NSYS_BIN" stats --report cuda_gpu_kern_sum --format csv "$W/prof.nsys-rep" 2>/dev/null \
+            | head -30 | tee "$OUT/kernels.csv"
+    else
+        echo "nsys not found"
+    fi
+fi
