@@ -115,14 +115,24 @@ extern "C" __global__ void __launch_bounds__(256)
     acc = ds4_block_sum(acc, sh, 256);
     const float r = 1.0f / sqrtf(acc / (float)(hc * d) + eps);
     const int nm = head_mode ? hc : 2 * hc + hc * hc;
+    // Stage the mixes (times the streams' RMS factor), bases and scales in parallel; the
+    // Sinkhorn loop below then reads only shared memory.
+    __shared__ float M[2 * DS4_HC_MAX + DS4_HC_MAX * DS4_HC_MAX];
+    __shared__ float B[2 * DS4_HC_MAX + DS4_HC_MAX * DS4_HC_MAX];
+    __shared__ float S[3];
+    for (int i = threadIdx.x; i < nm; i += 256) {
+        M[i] = mix[(long long)t * nm + i] * r;
+        B[i] = base[i];
+    }
+    if (threadIdx.x < (head_mode ? 1 : 3)) S[threadIdx.x] = scale[threadIdx.x];
+    __syncthreads();
     if (threadIdx.x == 0) {
-        const float* m = mix + (long long)t * nm;
-        for (int i = 0; i < hc; ++i) W[i] = ds4_sigmoid(m[i] * r * scale[0] + base[i]) + hc_eps;
+        for (int i = 0; i < hc; ++i) W[i] = ds4_sigmoid(M[i] * S[0] + B[i]) + hc_eps;
         if (!head_mode) {
             for (int i = 0; i < hc; ++i)
-                W[hc + i] = 2.0f * ds4_sigmoid(m[hc + i] * r * scale[1] + base[hc + i]);
+                W[hc + i] = 2.0f * ds4_sigmoid(M[hc + i] * S[1] + B[hc + i]);
             float* c = W + 2 * hc;
-            for (int i = 0; i < hc * hc; ++i) c[i] = m[2 * hc + i] * r * scale[2] + base[2 * hc + i];
+            for (int i = 0; i < hc * hc; ++i) c[i] = M[2 * hc + i] * S[2] + B[2 * hc + i];
             for (int i = 0; i < hc; ++i) {
                 float mx = DS4_NEG_INF, sum = 0.0f;
                 for (int j = 0; j < hc; ++j) mx = fmaxf(mx, c[i * hc + j]);

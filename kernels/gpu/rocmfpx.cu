@@ -829,25 +829,16 @@ GPU_DEV void dense_group8(const unsigned char* row, int ty, int i0, float* v) {
     }
 }
 
-// Sum over the 128 threads of a block into every thread's return value (sh: 4 floats).
-GPU_DEV float dense_block_sum(float v, float* sh) {
-    v = gpu_warp_sum(v);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    const float s = sh[0] + sh[1] + sh[2] + sh[3];
-    __syncthreads();
-    return s;
-}
-
-// Partial dot products of one row with `nc` (<= 8) columns x + c*k, for this thread:
-// the 4 warps of the block split the row in groups of 256 values (8 per lane) when
-// k % 8 == 0, else thread-strided single values.
+// Partial dot products of one row with `nc` (<= 8) columns x + c*k for this lane, as
+// part `part` of `parts` warps sharing the row: groups of 256 values (8 per lane) when
+// k % 8 == 0, else lane-strided single values.
 GPU_DEV void dense_row_dots(const unsigned char* row, int ty, int k, const float* x, int nc,
-                            float* acc) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+                            float* acc, int part, int parts) {
+    const int lane = threadIdx.x & 31;
     if ((k & 7) == 0) {
         const bool vec = (((unsigned long long)x) & 15ull) == 0;
-        for (int i0 = warp * 256 + lane * 8; i0 < k; i0 += 1024) {
+#pragma unroll 2
+        for (int i0 = (part * 32 + lane) * 8; i0 < k; i0 += parts * 256) {
             float v[8];
             dense_group8(row, ty, i0, v);
 #pragma unroll
@@ -867,7 +858,7 @@ GPU_DEV void dense_row_dots(const unsigned char* row, int ty, int k, const float
             }
         }
     } else {
-        for (int i = threadIdx.x; i < k; i += 128) {
+        for (int i = part * 32 + lane; i < k; i += parts * 32) {
             const float v = dense_value(row, ty, i);
 #pragma unroll
             for (int c = 0; c < 8; ++c) {
@@ -878,26 +869,48 @@ GPU_DEV void dense_row_dots(const unsigned char* row, int ty, int k, const float
     }
 }
 
-// out[c*m + r] = sum_i W[r][i] * x[c*k + i]: one 128-thread block per row r, 8 columns
-// per grid row. grid = (m, ceil(n / 8)), block = 128.
-extern "C" __global__ void __launch_bounds__(128)
+// Sums the `parts` warps of each row of a 256-thread block and writes row r's `nc`
+// results to out[c * m + r] (sh: 8 x 8 floats).
+GPU_DEV void dense_rows_store(float* acc, int nc, int parts, int r, int m, float* out,
+                              float* sh) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[c] = gpu_warp_sum(acc[c]);
+    if (parts > 1) {
+        if (lane == 0)
+            for (int c = 0; c < 8; ++c) sh[warp * 8 + c] = acc[c];
+        __syncthreads();
+        if (lane == 0 && warp % parts == 0)
+            for (int c = 0; c < 8; ++c) {
+                float s = 0.0f;
+                for (int j = 0; j < parts; ++j) s += sh[(warp + j) * 8 + c];
+                acc[c] = s;
+            }
+    }
+    if (lane == 0 && warp % parts == 0 && r < m)
+        for (int c = 0; c < nc; ++c) out[(long long)c * m + r] = acc[c];
+}
+
+// out[c*m + r] = sum_i W[r][i] * x[c*k + i], 8 columns per grid row. A 256-thread block
+// takes 8 / parts rows, `parts` (1, 2, 4, 8) warps per row: more warps per row for the
+// few-row products (mHC mixes, router) keep enough loads in flight.
+// grid = (ceil(m / (8 / parts)), ceil(n / 8)), block = 256.
+extern "C" __global__ void __launch_bounds__(256)
     matvec_dense(const unsigned char* __restrict__ w, long long row_bytes, int ty, int k, int m,
-                 const float* __restrict__ x, int n, float* __restrict__ out,
+                 const float* __restrict__ x, int n, float* __restrict__ out, int parts,
                  unsigned int* counters) {
     gpu_count_launch(counters, KID_MATVEC_DENSE);
-    __shared__ float sh[4];
-    const int r = blockIdx.x, c0 = blockIdx.y * 8;
+    __shared__ float sh[64];
+    const int warp = threadIdx.x >> 5;
+    const int r = blockIdx.x * (8 / parts) + warp / parts, c0 = blockIdx.y * 8;
     const int nc = n - c0 < 8 ? n - c0 : 8;
     float acc[8];
 #pragma unroll
     for (int c = 0; c < 8; ++c) acc[c] = 0.0f;
-    dense_row_dots(w + (long long)r * row_bytes, ty, k, x + (long long)c0 * k, nc, acc);
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-        if (c >= nc) break;
-        const float s = dense_block_sum(acc[c], sh);
-        if (threadIdx.x == 0) out[(long long)(c0 + c) * m + r] = s;
-    }
+    if (r < m)
+        dense_row_dots(w + (long long)r * row_bytes, ty, k, x + (long long)c0 * k, nc, acc,
+                       warp % parts, parts);
+    dense_rows_store(acc, nc, parts, r, m, out + (long long)c0 * m, sh);
 }
 
 // out[i*cols + j] = value j of row ids[i]; grid = (ceil(cols/256), n_ids).
@@ -915,21 +928,24 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // Grouped mat-vec for the dense types (see matvec_dense): pair p (= token * n_slots +
 // slot) multiplies expert ids[p]'s rows with its activation column (p when per_pair,
-// else p / n_slots); ids outside 0..E give zeros. grid = (m, pairs), block 128.
-extern "C" __global__ void __launch_bounds__(128)
+// else p / n_slots); ids outside 0..E give zeros.
+// grid = (ceil(m / (8 / parts)), pairs), block 256.
+extern "C" __global__ void __launch_bounds__(256)
     matvec_dense_id(const unsigned char* __restrict__ w, long long expert_bytes,
                     long long row_bytes, int ty, int k, int m, int n_experts,
                     const float* __restrict__ x, int per_pair, int n_slots,
-                    const int* __restrict__ ids, float* __restrict__ out,
+                    const int* __restrict__ ids, float* __restrict__ out, int parts,
                     unsigned int* counters) {
     gpu_count_launch(counters, KID_MATVEC_DENSE_ID);
-    __shared__ float sh[4];
-    const int r = blockIdx.x, p = blockIdx.y;
+    __shared__ float sh[64];
+    const int warp = threadIdx.x >> 5, p = blockIdx.y;
+    const int r = blockIdx.x * (8 / parts) + warp / parts;
     const int e = ids[p];
-    float acc = 0.0f;
-    if (e >= 0 && e < n_experts)
+    float acc[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[c] = 0.0f;
+    if (r < m && e >= 0 && e < n_experts)
         dense_row_dots(w + (long long)e * expert_bytes + (long long)r * row_bytes, ty, k,
-                       x + (long long)(per_pair ? p : p / n_slots) * k, 1, &acc);
-    const float s = dense_block_sum(acc, sh);
-    if (threadIdx.x == 0) out[(long long)p * m + r] = s;
+                       x + (long long)(per_pair ? p : p / n_slots) * k, 1, acc, warp % parts, parts);
+    dense_rows_store(acc, 1, parts, r, m, out + (long long)p * m, sh);
 }

@@ -37,6 +37,26 @@ if [ -n "${PARITY:-}" ]; then bash scripts/device/ds4_gpu.sh 2>&1 | tee "$OUT/pa
 wait $synth
 tail -1 "$W/synth.log"
 echo "synth: $(( $(date +%s) - t0 )) s"
+if [ -n "${PROFILE:-}" ]; then
+    # GPU time per kernel over single-token steps (no graphs: each launch timed by events).
+    MOE_GPU_PROFILE=1 MOE_DS4_NO_GRAPH=1 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
+        bench --model "$W/synth.gguf" --layers "${LAYERS:-43}" --prompt-tokens 1 --gen-tokens 16 \
+        --repetitions 1 --json > "$OUT/profile.json"
+    python3 - "$OUT/profile.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+k = dict(b["kernels"])
+steps = 2 * (1 + 16)
+ns = {n[:-3]: v for n, v in k.items() if n.endswith(".ns")}
+tot = sum(ns.values())
+print(f"no-graph decode: tg {b['tg_tok_s']:.1f} tok/s; GPU kernel time {tot/steps/1e6:.2f} ms per step")
+print("| kernel | launches per step | GPU us per step | share |")
+print("| --- | --- | --- | --- |")
+for n, v in sorted(ns.items(), key=lambda x: -x[1]):
+    print(f"| {n} | {k.get(n, 0)/steps:.0f} | {v/steps/1e3:.0f} | {100*v/tot:.1f}% |")
+PY
+    [ -n "${PROFILE_ONLY:-}" ] && exit 0
+fi
 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench --model "$W/synth.gguf" \
     --layers "${LAYERS:-43}" --depths "${DEPTHS:-0,4096,32768,131072}" --limits \
     --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" --repetitions "${REPS:-1}" --json \

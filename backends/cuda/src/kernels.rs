@@ -167,11 +167,72 @@ impl Module {
         let mut counters = self.counters;
         let mut all: Vec<*mut c_void> = params.to_vec();
         all.push(&mut counters as *mut u64 as *mut c_void);
+        let timed = profiling()
+            && matches!(
+                cu::stream::is_capturing(stream),
+                Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+            );
+        let start = if timed { record(stream) } else { None };
         cu::launch_kernel(f.0, grid, (block, 1, 1), 0, stream, &mut all)
             .map_err(|e| err(&format!("launching {name}"), e))?;
+        if let (Some(start), Some(end)) = (start, if timed { record(stream) } else { None }) {
+            let mut t = TIMED.lock().unwrap_or_else(|e| e.into_inner());
+            t.push(Timed { name, start, end });
+            if t.len() >= 1 << 14 {
+                resolve(&mut t);
+            }
+        }
         count_launch(name);
         Ok(())
     }
+}
+
+/// `MOE_GPU_PROFILE=1`: every launch outside a graph capture is bracketed by two events,
+/// and `kernel_counters` adds `<name>.ns`, the GPU time between them (profiling runs
+/// only: the events cost launches of their own).
+pub fn profiling() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MOE_GPU_PROFILE").is_some_and(|v| v != "0"))
+}
+
+struct Timed {
+    name: &'static str,
+    start: sys::CUevent,
+    end: sys::CUevent,
+}
+// SAFETY: event handles are usable from any thread of the process.
+unsafe impl Send for Timed {}
+static TIMED: Mutex<Vec<Timed>> = Mutex::new(Vec::new());
+static GPU_NS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+
+fn record(stream: sys::CUstream) -> Option<sys::CUevent> {
+    let ev = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).ok()?;
+    // SAFETY: a fresh event on a live stream.
+    unsafe { cu::event::record(ev, stream) }.ok()?;
+    Some(ev)
+}
+
+/// Waits for the recorded launches and adds their times to GPU_NS.
+fn resolve(t: &mut Vec<Timed>) {
+    let mut ns = GPU_NS.lock().unwrap_or_else(|e| e.into_inner());
+    for x in t.drain(..) {
+        // SAFETY: events created and recorded by `record`, destroyed once here.
+        unsafe {
+            if cu::event::synchronize(x.end).is_ok() {
+                if let Ok(ms) = cu::event::elapsed(x.start, x.end) {
+                    *ns.entry(x.name).or_default() += (ms as f64 * 1e6) as u64;
+                }
+            }
+            let _ = cu::event::destroy(x.start);
+            let _ = cu::event::destroy(x.end);
+        }
+    }
+}
+
+/// GPU nanoseconds per kernel name (`MOE_GPU_PROFILE=1`), sorted by name.
+pub fn gpu_ns() -> BTreeMap<&'static str, u64> {
+    resolve(&mut TIMED.lock().unwrap_or_else(|e| e.into_inner()));
+    GPU_NS.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 static HOST_COUNTS: kernels::HostCounts = kernels::HostCounts::new();

@@ -167,7 +167,12 @@ pub fn counters() -> Vec<(String, u64)> {
             }
         }
     }
-    moe_gpu_common::kernels::counter_list(kernels::host_counts(), dev)
+    let mut out = moe_gpu_common::kernels::counter_list(kernels::host_counts(), dev);
+    if kernels::profiling() {
+        out.extend(kernels::gpu_ns().into_iter().map(|(k, v)| (format!("{k}.ns"), v)));
+        out.sort();
+    }
+    out
 }
 
 extern "C" fn kernel_counters() -> RVec<Tuple2<RString, u64>> {

@@ -4,7 +4,7 @@
 
 use moe_plugin_api::{ops, types, OpParams, TensorRef};
 
-use crate::ops::{dense_align, dense_row_bytes, expect, to_i32, Gpu, Launch};
+use crate::ops::{dense_align, dense_parts, dense_row_bytes, expect, to_i32, Gpu, Launch};
 
 /// Limits the kernels are written for (their shared-memory and register arrays).
 pub const HC_MAX: u64 = 8;
@@ -443,6 +443,7 @@ unsafe fn matmul_id_dense_inner(gpu: &impl Gpu, a: &[TensorRef], row_bytes: Resu
     expect(&ids, types::I32, "matmul_id ids")?;
     holds(&x, types::F32, 0, "matmul_id input")?;
     holds(&out, types::F32, m * pairs, "matmul_id output")?;
+    let parts = dense_parts(m * pairs, k);
     KArgs::default()
         .p(gpu.ptr(&w, dense_align(w.type_id))?)
         .p(row_bytes * m)
@@ -456,5 +457,6 @@ unsafe fn matmul_id_dense_inner(gpu: &impl Gpu, a: &[TensorRef], row_bytes: Resu
         .i(to_i32(n_slots, "slots")?)
         .p(gpu.ptr(&ids, 4)?)
         .p(f32p(gpu, &out)?)
-        .launch(gpu, "matvec_dense_id", (m, pairs, 1), 128)
+        .i(parts as i32)
+        .launch(gpu, "matvec_dense_id", (m.div_ceil(8 / parts), pairs, 1), 256)
 }

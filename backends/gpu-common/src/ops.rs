@@ -279,7 +279,19 @@ pub struct DenseMatmul {
     pub x: u64,
     pub n: i32,
     pub out: u64,
+    /// Warps per row (1, 2, 4, 8; see [`dense_parts`]).
+    pub parts: i32,
     pub launch: Launch,
+}
+
+/// Warps sharing one row of the dense mat-vec: enough warps in all (~8192) for few-row
+/// products, each with at least two 256-value groups.
+pub fn dense_parts(m: u64, k: u64) -> u64 {
+    let mut parts = 1;
+    while parts < 8 && m * parts < 8192 && k >= parts * 512 {
+        parts *= 2;
+    }
+    parts
 }
 
 pub fn matmul_dense(
@@ -308,7 +320,12 @@ pub fn matmul_dense(
         ));
     }
     let (pw, px, po) = (ptr(&w, dense_align(w.type_id))?, ptr(&x, 4)?, ptr(&out, 4)?);
-    let grid = (to_i32(m, "m")? as u32, to_i32(n.div_ceil(8), "n / 8")? as u32, 1);
+    let parts = dense_parts(m, k);
+    let grid = (
+        to_i32(m.div_ceil(8 / parts), "m")? as u32,
+        to_i32(n.div_ceil(8), "n / 8")? as u32,
+        1,
+    );
     Ok(Some(DenseMatmul {
         w: pw,
         row_bytes: row_bytes as i64,
@@ -318,10 +335,11 @@ pub fn matmul_dense(
         x: px,
         n: to_i32(n, "n")?,
         out: po,
+        parts: parts as i32,
         launch: Launch {
             name: "matvec_dense",
             grid,
-            block: 128,
+            block: 256,
         },
     }))
 }
@@ -605,8 +623,8 @@ pub fn run(
                     )
                 })?;
                 let (mut pw, mut rb, mut ty, mut k, mut m) = (p.w, p.row_bytes, p.ty, p.k, p.m);
-                let (mut px, mut n, mut po) = (p.x, p.n, p.out);
-                gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, n, po))
+                let (mut px, mut n, mut po, mut parts) = (p.x, p.n, p.out, p.parts);
+                gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, n, po, parts))
             }
             ops::MATMUL => {
                 let p = matmul(args, backend, mmq, ptr)?;
@@ -787,7 +805,9 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((p.row_bytes, p.ty, p.k, p.m, p.n), (34, 39, 64, 10, 9));
-        assert_eq!((p.launch.name, p.launch.grid), ("matvec_dense", (10, 2, 1)));
+        assert_eq!((p.launch.name, p.launch.grid, p.parts), ("matvec_dense", (10, 2, 1), 1));
+        assert_eq!((dense_parts(24, 16384), dense_parts(1024, 4096), dense_parts(4096, 4096)), (8, 8, 2));
+        assert_eq!((dense_parts(129280, 4096), dense_parts(8, 256)), (1, 1));
         // 107 is not a dense type; a shape mismatch is refused.
         assert_eq!(
             matmul_dense(

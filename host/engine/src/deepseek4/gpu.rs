@@ -205,7 +205,11 @@ impl GpuPath {
             inv_main: inv(&m.rope_main)?,
             inv_comp: inv(&m.rope_comp)?,
             slots: (0..m.slots.len()).map(|_| None).collect(),
-            graphs: vec![GraphState::Cold; m.slots.len()],
+            // MOE_DS4_NO_GRAPH=1 (profiling): every step launched op by op.
+            graphs: vec![
+                if std::env::var_os("MOE_DS4_NO_GRAPH").is_some() { GraphState::Off } else { GraphState::Cold };
+                m.slots.len()
+            ],
             work: None,
             work1: None,
             idx_cap: m.n_ctx / min_ratio + 1,
