@@ -93,6 +93,53 @@ extern "C" __global__ void __launch_bounds__(128)
     }
 }
 
+// Softmax rows (+eps), then Sinkhorn: a column normalisation, then iters - 1 rounds of
+// rows and columns (each sum + eps). In registers: HC is a compile-time size.
+template <int HC>
+GPU_DEV void ds4_sinkhorn(const float* M, const float* B, float scale, int iters, float eps,
+                          float* out) {
+    float c[HC * HC];
+#pragma unroll
+    for (int i = 0; i < HC * HC; ++i) c[i] = M[2 * HC + i] * scale + B[2 * HC + i];
+#pragma unroll
+    for (int i = 0; i < HC; ++i) {
+        float mx = DS4_NEG_INF, sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HC; ++j) mx = fmaxf(mx, c[i * HC + j]);
+#pragma unroll
+        for (int j = 0; j < HC; ++j) {
+            c[i * HC + j] = expf(c[i * HC + j] - mx);
+            sum += c[i * HC + j];
+        }
+#pragma unroll
+        for (int j = 0; j < HC; ++j) c[i * HC + j] = c[i * HC + j] / sum + eps;
+    }
+    for (int it = 0; it < (iters > 1 ? iters : 1); ++it) {
+        if (it > 0) {
+#pragma unroll
+            for (int i = 0; i < HC; ++i) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < HC; ++j) sum += c[i * HC + j];
+                sum += eps;
+#pragma unroll
+                for (int j = 0; j < HC; ++j) c[i * HC + j] /= sum;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < HC; ++j) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < HC; ++i) sum += c[i * HC + j];
+            sum += eps;
+#pragma unroll
+            for (int i = 0; i < HC; ++i) c[i * HC + j] /= sum;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < HC * HC; ++i) out[i] = c[i];
+}
+
 // ---------------------------------------------------------------------------------
 // mHC pre: `mix` holds W * streams (the un-normalised streams; the RMS factor of the
 // streams is applied here, which equals projecting the normalised streams). Site mode:
@@ -131,32 +178,15 @@ extern "C" __global__ void __launch_bounds__(256)
         if (!head_mode) {
             for (int i = 0; i < hc; ++i)
                 W[hc + i] = 2.0f * ds4_sigmoid(M[hc + i] * S[1] + B[hc + i]);
-            float* c = W + 2 * hc;
-            for (int i = 0; i < hc * hc; ++i) c[i] = M[2 * hc + i] * S[2] + B[2 * hc + i];
-            for (int i = 0; i < hc; ++i) {
-                float mx = DS4_NEG_INF, sum = 0.0f;
-                for (int j = 0; j < hc; ++j) mx = fmaxf(mx, c[i * hc + j]);
-                for (int j = 0; j < hc; ++j) {
-                    c[i * hc + j] = expf(c[i * hc + j] - mx);
-                    sum += c[i * hc + j];
-                }
-                for (int j = 0; j < hc; ++j) c[i * hc + j] = c[i * hc + j] / sum + hc_eps;
-            }
-            for (int it = 0; it < (iters > 1 ? iters : 1); ++it) {
-                if (it > 0) {
-                    for (int i = 0; i < hc; ++i) {
-                        float sum = 0.0f;
-                        for (int j = 0; j < hc; ++j) sum += c[i * hc + j];
-                        sum += hc_eps;
-                        for (int j = 0; j < hc; ++j) c[i * hc + j] /= sum;
-                    }
-                }
-                for (int j = 0; j < hc; ++j) {
-                    float sum = 0.0f;
-                    for (int i = 0; i < hc; ++i) sum += c[i * hc + j];
-                    sum += hc_eps;
-                    for (int i = 0; i < hc; ++i) c[i * hc + j] /= sum;
-                }
+            switch (hc) {
+            case 1: ds4_sinkhorn<1>(M, B, S[2], iters, hc_eps, W + 2); break;
+            case 2: ds4_sinkhorn<2>(M, B, S[2], iters, hc_eps, W + 4); break;
+            case 3: ds4_sinkhorn<3>(M, B, S[2], iters, hc_eps, W + 6); break;
+            case 4: ds4_sinkhorn<4>(M, B, S[2], iters, hc_eps, W + 8); break;
+            case 5: ds4_sinkhorn<5>(M, B, S[2], iters, hc_eps, W + 10); break;
+            case 6: ds4_sinkhorn<6>(M, B, S[2], iters, hc_eps, W + 12); break;
+            case 7: ds4_sinkhorn<7>(M, B, S[2], iters, hc_eps, W + 14); break;
+            default: ds4_sinkhorn<8>(M, B, S[2], iters, hc_eps, W + 16); break;
             }
         }
         for (int i = 0; i < nm; ++i) wts[(long long)t * nm + i] = W[i];

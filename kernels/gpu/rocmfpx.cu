@@ -830,14 +830,37 @@ GPU_DEV void dense_group8(const unsigned char* row, int ty, int i0, float* v) {
 }
 
 // Partial dot products of one row with `nc` (<= 8) columns x + c*k for this lane, as
-// part `part` of `parts` warps sharing the row: groups of 256 values (8 per lane) when
-// k % 8 == 0, else lane-strided single values.
+// part `part` of `parts` warps sharing the row: a 32-value block per lane when
+// k % 32 == 0, 8 values when k % 8 == 0, else lane-strided single values.
 GPU_DEV void dense_row_dots(const unsigned char* row, int ty, int k, const float* x, int nc,
                             float* acc, int part, int parts) {
     const int lane = threadIdx.x & 31;
-    if ((k & 7) == 0) {
-        const bool vec = (((unsigned long long)x) & 15ull) == 0;
-#pragma unroll 2
+    const bool vec = (((unsigned long long)x) & 15ull) == 0;
+    if ((k & 31) == 0) {
+        // A whole 32-value block per lane: its loads are all issued before they are used.
+        for (int i0 = (part * 32 + lane) * 32; i0 < k; i0 += parts * 1024) {
+            float v[32];
+#pragma unroll
+            for (int g = 0; g < 4; ++g) dense_group8(row, ty, i0 + 8 * g, v + 8 * g);
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                if (c >= nc) break;
+                const float* xc = x + (long long)c * k + i0;
+                float s = 0.0f;
+                if (vec) {
+#pragma unroll
+                    for (int j = 0; j < 32; j += 4) {
+                        const gpu_f4 a = *(const gpu_f4*)(xc + j);
+                        s += v[j] * a.x + v[j + 1] * a.y + v[j + 2] * a.z + v[j + 3] * a.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 32; ++j) s += v[j] * xc[j];
+                }
+                acc[c] += s;
+            }
+        }
+    } else if ((k & 7) == 0) {
         for (int i0 = (part * 32 + lane) * 8; i0 < k; i0 += parts * 256) {
             float v[8];
             dense_group8(row, ty, i0, v);
@@ -846,14 +869,8 @@ GPU_DEV void dense_row_dots(const unsigned char* row, int ty, int k, const float
                 if (c >= nc) break;
                 const float* xc = x + (long long)c * k + i0;
                 float s = 0.0f;
-                if (vec) {
-                    const gpu_f4 a = *(const gpu_f4*)xc, b = *(const gpu_f4*)(xc + 4);
-                    s = v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y +
-                        v[6] * b.z + v[7] * b.w;
-                } else {
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) s += v[j] * xc[j];
-                }
+                for (int j = 0; j < 8; ++j) s += v[j] * xc[j];
                 acc[c] += s;
             }
         }
