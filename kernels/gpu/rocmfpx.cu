@@ -784,94 +784,110 @@ GPU_DEV float dense_value(const unsigned char* row, int ty, int i) {
     return (q & 8 ? -(float)mag : (float)mag) * scale;
 }
 
-// Values i0..i0+7 of a row (i0 a multiple of 8): consecutive lanes take consecutive
-// groups of 8, so a warp's loads of weights and activations are contiguous.
-GPU_DEV void dense_group8(const unsigned char* row, int ty, int i0, float* v) {
-    if (ty == DT_F32) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = ((const float*)row)[i0 + j];
-    } else if (ty == DT_Q8_0) {
-        const unsigned char* b = row + (i0 >> 5) * 34;
+// Values i..i+3 of a row of type TY (i a multiple of 4; TY -1: any dense type).
+template <int TY>
+GPU_DEV void dense_quad(const unsigned char* row, int ty, int i, float* v) {
+    if (TY == DT_Q8_0) {
+        const unsigned char* b = row + (i >> 5) * 34;
         const float d = half_to_float(gpu_load_u16(b));
-        const unsigned char* q = b + 2 + (i0 & 31);
+        const unsigned int u0 = gpu_load_u16(b + 2 + (i & 31)), u1 = gpu_load_u16(b + 4 + (i & 31));
+        v[0] = d * (float)(signed char)(u0 & 0xffu);
+        v[1] = d * (float)(signed char)(u0 >> 8);
+        v[2] = d * (float)(signed char)(u1 & 0xffu);
+        v[3] = d * (float)(signed char)(u1 >> 8);
+    } else if (TY == DT_ROCMFP4) {
+        const unsigned char* b = row + (i >> 5) * 18;
+        const int j = i & 31, hi = j >= 16;
+        const unsigned int q = gpu_load_u16(b + (j & 15)) | (gpu_load_u16(b + (j & 15) + 2) << 16);
+        const float sc = ue4m3(b[16 + hi]);
 #pragma unroll
-        for (int j = 0; j < 8; j += 2) {
-            const unsigned int u = gpu_load_u16(q + j);
-            v[j] = d * (float)(signed char)(u & 0xffu);
-            v[j + 1] = d * (float)(signed char)(u >> 8);
+        for (int e = 0; e < 4; ++e) {
+            const int c = (int)((q >> (8 * e + (hi ? 4 : 0))) & 15u), m = c & 7;
+            const float a = (float)(m + (m > 4 ? m - 4 : 0));
+            v[e] = (c & 8 ? -a : a) * sc;
         }
-    } else if (ty == DT_ROCMFP4 || ty == DT_ROCMFP4_FAST || ty == DT_MXFP4) {
-        const int j0 = i0 & 31, hi = j0 >= 16;
-        float scale;
-        const unsigned char* qs;
-        if (ty == DT_MXFP4) {
-            const unsigned char* b = row + (i0 >> 5) * 17;
-            const unsigned int e = b[0];
-            scale = e < 2u ? __int_as_float((int)(0x00200000u << e)) : __int_as_float((int)((e - 1u) << 23));
-            qs = b + 1;
-        } else {
-            const int fast = ty == DT_ROCMFP4_FAST;
-            const unsigned char* b = row + (i0 >> 5) * (fast ? 17 : 18);
-            scale = ue4m3(b[16 + (fast ? 0 : hi)]);
-            qs = b;
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int c = (qs[(j0 & 15) + j] >> (hi ? 4 : 0)) & 15, m = c & 7;
-            float mag;
-            if (ty == DT_MXFP4) mag = (float)(m < 5 ? m : (m == 5 ? 6 : (m == 6 ? 8 : 12)));
-            else mag = (float)(m <= 4 ? m : 2 * m - 4);
-            v[j] = (c & 8 ? -mag : mag) * scale;
-        }
+    } else if (TY == DT_F32) {
+        const gpu_f4 f = *(const gpu_f4*)(row + 4 * (long long)i);
+        v[0] = f.x;
+        v[1] = f.y;
+        v[2] = f.z;
+        v[3] = f.w;
     } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = dense_value(row, ty, i0 + j);
+        for (int e = 0; e < 4; ++e) v[e] = dense_value(row, ty, i + e);
+    }
+}
+
+// This lane's part of one row's dot products with nc columns: the warp walks the row
+// 128 values per step (lane l: values 4l..4l+3, so activation loads are contiguous
+// across the warp), four steps per iteration with all their loads issued first.
+template <int TY, int NC>
+GPU_DEV void dense_dots4(const unsigned char* row, int ty, int k, const float* x, int nc,
+                         float* acc, int part, int parts, bool vec) {
+    const int lane = threadIdx.x & 31;
+    const int steps = (k + 127) / 128;
+    for (int s0 = part; s0 < steps; s0 += 4 * parts) {
+        float v[4][4];
+        int idx[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int s = s0 + u * parts;
+            idx[u] = s * 128 + 4 * lane;
+            if (s < steps && idx[u] < k) {
+                dense_quad<TY>(row, ty, idx[u], v[u]);
+            } else {
+                idx[u] = -1;
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            if (c >= nc) break;
+            const float* xc = x + (long long)c * k;
+            float sum = 0.0f;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                if (idx[u] < 0) continue;
+                if (vec) {
+                    const gpu_f4 a = *(const gpu_f4*)(xc + idx[u]);
+                    sum += v[u][0] * a.x + v[u][1] * a.y + v[u][2] * a.z + v[u][3] * a.w;
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) sum += v[u][e] * xc[idx[u] + e];
+                }
+            }
+            acc[c] += sum;
+        }
     }
 }
 
 // Partial dot products of one row with `nc` (<= 8) columns x + c*k for this lane, as
-// part `part` of `parts` warps sharing the row: a 32-value block per lane when
-// k % 32 == 0, 8 values when k % 8 == 0, else lane-strided single values.
+// part `part` of `parts` warps sharing the row (k % 4 == 0: dense_dots4, else
+// lane-strided single values).
 GPU_DEV void dense_row_dots(const unsigned char* row, int ty, int k, const float* x, int nc,
                             float* acc, int part, int parts) {
     const int lane = threadIdx.x & 31;
-    const bool vec = (((unsigned long long)x) & 15ull) == 0;
-    if ((k & 31) == 0) {
-        // A whole 32-value block per lane: its loads are all issued before they are used.
-        for (int i0 = (part * 32 + lane) * 32; i0 < k; i0 += parts * 1024) {
-            float v[32];
-#pragma unroll
-            for (int g = 0; g < 4; ++g) dense_group8(row, ty, i0 + 8 * g, v + 8 * g);
-#pragma unroll
-            for (int c = 0; c < 8; ++c) {
-                if (c >= nc) break;
-                const float* xc = x + (long long)c * k + i0;
-                float s = 0.0f;
-                if (vec) {
-#pragma unroll
-                    for (int j = 0; j < 32; j += 4) {
-                        const gpu_f4 a = *(const gpu_f4*)(xc + j);
-                        s += v[j] * a.x + v[j + 1] * a.y + v[j + 2] * a.z + v[j + 3] * a.w;
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 32; ++j) s += v[j] * xc[j];
-                }
-                acc[c] += s;
+    const bool vec = ((((unsigned long long)x) | ((unsigned long long)k * 4)) & 15ull) == 0;
+    if ((k & 3) == 0) {
+        // One column (decode) gets its own instance: the 8-column loop's registers would
+        // cut the occupancy the single-column case needs.
+        const bool f32_aligned = ty == DT_F32 && (((unsigned long long)row) & 15ull) == 0;
+        if (nc == 1) {
+            switch (ty) {
+            case DT_Q8_0: dense_dots4<DT_Q8_0, 1>(row, ty, k, x, nc, acc, part, parts, vec); break;
+            case DT_ROCMFP4: dense_dots4<DT_ROCMFP4, 1>(row, ty, k, x, nc, acc, part, parts, vec); break;
+            default:
+                if (f32_aligned) dense_dots4<DT_F32, 1>(row, ty, k, x, nc, acc, part, parts, vec);
+                else dense_dots4<-1, 1>(row, ty, k, x, nc, acc, part, parts, vec);
+                break;
             }
-        }
-    } else if ((k & 7) == 0) {
-        for (int i0 = (part * 32 + lane) * 8; i0 < k; i0 += parts * 256) {
-            float v[8];
-            dense_group8(row, ty, i0, v);
-#pragma unroll
-            for (int c = 0; c < 8; ++c) {
-                if (c >= nc) break;
-                const float* xc = x + (long long)c * k + i0;
-                float s = 0.0f;
-#pragma unroll
-                for (int j = 0; j < 8; ++j) s += v[j] * xc[j];
-                acc[c] += s;
+        } else {
+            switch (ty) {
+            case DT_Q8_0: dense_dots4<DT_Q8_0, 8>(row, ty, k, x, nc, acc, part, parts, vec); break;
+            case DT_ROCMFP4: dense_dots4<DT_ROCMFP4, 8>(row, ty, k, x, nc, acc, part, parts, vec); break;
+            default:
+                if (f32_aligned) dense_dots4<DT_F32, 8>(row, ty, k, x, nc, acc, part, parts, vec);
+                else dense_dots4<-1, 8>(row, ty, k, x, nc, acc, part, parts, vec);
+                break;
             }
         }
     } else {
@@ -892,7 +908,8 @@ GPU_DEV void dense_rows_store(float* acc, int nc, int parts, int r, int m, float
                               float* sh) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-    for (int c = 0; c < 8; ++c) acc[c] = gpu_warp_sum(acc[c]);
+    for (int c = 0; c < 8; ++c)
+        if (c < nc) acc[c] = gpu_warp_sum(acc[c]);
     if (parts > 1) {
         if (lane == 0)
             for (int c = 0; c < 8; ++c) sh[warp * 8 + c] = acc[c];

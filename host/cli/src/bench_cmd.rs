@@ -82,6 +82,27 @@ fn matrix_rate(dev: &Arc<Device>) -> Result<f64> {
     Ok(2.0 * (k * m * n) as f64 * reps as f64 / run(reps)?)
 }
 
+/// Weight bytes / s of one dense mat-vec (a single column, `reps` runs) with weights of
+/// type `ty` ([k, m], `row_bytes` per row, pseudo-random bytes).
+fn matvec_rate(dev: &Arc<Device>, ty: u32, k: u64, m: u64, row_bytes: u64) -> Result<f64> {
+    let bytes = row_bytes * m;
+    let w = dev.tensor(ty, [k, m, 1, 1], bytes)?;
+    // Bytes that decode to finite values in every type (small scales, small codes).
+    w.upload(&(0..bytes).map(|i| 0x11 + (i % 7) as u8).collect::<Vec<_>>())?;
+    let x = dev.f32([k, 1, 1, 1])?;
+    let out = dev.f32([m, 1, 1, 1])?;
+    let run = |reps: usize| -> Result<f64> {
+        let t = Instant::now();
+        for _ in 0..reps {
+            dev.op(ops::MATMUL, OpParams::default(), &[w.r, x.r, out.r])?;
+        }
+        dev.sync()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    run(2)?;
+    Ok(bytes as f64 * 20.0 / run(20)?)
+}
+
 struct Row {
     depth: usize,
     pp: (f64, f64),
@@ -164,6 +185,19 @@ pub fn run(config: &Path, model: &Path, a: &BenchArgs) -> Result<()> {
     } else {
         (None, None)
     };
+    // The dense mat-vec's own read rate on the shapes decode runs (output head, the
+    // attention's wide and narrow products, an mHC mix).
+    let mut dense = Vec::new();
+    if a.limits {
+        for (what, ty, k, m, rb) in [
+            ("q8_0 4096x129280", 8, 4096, 129280, 4096 / 32 * 34),
+            ("rocmfp4 1024x32768", 100, 1024, 32768, 1024 / 32 * 18),
+            ("rocmfp4 8192x4096", 100, 8192, 4096, 8192 / 32 * 18),
+            ("f32 16384x24", 0, 16384, 24, 16384 * 4),
+        ] {
+            dense.push(json!({"shape": what, "bytes_s": matvec_rate(&dev, ty, k, m, rb)?}));
+        }
+    }
     // What each plugin says of itself (e.g. which SIMD kernels it picked on this CPU).
     let plugins: Vec<String> = moe_plugin_host::Registry::from_config_file(config)?
         .plugins
@@ -201,6 +235,7 @@ pub fn run(config: &Path, model: &Path, a: &BenchArgs) -> Result<()> {
                 "pp_tokens": a.prompt_tokens, "pp_tok_s": rows[0].pp.0, "pp_tok_s_sd": rows[0].pp.1,
                 "tg_tokens": a.gen_tokens, "tg_tok_s": rows[0].tg.0, "tg_tok_s_sd": rows[0].tg.1,
                 "stream_bandwidth_bytes_s": bw, "matrix_rate_flop_s": rate,
+                "dense_matvec": dense,
                 "depths": depth_json,
                 "kernels": dev.counters(),
                 "plugins": plugins,
