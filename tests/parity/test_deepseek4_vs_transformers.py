@@ -319,9 +319,9 @@ def test_llamacpp_gguf_loads_in_ours_and_agrees(tmp_path):
         assert (theirs.argmax(1) == other.argmax(1)).mean() >= 0.95
 
 
-def rewrite_gguf(src, dst, edit_tensor=None, edit_kv=None):
+def rewrite_gguf(src, dst, edit_tensor=None, edit_kv=None, extra_tensors=None):
     """Copies a (float / I32) GGUF with PyPI gguf's writer, letting a test break one
-    tensor or key on the way."""
+    tensor or key on the way, or add tensors (`extra_tensors(name, data)` -> [(name, data)])."""
     import gguf
 
     r = gguf.GGUFReader(src)
@@ -348,6 +348,8 @@ def rewrite_gguf(src, dst, edit_tensor=None, edit_kv=None):
         if edit_tensor:
             data = edit_tensor(t.name, data)
         w.add_tensor(t.name, data)
+        for name, extra in (extra_tensors(t.name, data) if extra_tensors else []):
+            w.add_tensor(name, extra)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -399,3 +401,43 @@ def test_rocmfpx_mix_like_strix_lean(tmp_path):
     got = logits(tmp_path, cfg, mix, ref["tokens"].tolist(), "prefill")
     assert np.median(rel(got, ref["logits"])) <= 0.3
     assert (got.argmax(1) == ref["logits"].argmax(1)).mean() >= 0.95
+
+
+def test_repeated_layers_equal_an_explicitly_deeper_file(tmp_path):
+    """`--layers N` (the benchmark's 43-layer model from a shorter synthetic file) builds
+    the same model as a file whose extra layers are written out as copies by PyPI gguf:
+    layer j >= L repeats file layer L - 2 + (j - L) % 2, with its compress ratio and
+    clamps. Exact on the CPU (same weights, same order of work)."""
+    import gguf
+
+    cfg = config(tmp_path, "f32")
+    src = convert(tmp_path, cfg, FIX / "tiny_mixed", "f32")
+    n_file = int(gguf.GGUFReader(src).fields["deepseek4.block_count"].parts[-1][0])
+    n = n_file + 3
+    source = [j if j < n_file else n_file - 2 + (j - n_file) % 2 for j in range(n)]
+
+    def edit_kv(name, val):
+        if name == "deepseek4.block_count":
+            return (n, val[1], val[2])
+        if isinstance(val[0], list) and len(val[0]) == n_file:  # per-layer arrays
+            return ([val[0][s] for s in source], val[1], val[2])
+        return val
+
+    deeper = tmp_path / "deeper.gguf"
+    rewrite_gguf(src, deeper, edit_kv=edit_kv, extra_tensors=lambda name, data: [
+        (f"blk.{j}.{name.split('.', 2)[2]}", data)
+        for j in range(n_file, n) if name.startswith(f"blk.{source[j]}.")])
+    toks = np.load(FIX / "tiny_mixed.npz")["tokens"][:40].tolist()
+    out = tmp_path / "repeated.npy"
+    moeserve(cfg, "logits", "--model", src, "--tokens", ",".join(map(str, toks)), "--out", out,
+             "--layers", n)
+    explicit = logits(tmp_path, cfg, deeper, toks, "prefill")
+    repeated = np.load(out)
+    assert repeated.shape == explicit.shape
+    assert rel(repeated, explicit).max() <= 1e-6
+    shallow = logits(tmp_path, cfg, src, toks, "prefill")
+    assert rel(shallow, explicit).max() > 1e-3  # the extra layers do change the model
+    # Fewer layers than the file, or a non-deepseek4 use, are refused in one line.
+    r = subprocess.run([str(BIN_DIR / "moeserve"), "--config", str(cfg), "logits", "--model", str(src),
+                        "--tokens", "1,2", "--out", str(out), "--layers", "2"], capture_output=True, text=True)
+    assert r.returncode != 0 and "already has" in r.stderr and "panicked" not in r.stderr

@@ -7,10 +7,13 @@
 //! arch on first use, then cached on disk (see [`kernels::cache_dir`]).
 //!
 //! Ops: MATMUL with ROCmFP2 (type 107, both meanings) weights, MMVQ for 1..8 columns
-//! and MMQ above (int8 tensor cores on sm_80+, dp4a below); the grouped MoE mat-vec as backend-private op [`ops::OP_MATMUL_ID`];
-//! GET_ROWS (F32, 107) and ADD. `kernel_counters` reports launches counted on the
-//! host under each kernel's name and, under `<name>.device`, the launches the kernels
-//! counted themselves (proof of which kernel actually ran).
+//! and MMQ above (int8 tensor cores on sm_80+, dp4a below), and with the dense types
+//! (f32/f16/bf16/q8_0/mxfp4/ROCmFP4); MATMUL_ID (the grouped MoE mat-vec; also under the
+//! older private code [`ops::OP_MATMUL_ID`]); GET_ROWS, ADD; the DeepSeek-V4 glue ops of
+//! ABI 1.1 (`moe_gpu_common::ds4`) and graph capture (GRAPH_BEGIN / END / LAUNCH).
+//! `kernel_counters` reports launches counted on the host under each kernel's name and,
+//! under `<name>.device`, the launches the kernels counted themselves (proof of which
+//! kernel actually ran); with `MOE_GPU_PROFILE=1`, `<name>.ns` the GPU time of each.
 
 pub mod kernels;
 pub mod ops;
@@ -169,7 +172,11 @@ pub fn counters() -> Vec<(String, u64)> {
     }
     let mut out = moe_gpu_common::kernels::counter_list(kernels::host_counts(), dev);
     if kernels::profiling() {
-        out.extend(kernels::gpu_ns().into_iter().map(|(k, v)| (format!("{k}.ns"), v)));
+        out.extend(
+            kernels::gpu_ns()
+                .into_iter()
+                .map(|(k, v)| (format!("{k}.ns"), v)),
+        );
         out.sort();
     }
     out

@@ -1,8 +1,8 @@
 //! `run_op` for the CUDA backend: MATMUL with ROCmFP2 (type 107) weights (MMVQ for
 //! n <= 8 columns, MMQ above: `mmq_mma_107` on tensor cores for sm_80+, else the dp4a
-//! tiled `mmq_dp4a_107`), the grouped MoE mat-vec (a backend-private op until the ABI
-//! has one), GET_ROWS and ADD. Validation and launch planning live in
-//! `moe_gpu_common::ops` (shared with the HIP backend); this file allocates and launches.
+//! tiled `mmq_dp4a_107`) and dense weights, MATMUL_ID, GET_ROWS, ADD and the DeepSeek-V4
+//! glue ops. Validation and launch planning live in `moe_gpu_common` (shared with the
+//! HIP backend); this file allocates, launches, and records / replays CUDA graphs.
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -35,14 +35,23 @@ impl KArgs {
     }
     /// # Safety
     /// The slots must match the kernel's parameters and point at valid memory.
-    unsafe fn launch(mut self, gpu: &impl Gpu, name: &'static str, grid: (u64, u64, u64), block: u32) -> Result<(), String> {
-        let g = |v: u64, what: &str| u32::try_from(v.max(1)).map_err(|_| format!("{name}: grid {what} = {v} is too large"));
+    unsafe fn launch(
+        mut self,
+        gpu: &impl Gpu,
+        name: &'static str,
+        grid: (u64, u64, u64),
+        block: u32,
+    ) -> Result<(), String> {
+        let g = |v: u64, what: &str| {
+            u32::try_from(v.max(1)).map_err(|_| format!("{name}: grid {what} = {v} is too large"))
+        };
         let l = Launch {
             name,
             grid: (g(grid.0, "x")?, g(grid.1, "y")?, g(grid.2, "z")?),
             block,
         };
-        let ptrs: Vec<*mut std::ffi::c_void> = self.0.iter_mut().map(|v| v as *mut u64 as *mut _).collect();
+        let ptrs: Vec<*mut std::ffi::c_void> =
+            self.0.iter_mut().map(|v| v as *mut u64 as *mut _).collect();
         gpu.launch(l, &ptrs)
     }
 }
@@ -94,13 +103,25 @@ unsafe fn norm_rope(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(),
     let n = x.dims[2] * x.dims[3];
     let (norm, pairs, inverse) = (p.i[0], p.i[1].max(0) as u64, p.i[2]);
     if !d.is_multiple_of(2) || 2 * pairs > d || !(0..=2).contains(&norm) {
-        return Err(format!("norm_rope: row of {d} with {pairs} rotated pairs, norm mode {norm}"));
+        return Err(format!(
+            "norm_rope: row of {d} with {pairs} rotated pairs, norm mode {norm}"
+        ));
     }
     holds(&x, types::F32, 0, "norm_rope input")?;
     holds(&out, types::F32, x.numel(), "norm_rope output")?;
-    holds(&w, types::F32, if norm == 2 { d } else { 0 }, "norm_rope weight")?;
+    holds(
+        &w,
+        types::F32,
+        if norm == 2 { d } else { 0 },
+        "norm_rope weight",
+    )?;
     holds(&inv, types::F32, pairs, "norm_rope frequencies")?;
-    holds(&pos, types::I32, if pairs > 0 { n } else { 0 }, "norm_rope positions")?;
+    holds(
+        &pos,
+        types::I32,
+        if pairs > 0 { n } else { 0 },
+        "norm_rope positions",
+    )?;
     KArgs::default()
         .p(f32p(gpu, &x)?)
         .p(f32p(gpu, &w)?)
@@ -175,7 +196,13 @@ unsafe fn compress(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), 
     let (dim, cap) = (rows.dims[0], rows.dims[1] * rows.dims[2] * rows.dims[3]);
     let width = if overlap { 2 * dim } else { dim };
     let n = kv.numel() / width.max(1);
-    if ratio == 0 || dim == 0 || dim > COMP_MAX_DIM || !dim.is_multiple_of(2) || 2 * pairs > dim || kv.dims[0] != width {
+    if ratio == 0
+        || dim == 0
+        || dim > COMP_MAX_DIM
+        || !dim.is_multiple_of(2)
+        || 2 * pairs > dim
+        || kv.dims[0] != width
+    {
         return Err(format!(
             "compress: ratio {ratio}, rows of {dim} (even, <= {COMP_MAX_DIM}), {pairs} rotated pairs, input rows of {} (expected {width})",
             kv.dims[0]
@@ -192,7 +219,11 @@ unsafe fn compress(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), 
     holds(&rows, types::F32, 0, "compress rows")?;
     let (pkv, pg, pp) = (f32p(gpu, &kv)?, f32p(gpu, &gate)?, gpu.ptr(&pos, 4)?);
     let (prk, prg) = (f32p(gpu, &ring_kv)?, f32p(gpu, &ring_g)?);
-    let (ni, ri, wi) = (to_i32(n, "n")?, to_i32(ratio, "ratio")?, to_i32(width, "width")?);
+    let (ni, ri, wi) = (
+        to_i32(n, "n")?,
+        to_i32(ratio, "ratio")?,
+        to_i32(width, "width")?,
+    );
     KArgs::default()
         .p(pkv)
         .p(pg)
@@ -211,7 +242,7 @@ unsafe fn compress(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), 
         .f(p.f[0])
         .i(to_i32(cap, "rows")?)
         .p(f32p(gpu, &rows)?)
-        .launch(gpu, "ds4_comp_pool", ((n + ratio - 1) / ratio, 1, 1), 256)?;
+        .launch(gpu, "ds4_comp_pool", (n.div_ceil(ratio), 1, 1), 256)?;
     KArgs::default()
         .p(pkv)
         .p(pg)
@@ -221,7 +252,12 @@ unsafe fn compress(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), 
         .i(wi)
         .p(prk)
         .p(prg)
-        .launch(gpu, "ds4_comp_store", (width.div_ceil(256), n.min(2 * ratio), 1), 256)
+        .launch(
+            gpu,
+            "ds4_comp_store",
+            (width.div_ceil(256), n.min(2 * ratio), 1),
+            256,
+        )
 }
 
 unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
@@ -257,10 +293,16 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
 
 unsafe fn topk_rows(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
     let [scores, pos, sel] = args(a, "topk_rows")?;
-    let (cap, n, k) = (scores.dims[0], scores.numel() / scores.dims[0].max(1), sel.dims[0]);
+    let (cap, n, k) = (
+        scores.dims[0],
+        scores.numel() / scores.dims[0].max(1),
+        sel.dims[0],
+    );
     let ratio = p.i[0].max(0) as u64;
     if ratio == 0 || k == 0 || sel.numel() < k * n {
-        return Err(format!("topk_rows: ratio {ratio}, {k} per token for {n} tokens"));
+        return Err(format!(
+            "topk_rows: ratio {ratio}, {k} per token for {n} tokens"
+        ));
     }
     holds(&scores, types::F32, 0, "topk_rows scores")?;
     holds(&pos, types::I32, n, "topk_rows positions")?;
@@ -281,7 +323,12 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     let window = ring.numel() / hd.max(1);
     let (ratio, mode) = (p.i[0].max(0) as u64, p.i[1]);
     let cap = rows.numel() / hd.max(1);
-    if hd == 0 || hd > HEAD_MAX || window == 0 || !(0..=2).contains(&mode) || (mode > 0 && ratio == 0) {
+    if hd == 0
+        || hd > HEAD_MAX
+        || window == 0
+        || !(0..=2).contains(&mode)
+        || (mode > 0 && ratio == 0)
+    {
         return Err(format!(
             "sparse_attention: heads of {hd} (at most {HEAD_MAX}), window {window}, mode {mode}, ratio {ratio}"
         ));
@@ -322,22 +369,52 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         .i(hdi)
         .i(wi)
         .p(pr)
-        .launch(gpu, "ds4_window_store", (hd.div_ceil(256), n.min(window), 1), 256)
+        .launch(
+            gpu,
+            "ds4_window_store",
+            (hd.div_ceil(256), n.min(window), 1),
+            256,
+        )
 }
 
 unsafe fn router(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
     let [logits, bias, table, tokens, ids, w] = args(a, "router")?;
-    let (e, n, k) = (logits.dims[0], logits.numel() / logits.dims[0].max(1), ids.dims[0]);
+    let (e, n, k) = (
+        logits.dims[0],
+        logits.numel() / logits.dims[0].max(1),
+        ids.dims[0],
+    );
     let (gating, norm_topk, mode) = (p.i[0], p.i[1], p.i[2]);
-    if e == 0 || e > ROUTER_MAX_EXPERTS || k == 0 || k > TOPK_MAX.min(e) || !(0..=2).contains(&mode) || ![2, 4].contains(&gating) {
+    if e == 0
+        || e > ROUTER_MAX_EXPERTS
+        || k == 0
+        || k > TOPK_MAX.min(e)
+        || !(0..=2).contains(&mode)
+        || ![2, 4].contains(&gating)
+    {
         return Err(format!(
             "router: {k} of {e} experts (at most {TOPK_MAX} of {ROUTER_MAX_EXPERTS}), mode {mode}, gating {gating}"
         ));
     }
     holds(&logits, types::F32, 0, "router logits")?;
-    holds(&bias, types::F32, if mode == 1 { e } else { 0 }, "router bias")?;
-    holds(&table, types::I32, if mode == 2 { k } else { 0 }, "router hash table")?;
-    holds(&tokens, types::I32, if mode == 2 { n } else { 0 }, "router tokens")?;
+    holds(
+        &bias,
+        types::F32,
+        if mode == 1 { e } else { 0 },
+        "router bias",
+    )?;
+    holds(
+        &table,
+        types::I32,
+        if mode == 2 { k } else { 0 },
+        "router hash table",
+    )?;
+    holds(
+        &tokens,
+        types::I32,
+        if mode == 2 { n } else { 0 },
+        "router tokens",
+    )?;
     holds(&ids, types::I32, k * n, "router ids")?;
     holds(&w, types::F32, k * n, "router weights")?;
     let table_rows = if mode == 2 { table.numel() / k } else { 0 };
@@ -377,7 +454,12 @@ unsafe fn moe_combine(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
     let (y, w, out, shared) = match a {
         [y, w, out] => (*y, *w, *out, None),
         [y, w, out, s] => (*y, *w, *out, Some(*s)),
-        _ => return Err(format!("moe_combine: expected 3 or 4 tensor arguments, got {}", a.len())),
+        _ => {
+            return Err(format!(
+                "moe_combine: expected 3 or 4 tensor arguments, got {}",
+                a.len()
+            ))
+        }
     };
     let (d, k) = (y.dims[0], y.dims[1]);
     let n = y.dims[2] * y.dims[3];
@@ -424,7 +506,11 @@ pub fn matmul_id_dense(gpu: &impl Gpu, a: &[TensorRef]) -> Option<Result<(), Str
     Some(unsafe { matmul_id_dense_inner(gpu, a, row_bytes) })
 }
 
-unsafe fn matmul_id_dense_inner(gpu: &impl Gpu, a: &[TensorRef], row_bytes: Result<u64, String>) -> Result<(), String> {
+unsafe fn matmul_id_dense_inner(
+    gpu: &impl Gpu,
+    a: &[TensorRef],
+    row_bytes: Result<u64, String>,
+) -> Result<(), String> {
     let row_bytes = row_bytes?;
     let [w, x, ids, out] = args(a, "matmul_id")?;
     let (k, m, experts) = (w.dims[0], w.dims[1], w.dims[2] * w.dims[3]);
@@ -458,5 +544,287 @@ unsafe fn matmul_id_dense_inner(gpu: &impl Gpu, a: &[TensorRef], row_bytes: Resu
         .p(gpu.ptr(&ids, 4)?)
         .p(f32p(gpu, &out)?)
         .i(parts as i32)
-        .launch(gpu, "matvec_dense_id", (m.div_ceil(8 / parts), pairs, 1), 256)
+        .launch(
+            gpu,
+            "matvec_dense_id",
+            (m.div_ceil(8 / parts), pairs, 1),
+            256,
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{cell::RefCell, collections::HashMap, ffi::c_void};
+
+    use super::*;
+
+    /// One recorded launch: (kernel, grid, block, parameter count).
+    type Launched = (&'static str, (u32, u32, u32), u32, usize);
+
+    #[derive(Default)]
+    struct Rec(RefCell<Vec<Launched>>);
+
+    impl Gpu for Rec {
+        fn ptr(&self, _t: &TensorRef, _align: u64) -> Result<u64, String> {
+            Ok(0x10000)
+        }
+        fn scratch(&self, _bytes: usize) -> Result<u64, String> {
+            Ok(0x100000)
+        }
+        unsafe fn launch(&self, l: Launch, params: &[*mut c_void]) -> Result<(), String> {
+            self.0
+                .borrow_mut()
+                .push((l.name, l.grid, l.block, params.len()));
+            Ok(())
+        }
+    }
+
+    fn f(dims: [u64; 4]) -> TensorRef {
+        TensorRef {
+            buffer: 1,
+            offset: 0,
+            type_id: types::F32,
+            variant: 0,
+            dims,
+        }
+    }
+    fn i(dims: [u64; 4]) -> TensorRef {
+        TensorRef {
+            type_id: types::I32,
+            ..f(dims)
+        }
+    }
+    fn prm(fl: &[f32], il: &[i64]) -> OpParams {
+        let mut p = OpParams::default();
+        p.f[..fl.len()].copy_from_slice(fl);
+        p.i[..il.len()].copy_from_slice(il);
+        p
+    }
+
+    /// Parameter count of each `__global__` kernel in the sources (the backend appends
+    /// the counters pointer, the last parameter).
+    fn signatures() -> HashMap<String, usize> {
+        let src = [
+            include_str!("../../../kernels/gpu/ds4.cu"),
+            include_str!("../../../kernels/gpu/rocmfpx.cu"),
+        ]
+        .concat();
+        let mut out = HashMap::new();
+        for part in src.split("__global__ void __launch_bounds__(").skip(1) {
+            let rest = &part[part.find(')').unwrap() + 1..];
+            let (name, args) = rest.split_once('(').unwrap();
+            let args = &args[..args.find(')').unwrap()];
+            out.insert(name.trim().to_string(), args.split(',').count());
+        }
+        out
+    }
+
+    fn run_ok(op: u32, p: OpParams, a: &[TensorRef]) -> Vec<Launched> {
+        let g = Rec::default();
+        run(&g, op, &p, a)
+            .expect("an op of this module")
+            .unwrap_or_else(|e| panic!("op {op}: {e}"));
+        let sig = signatures();
+        for &(name, _, _, n) in g.0.borrow().iter() {
+            assert_eq!(
+                Some(&(n + 1)),
+                sig.get(name),
+                "{name}: arguments vs the kernel's signature"
+            );
+        }
+        g.0.into_inner()
+    }
+
+    #[test]
+    fn ops_launch_their_kernels_with_matching_arguments() {
+        let (d, hc, n) = (64, 4, 3);
+        let nm = 2 * hc + hc * hc;
+        let l = run_ok(
+            ops::NORM_ROPE,
+            prm(&[1e-6, 1.0], &[2, 8, 0]),
+            &[
+                f([d, 2, n, 1]),
+                f([d, 1, 1, 1]),
+                f([8, 1, 1, 1]),
+                i([n, 1, 1, 1]),
+                f([d, 2, n, 1]),
+            ],
+        );
+        assert_eq!((l[0].0, l[0].1, l[0].2), ("ds4_norm_rope", (2, 3, 1), 128));
+        let l = run_ok(
+            ops::HC_PRE,
+            prm(&[1e-6, 1e-6], &[20, 0]),
+            &[
+                f([d, hc, n, 1]),
+                f([nm, n, 1, 1]),
+                f([3, 1, 1, 1]),
+                f([nm, 1, 1, 1]),
+                f([d, 1, 1, 1]),
+                f([d, n, 1, 1]),
+                f([nm, n, 1, 1]),
+            ],
+        );
+        assert_eq!(l[0].1, (3, 1, 1));
+        let l = run_ok(
+            ops::HC_POST,
+            OpParams::default(),
+            &[f([d, hc, n, 1]), f([d, n, 1, 1]), f([nm, n, 1, 1])],
+        );
+        assert_eq!(l[0].1, (1, 3, 1));
+        // A chunk of 9 tokens closes at most 3 windows of 4; the rings keep 2 x 4 positions.
+        let (dim, ratio) = (32, 4);
+        let l = run_ok(
+            ops::COMPRESS,
+            prm(&[1e-6, 1.0], &[ratio, 1, 4]),
+            &[
+                f([2 * dim, 9, 1, 1]),
+                f([2 * dim, 9, 1, 1]),
+                i([9, 1, 1, 1]),
+                f([2 * dim, ratio as u64, 1, 1]),
+                f([dim, 1, 1, 1]),
+                f([4, 1, 1, 1]),
+                f([2 * dim, 8, 1, 1]),
+                f([2 * dim, 8, 1, 1]),
+                f([dim, 40, 1, 1]),
+            ],
+        );
+        assert_eq!(
+            l.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
+            [("ds4_comp_pool", (3, 1, 1)), ("ds4_comp_store", (1, 8, 1)),]
+        );
+        let l = run_ok(
+            ops::INDEX_SCORES,
+            prm(&[0.1, 0.5], &[4]),
+            &[
+                f([16, 4, n, 1]),
+                f([4, n, 1, 1]),
+                f([16, 100, 1, 1]),
+                i([n, 1, 1, 1]),
+                f([100, n, 1, 1]),
+            ],
+        );
+        assert_eq!(l[0].1, (4, 3, 1));
+        run_ok(
+            ops::TOPK_ROWS,
+            prm(&[], &[4]),
+            &[f([100, n, 1, 1]), i([n, 1, 1, 1]), i([8, n, 1, 1])],
+        );
+        let l = run_ok(
+            ops::SPARSE_ATTENTION,
+            prm(&[0.1], &[4, 2]),
+            &[
+                f([d, 8, n, 1]),
+                f([d, n, 1, 1]),
+                f([d, 16, 1, 1]),
+                f([d, 40, 1, 1]),
+                i([8, n, 1, 1]),
+                f([8, 1, 1, 1]),
+                i([n, 1, 1, 1]),
+                f([d, 8, n, 1]),
+            ],
+        );
+        assert_eq!(
+            l.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
+            [
+                ("ds4_attention", (8, 3, 1)),
+                ("ds4_window_store", (1, 3, 1)),
+            ]
+        );
+        run_ok(
+            ops::ROUTER,
+            prm(&[1.5], &[4, 1, 1]),
+            &[
+                f([16, n, 1, 1]),
+                f([16, 1, 1, 1]),
+                i([1, 1, 1, 1]),
+                i([n, 1, 1, 1]),
+                i([2, n, 1, 1]),
+                f([2, n, 1, 1]),
+            ],
+        );
+        run_ok(ops::SWIGLU, prm(&[7.0], &[]), &[f([10, n, 1, 1]); 3]);
+        run_ok(
+            ops::MOE_COMBINE,
+            OpParams::default(),
+            &[
+                f([d, 2, n, 1]),
+                f([2, n, 1, 1]),
+                f([d, n, 1, 1]),
+                f([d, n, 1, 1]),
+            ],
+        );
+        let l = run_ok(
+            ops::TRANSPOSE12,
+            OpParams::default(),
+            &[f([300, 2, 3, 1]), f([300, 3, 2, 1])],
+        );
+        assert_eq!(l[0].1, (2, 2, 3));
+        // Dense grouped product: q8_0 experts [64, 10, 4], 2 slots x 3 tokens.
+        let g = Rec::default();
+        let w = TensorRef {
+            type_id: types::Q8_0,
+            ..f([64, 10, 4, 1])
+        };
+        matmul_id_dense(
+            &g,
+            &[w, f([64, 3, 1, 1]), i([2, 3, 1, 1]), f([10, 6, 1, 1])],
+        )
+        .unwrap()
+        .unwrap();
+        let (name, grid, _, np) = g.0.borrow()[0];
+        assert_eq!((name, grid), ("matvec_dense_id", (2, 6, 1)));
+        assert_eq!(Some(&(np + 1)), signatures().get(name));
+        assert!(matmul_id_dense(&g, &[TensorRef { type_id: 107, ..w }]).is_none());
+    }
+
+    #[test]
+    fn bad_shapes_are_refused_with_the_op_named() {
+        let g = Rec::default();
+        let err = |op, p, a: &[TensorRef]| run(&g, op, &p, a).unwrap().unwrap_err();
+        let e = err(ops::NORM_ROPE, prm(&[], &[1, 0, 0]), &[f([63, 1, 1, 1]); 5]);
+        assert!(e.starts_with("norm_rope") && e.contains("63"), "{e}");
+        let e = err(
+            ops::HC_POST,
+            OpParams::default(),
+            &[f([8, 9, 1, 1]), f([8, 1, 1, 1]), f([99, 1, 1, 1])],
+        );
+        assert!(e.contains("9 streams"), "{e}");
+        let e = err(
+            ops::SPARSE_ATTENTION,
+            prm(&[], &[0, 1]),
+            &[f([1024, 1, 1, 1]); 8],
+        );
+        assert!(e.starts_with("sparse_attention"), "{e}");
+        let e = err(
+            ops::ROUTER,
+            prm(&[], &[4, 1, 0]),
+            &[
+                f([16, 1, 1, 1]),
+                f([16, 1, 1, 1]),
+                i([1, 1, 1, 1]),
+                i([1, 1, 1, 1]),
+                i([17, 1, 1, 1]),
+                f([17, 1, 1, 1]),
+            ],
+        );
+        assert!(e.starts_with("router") && e.contains("17"), "{e}");
+        let e = err(ops::TOPK_ROWS, prm(&[], &[4]), &[f([10, 1, 1, 1])]);
+        assert!(e.contains("expected 3 tensor arguments"), "{e}");
+        let e = err(
+            ops::HC_PRE,
+            prm(&[], &[20, 0]),
+            &[
+                f([8, 4, 1, 1]),
+                f([24, 1, 1, 1]),
+                f([3, 1, 1, 1]),
+                f([24, 1, 1, 1]),
+                f([8, 1, 1, 1]),
+                f([8, 1, 1, 1]),
+                i([24, 1, 1, 1]),
+            ],
+        );
+        assert!(e.contains("hc_pre weights"), "{e}");
+        assert!(g.0.borrow().is_empty());
+        assert!(run(&g, ops::MATMUL, &OpParams::default(), &[]).is_none());
+    }
 }

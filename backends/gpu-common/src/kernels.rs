@@ -53,7 +53,11 @@ pub fn source(common_cuh: &str, units: &[&str]) -> String {
     let inc = "#include \"common.cuh\"";
     let mut out = String::new();
     for (i, u) in units.iter().enumerate() {
-        let with = if i == 0 { common_cuh.replace("#pragma once", "") } else { String::new() };
+        let with = if i == 0 {
+            common_cuh.replace("#pragma once", "")
+        } else {
+            String::new()
+        };
         out.push_str(&u.replace(inc, &with));
         out.push('\n');
     }
@@ -186,7 +190,10 @@ mod tests {
     fn source_resolves_the_include() {
         let s = source(
             "#pragma once\nint c;\n",
-            &["#include \"common.cuh\"\nint k;\n", "#include \"common.cuh\"\nint j;\n"],
+            &[
+                "#include \"common.cuh\"\nint k;\n",
+                "#include \"common.cuh\"\nint j;\n",
+            ],
         );
         assert!(!s.contains("#include") && !s.contains("#pragma once"));
         assert!(s.contains("int c;") && s.contains("int k;") && s.contains("int j;"));

@@ -17,7 +17,8 @@ pub const TYPE_Q2_0_ROCMFP2: u32 = 107;
 pub const FP2_TWO_SCALE: u64 = 1;
 pub const FP2_AFFINE: u64 = 2;
 
-/// Backend-private op (not yet in the ABI's `ops`): grouped MoE mat-vec.
+/// The grouped MoE mat-vec's original backend-private code, kept as an alias of the
+/// ABI's `ops::MATMUL_ID` (ABI 1.1).
 /// args: w (107 [k, m, experts]), x (F32 [k, n_tok] shared by a token's slots, or
 /// [k, n_slots * n_tok] one column per pair), ids (I32 [n_slots, n_tok], -1 = masked),
 /// out (F32 [m, n_slots, n_tok]); masked pairs get exact zeros.
@@ -604,7 +605,11 @@ pub fn run(
     if let Some(r) = crate::ds4::run(gpu, op, params, args) {
         return r;
     }
-    let op = if op == ops::MATMUL_ID { OP_MATMUL_ID } else { op };
+    let op = if op == ops::MATMUL_ID {
+        OP_MATMUL_ID
+    } else {
+        op
+    };
     if op == OP_MATMUL_ID {
         if let Some(r) = crate::ds4::matmul_id_dense(gpu, args) {
             return r;
@@ -805,8 +810,18 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((p.row_bytes, p.ty, p.k, p.m, p.n), (34, 39, 64, 10, 9));
-        assert_eq!((p.launch.name, p.launch.grid, p.parts), ("matvec_dense", (10, 2, 1), 1));
-        assert_eq!((dense_parts(24, 16384), dense_parts(1024, 4096), dense_parts(4096, 4096)), (8, 8, 2));
+        assert_eq!(
+            (p.launch.name, p.launch.grid, p.parts),
+            ("matvec_dense", (2, 2, 1), 1)
+        );
+        assert_eq!(
+            (
+                dense_parts(24, 16384),
+                dense_parts(1024, 4096),
+                dense_parts(4096, 4096)
+            ),
+            (8, 8, 2)
+        );
         assert_eq!((dense_parts(129280, 4096), dense_parts(8, 256)), (1, 1));
         // 107 is not a dense type; a shape mismatch is refused.
         assert_eq!(
@@ -948,21 +963,54 @@ mod run_tests {
         let g = Rec::default();
         let w = t(107, [64, 4, 1, 1]);
         let f = |k, n| t(types::F32, [k, n, 1, 1]);
-        run(&g, "test", MMQ_MMA, ops::MATMUL, &OpParams::default(), &[w, f(64, 2), f(4, 2)]).unwrap();
-        run(&g, "test", MMQ_MMA, ops::MATMUL, &OpParams::default(), &[w, f(64, 9), f(4, 9)]).unwrap();
+        run(
+            &g,
+            "test",
+            MMQ_MMA,
+            ops::MATMUL,
+            &OpParams::default(),
+            &[w, f(64, 2), f(4, 2)],
+        )
+        .unwrap();
+        run(
+            &g,
+            "test",
+            MMQ_MMA,
+            ops::MATMUL,
+            &OpParams::default(),
+            &[w, f(64, 9), f(4, 9)],
+        )
+        .unwrap();
         let we = t(107, [64, 4, 3, 1]);
         let ids = t(types::I32, [2, 1, 1, 1]);
         run(
             &g,
             "test",
             MMQ_MMA,
-            OP_MATMUL_ID,
+            ops::MATMUL_ID,
+            &OpParams::default(),
             &[we, f(64, 1), ids, f(4, 2)],
         )
         .unwrap();
-        run(&g, "test", MMQ_MMA, ops::ADD, &OpParams::default(), &[f(8, 1); 3]).unwrap();
+        run(
+            &g,
+            "test",
+            MMQ_MMA,
+            ops::ADD,
+            &OpParams::default(),
+            &[f(8, 1); 3],
+        )
+        .unwrap();
         let rows = [w, t(types::I32, [2, 1, 1, 1]), f(64, 2)];
-        run(&g, "test", MMQ_MMA, ops::GET_ROWS, &OpParams::default(), &rows).unwrap();
+        run(
+            &g,
+            "test",
+            MMQ_MMA,
+            ops::GET_ROWS,
+            &OpParams::default(),
+            &rows,
+        )
+        .unwrap();
         let names: Vec<_> = g.launches.borrow().iter().map(|l| (l.0, l.2)).collect();
         assert_eq!(
             names,

@@ -24,7 +24,10 @@ pub use moe_gpu_common::kernels::{cache_dir, COUNTER_SLOTS, KERNELS};
 
 /// The full translation unit hiprtc compiles (the include resolved in place).
 pub fn source() -> String {
-    moe_gpu_common::kernels::source(KERNEL_SOURCES[0].1, &[KERNEL_SOURCES[1].1, KERNEL_SOURCES[2].1])
+    moe_gpu_common::kernels::source(
+        KERNEL_SOURCES[0].1,
+        &[KERNEL_SOURCES[1].1, KERNEL_SOURCES[2].1],
+    )
 }
 
 type RtcResult = c_int;

@@ -12,7 +12,9 @@
 //! arch, cached on disk ([`kernels::cache_dir`]), loaded with `hipModuleLoadData` and
 //! launched with `hipModuleLaunchKernel`. Ops as the CUDA backend's ([`ops`]): MATMUL
 //! with type 107 weights (MMVQ for n <= 8, MMQ above: WMMA on gfx1100/gfx1151, dp4a
-//! elsewhere), the grouped MoE mat-vec [`ops::OP_MATMUL_ID`], GET_ROWS (F32, 107), ADD.
+//! elsewhere), the grouped MoE mat-vec [`ops::OP_MATMUL_ID`], GET_ROWS (F32, 107), ADD,
+//! the dense mat-vecs and the DeepSeek-V4 glue ops (shared plans and kernels; graph
+//! capture is not offered here: the engine then launches op by op).
 //! `kernel_counters` reports host-counted launches and, as `<name>.device`, the
 //! launches the kernels counted themselves.
 

@@ -36,7 +36,11 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 /// Streaming bandwidth: `out = a + b` over 3 x 1 GiB (read 2, write 1), bytes moved / s.
 fn stream_bandwidth(dev: &Arc<Device>) -> Result<f64> {
     let n = 1u64 << 28;
-    let (a, b, c) = (dev.f32([n, 1, 1, 1])?, dev.f32([n, 1, 1, 1])?, dev.f32([n, 1, 1, 1])?);
+    let (a, b, c) = (
+        dev.f32([n, 1, 1, 1])?,
+        dev.f32([n, 1, 1, 1])?,
+        dev.f32([n, 1, 1, 1])?,
+    );
     let run = |reps: usize| -> Result<f64> {
         let t = Instant::now();
         for _ in 0..reps {
@@ -62,12 +66,20 @@ fn matrix_rate(dev: &Arc<Device>) -> Result<f64> {
         .map(|i| {
             // Scale bytes (8, 9 of each 10-byte block) kept small and valid (< 0x7f).
             let v = (i.wrapping_mul(2654435761) >> 13) as u8;
-            if i % 10 >= 8 { 0x30 | (v & 0x0f) } else { v }
+            if i % 10 >= 8 {
+                0x30 | (v & 0x0f)
+            } else {
+                v
+            }
         })
         .collect();
     w.upload(&data)?;
     let x = dev.f32([k, n, 1, 1])?;
-    x.upload_f32(&(0..k * n).map(|i| ((i % 97) as f32 - 48.0) / 64.0).collect::<Vec<_>>())?;
+    x.upload_f32(
+        &(0..k * n)
+            .map(|i| ((i % 97) as f32 - 48.0) / 64.0)
+            .collect::<Vec<_>>(),
+    )?;
     let out = dev.f32([m, n, 1, 1])?;
     let run = |reps: usize| -> Result<f64> {
         let t = Instant::now();
@@ -136,7 +148,9 @@ pub fn run(config: &Path, model: &Path, a: &BenchArgs) -> Result<()> {
         // One warm-up round, then the measured ones.
         for rep in 0..=a.repetitions {
             if depth > 0 {
-                m.model.seek(0, depth).with_context(|| format!("moving to depth {depth}"))?;
+                m.model
+                    .seek(0, depth)
+                    .with_context(|| format!("moving to depth {depth}"))?;
             }
             let entries: Vec<BatchEntry> = prompt
                 .iter()
@@ -171,7 +185,9 @@ pub fn run(config: &Path, model: &Path, a: &BenchArgs) -> Result<()> {
             depth,
             pp: mean_sd(&pp),
             tg: mean_sd(&tg),
-            traffic: m.model.step_traffic(depth + a.prompt_tokens + a.gen_tokens / 2),
+            traffic: m
+                .model
+                .step_traffic(depth + a.prompt_tokens + a.gen_tokens / 2),
         };
         eprintln!(
             "bench: depth {depth}: pp{} {:.1} tok/s, tg{} {:.1} tok/s",
@@ -245,14 +261,27 @@ pub fn run(config: &Path, model: &Path, a: &BenchArgs) -> Result<()> {
         println!("| model | threads | depth | test | tok/s | fraction of limit |");
         println!("| --- | --- | --- | --- | --- | --- |");
         for (r, j) in rows.iter().zip(&depth_json) {
-            let frac = |k: &str| j[k].as_f64().map_or("-".into(), |f| format!("{:.1}%", 100.0 * f));
+            let frac = |k: &str| {
+                j[k].as_f64()
+                    .map_or("-".into(), |f| format!("{:.1}%", 100.0 * f))
+            };
             println!(
                 "| {} | {threads} | {} | pp{} | {:.1} ± {:.1} | {} of matrix rate |",
-                m.name, r.depth, a.prompt_tokens, r.pp.0, r.pp.1, frac("pp_fraction_of_matrix_rate")
+                m.name,
+                r.depth,
+                a.prompt_tokens,
+                r.pp.0,
+                r.pp.1,
+                frac("pp_fraction_of_matrix_rate")
             );
             println!(
                 "| {} | {threads} | {} | tg{} | {:.1} ± {:.1} | {} of bandwidth limit |",
-                m.name, r.depth, a.gen_tokens, r.tg.0, r.tg.1, frac("tg_fraction_of_limit")
+                m.name,
+                r.depth,
+                a.gen_tokens,
+                r.tg.0,
+                r.tg.1,
+                frac("tg_fraction_of_limit")
             );
         }
     }

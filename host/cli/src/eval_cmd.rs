@@ -23,7 +23,14 @@ fn parse_tokens(s: &str) -> Result<Vec<u32>> {
 }
 
 /// Logits for every position, by batched prefill or token-by-token decode.
-pub fn logits(config: &Path, model: &Path, tokens: &str, out: &Path, mode: &str) -> Result<()> {
+pub fn logits(
+    config: &Path,
+    model: &Path,
+    tokens: &str,
+    out: &Path,
+    mode: &str,
+    layers: Option<usize>,
+) -> Result<()> {
     let toks = parse_tokens(tokens)?;
     if toks.is_empty() {
         bail!("--tokens is empty");
@@ -34,7 +41,7 @@ pub fn logits(config: &Path, model: &Path, tokens: &str, out: &Path, mode: &str)
         &LoadOptions {
             n_ctx: toks.len().max(16),
             n_slots: 1,
-            repeat_layers: None,
+            repeat_layers: layers,
         },
     )?;
     let entries = BatchEntry::prompt(&toks, 0, true);

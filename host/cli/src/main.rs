@@ -71,6 +71,9 @@ enum Command {
         /// `prefill` (one batched pass) or `decode` (one token at a time, with caches).
         #[arg(long, default_value = "prefill")]
         mode: String,
+        /// Build this many layers from a deepseek4 file with fewer (as `bench --layers`).
+        #[arg(long)]
+        layers: Option<usize>,
     },
     /// Greedy continuation of a prompt, printed as it is produced.
     Generate {
@@ -197,7 +200,8 @@ fn main() -> ExitCode {
             tokens,
             out,
             mode,
-        } => eval_cmd::logits(&cli.config, &model, &tokens, &out, &mode),
+            layers,
+        } => eval_cmd::logits(&cli.config, &model, &tokens, &out, &mode, layers),
         Command::Generate {
             model,
             prompt,

@@ -197,7 +197,13 @@ impl GpuPath {
             });
         }
         let inv = |r: &Rope| -> Result<(Tensor, f32)> { Ok((upload(dev, &r.inv_freq)?, r.mscale)) };
-        let min_ratio = m.p.ratios.iter().filter(|&&r| r > 0).min().copied().unwrap_or(1);
+        let min_ratio =
+            m.p.ratios
+                .iter()
+                .filter(|&&r| r > 0)
+                .min()
+                .copied()
+                .unwrap_or(1);
         Ok(Some(GpuPath {
             layers,
             head: (upload(dev, &m.hc_head.1)?, upload(dev, &m.hc_head.2)?),
@@ -207,7 +213,11 @@ impl GpuPath {
             slots: (0..m.slots.len()).map(|_| None).collect(),
             // MOE_DS4_NO_GRAPH=1 (profiling): every step launched op by op.
             graphs: vec![
-                if std::env::var_os("MOE_DS4_NO_GRAPH").is_some() { GraphState::Off } else { GraphState::Cold };
+                if std::env::var_os("MOE_DS4_NO_GRAPH").is_some() {
+                    GraphState::Off
+                } else {
+                    GraphState::Cold
+                };
                 m.slots.len()
             ],
             work: None,
@@ -243,7 +253,10 @@ impl GpuPath {
         let (p, dev) = (&m.p, &m.dev);
         let (d, hc, n) = (p.d, p.hc, cap);
         let nm = 2 * hc + hc * hc;
-        let ff = m.layers.first().map_or(1, |l| l.gate_exps.r.dims[1] as usize);
+        let ff = m
+            .layers
+            .first()
+            .map_or(1, |l| l.gate_exps.r.dims[1] as usize);
         let sf = m
             .layers
             .iter()
@@ -326,7 +339,11 @@ impl GpuPath {
             self.slots[slot] = Some(Self::slot_state(m, slot)?);
         }
         let single = n == 1 && want == [0];
-        let work_slot = if single { &mut self.work1 } else { &mut self.work };
+        let work_slot = if single {
+            &mut self.work1
+        } else {
+            &mut self.work
+        };
         if work_slot.as_ref().is_none_or(|w| w.cap < n) {
             *work_slot = None;
             *work_slot = Some(Self::alloc_work(m, n.next_power_of_two(), self.idx_cap)?);
@@ -346,47 +363,54 @@ impl GpuPath {
             w.want
                 .upload_i32(&want.iter().map(|&t| t as i32).collect::<Vec<_>>())?;
         }
-        let st = self.slots[slot].as_ref().ok_or_else(|| anyhow!("slot state"))?;
-        let state = if single { self.graphs[slot] } else { GraphState::Off };
+        let st = self.slots[slot]
+            .as_ref()
+            .ok_or_else(|| anyhow!("slot state"))?;
+        let state = if single {
+            self.graphs[slot]
+        } else {
+            GraphState::Off
+        };
         let key = pr(&[], &[slot as i64]);
         let step = |w: &Work| self.enqueue(m, st, w, n, want.len(), single);
-        let next = match state {
-            GraphState::Recorded => {
-                if dev.op(ops::GRAPH_LAUNCH, key, &[]).is_ok() {
-                    GraphState::Recorded
-                } else {
-                    step(w)?;
-                    GraphState::Warm
-                }
-            }
-            GraphState::Warm => {
-                dev.op(ops::GRAPH_BEGIN, key, &[])?;
-                let rec = step(w);
-                let end = dev.op(ops::GRAPH_END, key, &[]);
-                match (rec, end) {
-                    (Ok(()), Ok(())) => {
-                        dev.op(ops::GRAPH_LAUNCH, key, &[])?;
+        let next =
+            match state {
+                GraphState::Recorded => {
+                    if dev.op(ops::GRAPH_LAUNCH, key, &[]).is_ok() {
                         GraphState::Recorded
+                    } else {
+                        step(w)?;
+                        GraphState::Warm
                     }
-                    (rec, end) => {
-                        tracing::warn!(
+                }
+                GraphState::Warm => {
+                    dev.op(ops::GRAPH_BEGIN, key, &[])?;
+                    let rec = step(w);
+                    let end = dev.op(ops::GRAPH_END, key, &[]);
+                    match (rec, end) {
+                        (Ok(()), Ok(())) => {
+                            dev.op(ops::GRAPH_LAUNCH, key, &[])?;
+                            GraphState::Recorded
+                        }
+                        (rec, end) => {
+                            tracing::warn!(
                             "deepseek4: recording the decode step failed ({}); running it directly",
                             rec.err().or(end.err()).map(|e| format!("{e:#}")).unwrap_or_default()
                         );
-                        step(w)?;
-                        GraphState::Off
+                            step(w)?;
+                            GraphState::Off
+                        }
                     }
                 }
-            }
-            GraphState::Cold => {
-                step(w)?;
-                GraphState::Warm
-            }
-            GraphState::Off => {
-                step(w)?;
-                GraphState::Off
-            }
-        };
+                GraphState::Cold => {
+                    step(w)?;
+                    GraphState::Warm
+                }
+                GraphState::Off => {
+                    step(w)?;
+                    GraphState::Off
+                }
+            };
         if single {
             self.graphs[slot] = next;
         }
@@ -412,7 +436,11 @@ impl GpuPath {
         op(
             ops::GET_ROWS,
             OpParams::default(),
-            &[m.embd.r, v(&w.tok_rep, [hc * n, 1, 1, 1]), v(&w.streams, [d, hc * n, 1, 1])],
+            &[
+                m.embd.r,
+                v(&w.tok_rep, [hc * n, 1, 1, 1]),
+                v(&w.streams, [d, hc * n, 1, 1]),
+            ],
         )
         .context("embedding")?;
         let streams = v(&w.streams, [d, hc, n, 1]);
@@ -423,24 +451,44 @@ impl GpuPath {
                 op(
                     ops::MATMUL,
                     OpParams::default(),
-                    &[wv(fnw), v(&w.streams, [hc * d, n, 1, 1]), v(&w.mix, [nm, n, 1, 1])],
+                    &[
+                        wv(fnw),
+                        v(&w.streams, [hc * d, n, 1, 1]),
+                        v(&w.mix, [nm, n, 1, 1]),
+                    ],
                 )?;
                 op(
                     ops::HC_PRE,
                     pr(&[p.eps, p.hc_eps], &[p.hc_iters as i64, 0]),
-                    &[streams, v(&w.mix, [nm, n, 1, 1]), sb.0.r, sb.1.r, norm.r, x, wts],
+                    &[
+                        streams,
+                        v(&w.mix, [nm, n, 1, 1]),
+                        sb.0.r,
+                        sb.1.r,
+                        norm.r,
+                        x,
+                        wts,
+                    ],
                 )
             };
             site(&lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm)
                 .with_context(|| format!("layer {l}: mHC before attention"))?;
             self.attention(m, l, lay, dl, &st[l], w, n)
                 .with_context(|| format!("layer {l}: attention"))?;
-            op(ops::HC_POST, OpParams::default(), &[streams, v(&w.ao, [d, n, 1, 1]), wts])?;
+            op(
+                ops::HC_POST,
+                OpParams::default(),
+                &[streams, v(&w.ao, [d, n, 1, 1]), wts],
+            )?;
             site(&lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm)
                 .with_context(|| format!("layer {l}: mHC before the MoE"))?;
             self.moe(m, l, lay, dl, w, n)
                 .with_context(|| format!("layer {l}: MoE"))?;
-            op(ops::HC_POST, OpParams::default(), &[streams, v(&w.mo, [d, n, 1, 1]), wts])?;
+            op(
+                ops::HC_POST,
+                OpParams::default(),
+                &[streams, v(&w.mo, [d, n, 1, 1]), wts],
+            )?;
         }
         if n_want == 0 {
             return Ok(());
@@ -448,7 +496,11 @@ impl GpuPath {
         op(
             ops::MATMUL,
             OpParams::default(),
-            &[wv(&m.hc_head.0), v(&w.streams, [hc * d, n, 1, 1]), v(&w.mix, [hc, n, 1, 1])],
+            &[
+                wv(&m.hc_head.0),
+                v(&w.streams, [hc * d, n, 1, 1]),
+                v(&w.mix, [hc, n, 1, 1]),
+            ],
         )?;
         op(
             ops::HC_PRE,
@@ -471,7 +523,11 @@ impl GpuPath {
             op(
                 ops::GET_ROWS,
                 OpParams::default(),
-                &[v(&w.hidden, [d, n, 1, 1]), v(&w.want, [n_want, 1, 1, 1]), out],
+                &[
+                    v(&w.hidden, [d, n, 1, 1]),
+                    v(&w.want, [n_want, 1, 1, 1]),
+                    out,
+                ],
             )?;
             out
         };
@@ -497,24 +553,47 @@ impl GpuPath {
         let (p, dev) = (&m.p, &m.dev);
         let (hd, nh, d) = (p.head_dim, p.n_head, p.d);
         let op = |code: u32, prm: OpParams, args: &[TensorRef]| dev.op(code, prm, args);
-        let mm = |wt: TensorRef, x: TensorRef, out: TensorRef| op(ops::MATMUL, OpParams::default(), &[wt, x, out]);
+        let mm = |wt: TensorRef, x: TensorRef, out: TensorRef| {
+            op(ops::MATMUL, OpParams::default(), &[wt, x, out])
+        };
         let x = v(&w.x, [d, n, 1, 1]);
         let pos = v(&w.pos, [n, 1, 1, 1]);
         let ratio = p.ratios[l];
-        let (inv, ms) = if ratio == 0 { &self.inv_main } else { &self.inv_comp };
+        let (inv, ms) = if ratio == 0 {
+            &self.inv_main
+        } else {
+            &self.inv_comp
+        };
         let (cinv, cms) = &self.inv_comp;
         let pairs = (p.rope_dim / 2) as i64;
         let q_res = v(&w.q_res, [p.q_lora, n, 1, 1]);
         mm(wv(&lay.q_a), x, q_res)?;
         let qr3 = v(&w.q_res, [p.q_lora, 1, n, 1]);
-        op(ops::NORM_ROPE, pr(&[p.eps, 1.0], &[2, 0, 0]), &[qr3, dl.q_a_norm.r, inv.r, pos, qr3])?;
+        op(
+            ops::NORM_ROPE,
+            pr(&[p.eps, 1.0], &[2, 0, 0]),
+            &[qr3, dl.q_a_norm.r, inv.r, pos, qr3],
+        )?;
         mm(wv(&lay.q_b), q_res, v(&w.q, [nh * hd, n, 1, 1]))?;
         let q = v(&w.q, [hd, nh, n, 1]);
-        op(ops::NORM_ROPE, pr(&[p.eps, *ms], &[1, pairs, 0]), &[q, dl.q_a_norm.r, inv.r, pos, q])?;
+        op(
+            ops::NORM_ROPE,
+            pr(&[p.eps, *ms], &[1, pairs, 0]),
+            &[q, dl.q_a_norm.r, inv.r, pos, q],
+        )?;
         mm(wv(&lay.kv), x, v(&w.kv, [hd, n, 1, 1]))?;
         let kv3 = v(&w.kv, [hd, 1, n, 1]);
-        op(ops::NORM_ROPE, pr(&[p.eps, *ms], &[2, pairs, 0]), &[kv3, dl.kv_norm.r, inv.r, pos, kv3])?;
-        let compress = |c: &CompWeights, dc: &DevComp, cs: &CompState, kvb: &Tensor, gb: &Tensor| -> Result<()> {
+        op(
+            ops::NORM_ROPE,
+            pr(&[p.eps, *ms], &[2, pairs, 0]),
+            &[kv3, dl.kv_norm.r, inv.r, pos, kv3],
+        )?;
+        let compress = |c: &CompWeights,
+                        dc: &DevComp,
+                        cs: &CompState,
+                        kvb: &Tensor,
+                        gb: &Tensor|
+         -> Result<()> {
             let width = if c.overlap { 2 * c.dim } else { c.dim };
             let (kvr, gr) = (v(kvb, [width, n, 1, 1]), v(gb, [width, n, 1, 1]));
             mm(wv(&c.kv), x, kvr)?;
@@ -522,7 +601,17 @@ impl GpuPath {
             op(
                 ops::COMPRESS,
                 pr(&[p.eps, *cms], &[c.ratio as i64, c.overlap as i64, pairs]),
-                &[kvr, gr, pos, dc.ape.r, dc.norm.r, cinv.r, cs.ring_kv.r, cs.ring_g.r, cs.rows.r],
+                &[
+                    kvr,
+                    gr,
+                    pos,
+                    dc.ape.r,
+                    dc.norm.r,
+                    cinv.r,
+                    cs.ring_kv.r,
+                    cs.ring_g.r,
+                    cs.rows.r,
+                ],
             )
         };
         if let (Some(c), Some(dc), Some(cs)) = (&lay.comp, &dl.comp, &st.comp) {
@@ -535,12 +624,19 @@ impl GpuPath {
             let iq = v(&w.iq, [id, ih, n, 1]);
             mm(wv(&ix.q_b), q_res, v(&w.iq, [id * ih, n, 1, 1]))?;
             mm(wv(&ix.proj), x, v(&w.iw, [ih, n, 1, 1]))?;
-            op(ops::NORM_ROPE, pr(&[p.eps, *cms], &[0, pairs, 0]), &[iq, dl.q_a_norm.r, cinv.r, pos, iq])?;
+            op(
+                ops::NORM_ROPE,
+                pr(&[p.eps, *cms], &[0, pairs, 0]),
+                &[iq, dl.q_a_norm.r, cinv.r, pos, iq],
+            )?;
             let cap = cs.rows.r.dims[1] as usize;
             let scores = v(&w.scores, [cap, n, 1, 1]);
             op(
                 ops::INDEX_SCORES,
-                pr(&[(id as f32).powf(-0.5), (ih as f32).powf(-0.5)], &[ix.comp.ratio as i64]),
+                pr(
+                    &[(id as f32).powf(-0.5), (ih as f32).powf(-0.5)],
+                    &[ix.comp.ratio as i64],
+                ),
                 &[iq, v(&w.iw, [ih, n, 1, 1]), cs.rows.r, pos, scores],
             )?;
             op(
@@ -551,14 +647,31 @@ impl GpuPath {
             mode = 2;
         }
         let rows = st.comp.as_ref().map_or(st.ring.r, |c| c.rows.r);
-        let sel = if mode == 2 { v(&w.sel, [p.idx_topk, n, 1, 1]) } else { pos };
+        let sel = if mode == 2 {
+            v(&w.sel, [p.idx_topk, n, 1, 1])
+        } else {
+            pos
+        };
         let att = v(&w.att, [hd, nh, n, 1]);
         op(
             ops::SPARSE_ATTENTION,
             pr(&[(hd as f32).powf(-0.5)], &[ratio as i64, mode]),
-            &[q, v(&w.kv, [hd, n, 1, 1]), st.ring.r, rows, sel, dl.sinks.r, pos, att],
+            &[
+                q,
+                v(&w.kv, [hd, n, 1, 1]),
+                st.ring.r,
+                rows,
+                sel,
+                dl.sinks.r,
+                pos,
+                att,
+            ],
         )?;
-        op(ops::NORM_ROPE, pr(&[p.eps, *ms], &[0, pairs, 1]), &[att, dl.sinks.r, inv.r, pos, att])?;
+        op(
+            ops::NORM_ROPE,
+            pr(&[p.eps, *ms], &[0, pairs, 1]),
+            &[att, dl.sinks.r, inv.r, pos, att],
+        )?;
         // Grouped output projection: group g's heads through its own block of rows.
         let (g_n, gw, gr) = (p.o_groups, nh * hd / p.o_groups, p.o_lora);
         let per_group = lay.out_a.bytes / g_n as u64;
@@ -569,21 +682,45 @@ impl GpuPath {
         };
         let mid = if n == 1 {
             for g in 0..g_n {
-                mm(group_w(g), at(&w.att, g * gw, [gw, 1, 1, 1]), at(&w.mid, g * gr, [gr, 1, 1, 1]))?;
+                mm(
+                    group_w(g),
+                    at(&w.att, g * gw, [gw, 1, 1, 1]),
+                    at(&w.mid, g * gr, [gr, 1, 1, 1]),
+                )?;
             }
             v(&w.mid, [g_n * gr, 1, 1, 1])
         } else {
-            op(ops::TRANSPOSE12, OpParams::default(), &[v(&w.att, [gw, g_n, n, 1]), v(&w.att_t, [gw, n, g_n, 1])])?;
+            op(
+                ops::TRANSPOSE12,
+                OpParams::default(),
+                &[v(&w.att, [gw, g_n, n, 1]), v(&w.att_t, [gw, n, g_n, 1])],
+            )?;
             for g in 0..g_n {
-                mm(group_w(g), at(&w.att_t, g * gw * n, [gw, n, 1, 1]), at(&w.mid, g * gr * n, [gr, n, 1, 1]))?;
+                mm(
+                    group_w(g),
+                    at(&w.att_t, g * gw * n, [gw, n, 1, 1]),
+                    at(&w.mid, g * gr * n, [gr, n, 1, 1]),
+                )?;
             }
-            op(ops::TRANSPOSE12, OpParams::default(), &[v(&w.mid, [gr, n, g_n, 1]), v(&w.mid_t, [gr, g_n, n, 1])])?;
+            op(
+                ops::TRANSPOSE12,
+                OpParams::default(),
+                &[v(&w.mid, [gr, n, g_n, 1]), v(&w.mid_t, [gr, g_n, n, 1])],
+            )?;
             v(&w.mid_t, [g_n * gr, n, 1, 1])
         };
         mm(wv(&lay.out_b), mid, v(&w.ao, [d, n, 1, 1]))
     }
 
-    fn moe(&self, m: &Deepseek4, l: usize, lay: &Layer, dl: &DevLayer, w: &Work, n: usize) -> Result<()> {
+    fn moe(
+        &self,
+        m: &Deepseek4,
+        l: usize,
+        lay: &Layer,
+        dl: &DevLayer,
+        w: &Work,
+        n: usize,
+    ) -> Result<()> {
         let (p, dev) = (&m.p, &m.dev);
         let (d, k, e) = (p.d, p.n_used, p.n_expert);
         let op = |code: u32, prm: OpParams, args: &[TensorRef]| dev.op(code, prm, args);
@@ -609,16 +746,32 @@ impl GpuPath {
             v(&w.ea, [ff, k * n, 1, 1]),
         );
         let ey = v(&w.ey, [d, k * n, 1, 1]);
-        op(ops::MATMUL_ID, OpParams::default(), &[lay.gate_exps.r, x, ids, eg])?;
-        op(ops::MATMUL_ID, OpParams::default(), &[lay.up_exps.r, x, ids, eu])?;
+        op(
+            ops::MATMUL_ID,
+            OpParams::default(),
+            &[lay.gate_exps.r, x, ids, eg],
+        )?;
+        op(
+            ops::MATMUL_ID,
+            OpParams::default(),
+            &[lay.up_exps.r, x, ids, eu],
+        )?;
         op(ops::SWIGLU, pr(&[p.clamp_exp[l]], &[]), &[eg, eu, ea])?;
-        op(ops::MATMUL_ID, OpParams::default(), &[lay.down_exps.r, ea, ids, ey])?;
+        op(
+            ops::MATMUL_ID,
+            OpParams::default(),
+            &[lay.down_exps.r, ea, ids, ey],
+        )?;
         let out = v(&w.mo, [d, n, 1, 1]);
         let y = v(&w.ey, [d, k, n, 1]);
         match &lay.shexp {
             Some((g, u, dn)) => {
                 let sf = g.r.dims[1] as usize;
-                let (sg, su, sa) = (v(&w.sg, [sf, n, 1, 1]), v(&w.su, [sf, n, 1, 1]), v(&w.sa, [sf, n, 1, 1]));
+                let (sg, su, sa) = (
+                    v(&w.sg, [sf, n, 1, 1]),
+                    v(&w.su, [sf, n, 1, 1]),
+                    v(&w.sa, [sf, n, 1, 1]),
+                );
                 op(ops::MATMUL, OpParams::default(), &[wv(g), x, sg])?;
                 op(ops::MATMUL, OpParams::default(), &[wv(u), x, su])?;
                 op(ops::SWIGLU, pr(&[p.clamp_shexp[l]], &[]), &[sg, su, sa])?;
@@ -636,7 +789,11 @@ fn probe(dev: &Arc<Device>) -> bool {
     let run = || -> Result<()> {
         let x = dev.f32([2, 1, 1, 1])?;
         let pos = dev.i32(1)?;
-        dev.op(ops::NORM_ROPE, pr(&[1e-6, 1.0], &[1, 0, 0]), &[x.r, x.r, x.r, pos.r, x.r])?;
+        dev.op(
+            ops::NORM_ROPE,
+            pr(&[1e-6, 1.0], &[1, 0, 0]),
+            &[x.r, x.r, x.r, pos.r, x.r],
+        )?;
         dev.sync()
     };
     run().is_ok()

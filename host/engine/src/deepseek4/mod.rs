@@ -325,7 +325,13 @@ impl Deepseek4 {
     /// The model over loaded weights; `p` from [`Ds4Params::from_gguf`] (maybe
     /// [`Ds4Params::with_layers`]): small tensors are read from the file layer
     /// `p.src_layer[l]`, weights by their own names.
-    pub fn new(f: &GgufFile, w: &Weights, p: Ds4Params, n_ctx: usize, n_slots: usize) -> Result<Deepseek4> {
+    pub fn new(
+        f: &GgufFile,
+        w: &Weights,
+        p: Ds4Params,
+        n_ctx: usize,
+        n_slots: usize,
+    ) -> Result<Deepseek4> {
         let g = |n: &str| w.get(n);
         let h = |n: &str| host_f32(f, w, n);
         let hd = p.head_dim;
@@ -520,7 +526,11 @@ impl Deepseek4 {
         }
         tracing::info!(
             "deepseek4: per-token glue on {}",
-            if m.gpu.is_some() { "the device (resident activations and caches)" } else { "the host" }
+            if m.gpu.is_some() {
+                "the device (resident activations and caches)"
+            } else {
+                "the host"
+            }
         );
         Ok(m)
     }
@@ -1037,10 +1047,22 @@ impl CausalLm for Deepseek4 {
         // One embedding row.
         add(&self.embd, (1, p.n_vocab as u64));
         for (l, y) in self.layers.iter().enumerate() {
-            for w in [&y.hc_attn.0, &y.hc_ffn.0, &y.q_a, &y.q_b, &y.kv, &y.out_a, &y.out_b, &y.router] {
+            for w in [
+                &y.hc_attn.0,
+                &y.hc_ffn.0,
+                &y.q_a,
+                &y.q_b,
+                &y.kv,
+                &y.out_a,
+                &y.out_b,
+                &y.router,
+            ] {
                 add(w, all);
             }
-            for c in [y.comp.as_ref(), y.indexer.as_ref().map(|i| &i.comp)].into_iter().flatten() {
+            for c in [y.comp.as_ref(), y.indexer.as_ref().map(|i| &i.comp)]
+                .into_iter()
+                .flatten()
+            {
                 add(&c.kv, all);
                 add(&c.gate, all);
             }
@@ -1060,8 +1082,8 @@ impl CausalLm for Deepseek4 {
             // the indexer's keys.
             let hd = p.head_dim as u64;
             let mut rows = (pos + 1).min(p.window) as u64;
-            if p.ratios[l] > 0 {
-                let visible = ((pos + 1) / p.ratios[l]) as u64;
+            if let Some(visible) = (pos + 1).checked_div(p.ratios[l]) {
+                let visible = visible as u64;
                 if y.indexer.is_some() {
                     rows += visible.min(p.idx_topk as u64);
                     t.cache_bytes += 4 * visible * p.idx_dim as u64;
