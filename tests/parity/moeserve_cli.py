@@ -18,8 +18,8 @@ def config(tmp_path, activation):
     return p
 
 
-def moeserve(cfg, *args):
-    env = dict(os.environ, RUST_LOG="warn")
+def moeserve(cfg, *args, env=None):
+    env = dict(os.environ, RUST_LOG="warn", **(env or {}))
     out = subprocess.run([str(BIN_DIR / "moeserve"), "--config", str(cfg), *map(str, args)],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr

@@ -27,12 +27,12 @@ pub fn table() -> &'static [&'static CpuKernel] {
     })
 }
 
-fn args<const N: usize>(a: &[TensorRef], op: &str) -> Result<[TensorRef; N], String> {
+pub(crate) fn args<const N: usize>(a: &[TensorRef], op: &str) -> Result<[TensorRef; N], String> {
     a.try_into()
         .map_err(|_| format!("{op}: expected {N} tensor arguments, got {}", a.len()))
 }
 
-fn same_len(op: &str, a: usize, b: usize) -> Result<(), String> {
+pub(crate) fn same_len(op: &str, a: usize, b: usize) -> Result<(), String> {
     if a != b {
         return Err(format!("{op}: shape mismatch ({a} vs {b} values)"));
     }
@@ -102,16 +102,32 @@ fn matmul(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, S
     let n = xs.len() / k;
     same_len("matmul", out.len(), m * n)?;
     let fmts = formats();
-    let fmt = fmts.get(&w.type_id);
-    let wb = b.bytes(&w, tensor_bytes(&w, fmt)?)?;
+    let wb = b.bytes(&w, tensor_bytes(&w, fmts.get(&w.type_id))?)?;
+    matmul_slices(wb, w.type_id, w.variant, k, m, xs, out)
+}
+
+/// out[c * m + r] = W[r] . x[c] for weights `wb` ([k, m] of type `ty`) and n = xs / k
+/// columns: MATMUL on slices (MATMUL_ID runs it per expert).
+pub(crate) fn matmul_slices(
+    wb: &[u8],
+    ty: u32,
+    variant: u64,
+    k: usize,
+    m: usize,
+    xs: &[f32],
+    out: &mut [f32],
+) -> Result<&'static str, String> {
+    let n = xs.len() / k.max(1);
+    let fmts = formats();
+    let fmt = fmts.get(&ty);
     let row_bytes = wb.len() / m.max(1);
-    let is_f32 = w.type_id == types::F32;
+    let is_f32 = ty == types::F32;
     let f = match fmt {
         Some(f) => Some(f),
         None if is_f32 => None,
-        None => return Err(format!("matmul: no quant format for type {}", w.type_id)),
+        None => return Err(format!("matmul: no quant format for type {ty}")),
     };
-    let use_q8 = !is_f32 && settings().activation == ActivationMode::Q8 && k % 32 == 0;
+    let use_q8 = !is_f32 && settings().activation == ActivationMode::Q8 && k.is_multiple_of(32);
 
     let mut act = Vec::new();
     if use_q8 {
@@ -152,7 +168,7 @@ fn matmul(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, S
                 let f = f.expect("q8 path has a format");
                 let a = &act[c0 * k / 32..(c0 + cols) * k / 32];
                 into_result((f.dot_q8)(
-                    w.variant,
+                    variant,
                     src.into(),
                     k as u64,
                     a.into(),
@@ -163,7 +179,7 @@ fn matmul(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, S
                     None => bytemuck_f32(src)?,
                     Some(f) => {
                         deq.resize(rows * k, 0f32);
-                        into_result((f.decode)(w.variant, src.into(), deq.as_mut_slice().into()))?;
+                        into_result((f.decode)(variant, src.into(), deq.as_mut_slice().into()))?;
                         &deq
                     }
                 };
@@ -193,7 +209,7 @@ fn matmul(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, S
 ///
 /// # Safety
 /// The range must lie inside one live allocation that no one else touches meanwhile.
-unsafe fn sub_mut<'a, T>(addr: usize, start: usize, len: usize) -> &'a mut [T] {
+pub(crate) unsafe fn sub_mut<'a, T>(addr: usize, start: usize, len: usize) -> &'a mut [T] {
     std::slice::from_raw_parts_mut((addr as *mut T).add(start), len)
 }
 
@@ -367,8 +383,10 @@ fn attention(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str,
 }
 
 inventory::submit! { CpuKernel { op: ops::SWIGLU, name: "swiglu", run: swiglu } }
-fn swiglu(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
+fn swiglu(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
     let [g, u, out] = args::<3>(a, "swiglu")?;
+    // f[0] = lim > 0: gate clamped above at lim, up to [-lim, lim] (DeepSeek-V4).
+    let lim = p.f[0];
     let (gs, us, out) = (b.f32s(&g)?, b.f32s(&u)?, b.f32s_mut(&out)?);
     same_len("swiglu", gs.len(), us.len())?;
     same_len("swiglu", out.len(), gs.len())?;
@@ -376,7 +394,12 @@ fn swiglu(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, S
     par_for(gs.len(), 1 << 15, |r| {
         // SAFETY: the range r of the output belongs to this task alone.
         let o = unsafe { sub_mut::<f32>(out_addr, r.start, r.len()) };
-        for ((o, g), u) in o.iter_mut().zip(&gs[r.clone()]).zip(&us[r]) {
+        for ((o, &g), &u) in o.iter_mut().zip(&gs[r.clone()]).zip(&us[r]) {
+            let (g, u) = if lim > 0.0 {
+                (g.min(lim), u.clamp(-lim, lim))
+            } else {
+                (g, u)
+            };
             *o = g / (1.0 + (-g).exp()) * u;
         }
         Ok(())

@@ -5,6 +5,7 @@
 //! stream/event API is still honoured so the host's code paths are the GPU ones.
 
 mod buffers;
+mod ds4;
 mod kernels;
 mod pool;
 
@@ -250,21 +251,38 @@ extern "C" fn run_op(
             .iter()
             .find(|k| k.op == op)
             .ok_or_else(|| format!("op {op} is not supported by the cpu backend"))?;
-        // The last argument is the output; refuse it overlapping any input, which the
-        // kernels' slices would otherwise alias. (kv_store writes its second argument.)
-        let out_idx = if op == moe_plugin_api::ops::KV_STORE {
-            1
-        } else {
-            args.len().saturating_sub(1)
+        // Refuse an output overlapping any other argument, which the kernels' slices
+        // would otherwise alias. Outputs are the last argument except for the ops below;
+        // NORM_ROPE may work in place (x and out the very same tensor).
+        use moe_plugin_api::ops;
+        let outs: &[usize] = match op {
+            ops::KV_STORE => &[1],
+            ops::HC_PRE => &[5, 6],
+            ops::HC_POST => &[0],
+            ops::COMPRESS => &[6, 7, 8],
+            ops::SPARSE_ATTENTION => &[2, 7],
+            ops::ROUTER => &[4, 5],
+            ops::MOE_COMBINE => &[2],
+            _ => &[],
         };
+        let last = [args.len().saturating_sub(1)];
+        let outs = if outs.is_empty() { &last[..] } else { outs };
         let fmts = formats();
-        if let Some(out) = args.get(out_idx) {
+        for &oi in outs {
+            let Some(out) = args.get(oi) else { continue };
             let out_len = buffers::tensor_bytes(out, fmts.get(&out.type_id))?;
             for (i, a) in args.iter().enumerate() {
-                if i != out_idx {
+                let in_place = op == ops::NORM_ROPE
+                    && i == 0
+                    && a.buffer == out.buffer
+                    && a.offset == out.offset;
+                if i != oi && !in_place {
                     let len = buffers::tensor_bytes(a, fmts.get(&a.type_id))?;
                     if buffers::overlaps(out, out_len, a, len) {
-                        return Err(format!("{}: output overlaps input {i}", kernel.name));
+                        return Err(format!(
+                            "{}: output {oi} overlaps argument {i}",
+                            kernel.name
+                        ));
                     }
                 }
             }

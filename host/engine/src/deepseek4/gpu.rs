@@ -373,18 +373,21 @@ impl GpuPath {
         };
         let key = pr(&[], &[slot as i64]);
         let step = |w: &Work| self.enqueue(m, st, w, n, want.len(), single);
-        let next =
-            match state {
-                GraphState::Recorded => {
-                    if dev.op(ops::GRAPH_LAUNCH, key, &[]).is_ok() {
-                        GraphState::Recorded
-                    } else {
-                        step(w)?;
-                        GraphState::Warm
-                    }
+        let next = match state {
+            GraphState::Recorded => {
+                if dev.op(ops::GRAPH_LAUNCH, key, &[]).is_ok() {
+                    GraphState::Recorded
+                } else {
+                    step(w)?;
+                    GraphState::Warm
                 }
-                GraphState::Warm => {
-                    dev.op(ops::GRAPH_BEGIN, key, &[])?;
+            }
+            GraphState::Warm => {
+                // A backend without graphs says so at GRAPH_BEGIN: run op by op from now on.
+                if dev.op(ops::GRAPH_BEGIN, key, &[]).is_err() {
+                    step(w)?;
+                    GraphState::Off
+                } else {
                     let rec = step(w);
                     let end = dev.op(ops::GRAPH_END, key, &[]);
                     match (rec, end) {
@@ -394,23 +397,27 @@ impl GpuPath {
                         }
                         (rec, end) => {
                             tracing::warn!(
-                            "deepseek4: recording the decode step failed ({}); running it directly",
-                            rec.err().or(end.err()).map(|e| format!("{e:#}")).unwrap_or_default()
-                        );
+                                "deepseek4: recording the decode step failed ({}); running it directly",
+                                rec.err()
+                                    .or(end.err())
+                                    .map(|e| format!("{e:#}"))
+                                    .unwrap_or_default()
+                            );
                             step(w)?;
                             GraphState::Off
                         }
                     }
                 }
-                GraphState::Cold => {
-                    step(w)?;
-                    GraphState::Warm
-                }
-                GraphState::Off => {
-                    step(w)?;
-                    GraphState::Off
-                }
-            };
+            }
+            GraphState::Cold => {
+                step(w)?;
+                GraphState::Warm
+            }
+            GraphState::Off => {
+                step(w)?;
+                GraphState::Off
+            }
+        };
         if single {
             self.graphs[slot] = next;
         }
@@ -646,7 +653,11 @@ impl GpuPath {
             )?;
             mode = 2;
         }
-        let rows = st.comp.as_ref().map_or(st.ring.r, |c| c.rows.r);
+        // Without compressed rows (mode 0) any tensor other than the ring stands in.
+        let rows = st
+            .comp
+            .as_ref()
+            .map_or(v(&w.kv, [hd, n, 1, 1]), |c| c.rows.r);
         let sel = if mode == 2 {
             v(&w.sel, [p.idx_topk, n, 1, 1])
         } else {
@@ -787,16 +798,22 @@ impl GpuPath {
 /// Whether the backend runs the glue ops: one tiny NORM_ROPE.
 fn probe(dev: &Arc<Device>) -> bool {
     let run = || -> Result<()> {
-        let x = dev.f32([2, 1, 1, 1])?;
+        let (x, w, inv) = (
+            dev.f32([2, 1, 1, 1])?,
+            dev.f32([2, 1, 1, 1])?,
+            dev.f32([1, 1, 1, 1])?,
+        );
         let pos = dev.i32(1)?;
         dev.op(
             ops::NORM_ROPE,
             pr(&[1e-6, 1.0], &[1, 0, 0]),
-            &[x.r, x.r, x.r, pos.r, x.r],
+            &[x.r, w.r, inv.r, pos.r, x.r],
         )?;
         dev.sync()
     };
-    run().is_ok()
+    run()
+        .inspect_err(|e| tracing::debug!("deepseek4: the backend does not run the glue ops: {e:#}"))
+        .is_ok()
 }
 
 /// Sizes the device path handles (the kernels' limits); the host glue runs otherwise.

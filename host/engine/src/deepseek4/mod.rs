@@ -8,8 +8,9 @@
 //! of the compressors and an explicit per-query causal window / row threshold.
 
 mod gpu;
-mod math;
 mod state;
+
+use moe_ds4_math as math;
 
 use std::{cell::RefCell, sync::Arc};
 

@@ -1,8 +1,7 @@
 //! The small per-token pieces of the DeepSeek-V4 forward (norms, rotary, mHC mixing,
 //! Sinkhorn, windowed pooling, sparse attention with sinks, routing), written once in
-//! f32 over slices. The weight products run as backend ops; these run on the host
-//! copy of the activations for now (see the README's status: moving them into backend
-//! op codes is the GPU step).
+//! f32 over slices: the engine's host glue and the CPU backend's glue ops run them, and
+//! kernels/gpu/ds4.cu computes the same (summation orders aside).
 
 /// Weighted (w = Some) or plain RMS norm of each `d`-sized row, in place.
 pub fn rms_norm(x: &mut [f32], d: usize, w: Option<&[f32]>, eps: f32) {
