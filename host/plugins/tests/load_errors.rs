@@ -87,9 +87,15 @@ fn library_that_is_not_a_plugin() {
 #[test]
 fn abi_major_mismatch() {
     let msg = load_err(&plugin_line("bad_plugin_abi_major"));
+    let host = format!(
+        "{}.{}",
+        moe_plugin_api::ABI_MAJOR,
+        moe_plugin_api::ABI_MINOR
+    );
     assert!(
-        msg.contains("built for plugin ABI 2.0 but this host speaks 1.0")
-            && msg.contains("rebuild the plugin against moe-plugin-api 1.0"),
+        msg.contains(&format!(
+            "built for plugin ABI 2.0 but this host speaks {host}"
+        )) && msg.contains(&format!("rebuild the plugin against moe-plugin-api {host}")),
         "{msg}"
     );
 }
