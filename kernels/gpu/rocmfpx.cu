@@ -860,6 +860,17 @@ GPU_DEV void dense_dots4(const unsigned char* row, int ty, int k, const float* x
     }
 }
 
+// dense_dots4 for a run-time type: the types with their own decoder, else the generic one.
+template <int NC>
+GPU_DEV void dense_dots4_any(const unsigned char* row, int ty, int k, const float* x, int nc,
+                             float* acc, int part, int parts, bool vec) {
+    if (ty == DT_Q8_0) dense_dots4<DT_Q8_0, NC>(row, ty, k, x, nc, acc, part, parts, vec);
+    else if (ty == DT_ROCMFP4) dense_dots4<DT_ROCMFP4, NC>(row, ty, k, x, nc, acc, part, parts, vec);
+    else if (ty == DT_F32 && (((unsigned long long)row) & 15ull) == 0)
+        dense_dots4<DT_F32, NC>(row, ty, k, x, nc, acc, part, parts, vec);
+    else dense_dots4<-1, NC>(row, ty, k, x, nc, acc, part, parts, vec);
+}
+
 // Partial dot products of one row with `nc` (<= 8) columns x + c*k for this lane, as
 // part `part` of `parts` warps sharing the row (k % 4 == 0: dense_dots4, else
 // lane-strided single values).
@@ -870,26 +881,8 @@ GPU_DEV void dense_row_dots(const unsigned char* row, int ty, int k, const float
     if ((k & 3) == 0) {
         // One column (decode) gets its own instance: the 8-column loop's registers would
         // cut the occupancy the single-column case needs.
-        const bool f32_aligned = ty == DT_F32 && (((unsigned long long)row) & 15ull) == 0;
-        if (nc == 1) {
-            switch (ty) {
-            case DT_Q8_0: dense_dots4<DT_Q8_0, 1>(row, ty, k, x, nc, acc, part, parts, vec); break;
-            case DT_ROCMFP4: dense_dots4<DT_ROCMFP4, 1>(row, ty, k, x, nc, acc, part, parts, vec); break;
-            default:
-                if (f32_aligned) dense_dots4<DT_F32, 1>(row, ty, k, x, nc, acc, part, parts, vec);
-                else dense_dots4<-1, 1>(row, ty, k, x, nc, acc, part, parts, vec);
-                break;
-            }
-        } else {
-            switch (ty) {
-            case DT_Q8_0: dense_dots4<DT_Q8_0, 8>(row, ty, k, x, nc, acc, part, parts, vec); break;
-            case DT_ROCMFP4: dense_dots4<DT_ROCMFP4, 8>(row, ty, k, x, nc, acc, part, parts, vec); break;
-            default:
-                if (f32_aligned) dense_dots4<DT_F32, 8>(row, ty, k, x, nc, acc, part, parts, vec);
-                else dense_dots4<-1, 8>(row, ty, k, x, nc, acc, part, parts, vec);
-                break;
-            }
-        }
+        if (nc == 1) dense_dots4_any<1>(row, ty, k, x, nc, acc, part, parts, vec);
+        else dense_dots4_any<8>(row, ty, k, x, nc, acc, part, parts, vec);
     } else {
         for (int i = part * 32 + lane; i < k; i += parts * 32) {
             const float v = dense_value(row, ty, i);

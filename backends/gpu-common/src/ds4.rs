@@ -4,7 +4,9 @@
 
 use moe_plugin_api::{ops, types, OpParams, TensorRef};
 
-use crate::ops::{dense_align, dense_parts, dense_row_bytes, expect, to_i32, Gpu, Launch};
+use crate::ops::{
+    dense_align, dense_parts, dense_row_bytes, expect, id_input, to_i32, Gpu, Launch,
+};
 
 /// Limits the kernels are written for (their shared-memory and register arrays).
 pub const HC_MAX: u64 = 8;
@@ -516,16 +518,7 @@ unsafe fn matmul_id_dense_inner(
     let (k, m, experts) = (w.dims[0], w.dims[1], w.dims[2] * w.dims[3]);
     let (n_slots, n_tok) = (ids.dims[0], ids.dims[1] * ids.dims[2] * ids.dims[3]);
     let pairs = n_slots * n_tok;
-    let per_pair = if x.numel() == k * n_tok {
-        0
-    } else if x.numel() == k * pairs {
-        1
-    } else {
-        return Err(format!(
-            "matmul_id: input of {} values is neither {n_tok} nor {pairs} columns of {k}",
-            x.numel()
-        ));
-    };
+    let per_pair = id_input(&x, k, n_tok, pairs)?;
     expect(&ids, types::I32, "matmul_id ids")?;
     holds(&x, types::F32, 0, "matmul_id input")?;
     holds(&out, types::F32, m * pairs, "matmul_id output")?;

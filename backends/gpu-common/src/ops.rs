@@ -510,6 +510,20 @@ pub struct MatmulId {
     pub grouped: Launch,
 }
 
+/// 1 when MATMUL_ID's input has a column per (slot, token) pair, 0 when per token.
+pub fn id_input(x: &TensorRef, k: u64, n_tok: u64, pairs: u64) -> Result<i32, String> {
+    if x.numel() == k * n_tok {
+        Ok(0)
+    } else if x.numel() == k * pairs {
+        Ok(1)
+    } else {
+        Err(format!(
+            "matmul_id: input of {} values is neither {n_tok} nor {pairs} columns of {k}",
+            x.numel()
+        ))
+    }
+}
+
 pub fn matmul_id(
     args: &[TensorRef],
     mut ptr: impl FnMut(&TensorRef, u64) -> Result<u64, String>,
@@ -531,16 +545,7 @@ pub fn matmul_id(
         return Err(format!("matmul_id: {experts} experts (at most 1024)"));
     }
     let x_cols = x.numel() / k.max(1);
-    let per_pair = if x.numel() == k * n_tok {
-        0
-    } else if x.numel() == k * pairs {
-        1
-    } else {
-        return Err(format!(
-            "matmul_id: input of {} values is neither {n_tok} nor {pairs} columns of {k}",
-            x.numel()
-        ));
-    };
+    let per_pair = id_input(&x, k, n_tok, pairs)?;
     if out.numel() != m * pairs {
         return Err(format!(
             "matmul_id: output holds {} values, expected {m} x {pairs}",

@@ -11,7 +11,7 @@ use std::{path::Path, sync::Arc, time::Instant};
 
 use anyhow::{bail, Context, Result};
 use moe_engine::{device::Device, sampling::argmax, BatchEntry, LoadOptions, StepTraffic};
-use moe_plugin_api::{ops, OpParams};
+use moe_plugin_api::{ops, OpParams, TensorRef};
 use serde_json::json;
 
 pub struct BenchArgs {
@@ -41,17 +41,21 @@ fn stream_bandwidth(dev: &Arc<Device>) -> Result<f64> {
         dev.f32([n, 1, 1, 1])?,
         dev.f32([n, 1, 1, 1])?,
     );
+    Ok(3.0 * 4.0 * n as f64 * runs_per_second(dev, ops::ADD, &[a.r, b.r, c.r], 20)?)
+}
+
+/// Runs `op` on `args` twice to warm up, then `reps` times timed: runs per second.
+fn runs_per_second(dev: &Arc<Device>, op: u32, args: &[TensorRef], reps: usize) -> Result<f64> {
     let run = |reps: usize| -> Result<f64> {
         let t = Instant::now();
         for _ in 0..reps {
-            dev.op(ops::ADD, OpParams::default(), &[a.r, b.r, c.r])?;
+            dev.op(op, OpParams::default(), args)?;
         }
         dev.sync()?;
         Ok(t.elapsed().as_secs_f64())
     };
-    run(3)?;
-    let reps = 20;
-    Ok(3.0 * 4.0 * n as f64 * reps as f64 / run(reps)?)
+    run(2)?;
+    Ok(reps as f64 / run(reps)?)
 }
 
 /// ROCmFP2 (type 107, affine) MATMUL rate on 512 columns: flop/s of a [4096 x 16384]
@@ -81,17 +85,7 @@ fn matrix_rate(dev: &Arc<Device>) -> Result<f64> {
             .collect::<Vec<_>>(),
     )?;
     let out = dev.f32([m, n, 1, 1])?;
-    let run = |reps: usize| -> Result<f64> {
-        let t = Instant::now();
-        for _ in 0..reps {
-            dev.op(ops::MATMUL, OpParams::default(), &[w.r, x.r, out.r])?;
-        }
-        dev.sync()?;
-        Ok(t.elapsed().as_secs_f64())
-    };
-    run(2)?;
-    let reps = 10;
-    Ok(2.0 * (k * m * n) as f64 * reps as f64 / run(reps)?)
+    Ok(2.0 * (k * m * n) as f64 * runs_per_second(dev, ops::MATMUL, &[w.r, x.r, out.r], 10)?)
 }
 
 /// Weight bytes / s of one dense mat-vec (a single column, `reps` runs) with weights of
@@ -103,16 +97,7 @@ fn matvec_rate(dev: &Arc<Device>, ty: u32, k: u64, m: u64, row_bytes: u64) -> Re
     w.upload(&(0..bytes).map(|i| 0x11 + (i % 7) as u8).collect::<Vec<_>>())?;
     let x = dev.f32([k, 1, 1, 1])?;
     let out = dev.f32([m, 1, 1, 1])?;
-    let run = |reps: usize| -> Result<f64> {
-        let t = Instant::now();
-        for _ in 0..reps {
-            dev.op(ops::MATMUL, OpParams::default(), &[w.r, x.r, out.r])?;
-        }
-        dev.sync()?;
-        Ok(t.elapsed().as_secs_f64())
-    };
-    run(2)?;
-    Ok(bytes as f64 * 20.0 / run(20)?)
+    Ok(bytes as f64 * runs_per_second(dev, ops::MATMUL, &[w.r, x.r, out.r], 20)?)
 }
 
 struct Row {
