@@ -35,3 +35,25 @@ def test_synth_flash_width_loads_and_runs(tmp_path):
     assert a.shape == (10, 512) and np.isfinite(a).all()
     assert 0.1 < a.std(axis=1).mean() < 10
     assert np.abs(a - out["decode"]).max() <= 1e-5 * np.abs(a).max()
+
+
+def test_synth_q8_0_mix_is_plain_ggml_and_tokenizes(tmp_path):
+    """`--mix q8_0`: every matrix Q8_0 (PyPI gguf reads the whole file, which it cannot
+    with ROCmFPx types), the rest f32 / I32, with a byte-level BPE vocabulary of the
+    requested size that our tokenizer accepts (text in, tokens out)."""
+    import gguf
+
+    cfg = config(tmp_path, "q8")
+    model = tmp_path / "synth.gguf"
+    moeserve(cfg, "synth", "--out", model, "--layers", 4, "--experts", 4, "--vocab", 300, "--mix", "q8_0")
+    r = gguf.GGUFReader(model)
+    types = {t.tensor_type.name for t in r.tensors}
+    assert types == {"Q8_0", "F32", "I32"}, types
+    assert all(t.tensor_type.name == "Q8_0" for t in r.tensors if t.name.endswith("_exps.weight"))
+    tokens = r.fields["tokenizer.ggml.tokens"]
+    assert len(tokens.data) == 300 and "rocmfpx.fp2_mode" not in r.fields
+    out = moeserve(cfg, "generate", "--model", model, "--prompt", "hi there", "--raw", "--max-tokens", 2)
+    assert out.strip()
+    bad = subprocess.run([str(BIN_DIR / "moeserve"), "--config", str(cfg), "synth", "--out", str(tmp_path / "x.gguf"),
+                          "--layers", "4", "--vocab", "100"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "too small" in bad.stderr and not (tmp_path / "x.gguf").exists()

@@ -138,6 +138,10 @@ enum Command {
         vocab: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Weight types: `strix-lean` (ROCmFP2 affine experts, ROCmFP4 attention and
+        /// shared experts, Q8_0 rest) or `q8_0` (every matrix; llama.cpp loads it too).
+        #[arg(long, default_value = "strix-lean")]
+        mix: String,
     },
     /// Rewrite the tensors whose names match a regex into another quant type; everything
     /// else is copied unchanged.
@@ -239,7 +243,8 @@ fn main() -> ExitCode {
             experts,
             vocab,
             seed,
-        } => synth_cmd::run(&out, layers, experts, vocab, seed),
+            mix,
+        } => synth_cmd::run(&out, layers, experts, vocab, seed, &mix),
         Command::Convert {
             dir,
             out,

@@ -5,10 +5,22 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use moe_convert::synth::{flash_config, synth};
+use moe_convert::synth::{flash_config, synth, TypeMix};
 use moe_gguf::GgufWriter;
 
-pub fn run(out: &Path, layers: usize, experts: usize, vocab: usize, seed: u64) -> Result<()> {
+pub fn run(
+    out: &Path,
+    layers: usize,
+    experts: usize,
+    vocab: usize,
+    seed: u64,
+    mix: &str,
+) -> Result<()> {
+    let mix = match mix {
+        "strix-lean" => TypeMix::StrixLean,
+        "q8_0" => TypeMix::Q8_0,
+        other => anyhow::bail!("--mix {other}: expected strix-lean or q8_0"),
+    };
     let c = flash_config(layers, experts, vocab);
     let mut w = GgufWriter::new(32);
     let pb = ProgressBar::new(0);
@@ -16,7 +28,7 @@ pub fn run(out: &Path, layers: usize, experts: usize, vocab: usize, seed: u64) -
         ProgressStyle::with_template("{bar:30} {pos}/{len} tensors")
             .expect("static progress template"),
     );
-    let b = synth(&c, seed, &mut w, &|done, total| {
+    let b = synth(&c, mix, seed, &mut w, &|done, total| {
         pb.set_length(total as u64);
         pb.set_position(done as u64);
     })?;

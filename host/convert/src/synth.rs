@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use moe_gguf::{GgufWriter, Value};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use crate::{config::Ds4Config, metadata};
+use crate::{config::Ds4Config, metadata, tokenizer};
 
 /// V4-Flash's shape (DeepseekV4Config defaults) with `layers` layers, `experts` routed
 /// experts and a `vocab`-token vocabulary.
@@ -80,13 +80,35 @@ fn ue4m3_near(x: f32) -> u8 {
         .unwrap_or(0)
 }
 
+/// Which weight types the matrices get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TypeMix {
+    /// As the published ROCmFPx "Strix-Lean" files: routed experts ROCmFP2 affine,
+    /// attention and shared experts ROCmFP4, the rest Q8_0.
+    StrixLean,
+    /// Every matrix Q8_0: a file llama.cpp's deepseek4 loads too (for comparisons).
+    Q8_0,
+}
+
+impl TypeMix {
+    fn map(self, ty: u32) -> u32 {
+        match (self, ty) {
+            (TypeMix::Q8_0, ROCMFP2 | ROCMFP4) => Q8_0,
+            _ => ty,
+        }
+    }
+}
+
 struct Gen {
     rng: StdRng,
+    mix: TypeMix,
 }
 
 impl Gen {
-    /// `rows` rows of `k` weights of type `ty`, scaled to ~1/sqrt(k) per weight.
+    /// `rows` rows of `k` weights of type `ty` (as the mix maps it), scaled to
+    /// ~1/sqrt(k) per weight.
     fn matrix(&mut self, ty: u32, k: usize, rows: usize) -> Vec<u8> {
+        let ty = self.mix.map(ty);
         let target = 1.0 / (k as f32).sqrt();
         let blocks = k / 32 * rows;
         let mut out = Vec::with_capacity(blocks * 18);
@@ -131,6 +153,40 @@ impl Gen {
     }
 }
 
+/// A byte-level BPE vocabulary of `vocab` tokens, so the file can be served and loads in
+/// llama.cpp: the 256 byte symbols (GPT-2's byte-to-character map), "ĠĠ" and its merge,
+/// fillers, and begin / end-of-sentence control tokens at the top.
+fn synth_tokenizer(w: &mut GgufWriter, vocab: usize) -> Result<()> {
+    if vocab < 260 {
+        bail!("synth: a vocabulary of {vocab} tokens is too small for the byte-level tokenizer (>= 260)");
+    }
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut shifted = 0;
+    let mut tokens: Vec<(String, i32)> = (0u32..256)
+        .map(|b| {
+            let c = if printable(b) {
+                b
+            } else {
+                shifted += 1;
+                255 + shifted
+            };
+            (
+                char::from_u32(c).unwrap_or('?').to_string(),
+                tokenizer::NORMAL,
+            )
+        })
+        .collect();
+    tokens.push(("ĠĠ".into(), tokenizer::NORMAL));
+    tokens.extend((tokens.len()..vocab - 2).map(|i| (format!("<synth{i}>"), tokenizer::NORMAL)));
+    tokens.push(("<｜begin▁of▁sentence｜>".into(), tokenizer::CONTROL));
+    tokens.push(("<｜end▁of▁sentence｜>".into(), tokenizer::CONTROL));
+    tokenizer::write_bpe(w, tokens, vec![Value::String("Ġ Ġ".into())], "default");
+    w.add_kv("tokenizer.ggml.bos_token_id", Value::U32(vocab as u32 - 2));
+    w.add_kv("tokenizer.ggml.eos_token_id", Value::U32(vocab as u32 - 1));
+    Ok(())
+}
+
 /// Sizes of what was written.
 pub struct SynthBytes {
     pub total: u64,
@@ -142,6 +198,7 @@ pub struct SynthBytes {
 /// Writes the model; `progress(done, total)` per tensor.
 pub fn synth(
     c: &Ds4Config,
+    types: TypeMix,
     seed: u64,
     w: &mut GgufWriter,
     progress: &dyn Fn(usize, usize),
@@ -153,9 +210,13 @@ pub fn synth(
         bail!("synth: hidden, expert and q_lora sizes must be multiples of 32");
     }
     metadata(w, c, "synthetic-deepseek-v4-flash");
-    w.add_kv("rocmfpx.fp2_mode", Value::String("affine".into()));
+    if types == TypeMix::StrixLean {
+        w.add_kv("rocmfpx.fp2_mode", Value::String("affine".into()));
+    }
+    synth_tokenizer(w, c.vocab)?;
     let mut g = Gen {
         rng: StdRng::seed_from_u64(seed),
+        mix: types,
     };
     let (d, hd, hc) = (c.hidden, c.head_dim, c.hc_mult);
     let mix = 2 * hc + hc * hc;
@@ -173,7 +234,7 @@ pub fn synth(
             n
         };
         let dims: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
-        w.add_tensor(&name, &dims, ty, data);
+        w.add_tensor(&name, &dims, types.map(ty), data);
         done += 1;
         progress(done, total);
     };

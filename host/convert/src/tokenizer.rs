@@ -8,13 +8,27 @@ use moe_gguf::{GgufWriter, Value};
 use serde_json::Value as Json;
 
 /// ggml token types.
-const NORMAL: i32 = 1;
+pub const NORMAL: i32 = 1;
 const UNUSED: i32 = 5;
-const CONTROL: i32 = 3;
+pub const CONTROL: i32 = 3;
 const USER_DEFINED: i32 = 4;
 
 /// Pre-tokenizer names our tokenizer and llama.cpp both know.
 pub const KNOWN_PRE: &[&str] = &["default", "deepseek-v3", "llama3", "qwen2", "smollm"];
+
+/// Writes a byte-level BPE vocabulary (each token with its ggml type) and its merges as
+/// the GGUF `tokenizer.ggml.*` keys.
+pub fn write_bpe(w: &mut GgufWriter, tokens: Vec<(String, i32)>, merges: Vec<Value>, pre: &str) {
+    let (strs, types): (Vec<Value>, Vec<Value>) = tokens
+        .into_iter()
+        .map(|(s, ty)| (Value::String(s), Value::I32(ty)))
+        .unzip();
+    w.add_kv("tokenizer.ggml.model", Value::String("gpt2".into()));
+    w.add_kv("tokenizer.ggml.pre", Value::String(pre.into()));
+    w.add_kv("tokenizer.ggml.tokens", Value::Array(strs));
+    w.add_kv("tokenizer.ggml.token_type", Value::Array(types));
+    w.add_kv("tokenizer.ggml.merges", Value::Array(merges));
+}
 
 /// Adds the tokenizer in `dir` (if it has a tokenizer.json) to `w`; returns whether it did.
 /// `pre` names the pre-tokenizer; without it only a plain ByteLevel one is accepted.
@@ -122,17 +136,12 @@ pub fn add_tokenizer(
         })
         .map(|r| r.map(Value::String))
         .collect::<Result<_>>()?;
-    let (mut strs, mut types) = (Vec::new(), Vec::new());
-    for (i, t) in tokens.into_iter().enumerate() {
-        let (s, ty) = t.unwrap_or_else(|| (format!("[PAD{i}]"), UNUSED));
-        strs.push(Value::String(s));
-        types.push(Value::I32(ty));
-    }
-    w.add_kv("tokenizer.ggml.model", Value::String("gpt2".into()));
-    w.add_kv("tokenizer.ggml.pre", Value::String(pre));
-    w.add_kv("tokenizer.ggml.tokens", Value::Array(strs));
-    w.add_kv("tokenizer.ggml.token_type", Value::Array(types));
-    w.add_kv("tokenizer.ggml.merges", Value::Array(merges));
+    let tokens = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| t.unwrap_or_else(|| (format!("[PAD{i}]"), UNUSED)))
+        .collect();
+    write_bpe(w, tokens, merges, &pre);
     let cfg = dir.join("tokenizer_config.json");
     if let Ok(text) = std::fs::read_to_string(&cfg) {
         let c: Json = serde_json::from_str(&text)
