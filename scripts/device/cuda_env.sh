@@ -8,3 +8,10 @@ if ! ls /usr/local/cuda/lib64/libnvrtc.so* >/dev/null 2>&1; then
     [ -n "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 fi
 export LD_LIBRARY_PATH
+
+# cuda_plugins FILE [EXTRA]: a plugins.toml selecting the CUDA backend with the plugins
+# carried in .dev/ds4 (ggml and ROCmFPx quants, basic placement); EXTRA is appended.
+cuda_plugins() {
+    printf 'plugin_dir = "%s"\n[[plugin]]\nlibrary = "moe_backend_cuda"\n[[plugin]]\nlibrary = "moe_quant_ggml"\n[[plugin]]\nlibrary = "moe_quant_rocmfpx"\n[plugin.settings]\nfp2 = "affine"\n[[plugin]]\nlibrary = "moe_policy_basic"\n[devices]\nbackend = "cuda"\n%s' \
+        "$PWD/.dev/ds4" "${2:-}" > "$1"
+}

@@ -14,19 +14,7 @@ export MOE_KERNEL_CACHE=${MOE_KERNEL_CACHE:-/tmp/moe-kernel-cache}
 OUT=${OUT:-/tmp/ds4-bench}
 W=${W:-${TMPDIR:-/tmp}/ds4-synth}
 mkdir -p "$OUT" "$W"
-cat > "$W/plugins.toml" <<TOML
-plugin_dir = "$PWD/.dev/ds4"
-[[plugin]]
-library = "moe_backend_cuda"
-[[plugin]]
-library = "moe_quant_ggml"
-[[plugin]]
-library = "moe_quant_rocmfpx"
-[[plugin]]
-library = "moe_policy_basic"
-[devices]
-backend = "cuda"
-TOML
+cuda_plugins "$W/plugins.toml"
 date -u +"run: %Y-%m-%d %H:%M UTC"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 t0=$(date +%s)

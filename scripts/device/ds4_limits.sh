@@ -8,8 +8,7 @@ cd "$(dirname "$0")/../.."
 export MOE_KERNEL_CACHE=${MOE_KERNEL_CACHE:-/tmp/moe-kernel-cache}
 W=${W:-/tmp/ds4-limits}
 mkdir -p "$W"
-printf 'plugin_dir = "%s"\n[[plugin]]\nlibrary = "moe_backend_cuda"\n[[plugin]]\nlibrary = "moe_quant_ggml"\n[[plugin]]\nlibrary = "moe_quant_rocmfpx"\n[plugin.settings]\nfp2 = "affine"\n[[plugin]]\nlibrary = "moe_policy_basic"\n[devices]\nbackend = "cuda"\n' \
-    "$PWD/.dev/ds4" > "$W/plugins.toml"
+cuda_plugins "$W/plugins.toml"
 .dev/ds4/moeserve --config "$W/plugins.toml" convert tests/fixtures/deepseek4/tiny_trained --out "$W/t.gguf" >/dev/null 2>&1
 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench --model "$W/t.gguf" --prompt-tokens 8 \
     --gen-tokens 4 --repetitions 1 --limits --json > "$W/limits.json"

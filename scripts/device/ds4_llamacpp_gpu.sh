@@ -29,17 +29,7 @@ cmake --build "$W/build" -j "$(nproc)" --target llama-bench > "$W/build.log" 2>&
 echo "llama.cpp (CUDA) built in $(( $(date +%s) - t0 )) s"
 wait $synth
 tail -1 "$W/synth.log"
-cat > "$W/plugins.toml" <<TOML
-plugin_dir = "$PWD/.dev/ds4"
-[[plugin]]
-library = "moe_backend_cuda"
-[[plugin]]
-library = "moe_quant_ggml"
-[[plugin]]
-library = "moe_policy_basic"
-[devices]
-backend = "cuda"
-TOML
+cuda_plugins "$W/plugins.toml"
 "$(find "$W/build" -name llama-bench -type f | head -1)" -m "$W/q8.gguf" -p "$PP" -n "$TG" -ngl 99 \
     -r 2 -o json > "$OUT/llamacpp.json" 2> "$W/llama-bench.log" \
     || { echo "llama-bench failed:"; tail -15 "$W/llama-bench.log"; }
