@@ -57,3 +57,30 @@ def test_synth_q8_0_mix_is_plain_ggml_and_tokenizes(tmp_path):
     bad = subprocess.run([str(BIN_DIR / "moeserve"), "--config", str(cfg), "synth", "--out", str(tmp_path / "x.gguf"),
                           "--layers", "4", "--vocab", "100"], capture_output=True, text=True)
     assert bad.returncode != 0 and "too small" in bad.stderr and not (tmp_path / "x.gguf").exists()
+
+
+def test_bench_depths_and_layers(tmp_path):
+    """`bench --depths` moves the slot to each depth without running it (the CPU backend
+    runs the glue ops, so it can) and reports what a decoded token reads there: the same
+    weights at every depth, more cache rows the deeper, and with `--layers` (repeated
+    layers) more weights in proportion to the extra layers' sizes."""
+    import json
+
+    cfg = config(tmp_path, "q8")
+    model = tmp_path / "synth.gguf"
+    moeserve(cfg, "synth", "--out", model, "--layers", 6, "--experts", 4, "--vocab", 300, "--mix", "q8_0")
+
+    def bench(*extra):
+        out = moeserve(cfg, "bench", "--model", model, "--prompt-tokens", 4, "--gen-tokens", 2,
+                       "--repetitions", 1, "--json", *extra)
+        return json.loads(out)
+
+    b = bench("--depths", "0,600")
+    d0, d1 = b["depths"]
+    assert (d0["depth"], d1["depth"]) == (0, 600)
+    assert d0["weight_bytes_per_token"] == d1["weight_bytes_per_token"] > 0
+    assert d1["cache_bytes_per_token"] > d0["cache_bytes_per_token"] > 0
+    assert d0["tg_tok_s"] > 0 and d1["tg_tok_s"] > 0 and d0["tg_fraction_of_limit"] is None
+    deeper = bench("--layers", 8)["depths"][0]
+    # Layers 6 and 7 repeat layers 4 and 5: two more layers' weights per token.
+    assert deeper["weight_bytes_per_token"] > d0["weight_bytes_per_token"]
