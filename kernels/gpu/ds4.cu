@@ -358,6 +358,24 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
+// Inclusive prefix sum of `f` over the block's 256 threads; *total gets the block's sum
+// (buf: 256 ints of shared memory, free again on return).
+GPU_DEV int ds4_scan256(int f, int* buf, int* total) {
+    const int tid = threadIdx.x;
+    buf[tid] = f;
+    __syncthreads();
+    for (int st = 1; st < 256; st <<= 1) {
+        const int v = tid >= st ? buf[tid - st] : 0;
+        __syncthreads();
+        buf[tid] += v;
+        __syncthreads();
+    }
+    const int r = buf[tid];
+    *total = buf[255];
+    __syncthreads();
+    return r;
+}
+
 // Order-preserving unsigned key of a float (larger float, larger key; -0 < +0).
 GPU_DEV unsigned int ds4_key(float f) {
     const unsigned int u = (unsigned int)__float_as_int(f);
@@ -373,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(256)
     gpu_count_launch(counters, KID_DS4_TOPK_ROWS);
     __shared__ unsigned int hist[256];
     __shared__ unsigned int sh_prefix;
-    __shared__ int sh_left, n_gt, n_eq;
+    __shared__ int sh_left;
     __shared__ int flags[256];
     const int t = blockIdx.x, tid = threadIdx.x;
     int visible = (pos[t] + 1) / ratio;
@@ -408,33 +426,21 @@ extern "C" __global__ void __launch_bounds__(256)
         left = sh_left;
         mask |= 255u << shift;
     }
-    // prefix is now the k-th best key: take every key above it, then `left` equal keys
-    // in index order.
-    if (tid == 0) {
-        n_gt = 0;
-        n_eq = 0;
-    }
-    __syncthreads();
-    for (int i = tid; i < visible; i += 256)
-        if (ds4_key(s[i]) > prefix) o[atomicAdd(&n_gt, 1)] = i;
+    // prefix is now the k-th best key: take every key above it, then `left` equal keys,
+    // both in index order (a block scan per 256 rows: the same selection order on every
+    // run, so the attention's sums are reproducible).
     const int first_eq = k - left;
-    for (int c0 = 0; c0 < visible; c0 += 256) {
+    int base_gt = 0, base_eq = 0;  // the same in every thread (from block totals)
+    for (int c0 = 0; c0 < visible && (base_gt < first_eq || base_eq < left); c0 += 256) {
         const int i = c0 + tid;
-        const int f = i < visible && ds4_key(s[i]) == prefix;
-        flags[tid] = f;
-        __syncthreads();
-        for (int st = 1; st < 256; st <<= 1) {
-            const int v = tid >= st ? flags[tid - st] : 0;
-            __syncthreads();
-            flags[tid] += v;
-            __syncthreads();
-        }
-        const int rank = n_eq + flags[tid] - f;
-        if (f && rank < left) o[first_eq + rank] = i;
-        __syncthreads();
-        if (tid == 0) n_eq += flags[255];
-        __syncthreads();
-        if (n_eq >= left) break;
+        const unsigned int key = i < visible ? ds4_key(s[i]) : 0u;
+        const int g = i < visible && key > prefix, e = i < visible && key == prefix;
+        int total_g, total_e;
+        const int rg = ds4_scan256(g, flags, &total_g), re = ds4_scan256(e, flags, &total_e);
+        if (g) o[base_gt + rg - 1] = i;
+        if (e && base_eq + re - 1 < left) o[first_eq + base_eq + re - 1] = i;
+        base_gt += total_g;
+        base_eq += total_e;
     }
 }
 
@@ -483,7 +489,7 @@ extern "C" __global__ void __launch_bounds__(256)
         } else {
             const int j = kk - n_win;
             const int r = mode == 2 ? sel[(long long)t * k_sel + j] : j;
-            if (r < 0) continue;
+            if (r < 0 || r >= cap) continue;
             key = rows + (long long)r * hd;
         }
         float kr[DS4_HEAD_MAX / 32];
@@ -560,8 +566,10 @@ extern "C" __global__ void __launch_bounds__(256)
     __syncthreads();
     if (mode == 2) {
         if (tid < k) {
-            const int tok = tokens[t];
-            chosen[tid] = tok >= 0 && tok < table_rows ? table[(long long)tok * k + tid] : 0;
+            // Out-of-range tokens take row 0 and ids are clamped into 0..E, as on the CPU.
+            const int tok = tokens[t] >= 0 && tokens[t] < table_rows ? tokens[t] : 0;
+            const int e = table[(long long)tok * k + tid];
+            chosen[tid] = e < 0 ? 0 : (e >= n_expert ? n_expert - 1 : e);
         }
     } else {
         for (int j = 0; j < k; ++j) {

@@ -462,3 +462,16 @@ def test_repeated_layers_equal_an_explicitly_deeper_file(tmp_path):
     r = subprocess.run([str(BIN_DIR / "moeserve"), "--config", str(cfg), "logits", "--model", str(src),
                         "--tokens", "1,2", "--out", str(out), "--layers", "2"], capture_output=True, text=True)
     assert r.returncode != 0 and "already has" in r.stderr and "panicked" not in r.stderr
+
+
+def test_long_prefill_runs_in_pieces_equal_to_decode(tmp_path):
+    """A prefill longer than one device pass (2048 tokens: the kernels' grids put tokens
+    on y) runs as consecutive pieces whose caches carry over: the same logits as decoding
+    token by token (<= 1e-5 relative), across every layer type and compressor window."""
+    cfg = config(tmp_path, "f32")
+    model = convert(tmp_path, cfg, FIX / "tiny_release_ratios", "f32")
+    rng = np.random.default_rng(7)
+    toks = rng.integers(3, 190, size=2100).tolist()
+    pre, dec = logits(tmp_path, cfg, model, toks, "prefill"), logits(tmp_path, cfg, model, toks, "decode")
+    assert pre.shape == dec.shape == (2100, pre.shape[1])
+    assert rel(pre, dec).max() <= 1e-5

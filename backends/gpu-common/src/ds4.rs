@@ -44,12 +44,23 @@ impl KArgs {
         grid: (u64, u64, u64),
         block: u32,
     ) -> Result<(), String> {
-        let g = |v: u64, what: &str| {
-            u32::try_from(v.max(1)).map_err(|_| format!("{name}: grid {what} = {v} is too large"))
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(()); // nothing to do (an empty chunk)
+        }
+        // y and z are limited to 65535 blocks (CUDA and HIP); callers split longer chunks.
+        let g = |v: u64, what: &str, max: u64| {
+            u32::try_from(v)
+                .ok()
+                .filter(|&x| x as u64 <= max)
+                .ok_or_else(|| format!("{name}: grid {what} = {v} is more than {max} blocks"))
         };
         let l = Launch {
             name,
-            grid: (g(grid.0, "x")?, g(grid.1, "y")?, g(grid.2, "z")?),
+            grid: (
+                g(grid.0, "x", u32::MAX as u64)?,
+                g(grid.1, "y", 65535)?,
+                g(grid.2, "z", 65535)?,
+            ),
             block,
         };
         let ptrs: Vec<*mut std::ffi::c_void> =
@@ -267,7 +278,13 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
     let (id, ih, n) = (q.dims[0], q.dims[1], q.dims[2] * q.dims[3]);
     let cap = rows.numel() / id.max(1);
     let ratio = p.i[0].max(0) as u64;
-    if id == 0 || id > IDX_DIM_MAX || id * ih > IDX_Q_MAX || rows.dims[0] != id || ratio == 0 {
+    if id == 0
+        || id > IDX_DIM_MAX
+        || id * ih > IDX_Q_MAX
+        || ih > IDX_Q_MAX / 32
+        || rows.dims[0] != id
+        || ratio == 0
+    {
         return Err(format!(
             "index_scores: {ih} heads x {id} (at most {IDX_DIM_MAX} wide, {IDX_Q_MAX} in all), rows of {}, ratio {ratio}",
             rows.dims[0]
@@ -819,5 +836,31 @@ mod tests {
         assert!(e.contains("hc_pre weights"), "{e}");
         assert!(g.0.borrow().is_empty());
         assert!(run(&g, ops::MATMUL, &OpParams::default(), &[]).is_none());
+        // More tokens than grid y allows is refused (the engine splits chunks); an empty
+        // chunk launches nothing.
+        let n = 70000;
+        let e = err(
+            ops::HC_POST,
+            OpParams::default(),
+            &[f([8, 2, n, 1]), f([8, n, 1, 1]), f([8, n, 1, 1])],
+        );
+        assert!(e.contains("grid y = 70000 is more than 65535"), "{e}");
+        let none = [f([8, 2, 0, 1]), f([8, 0, 1, 1]), f([8, 0, 1, 1])];
+        run(&g, ops::HC_POST, &OpParams::default(), &none)
+            .unwrap()
+            .unwrap();
+        assert!(g.0.borrow().is_empty());
+        let e = err(
+            ops::INDEX_SCORES,
+            prm(&[], &[4]),
+            &[
+                f([16, 300, 1, 1]),
+                f([300, 1, 1, 1]),
+                f([16, 10, 1, 1]),
+                i([1, 1, 1, 1]),
+                f([10, 1, 1, 1]),
+            ],
+        );
+        assert!(e.starts_with("index_scores"), "{e}");
     }
 }

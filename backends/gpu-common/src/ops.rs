@@ -263,7 +263,8 @@ pub fn get_rows(
 pub(crate) fn dense_align(ty: u32) -> u64 {
     match ty {
         types::F32 => 4,
-        TYPE_MXFP4 | TYPE_ROCMFP4 | TYPE_ROCMFP4_FAST => 1,
+        // ROCmFP4's 18-byte blocks are read as 16-bit words; the 17-byte ones as bytes.
+        TYPE_MXFP4 | TYPE_ROCMFP4_FAST => 1,
         _ => 2,
     }
 }

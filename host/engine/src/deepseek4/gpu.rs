@@ -104,6 +104,9 @@ struct Work {
     logits: Tensor,
 }
 
+/// Tokens per device pass (see `GpuPath::run`): 16 routed experts x 2048 < 65535.
+const MAX_CHUNK: usize = 2048;
+
 pub(super) struct GpuPath {
     layers: Vec<DevLayer>,
     head: (Tensor, Tensor),
@@ -319,6 +322,22 @@ impl GpuPath {
         p0: usize,
         want: &[usize],
     ) -> Result<Vec<Vec<f32>>> {
+        // Kernels put a chunk's tokens (MATMUL_ID: tokens x routed experts) on grid y,
+        // at most 65535 blocks: longer chunks run as consecutive pieces (the caches carry
+        // over, so this equals one pass).
+        if tokens.len() > MAX_CHUNK {
+            let mut out = Vec::new();
+            for (i, part) in tokens.chunks(MAX_CHUNK).enumerate() {
+                let start = i * MAX_CHUNK;
+                let mine: Vec<usize> = want
+                    .iter()
+                    .filter(|&&t| (start..start + part.len()).contains(&t))
+                    .map(|&t| t - start)
+                    .collect();
+                out.extend(Self::run(m, slot, part, p0 + start, &mine)?);
+            }
+            return Ok(out);
+        }
         let mut g = m.gpu.take().ok_or_else(|| anyhow!("no device path"))?;
         let r = g.run_inner(m, slot, tokens, p0, want);
         m.gpu = Some(g);
@@ -823,8 +842,10 @@ pub(super) fn fits(p: &Ds4Params) -> bool {
         && p.head_dim.is_multiple_of(2)
         && p.idx_dim <= 256
         && p.idx_heads * p.idx_dim <= 8192
+        && p.idx_heads <= 256
         && p.n_expert <= 1024
         && p.n_used <= 16
+        && p.n_used * MAX_CHUNK <= 65535
         && p.q_lora.is_multiple_of(2)
         && p.idx_dim.is_multiple_of(2)
 }
