@@ -145,6 +145,20 @@ pub mod ops {
     pub const GRAPH_LAUNCH: u32 = 28;
 }
 
+/// MOE_COMBINE's arguments: (y, w, out, optional shared expert output).
+pub fn moe_combine_args(
+    a: &[TensorRef],
+) -> Result<(TensorRef, TensorRef, TensorRef, Option<TensorRef>), String> {
+    match a {
+        [y, w, out] => Ok((*y, *w, *out, None)),
+        [y, w, out, s] => Ok((*y, *w, *out, Some(*s))),
+        _ => Err(format!(
+            "moe_combine: expected 3 or 4 tensor arguments, got {}",
+            a.len()
+        )),
+    }
+}
+
 /// Parameters of one op call.
 #[repr(C)]
 #[derive(StableAbi, Clone, Copy, Debug, Default, PartialEq)]

@@ -464,16 +464,7 @@ fn router(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str, St
 
 inventory::submit! { CpuKernel { op: ops::MOE_COMBINE, name: "ds4_moe_combine", run: moe_combine } }
 fn moe_combine(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
-    let (y, w, out, shared) = match a {
-        [y, w, out] => (*y, *w, *out, None),
-        [y, w, out, s] => (*y, *w, *out, Some(*s)),
-        _ => {
-            return Err(format!(
-                "moe_combine: expected 3 or 4 tensor arguments, got {}",
-                a.len()
-            ))
-        }
-    };
+    let (y, w, out, shared) = moe_plugin_api::moe_combine_args(a)?;
     let (d, k, n) = (
         y.dims[0] as usize,
         y.dims[1] as usize,

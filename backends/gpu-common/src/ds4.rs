@@ -470,16 +470,7 @@ unsafe fn swiglu(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), St
 }
 
 unsafe fn moe_combine(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
-    let (y, w, out, shared) = match a {
-        [y, w, out] => (*y, *w, *out, None),
-        [y, w, out, s] => (*y, *w, *out, Some(*s)),
-        _ => {
-            return Err(format!(
-                "moe_combine: expected 3 or 4 tensor arguments, got {}",
-                a.len()
-            ))
-        }
-    };
+    let (y, w, out, shared) = moe_plugin_api::moe_combine_args(a)?;
     let (d, k) = (y.dims[0], y.dims[1]);
     let n = y.dims[2] * y.dims[3];
     holds(&y, types::F32, 0, "moe_combine expert outputs")?;
