@@ -93,6 +93,21 @@ extern "C" __global__ void __launch_bounds__(128)
     }
 }
 
+// Divides each row (ROWS = 1) or column (ROWS = 0) of the HC x HC matrix c by its
+// sum + eps.
+template <int HC, int ROWS>
+GPU_DEV void ds4_norm_lines(float* c, float eps) {
+#pragma unroll
+    for (int l = 0; l < HC; ++l) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HC; ++j) sum += c[ROWS ? l * HC + j : j * HC + l];
+        sum += eps;
+#pragma unroll
+        for (int j = 0; j < HC; ++j) c[ROWS ? l * HC + j : j * HC + l] /= sum;
+    }
+}
+
 // Softmax rows (+eps), then Sinkhorn: a column normalisation, then iters - 1 rounds of
 // rows and columns (each sum + eps). In registers: HC is a compile-time size.
 template <int HC>
@@ -115,26 +130,8 @@ GPU_DEV void ds4_sinkhorn(const float* M, const float* B, float scale, int iters
         for (int j = 0; j < HC; ++j) c[i * HC + j] = c[i * HC + j] / sum + eps;
     }
     for (int it = 0; it < (iters > 1 ? iters : 1); ++it) {
-        if (it > 0) {
-#pragma unroll
-            for (int i = 0; i < HC; ++i) {
-                float sum = 0.0f;
-#pragma unroll
-                for (int j = 0; j < HC; ++j) sum += c[i * HC + j];
-                sum += eps;
-#pragma unroll
-                for (int j = 0; j < HC; ++j) c[i * HC + j] /= sum;
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < HC; ++j) {
-            float sum = 0.0f;
-#pragma unroll
-            for (int i = 0; i < HC; ++i) sum += c[i * HC + j];
-            sum += eps;
-#pragma unroll
-            for (int i = 0; i < HC; ++i) c[i * HC + j] /= sum;
-        }
+        if (it > 0) ds4_norm_lines<HC, 1>(c, eps);
+        ds4_norm_lines<HC, 0>(c, eps);
     }
 #pragma unroll
     for (int i = 0; i < HC * HC; ++i) out[i] = c[i];

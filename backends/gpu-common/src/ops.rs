@@ -969,54 +969,16 @@ mod run_tests {
         let g = Rec::default();
         let w = t(107, [64, 4, 1, 1]);
         let f = |k, n| t(types::F32, [k, n, 1, 1]);
-        run(
-            &g,
-            "test",
-            MMQ_MMA,
-            ops::MATMUL,
-            &OpParams::default(),
-            &[w, f(64, 2), f(4, 2)],
-        )
-        .unwrap();
-        run(
-            &g,
-            "test",
-            MMQ_MMA,
-            ops::MATMUL,
-            &OpParams::default(),
-            &[w, f(64, 9), f(4, 9)],
-        )
-        .unwrap();
+        let go =
+            |op, a: &[TensorRef]| run(&g, "test", MMQ_MMA, op, &OpParams::default(), a).unwrap();
+        go(ops::MATMUL, &[w, f(64, 2), f(4, 2)]);
+        go(ops::MATMUL, &[w, f(64, 9), f(4, 9)]);
         let we = t(107, [64, 4, 3, 1]);
         let ids = t(types::I32, [2, 1, 1, 1]);
-        run(
-            &g,
-            "test",
-            MMQ_MMA,
-            ops::MATMUL_ID,
-            &OpParams::default(),
-            &[we, f(64, 1), ids, f(4, 2)],
-        )
-        .unwrap();
-        run(
-            &g,
-            "test",
-            MMQ_MMA,
-            ops::ADD,
-            &OpParams::default(),
-            &[f(8, 1); 3],
-        )
-        .unwrap();
+        go(ops::MATMUL_ID, &[we, f(64, 1), ids, f(4, 2)]);
+        go(ops::ADD, &[f(8, 1); 3]);
         let rows = [w, t(types::I32, [2, 1, 1, 1]), f(64, 2)];
-        run(
-            &g,
-            "test",
-            MMQ_MMA,
-            ops::GET_ROWS,
-            &OpParams::default(),
-            &rows,
-        )
-        .unwrap();
+        go(ops::GET_ROWS, &rows);
         let names: Vec<_> = g.launches.borrow().iter().map(|l| (l.0, l.2)).collect();
         assert_eq!(
             names,
