@@ -53,6 +53,15 @@ GPU_DEV float gpu_shfl_xor(float v, int mask) {
 #endif
 }
 
+// Lane `src`'s value (all lanes active).
+GPU_DEV float gpu_shfl(float v, int src) {
+#if defined(GPU_HIP)
+    return __shfl(v, src, GPU_WARP);
+#else
+    return __shfl_sync(GPU_FULL_MASK, v, src, GPU_WARP);
+#endif
+}
+
 GPU_DEV float gpu_warp_sum(float v) {
 #pragma unroll
     for (int m = GPU_WARP / 2; m > 0; m >>= 1) v += gpu_shfl_xor(v, m);

@@ -137,13 +137,48 @@ GPU_DEV void ds4_sinkhorn(const float* M, const float* B, float scale, int iters
     for (int i = 0; i < HC * HC; ++i) out[i] = c[i];
 }
 
+// ds4_sinkhorn on one warp, lane i * HC + j holding entry (i, j) (HC * HC <= 32): every
+// row / column sum is taken in the same order as the serial version, so the result is
+// the same bit for bit, with 2 * iters divisions per lane instead of HC^2 per round.
+template <int HC>
+GPU_DEV void ds4_sinkhorn_warp(const float* M, const float* B, float scale, int iters, float eps,
+                               float* out) {
+    const int L = threadIdx.x & 31;
+    const bool on = L < HC * HC;
+    const int i = on ? L / HC : 0, j = on ? L % HC : 0;
+    float c = on ? M[2 * HC + L] * scale + B[2 * HC + L] : 0.0f;
+    float mx = DS4_NEG_INF, sum = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < HC; ++jj) mx = fmaxf(mx, gpu_shfl(c, i * HC + jj));
+    c = expf(c - mx);
+#pragma unroll
+    for (int jj = 0; jj < HC; ++jj) sum += gpu_shfl(c, i * HC + jj);
+    c = c / sum + eps;
+    for (int it = 0; it < (iters > 1 ? iters : 1); ++it) {
+        if (it > 0) {
+            float rs = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < HC; ++jj) rs += gpu_shfl(c, i * HC + jj);
+            c /= rs + eps;
+        }
+        float cs = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < HC; ++jj) cs += gpu_shfl(c, jj * HC + j);
+        c /= cs + eps;
+    }
+    if (on) out[L] = c;
+}
+
 // ---------------------------------------------------------------------------------
 // mHC pre: `mix` holds W * streams (the un-normalised streams; the RMS factor of the
 // streams is applied here, which equals projecting the normalised streams). Site mode:
 // pre = sigmoid(.)+eps, post = 2 sigmoid(.), comb = Sinkhorn(softmax rows); head mode:
 // pre only. Then x = sum_h pre_h stream_h, RMS-normed times norm_w. wts gets
-// [pre, post, comb] (site) or [pre] (head) per token. grid = n, block = 256.
-extern "C" __global__ void __launch_bounds__(256)
+// [pre, post, comb] (site) or [pre] (head) per token. One block of 1024 threads per
+// token (a decode step runs one token: the block's width is the parallelism), the
+// Sinkhorn on warp 0 (HC <= 5) or thread 0. grid = n, block = DS4_HC_THREADS.
+#define DS4_HC_THREADS 1024
+extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
     ds4_hc_pre(const float* __restrict__ streams, const float* __restrict__ mix,
                const float* __restrict__ scale, const float* __restrict__ base,
                const float* __restrict__ norm_w, int d, int hc, int iters, float eps,
@@ -152,54 +187,58 @@ extern "C" __global__ void __launch_bounds__(256)
     gpu_count_launch(counters, KID_DS4_HC_PRE);
     __shared__ float sh[32];
     __shared__ float W[2 * DS4_HC_MAX + DS4_HC_MAX * DS4_HC_MAX];
-    const int t = blockIdx.x;
+    const int t = blockIdx.x, tid = threadIdx.x;
     const float* s = streams + (long long)t * hc * d;
     float acc = 0.0f;
-    for (int i = threadIdx.x; i < hc * d; i += 256) acc += s[i] * s[i];
-    acc = ds4_block_sum(acc, sh, 256);
+    for (int i = tid; i < hc * d; i += DS4_HC_THREADS) acc += s[i] * s[i];
+    acc = ds4_block_sum(acc, sh, DS4_HC_THREADS);
     const float r = 1.0f / sqrtf(acc / (float)(hc * d) + eps);
     const int nm = head_mode ? hc : 2 * hc + hc * hc;
     // Stage the mixes (times the streams' RMS factor), bases and scales in parallel; the
-    // Sinkhorn loop below then reads only shared memory.
+    // Sinkhorn below then reads only shared memory.
     __shared__ float M[2 * DS4_HC_MAX + DS4_HC_MAX * DS4_HC_MAX];
     __shared__ float B[2 * DS4_HC_MAX + DS4_HC_MAX * DS4_HC_MAX];
     __shared__ float S[3];
-    for (int i = threadIdx.x; i < nm; i += 256) {
+    for (int i = tid; i < nm; i += DS4_HC_THREADS) {
         M[i] = mix[(long long)t * nm + i] * r;
         B[i] = base[i];
     }
-    if (threadIdx.x < (head_mode ? 1 : 3)) S[threadIdx.x] = scale[threadIdx.x];
+    if (tid < (head_mode ? 1 : 3)) S[tid] = scale[tid];
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < hc; ++i) W[i] = ds4_sigmoid(M[i] * S[0] + B[i]) + hc_eps;
-        if (!head_mode) {
-            for (int i = 0; i < hc; ++i)
-                W[hc + i] = 2.0f * ds4_sigmoid(M[hc + i] * S[1] + B[hc + i]);
+    if (tid < hc) W[tid] = ds4_sigmoid(M[tid] * S[0] + B[tid]) + hc_eps;
+    if (!head_mode) {
+        if (tid >= 32 && tid < 32 + hc)
+            W[hc + tid - 32] = 2.0f * ds4_sigmoid(M[tid - 32 + hc] * S[1] + B[tid - 32 + hc]);
+        if (tid < 32) {
             switch (hc) {
-            case 1: ds4_sinkhorn<1>(M, B, S[2], iters, hc_eps, W + 2); break;
-            case 2: ds4_sinkhorn<2>(M, B, S[2], iters, hc_eps, W + 4); break;
-            case 3: ds4_sinkhorn<3>(M, B, S[2], iters, hc_eps, W + 6); break;
-            case 4: ds4_sinkhorn<4>(M, B, S[2], iters, hc_eps, W + 8); break;
-            case 5: ds4_sinkhorn<5>(M, B, S[2], iters, hc_eps, W + 10); break;
-            case 6: ds4_sinkhorn<6>(M, B, S[2], iters, hc_eps, W + 12); break;
-            case 7: ds4_sinkhorn<7>(M, B, S[2], iters, hc_eps, W + 14); break;
-            default: ds4_sinkhorn<8>(M, B, S[2], iters, hc_eps, W + 16); break;
+            case 1: ds4_sinkhorn_warp<1>(M, B, S[2], iters, hc_eps, W + 2); break;
+            case 2: ds4_sinkhorn_warp<2>(M, B, S[2], iters, hc_eps, W + 4); break;
+            case 3: ds4_sinkhorn_warp<3>(M, B, S[2], iters, hc_eps, W + 6); break;
+            case 4: ds4_sinkhorn_warp<4>(M, B, S[2], iters, hc_eps, W + 8); break;
+            case 5: ds4_sinkhorn_warp<5>(M, B, S[2], iters, hc_eps, W + 10); break;
+            default:
+                if (tid == 0) {
+                    if (hc == 6) ds4_sinkhorn<6>(M, B, S[2], iters, hc_eps, W + 12);
+                    else if (hc == 7) ds4_sinkhorn<7>(M, B, S[2], iters, hc_eps, W + 14);
+                    else ds4_sinkhorn<8>(M, B, S[2], iters, hc_eps, W + 16);
+                }
+                break;
             }
         }
-        for (int i = 0; i < nm; ++i) wts[(long long)t * nm + i] = W[i];
     }
     __syncthreads();
+    for (int i = tid; i < nm; i += DS4_HC_THREADS) wts[(long long)t * nm + i] = W[i];
     float* o = out + (long long)t * d;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < d; i += 256) {
+    for (int i = tid; i < d; i += DS4_HC_THREADS) {
         float v = 0.0f;
         for (int h = 0; h < hc; ++h) v += W[h] * s[(long long)h * d + i];
         o[i] = v;
         ss += v * v;
     }
-    ss = ds4_block_sum(ss, sh, 256);
+    ss = ds4_block_sum(ss, sh, DS4_HC_THREADS);
     const float rr = 1.0f / sqrtf(ss / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += 256) o[i] = norm_w[i] * (o[i] * rr);
+    for (int i = tid; i < d; i += DS4_HC_THREADS) o[i] = norm_w[i] * (o[i] * rr);
 }
 
 // mHC post, in place: new_k = post_k * block + sum_j comb[j][k] * old_j.

@@ -26,6 +26,7 @@
 #define KID_MATVEC_DENSE 16
 #define KID_GET_ROWS_DENSE 17
 #define KID_MATVEC_DENSE_ID 30 // 18..29, 31: ds4.cu
+#define KID_MATVEC_DENSE_ROWS 32
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -938,6 +939,108 @@ extern "C" __global__ void __launch_bounds__(256)
         dense_row_dots(w + (long long)r * row_bytes, ty, k, x + (long long)c0 * k, nc, acc,
                        warp % parts, parts);
     dense_rows_store(acc, nc, parts, r, m, out + (long long)c0 * m, sh);
+}
+
+// f16 to f32 for scales (never inf / NaN): the 15 magnitude bits become a float's
+// exponent and mantissa, rescaled by 2^112 (subnormal halves come out right too).
+GPU_DEV float half_scale(unsigned int h) {
+    const float mag = __int_as_float((int)((h & 0x7fffu) << 13)) * 5.192296858534828e33f;
+    return (h & 0x8000u) ? -mag : mag;
+}
+
+// Decode mat-vec (one f32 column) of Q8_0 or ROCmFP4 (100) weights: a 128-thread block
+// on R rows, thread t taking the 8-value units t, t + 128, ... of each row (unit = a
+// quarter of a Q8_0 block, or 4 code bytes = 8 values of a ROCmFP4 block), so a block
+// reads R contiguous runs and each activation load serves R rows. ROCmFP4 codes and
+// scale bytes decode through shared tables. Measured against matvec_dense on the
+// V4-Flash shapes by scripts/device/dense_matvec_bench.sh.
+// Needs k % 32 == 0, rows 2-byte aligned, x 16-byte aligned. grid = ceil(m / R).
+template <int TY, int R>
+GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                        const float* __restrict__ x, float* __restrict__ out) {
+    __shared__ float lut[16];
+    __shared__ float sc[256];
+    __shared__ float red[4][R];
+    const int t = threadIdx.x;
+    if (TY == DT_ROCMFP4) {
+        if (t < 16) {
+            const int mm = t & 7;
+            const float a = (float)(mm + (mm > 4 ? mm - 4 : 0));
+            lut[t] = t & 8 ? -a : a;
+        }
+        sc[t] = ue4m3(t);
+        sc[t + 128] = ue4m3(t + 128);
+        __syncthreads();
+    }
+    const int r0 = blockIdx.x * R;
+    const unsigned char* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = w + (long long)(r0 + r < m ? r0 + r : m - 1) * row_bytes;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    const int units = (k >> 5) * 4;
+#pragma unroll 2
+    for (int u = t; u < units; u += 128) {
+        const int b = u >> 2, q = u & 3;
+        const float* xb = x + b * 32;
+        if (TY == DT_Q8_0) {
+            const gpu_f4 xa = *(const gpu_f4*)(xb + 8 * q), xc = *(const gpu_f4*)(xb + 8 * q + 4);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const unsigned char* blk = rows[r] + b * 34;
+                const float d = half_scale(gpu_load_u16(blk));
+                const unsigned int w0 = gpu_load_u32_a2(blk + 2 + 8 * q);
+                const unsigned int w1 = gpu_load_u32_a2(blk + 6 + 8 * q);
+                float s = (float)(signed char)(w0 & 0xffu) * xa.x;
+                s += (float)(signed char)((w0 >> 8) & 0xffu) * xa.y;
+                s += (float)(signed char)((w0 >> 16) & 0xffu) * xa.z;
+                s += (float)(signed char)(w0 >> 24) * xa.w;
+                s += (float)(signed char)(w1 & 0xffu) * xc.x;
+                s += (float)(signed char)((w1 >> 8) & 0xffu) * xc.y;
+                s += (float)(signed char)((w1 >> 16) & 0xffu) * xc.z;
+                s += (float)(signed char)(w1 >> 24) * xc.w;
+                acc[r] += d * s;
+            }
+        } else {
+            // Code byte j holds element j (low nibble, first scale) and j + 16 (high, second).
+            const gpu_f4 xa = *(const gpu_f4*)(xb + 4 * q), xc = *(const gpu_f4*)(xb + 16 + 4 * q);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const unsigned char* blk = rows[r] + b * 18;
+                const unsigned int wq = gpu_load_u32_a2(blk + 4 * q);
+                const unsigned int e = gpu_load_u16(blk + 16);
+                const float lo = lut[wq & 15u] * xa.x + lut[(wq >> 8) & 15u] * xa.y +
+                                 lut[(wq >> 16) & 15u] * xa.z + lut[(wq >> 24) & 15u] * xa.w;
+                const float hi = lut[(wq >> 4) & 15u] * xc.x + lut[(wq >> 12) & 15u] * xc.y +
+                                 lut[(wq >> 20) & 15u] * xc.z + lut[(wq >> 28) & 15u] * xc.w;
+                acc[r] += sc[e & 255u] * lo + sc[e >> 8] * hi;
+            }
+        }
+    }
+    const int warp = t >> 5, lane = t & 31;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float v = gpu_warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (t < R && r0 + t < m) out[r0 + t] = red[0][t] + red[1][t] + red[2][t] + red[3][t];
+}
+
+// dense_rows for a run-time type (DT_Q8_0 or DT_ROCMFP4) and rows per block (2 or 4).
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_dense_rows(const unsigned char* __restrict__ w, long long row_bytes, int ty, int k,
+                      int m, const float* __restrict__ x, float* __restrict__ out, int rows,
+                      unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS);
+    if (ty == DT_Q8_0) {
+        if (rows == 4) dense_rows<DT_Q8_0, 4>(w, row_bytes, k, m, x, out);
+        else dense_rows<DT_Q8_0, 2>(w, row_bytes, k, m, x, out);
+    } else {
+        if (rows == 4) dense_rows<DT_ROCMFP4, 4>(w, row_bytes, k, m, x, out);
+        else dense_rows<DT_ROCMFP4, 2>(w, row_bytes, k, m, x, out);
+    }
 }
 
 // out[i*cols + j] = value j of row ids[i]; grid = (ceil(cols/256), n_ids).

@@ -185,7 +185,7 @@ unsafe fn hc_pre(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), St
         .i(head as i32)
         .p(f32p(gpu, &out)?)
         .p(f32p(gpu, &wts)?)
-        .launch(gpu, "ds4_hc_pre", (n, 1, 1), 256)
+        .launch(gpu, "ds4_hc_pre", (n, 1, 1), 1024)
 }
 
 unsafe fn hc_post(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {

@@ -270,7 +270,8 @@ pub(crate) fn dense_align(ty: u32) -> u64 {
 }
 
 /// MATMUL of f32 / f16 / bf16 / q8_0 / mxfp4 weights `[k, m]` with `n` f32 columns,
-/// decoded as they are read (`matvec_dense`).
+/// decoded as they are read (`matvec_dense`; a decode step's single column of Q8_0 or
+/// ROCmFP4 weights: `matvec_dense_rows`, see [`dense_rows`]).
 #[derive(Debug, PartialEq, Eq)]
 pub struct DenseMatmul {
     pub w: u64,
@@ -283,7 +284,22 @@ pub struct DenseMatmul {
     pub out: u64,
     /// Warps per row (1, 2, 4, 8; see [`dense_parts`]).
     pub parts: i32,
+    /// Rows per block when the launch is `matvec_dense_rows` (which takes this in place
+    /// of `n` and `parts`).
+    pub rows: Option<i32>,
     pub launch: Launch,
+}
+
+/// Rows per 128-thread block of `matvec_dense_rows` for one column of `ty` weights with
+/// `m` rows at address `x` of the activations, or None where `matvec_dense` runs: other
+/// types, under 256 rows (too few blocks), activations not 16-byte aligned. Four rows
+/// for the output-head-sized products, else two (scripts/device/dense_matvec_bench.sh).
+/// `MOE_GPU_DENSE_ROWS=0` keeps `matvec_dense` everywhere (A/B runs on the device).
+pub fn dense_rows(ty: u32, m: u64, n: u64, x: u64) -> Option<u64> {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var_os("MOE_GPU_DENSE_ROWS").is_some_and(|v| v == "0"));
+    let fits = !off && n == 1 && matches!(ty, TYPE_Q8_0 | TYPE_ROCMFP4) && m >= 256 && x % 16 == 0;
+    fits.then_some(if m >= 16384 { 4 } else { 2 })
 }
 
 /// Warps sharing one row of the dense mat-vec: enough warps in all (~8192) for few-row
@@ -323,11 +339,23 @@ pub fn matmul_dense(
     }
     let (pw, px, po) = (ptr(&w, dense_align(w.type_id))?, ptr(&x, 4)?, ptr(&out, 4)?);
     let parts = dense_parts(m, k);
-    let grid = (
-        to_i32(m.div_ceil(8 / parts), "m")? as u32,
-        to_i32(n.div_ceil(8), "n / 8")? as u32,
-        1,
-    );
+    let rows = dense_rows(w.type_id, m, n, px);
+    let launch = match rows {
+        Some(r) => Launch {
+            name: "matvec_dense_rows",
+            grid: (to_i32(m.div_ceil(r), "m")? as u32, 1, 1),
+            block: 128,
+        },
+        None => Launch {
+            name: "matvec_dense",
+            grid: (
+                to_i32(m.div_ceil(8 / parts), "m")? as u32,
+                to_i32(n.div_ceil(8), "n / 8")? as u32,
+                1,
+            ),
+            block: 256,
+        },
+    };
     Ok(Some(DenseMatmul {
         w: pw,
         row_bytes: row_bytes as i64,
@@ -338,11 +366,8 @@ pub fn matmul_dense(
         n: to_i32(n, "n")?,
         out: po,
         parts: parts as i32,
-        launch: Launch {
-            name: "matvec_dense",
-            grid,
-            block: 256,
-        },
+        rows: rows.map(|r| r as i32),
+        launch,
     }))
 }
 
@@ -635,7 +660,10 @@ pub fn run(
                 })?;
                 let (mut pw, mut rb, mut ty, mut k, mut m) = (p.w, p.row_bytes, p.ty, p.k, p.m);
                 let (mut px, mut n, mut po, mut parts) = (p.x, p.n, p.out, p.parts);
-                gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, n, po, parts))
+                match p.rows {
+                    Some(mut rows) => gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, po, rows)),
+                    None => gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, n, po, parts)),
+                }
             }
             ops::MATMUL => {
                 let p = matmul(args, backend, mmq, ptr)?;
@@ -829,6 +857,37 @@ mod tests {
             (8, 8, 2)
         );
         assert_eq!((dense_parts(129280, 4096), dense_parts(8, 256)), (1, 1));
+        // One column of Q8_0 / ROCmFP4 weights: a block on 4 (output-head sized) or 2 rows.
+        let one = |ty, k, m, n, x_at: u64| {
+            let mut i = 0;
+            let p = matmul_dense(
+                &[
+                    t(ty, [k, m, 1, 1]),
+                    t(types::F32, [k, n, 1, 1]),
+                    t(types::F32, [m, n, 1, 1]),
+                ],
+                move |_, _| {
+                    i += 1;
+                    Ok(if i == 2 { x_at } else { i * 0x1000 })
+                },
+            )
+            .unwrap()
+            .unwrap();
+            (p.launch.name, p.launch.grid.0, p.launch.block, p.rows)
+        };
+        assert_eq!(
+            one(TYPE_Q8_0, 4096, 129280, 1, 0x2000),
+            ("matvec_dense_rows", 32320, 128, Some(4))
+        );
+        assert_eq!(
+            one(TYPE_ROCMFP4, 4096, 1023, 1, 0x2000),
+            ("matvec_dense_rows", 512, 128, Some(2))
+        );
+        // More columns, few rows, other types or misaligned activations: matvec_dense.
+        assert_eq!(one(TYPE_Q8_0, 4096, 1024, 2, 0x2000).0, "matvec_dense");
+        assert_eq!(one(TYPE_Q8_0, 4096, 255, 1, 0x2000).0, "matvec_dense");
+        assert_eq!(one(types::F32, 4096, 1024, 1, 0x2000).0, "matvec_dense");
+        assert_eq!(one(TYPE_ROCMFP4, 4096, 1024, 1, 0x2004).0, "matvec_dense");
         // 107 is not a dense type; a shape mismatch is refused.
         assert_eq!(
             matmul_dense(

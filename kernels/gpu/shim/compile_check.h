@@ -40,11 +40,19 @@ static __device__ inline float __shfl_xor(float v, int mask, int width) {
     const int src = ((lane ^ mask) & (width - 1)) | (lane & ~(width - 1));
     return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src << 2, __builtin_bit_cast(int, v)));
 }
+static __device__ inline float __shfl(float v, int src, int width) {
+    const int lane = (int)__builtin_amdgcn_mbcnt_lo(~0u, 0u);
+    const int from = (src & (width - 1)) | (lane & ~(width - 1));
+    return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(from << 2, __builtin_bit_cast(int, v)));
+}
 #else
 #include <__clang_cuda_builtin_vars.h>
 // __syncthreads is a clang builtin for NVPTX.
 static __device__ inline float __shfl_xor_sync(unsigned int mask, float v, int lane, int width) {
     return __nvvm_shfl_sync_bfly_f32(mask, v, lane, ((32 - width) << 8) | 0x1f);
+}
+static __device__ inline float __shfl_sync(unsigned int mask, float v, int src, int width) {
+    return __nvvm_shfl_sync_idx_f32(mask, v, src, ((32 - width) << 8) | 0x1f);
 }
 static __device__ inline int __dp4a(int a, int b, int c) {
     int r;
