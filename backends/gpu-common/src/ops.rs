@@ -298,7 +298,7 @@ pub struct DenseMatmul {
 pub fn dense_rows(ty: u32, m: u64, n: u64, x: u64) -> Option<u64> {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var_os("MOE_GPU_DENSE_ROWS").is_some_and(|v| v == "0"));
-    let fits = !off && n == 1 && matches!(ty, TYPE_Q8_0 | TYPE_ROCMFP4) && m >= 256 && x % 16 == 0;
+    let fits = !off && n == 1 && matches!(ty, TYPE_Q8_0 | TYPE_ROCMFP4) && m >= 256 && x.is_multiple_of(16);
     fits.then_some(if m >= 16384 { 4 } else { 2 })
 }
 
