@@ -27,6 +27,7 @@
 #define KID_GET_ROWS_DENSE 17
 #define KID_MATVEC_DENSE_ID 30 // 18..29, 31: ds4.cu
 #define KID_MATVEC_DENSE_ROWS 32
+#define KID_MATVEC_DENSE_ROWS_ID 33
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -952,10 +953,11 @@ GPU_DEV float half_scale(unsigned int h) {
 // on R rows, thread t taking the 8-value units t, t + 128, ... of each row (unit = a
 // quarter of a Q8_0 block, or 4 code bytes = 8 values of a ROCmFP4 block), so a block
 // reads R contiguous runs and each activation load serves R rows. ROCmFP4 codes and
-// scale bytes decode through shared tables. Measured against matvec_dense on the
-// V4-Flash shapes by scripts/device/dense_matvec_bench.sh.
+// scale bytes decode through shared tables. U > 1 stages U units' loads before their
+// arithmetic; measured on the V4-Flash shapes (scripts/device/dense_matvec_bench.sh),
+// U = 1 (the compiler's own scheduling) was as fast or faster, so the kernels use it.
 // Needs k % 32 == 0, rows 2-byte aligned, x 16-byte aligned. grid = ceil(m / R).
-template <int TY, int R>
+template <int TY, int R, int U>
 GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
                         const float* __restrict__ x, float* __restrict__ out) {
     __shared__ float lut[16];
@@ -980,41 +982,68 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     const int units = (k >> 5) * 4;
-#pragma unroll 2
-    for (int u = t; u < units; u += 128) {
-        const int b = u >> 2, q = u & 3;
-        const float* xb = x + b * 32;
-        if (TY == DT_Q8_0) {
-            const gpu_f4 xa = *(const gpu_f4*)(xb + 8 * q), xc = *(const gpu_f4*)(xb + 8 * q + 4);
+    // Q8_0: wa = scale, wb / wc = 8 codes; ROCmFP4: wa = 4 code bytes, wb = scale bytes.
+    for (int u0 = t; u0 < units; u0 += 128 * U) {
+        unsigned int wa[U][R], wb[U][R], wc[U][R];
+        gpu_f4 xa[U], xc[U];
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const unsigned char* blk = rows[r] + b * 34;
-                const float d = half_scale(gpu_load_u16(blk));
-                const unsigned int w0 = gpu_load_u32_a2(blk + 2 + 8 * q);
-                const unsigned int w1 = gpu_load_u32_a2(blk + 6 + 8 * q);
-                float s = (float)(signed char)(w0 & 0xffu) * xa.x;
-                s += (float)(signed char)((w0 >> 8) & 0xffu) * xa.y;
-                s += (float)(signed char)((w0 >> 16) & 0xffu) * xa.z;
-                s += (float)(signed char)(w0 >> 24) * xa.w;
-                s += (float)(signed char)(w1 & 0xffu) * xc.x;
-                s += (float)(signed char)((w1 >> 8) & 0xffu) * xc.y;
-                s += (float)(signed char)((w1 >> 16) & 0xffu) * xc.z;
-                s += (float)(signed char)(w1 >> 24) * xc.w;
-                acc[r] += d * s;
+        for (int j = 0; j < U; ++j) {
+            const int u = u0 + 128 * j;
+            if (u >= units) {  // zero scales and activations: adds nothing
+                xa[j] = xc[j] = gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int r = 0; r < R; ++r) wa[j][r] = wb[j][r] = wc[j][r] = 0u;
+                continue;
             }
-        } else {
-            // Code byte j holds element j (low nibble, first scale) and j + 16 (high, second).
-            const gpu_f4 xa = *(const gpu_f4*)(xb + 4 * q), xc = *(const gpu_f4*)(xb + 16 + 4 * q);
+            const int b = u >> 2, q = u & 3;
+            const float* xb = x + b * 32;
+            if (TY == DT_Q8_0) {
+                xa[j] = *(const gpu_f4*)(xb + 8 * q);
+                xc[j] = *(const gpu_f4*)(xb + 8 * q + 4);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const unsigned char* blk = rows[r] + b * 34;
+                    wa[j][r] = gpu_load_u16(blk);
+                    wb[j][r] = gpu_load_u32_a2(blk + 2 + 8 * q);
+                    wc[j][r] = gpu_load_u32_a2(blk + 6 + 8 * q);
+                }
+            } else {
+                // Code byte i holds element i (low nibble, first scale), i + 16 (high, second).
+                xa[j] = *(const gpu_f4*)(xb + 4 * q);
+                xc[j] = *(const gpu_f4*)(xb + 16 + 4 * q);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const unsigned char* blk = rows[r] + b * 18;
+                    wa[j][r] = gpu_load_u32_a2(blk + 4 * q);
+                    wb[j][r] = gpu_load_u16(blk + 16);
+                    wc[j][r] = 0u;
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            const gpu_f4 a = xa[j], c = xc[j];
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const unsigned char* blk = rows[r] + b * 18;
-                const unsigned int wq = gpu_load_u32_a2(blk + 4 * q);
-                const unsigned int e = gpu_load_u16(blk + 16);
-                const float lo = lut[wq & 15u] * xa.x + lut[(wq >> 8) & 15u] * xa.y +
-                                 lut[(wq >> 16) & 15u] * xa.z + lut[(wq >> 24) & 15u] * xa.w;
-                const float hi = lut[(wq >> 4) & 15u] * xc.x + lut[(wq >> 12) & 15u] * xc.y +
-                                 lut[(wq >> 20) & 15u] * xc.z + lut[(wq >> 28) & 15u] * xc.w;
-                acc[r] += sc[e & 255u] * lo + sc[e >> 8] * hi;
+                if (TY == DT_Q8_0) {
+                    const unsigned int w0 = wb[j][r], w1 = wc[j][r];
+                    float s = (float)(signed char)(w0 & 0xffu) * a.x;
+                    s += (float)(signed char)((w0 >> 8) & 0xffu) * a.y;
+                    s += (float)(signed char)((w0 >> 16) & 0xffu) * a.z;
+                    s += (float)(signed char)(w0 >> 24) * a.w;
+                    s += (float)(signed char)(w1 & 0xffu) * c.x;
+                    s += (float)(signed char)((w1 >> 8) & 0xffu) * c.y;
+                    s += (float)(signed char)((w1 >> 16) & 0xffu) * c.z;
+                    s += (float)(signed char)(w1 >> 24) * c.w;
+                    acc[r] += half_scale(wa[j][r]) * s;
+                } else {
+                    const unsigned int wq = wa[j][r], e = wb[j][r];
+                    const float lo = lut[wq & 15u] * a.x + lut[(wq >> 8) & 15u] * a.y +
+                                     lut[(wq >> 16) & 15u] * a.z + lut[(wq >> 24) & 15u] * a.w;
+                    const float hi = lut[(wq >> 4) & 15u] * c.x + lut[(wq >> 12) & 15u] * c.y +
+                                     lut[(wq >> 20) & 15u] * c.z + lut[(wq >> 28) & 15u] * c.w;
+                    acc[r] += sc[e & 255u] * lo + sc[e >> 8] * hi;
+                }
             }
         }
     }
@@ -1028,18 +1057,47 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
     if (t < R && r0 + t < m) out[r0 + t] = red[0][t] + red[1][t] + red[2][t] + red[3][t];
 }
 
-// dense_rows for a run-time type (DT_Q8_0 or DT_ROCMFP4) and rows per block (2 or 4).
+// dense_rows for a run-time type (DT_Q8_0 or DT_ROCMFP4) and rows per block (2 or 4),
+// one unit in flight.
 extern "C" __global__ void __launch_bounds__(128)
     matvec_dense_rows(const unsigned char* __restrict__ w, long long row_bytes, int ty, int k,
                       int m, const float* __restrict__ x, float* __restrict__ out, int rows,
                       unsigned int* counters) {
     gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS);
     if (ty == DT_Q8_0) {
-        if (rows == 4) dense_rows<DT_Q8_0, 4>(w, row_bytes, k, m, x, out);
-        else dense_rows<DT_Q8_0, 2>(w, row_bytes, k, m, x, out);
+        if (rows == 4) dense_rows<DT_Q8_0, 4, 1>(w, row_bytes, k, m, x, out);
+        else dense_rows<DT_Q8_0, 2, 1>(w, row_bytes, k, m, x, out);
     } else {
-        if (rows == 4) dense_rows<DT_ROCMFP4, 4>(w, row_bytes, k, m, x, out);
-        else dense_rows<DT_ROCMFP4, 2>(w, row_bytes, k, m, x, out);
+        if (rows == 4) dense_rows<DT_ROCMFP4, 4, 1>(w, row_bytes, k, m, x, out);
+        else dense_rows<DT_ROCMFP4, 2, 1>(w, row_bytes, k, m, x, out);
+    }
+}
+
+// Grouped matvec_dense_rows (see matvec_dense_id for pairs and ids): block row y is
+// pair p = y, with expert ids[p]'s rows and activation column p (per_pair) or
+// p / n_slots; ids outside 0..E give zeros. grid = (ceil(m / rows), pairs).
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_dense_rows_id(const unsigned char* __restrict__ w, long long expert_bytes,
+                         long long row_bytes, int ty, int k, int m, int n_experts,
+                         const float* __restrict__ x, int per_pair, int n_slots,
+                         const int* __restrict__ ids, float* __restrict__ out, int rows,
+                         unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS_ID);
+    const int p = blockIdx.y, e = ids[p];
+    float* o = out + (long long)p * m;
+    if (e < 0 || e >= n_experts) {  // the same for the whole block
+        const int r = blockIdx.x * rows + threadIdx.x;
+        if (threadIdx.x < rows && r < m) o[r] = 0.0f;
+        return;
+    }
+    const unsigned char* we = w + (long long)e * expert_bytes;
+    const float* xc = x + (long long)(per_pair ? p : p / n_slots) * k;
+    if (ty == DT_Q8_0) {
+        if (rows == 4) dense_rows<DT_Q8_0, 4, 1>(we, row_bytes, k, m, xc, o);
+        else dense_rows<DT_Q8_0, 2, 1>(we, row_bytes, k, m, xc, o);
+    } else {
+        if (rows == 4) dense_rows<DT_ROCMFP4, 4, 1>(we, row_bytes, k, m, xc, o);
+        else dense_rows<DT_ROCMFP4, 2, 1>(we, row_bytes, k, m, xc, o);
     }
 }
 

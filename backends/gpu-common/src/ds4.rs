@@ -5,7 +5,7 @@
 use moe_plugin_api::{ops, types, OpParams, TensorRef};
 
 use crate::ops::{
-    dense_align, dense_parts, dense_row_bytes, expect, id_input, to_i32, Gpu, Launch,
+    dense_align, dense_parts, dense_row_bytes, dense_rows, expect, id_input, to_i32, Gpu, Launch,
 };
 
 /// Limits the kernels are written for (their shared-memory and register arrays).
@@ -530,16 +530,42 @@ unsafe fn matmul_id_dense_inner(
     expect(&ids, types::I32, "matmul_id ids")?;
     holds(&x, types::F32, 0, "matmul_id input")?;
     holds(&out, types::F32, m * pairs, "matmul_id output")?;
+    let pw = gpu.ptr(&w, dense_align(w.type_id))?;
+    let px = f32p(gpu, &x)?;
+    // One column per pair: the decode mat-vec layout where it applies (x + col * k stays
+    // 16-byte aligned: k is whole 32-value blocks for those types).
+    if let Some(rows) = dense_rows(w.type_id, m, 1, px) {
+        return KArgs::default()
+            .p(pw)
+            .p(row_bytes * m)
+            .p(row_bytes)
+            .i(w.type_id as i32)
+            .i(to_i32(k, "k")?)
+            .i(to_i32(m, "m")?)
+            .i(to_i32(experts, "experts")?)
+            .p(px)
+            .i(per_pair)
+            .i(to_i32(n_slots, "slots")?)
+            .p(gpu.ptr(&ids, 4)?)
+            .p(f32p(gpu, &out)?)
+            .i(rows as i32)
+            .launch(
+                gpu,
+                "matvec_dense_rows_id",
+                (m.div_ceil(rows), pairs, 1),
+                128,
+            );
+    }
     let parts = dense_parts(m * pairs, k);
     KArgs::default()
-        .p(gpu.ptr(&w, dense_align(w.type_id))?)
+        .p(pw)
         .p(row_bytes * m)
         .p(row_bytes)
         .i(w.type_id as i32)
         .i(to_i32(k, "k")?)
         .i(to_i32(m, "m")?)
         .i(to_i32(experts, "experts")?)
-        .p(f32p(gpu, &x)?)
+        .p(px)
         .i(per_pair)
         .i(to_i32(n_slots, "slots")?)
         .p(gpu.ptr(&ids, 4)?)
@@ -776,6 +802,23 @@ mod tests {
         assert_eq!((name, grid), ("matvec_dense_id", (2, 6, 1)));
         assert_eq!(Some(&(np + 1)), signatures().get(name));
         assert!(matmul_id_dense(&g, &[TensorRef { type_id: 107, ..w }]).is_none());
+        // 512 rows: a block on two rows per pair.
+        let w = TensorRef {
+            type_id: types::Q8_0,
+            ..f([64, 512, 4, 1])
+        };
+        matmul_id_dense(
+            &g,
+            &[w, f([64, 3, 1, 1]), i([2, 3, 1, 1]), f([512, 6, 1, 1])],
+        )
+        .unwrap()
+        .unwrap();
+        let (name, grid, block, np) = g.0.borrow()[1];
+        assert_eq!(
+            (name, grid, block),
+            ("matvec_dense_rows_id", (256, 6, 1), 128)
+        );
+        assert_eq!(Some(&(np + 1)), signatures().get(name));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 33] = [
+pub const KERNELS: [&str; 34] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -43,9 +43,10 @@ pub const KERNELS: [&str; 33] = [
     "matvec_dense_id",
     "transpose12",
     "matvec_dense_rows",
+    "matvec_dense_rows_id",
 ];
 /// Device-side launch counters (u32 each) the kernels bump.
-pub const COUNTER_SLOTS: usize = 33;
+pub const COUNTER_SLOTS: usize = 34;
 
 /// The full translation unit: the `units` in order, the first one's
 /// `#include "common.cuh"` replaced by `common_cuh` (less its `#pragma once`), the

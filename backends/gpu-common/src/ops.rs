@@ -293,13 +293,17 @@ pub struct DenseMatmul {
 /// Rows per 128-thread block of `matvec_dense_rows` for one column of `ty` weights with
 /// `m` rows at address `x` of the activations, or None where `matvec_dense` runs: other
 /// types, under 256 rows (too few blocks), activations not 16-byte aligned. Four rows
-/// for the output-head-sized products, else two (scripts/device/dense_matvec_bench.sh).
+/// from 8192 rows up, else two (measured: scripts/device/dense_matvec_bench.sh).
 /// `MOE_GPU_DENSE_ROWS=0` keeps `matvec_dense` everywhere (A/B runs on the device).
 pub fn dense_rows(ty: u32, m: u64, n: u64, x: u64) -> Option<u64> {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var_os("MOE_GPU_DENSE_ROWS").is_some_and(|v| v == "0"));
-    let fits = !off && n == 1 && matches!(ty, TYPE_Q8_0 | TYPE_ROCMFP4) && m >= 256 && x.is_multiple_of(16);
-    fits.then_some(if m >= 16384 { 4 } else { 2 })
+    let fits = !off
+        && n == 1
+        && matches!(ty, TYPE_Q8_0 | TYPE_ROCMFP4)
+        && m >= 256
+        && x.is_multiple_of(16);
+    fits.then_some(if m >= 8192 { 4 } else { 2 })
 }
 
 /// Warps sharing one row of the dense mat-vec: enough warps in all (~8192) for few-row
