@@ -119,6 +119,9 @@ pub(super) struct GpuPath {
     work1: Option<Work>,
     /// Largest compressed-row count (n_ctx / ratio + 1) per layer.
     idx_cap: usize,
+    /// 0..o_groups: a single token's grouped output projection is one MATMUL_ID with
+    /// group g as "expert" g.
+    group_ids: Tensor,
 }
 
 fn upload(dev: &Arc<Device>, v: &[f32]) -> Result<Tensor> {
@@ -226,6 +229,12 @@ impl GpuPath {
             work: None,
             work1: None,
             idx_cap: m.n_ctx / min_ratio + 1,
+            group_ids: {
+                let ids: Vec<i32> = (0..m.p.o_groups as i32).collect();
+                let t = dev.i32(ids.len())?;
+                t.upload_i32(&ids)?;
+                t
+            },
         }))
     }
 
@@ -711,13 +720,21 @@ impl GpuPath {
             ..lay.out_a.r
         };
         let mid = if n == 1 {
-            for g in 0..g_n {
-                mm(
-                    group_w(g),
-                    at(&w.att, g * gw, [gw, 1, 1, 1]),
-                    at(&w.mid, g * gr, [gr, 1, 1, 1]),
-                )?;
-            }
+            // The groups as the "experts" of one grouped product, each with its own input.
+            let groups = TensorRef {
+                dims: [gw as u64, gr as u64, g_n as u64, 1],
+                ..lay.out_a.r
+            };
+            op(
+                ops::MATMUL_ID,
+                OpParams::default(),
+                &[
+                    groups,
+                    v(&w.att, [gw, g_n, 1, 1]),
+                    v(&self.group_ids, [g_n, 1, 1, 1]),
+                    v(&w.mid, [gr, g_n, 1, 1]),
+                ],
+            )?;
             v(&w.mid, [g_n * gr, 1, 1, 1])
         } else {
             op(
