@@ -28,6 +28,7 @@
 #define KID_MATVEC_DENSE_ID 30 // 18..29, 31: ds4.cu
 #define KID_MATVEC_DENSE_ROWS 32
 #define KID_MATVEC_DENSE_ROWS_ID 33
+#define KID_MATVEC_F32_WIDE 34
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -306,26 +307,31 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// grid = (ceil(m/4), min(pairs, n_experts) + 1); block row y takes the y-th non-empty
+// grid = (ceil(m/16), min(pairs, n_experts) + 1); block row y takes the y-th non-empty
 // list: an expert streams its rows once for all of its pairs (8 columns at a time); the
-// masked list (e == n_experts) gets exact zeros.
+// masked list (e == n_experts) gets exact zeros. A warp takes 4 rows (a decode step's
+// pairs are one column each: more rows per warp keep more loads in flight).
 // Activation column of pair p: p when act_per_pair, else p / n_slots (the token).
+#define RF_GROUPED_ROWS 4
 template <int NC>
-GPU_DEV void grouped_chunk(const unsigned char* __restrict__ row, int nb, int m, int r,
-                           const q8_1_block* __restrict__ act, int act_per_pair, int n_slots,
-                           const int* __restrict__ pairs, float* __restrict__ out, int affine) {
+GPU_DEV void grouped_chunk(const unsigned char* const (&rows)[RF_GROUPED_ROWS], int nb, int m,
+                           int r0, const q8_1_block* __restrict__ act, int act_per_pair,
+                           int n_slots, const int* __restrict__ pairs, float* __restrict__ out,
+                           int affine) {
     const q8_1_block* cols[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
         const int p = pairs[c];
         cols[c] = act + (long long)(act_per_pair ? p : p / n_slots) * nb;
     }
-    const unsigned char* rows[1] = {row};
-    float acc[1][NC];
-    rf2_rows_dot<NC, 1>(rows, nb, cols, affine, acc);
+    float acc[RF_GROUPED_ROWS][NC];
+    rf2_rows_dot<NC, RF_GROUPED_ROWS>(rows, nb, cols, affine, acc);
     if ((threadIdx.x & 31) == 0) {
 #pragma unroll
-        for (int c = 0; c < NC; ++c) out[(long long)pairs[c] * m + r] = acc[0][c];
+        for (int r = 0; r < RF_GROUPED_ROWS; ++r)
+            if (r0 + r < m)
+#pragma unroll
+                for (int c = 0; c < NC; ++c) out[(long long)pairs[c] * m + r0 + r] = acc[r][c];
     }
 }
 
@@ -336,27 +342,35 @@ extern "C" __global__ void __launch_bounds__(128)
                      const int* __restrict__ sorted, float* __restrict__ out, int affine,
                      unsigned int* counters) {
     gpu_count_launch(counters, KID_MMVQ_GROUPED_107);
-    const int r = blockIdx.x * 4 + (threadIdx.x >> 5);
-    if (r >= m || (int)blockIdx.y >= active[0]) return;
+    const int r0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * RF_GROUPED_ROWS;
+    if (r0 >= m || (int)blockIdx.y >= active[0]) return;
     const int e = active[1 + blockIdx.y];
     const int begin = offsets[e], end = offsets[e + 1];
     if (e == n_experts) {
         if ((threadIdx.x & 31) == 0)
-            for (int i = begin; i < end; ++i) out[(long long)sorted[i] * m + r] = 0.0f;
+            for (int i = begin; i < end; ++i)
+                for (int r = r0; r < r0 + RF_GROUPED_ROWS && r < m; ++r)
+                    out[(long long)sorted[i] * m + r] = 0.0f;
         return;
     }
-    const unsigned char* row = w + (long long)e * expert_bytes + (long long)r * nb * RF2_BLOCK_BYTES;
+    const unsigned char* rows[RF_GROUPED_ROWS];
+#pragma unroll
+    for (int r = 0; r < RF_GROUPED_ROWS; ++r) {
+        // Rows past the end repeat the last row (computed, never stored).
+        const int rr = r0 + r < m ? r0 + r : m - 1;
+        rows[r] = w + (long long)e * expert_bytes + (long long)rr * nb * RF2_BLOCK_BYTES;
+    }
     for (int i = begin; i < end; i += 8) {
         const int* pairs = sorted + i;
         switch (end - i < 8 ? end - i : 8) {
-        case 1: grouped_chunk<1>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
-        case 2: grouped_chunk<2>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
-        case 3: grouped_chunk<3>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
-        case 4: grouped_chunk<4>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
-        case 5: grouped_chunk<5>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
-        case 6: grouped_chunk<6>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
-        case 7: grouped_chunk<7>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
-        default: grouped_chunk<8>(row, nb, m, r, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 1: grouped_chunk<1>(rows, nb, m, r0, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 2: grouped_chunk<2>(rows, nb, m, r0, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 3: grouped_chunk<3>(rows, nb, m, r0, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 4: grouped_chunk<4>(rows, nb, m, r0, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 5: grouped_chunk<5>(rows, nb, m, r0, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 6: grouped_chunk<6>(rows, nb, m, r0, act, act_per_pair, n_slots, pairs, out, affine); break;
+        case 7: grouped_chunk<7>(rows, nb, m, r0, act, act_per_pair, n_slots, pairs, out, affine); break;
+        default: grouped_chunk<8>(rows, nb, m, r0, act, act_per_pair, n_slots, pairs, out, affine); break;
         }
     }
 }
@@ -1098,6 +1112,32 @@ extern "C" __global__ void __launch_bounds__(128)
     } else {
         if (rows == 4) dense_rows<DT_ROCMFP4, 4, 1>(we, row_bytes, k, m, xc, o);
         else dense_rows<DT_ROCMFP4, 2, 1>(we, row_bytes, k, m, xc, o);
+    }
+}
+
+// Decode mat-vec of f32 weights with few rows (the mHC mixes: 24 rows of 16384; the
+// router: 256 of 4096): a 1024-thread block per row, so each SM a row lands on has the
+// whole row's loads in flight at once. Needs k % 4 == 0, w and x 16-byte aligned.
+// grid = m, block = 1024.
+extern "C" __global__ void __launch_bounds__(1024)
+    matvec_f32_wide(const float* __restrict__ w, int k, int m, const float* __restrict__ x,
+                    float* __restrict__ out, unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATVEC_F32_WIDE);
+    __shared__ float sh[32];
+    const float* row = w + (long long)blockIdx.x * k;
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int i = 4 * (int)threadIdx.x; i < k; i += 4096) {
+        const gpu_f4 a = *(const gpu_f4*)(row + i), b = *(const gpu_f4*)(x + i);
+        acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    }
+    acc = gpu_warp_sum(acc);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) sh[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        const float v = gpu_warp_sum(sh[lane]);
+        if (lane == 0 && (int)blockIdx.x < m) out[blockIdx.x] = v;
     }
 }
 

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 34] = [
+pub const KERNELS: [&str; 35] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -44,9 +44,10 @@ pub const KERNELS: [&str; 34] = [
     "transpose12",
     "matvec_dense_rows",
     "matvec_dense_rows_id",
+    "matvec_f32_wide",
 ];
 /// Device-side launch counters (u32 each) the kernels bump.
-pub const COUNTER_SLOTS: usize = 34;
+pub const COUNTER_SLOTS: usize = 35;
 
 /// The full translation unit: the `units` in order, the first one's
 /// `#include "common.cuh"` replaced by `common_cuh` (less its `#pragma once`), the

@@ -282,23 +282,46 @@ pub struct DenseMatmul {
     pub x: u64,
     pub n: i32,
     pub out: u64,
-    /// Warps per row (1, 2, 4, 8; see [`dense_parts`]).
-    pub parts: i32,
-    /// Rows per block when the launch is `matvec_dense_rows` (which takes this in place
-    /// of `n` and `parts`).
-    pub rows: Option<i32>,
+    pub layout: DenseLayout,
     pub launch: Launch,
+}
+
+/// Which kernel a [`DenseMatmul`] launches, with its layout parameter.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum DenseLayout {
+    /// `matvec_dense`, this many warps per row (1, 2, 4, 8; see [`dense_parts`]).
+    Warps(i32),
+    /// `matvec_dense_rows`, this many rows per block (see [`dense_rows`]).
+    Rows(i32),
+    /// `matvec_f32_wide`: a 1024-thread block per row (see [`f32_wide`]).
+    F32Wide,
+}
+
+/// One column of f32 weights with at most 1024 rows (the mHC mixes, the router) runs
+/// `matvec_f32_wide` when k is whole float4s and weights and activations are 16-byte
+/// aligned.
+pub fn f32_wide(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> bool {
+    ty == types::F32
+        && n == 1
+        && m <= 1024
+        && k.is_multiple_of(4)
+        && w.is_multiple_of(16)
+        && x.is_multiple_of(16)
+        && !dense_rows_off()
+}
+
+/// `MOE_GPU_DENSE_ROWS=0` keeps `matvec_dense` everywhere (A/B runs on the device).
+fn dense_rows_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var_os("MOE_GPU_DENSE_ROWS").is_some_and(|v| v == "0"))
 }
 
 /// Rows per 128-thread block of `matvec_dense_rows` for one column of `ty` weights with
 /// `m` rows at address `x` of the activations, or None where `matvec_dense` runs: other
 /// types, under 256 rows (too few blocks), activations not 16-byte aligned. Four rows
 /// from 8192 rows up, else two (measured: scripts/device/dense_matvec_bench.sh).
-/// `MOE_GPU_DENSE_ROWS=0` keeps `matvec_dense` everywhere (A/B runs on the device).
 pub fn dense_rows(ty: u32, m: u64, n: u64, x: u64) -> Option<u64> {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var_os("MOE_GPU_DENSE_ROWS").is_some_and(|v| v == "0"));
-    let fits = !off
+    let fits = !dense_rows_off()
         && n == 1
         && matches!(ty, TYPE_Q8_0 | TYPE_ROCMFP4)
         && m >= 256
@@ -343,14 +366,23 @@ pub fn matmul_dense(
     }
     let (pw, px, po) = (ptr(&w, dense_align(w.type_id))?, ptr(&x, 4)?, ptr(&out, 4)?);
     let parts = dense_parts(m, k);
-    let rows = dense_rows(w.type_id, m, n, px);
-    let launch = match rows {
-        Some(r) => Launch {
+    let layout = match dense_rows(w.type_id, m, n, px) {
+        Some(r) => DenseLayout::Rows(r as i32),
+        None if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
+        None => DenseLayout::Warps(parts as i32),
+    };
+    let launch = match layout {
+        DenseLayout::Rows(r) => Launch {
             name: "matvec_dense_rows",
-            grid: (to_i32(m.div_ceil(r), "m")? as u32, 1, 1),
+            grid: (to_i32(m.div_ceil(r as u64), "m")? as u32, 1, 1),
             block: 128,
         },
-        None => Launch {
+        DenseLayout::F32Wide => Launch {
+            name: "matvec_f32_wide",
+            grid: (m as u32, 1, 1),
+            block: 1024,
+        },
+        DenseLayout::Warps(_) => Launch {
             name: "matvec_dense",
             grid: (
                 to_i32(m.div_ceil(8 / parts), "m")? as u32,
@@ -369,8 +401,7 @@ pub fn matmul_dense(
         x: px,
         n: to_i32(n, "n")?,
         out: po,
-        parts: parts as i32,
-        rows: rows.map(|r| r as i32),
+        layout,
         launch,
     }))
 }
@@ -606,7 +637,8 @@ pub fn matmul_id(
         },
         grouped: Launch {
             name: "mmvq_grouped_107",
-            grid: (m.div_ceil(4) as u32, pairs.min(experts) as u32 + 1, 1),
+            // 4 warps x RF_GROUPED_ROWS (4) rows per block.
+            grid: (m.div_ceil(16) as u32, pairs.min(experts) as u32 + 1, 1),
             block: 128,
         },
     })
@@ -663,10 +695,15 @@ pub fn run(
                     )
                 })?;
                 let (mut pw, mut rb, mut ty, mut k, mut m) = (p.w, p.row_bytes, p.ty, p.k, p.m);
-                let (mut px, mut n, mut po, mut parts) = (p.x, p.n, p.out, p.parts);
-                match p.rows {
-                    Some(mut rows) => gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, po, rows)),
-                    None => gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, n, po, parts)),
+                let (mut px, mut n, mut po) = (p.x, p.n, p.out);
+                match p.layout {
+                    DenseLayout::Rows(mut rows) => {
+                        gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, po, rows))
+                    }
+                    DenseLayout::F32Wide => gpu.launch(p.launch, &kargs!(pw, k, m, px, po)),
+                    DenseLayout::Warps(mut parts) => {
+                        gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, n, po, parts))
+                    }
                 }
             }
             ops::MATMUL => {
@@ -849,8 +886,8 @@ mod tests {
         .unwrap();
         assert_eq!((p.row_bytes, p.ty, p.k, p.m, p.n), (34, 39, 64, 10, 9));
         assert_eq!(
-            (p.launch.name, p.launch.grid, p.parts),
-            ("matvec_dense", (2, 2, 1), 1)
+            (p.launch.name, p.launch.grid, p.layout),
+            ("matvec_dense", (2, 2, 1), DenseLayout::Warps(1))
         );
         assert_eq!(
             (
@@ -877,20 +914,27 @@ mod tests {
             )
             .unwrap()
             .unwrap();
-            (p.launch.name, p.launch.grid.0, p.launch.block, p.rows)
+            (p.launch.name, p.launch.grid.0, p.launch.block, p.layout)
         };
         assert_eq!(
             one(TYPE_Q8_0, 4096, 129280, 1, 0x2000),
-            ("matvec_dense_rows", 32320, 128, Some(4))
+            ("matvec_dense_rows", 32320, 128, DenseLayout::Rows(4))
         );
         assert_eq!(
             one(TYPE_ROCMFP4, 4096, 1023, 1, 0x2000),
-            ("matvec_dense_rows", 512, 128, Some(2))
+            ("matvec_dense_rows", 512, 128, DenseLayout::Rows(2))
         );
+        // A few rows of f32 (an mHC mix): a 1024-thread block per row.
+        assert_eq!(
+            one(types::F32, 16384, 24, 1, 0x2000),
+            ("matvec_f32_wide", 24, 1024, DenseLayout::F32Wide)
+        );
+        assert_eq!(one(types::F32, 16384, 1025, 1, 0x2000).0, "matvec_dense");
+        assert_eq!(one(types::F32, 16384, 24, 2, 0x2000).0, "matvec_dense");
+        assert_eq!(one(types::F32, 16384, 24, 1, 0x2004).0, "matvec_dense");
         // More columns, few rows, other types or misaligned activations: matvec_dense.
         assert_eq!(one(TYPE_Q8_0, 4096, 1024, 2, 0x2000).0, "matvec_dense");
         assert_eq!(one(TYPE_Q8_0, 4096, 255, 1, 0x2000).0, "matvec_dense");
-        assert_eq!(one(types::F32, 4096, 1024, 1, 0x2000).0, "matvec_dense");
         assert_eq!(one(TYPE_ROCMFP4, 4096, 1024, 1, 0x2004).0, "matvec_dense");
         // 107 is not a dense type; a shape mismatch is refused.
         assert_eq!(
@@ -959,6 +1003,11 @@ mod tests {
         assert_eq!((p.per_pair, p.x_cols, p.pairs, p.experts), (0, 5, 10, 3));
         assert_eq!((p.blocks, p.m, p.slots, p.expert_bytes), (2, 4, 2, 80));
         assert_eq!(p.grouped.grid, (1, 4, 1));
+        // 16 rows per block (4 warps x 4 rows).
+        let w40 = t(107, [64, 40, 3, 1]);
+        let out40 = t(types::F32, [40, 2, 5, 1]);
+        let p = matmul_id(&[w40, t(types::F32, [64, 5, 1, 1]), ids, out40], seq()).unwrap();
+        assert_eq!(p.grouped.grid, (3, 4, 1));
         let p = matmul_id(&[w, t(types::F32, [64, 10, 1, 1]), ids, out], seq()).unwrap();
         assert_eq!((p.per_pair, p.x_cols), (1, 10));
         assert!(
