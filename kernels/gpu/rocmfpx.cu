@@ -307,12 +307,13 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// grid = (ceil(m/16), min(pairs, n_experts) + 1); block row y takes the y-th non-empty
-// list: an expert streams its rows once for all of its pairs (8 columns at a time); the
-// masked list (e == n_experts) gets exact zeros. A warp takes 4 rows (a decode step's
-// pairs are one column each: more rows per warp keep more loads in flight).
+// grid = (ceil(m / (4 * RF_GROUPED_ROWS)), min(pairs, n_experts) + 1); block row y takes
+// the y-th non-empty list: an expert streams its rows once for all of its pairs (8
+// columns at a time); the masked list (e == n_experts) gets exact zeros. A warp takes
+// RF_GROUPED_ROWS rows: 4 measured 28% slower than 1 on the decode step
+// (docs/notes/ds4-gpu-h200.md), so 1.
 // Activation column of pair p: p when act_per_pair, else p / n_slots (the token).
-#define RF_GROUPED_ROWS 4
+#define RF_GROUPED_ROWS 1
 template <int NC>
 GPU_DEV void grouped_chunk(const unsigned char* const (&rows)[RF_GROUPED_ROWS], int nb, int m,
                            int r0, const q8_1_block* __restrict__ act, int act_per_pair,

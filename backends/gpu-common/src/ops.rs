@@ -637,8 +637,8 @@ pub fn matmul_id(
         },
         grouped: Launch {
             name: "mmvq_grouped_107",
-            // 4 warps x RF_GROUPED_ROWS (4) rows per block.
-            grid: (m.div_ceil(16) as u32, pairs.min(experts) as u32 + 1, 1),
+            // 4 warps x RF_GROUPED_ROWS (1) rows per block.
+            grid: (m.div_ceil(4) as u32, pairs.min(experts) as u32 + 1, 1),
             block: 128,
         },
     })
@@ -1003,11 +1003,11 @@ mod tests {
         assert_eq!((p.per_pair, p.x_cols, p.pairs, p.experts), (0, 5, 10, 3));
         assert_eq!((p.blocks, p.m, p.slots, p.expert_bytes), (2, 4, 2, 80));
         assert_eq!(p.grouped.grid, (1, 4, 1));
-        // 16 rows per block (4 warps x 4 rows).
+        // 4 rows per block (4 warps x 1 row).
         let w40 = t(107, [64, 40, 3, 1]);
         let out40 = t(types::F32, [40, 2, 5, 1]);
         let p = matmul_id(&[w40, t(types::F32, [64, 5, 1, 1]), ids, out40], seq()).unwrap();
-        assert_eq!(p.grouped.grid, (3, 4, 1));
+        assert_eq!(p.grouped.grid, (10, 4, 1));
         let p = matmul_id(&[w, t(types::F32, [64, 10, 1, 1]), ids, out], seq()).unwrap();
         assert_eq!((p.per_pair, p.x_cols), (1, 10));
         assert!(
