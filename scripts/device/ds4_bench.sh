@@ -6,7 +6,10 @@
 # `moeserve bench --limits` at context depths DEPTHS: decode tok/s vs bytes per token /
 # streaming bandwidth, prefill vs the ROCmFP2 matrix rate, all measured in this run.
 # With PARITY=1 it first runs scripts/device/ds4_gpu.sh (the fixtures) while the file is
-# written. Carry .dev/ds4. $OUT gets bench.json (+ parity.log).
+# written, then decodes 8 tokens of the full-width file with the decode mat-vec kernels
+# and with `MOE_GPU_DENSE_ROWS=0` (matvec_dense only) and compares. PROFILE=1 adds the
+# per-kernel table (PROFILE_ONLY=1 stops there); REUSE=1 keeps a synth file a warm
+# machine still has. Carry .dev/ds4. $OUT gets bench.json (+ parity.log, profile.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/device/cuda_env.sh
