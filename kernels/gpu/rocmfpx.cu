@@ -1074,11 +1074,9 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
 
 // dense_rows for a run-time type (DT_Q8_0 or DT_ROCMFP4) and rows per block (2 or 4),
 // one unit in flight.
-extern "C" __global__ void __launch_bounds__(128)
-    matvec_dense_rows(const unsigned char* __restrict__ w, long long row_bytes, int ty, int k,
-                      int m, const float* __restrict__ x, float* __restrict__ out, int rows,
-                      unsigned int* counters) {
-    gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS);
+GPU_DEV void dense_rows_any(const unsigned char* __restrict__ w, long long row_bytes, int ty,
+                            int k, int m, const float* __restrict__ x, float* __restrict__ out,
+                            int rows) {
     if (ty == DT_Q8_0) {
         if (rows == 4) dense_rows<DT_Q8_0, 4, 1>(w, row_bytes, k, m, x, out);
         else dense_rows<DT_Q8_0, 2, 1>(w, row_bytes, k, m, x, out);
@@ -1086,6 +1084,14 @@ extern "C" __global__ void __launch_bounds__(128)
         if (rows == 4) dense_rows<DT_ROCMFP4, 4, 1>(w, row_bytes, k, m, x, out);
         else dense_rows<DT_ROCMFP4, 2, 1>(w, row_bytes, k, m, x, out);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_dense_rows(const unsigned char* __restrict__ w, long long row_bytes, int ty, int k,
+                      int m, const float* __restrict__ x, float* __restrict__ out, int rows,
+                      unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS);
+    dense_rows_any(w, row_bytes, ty, k, m, x, out, rows);
 }
 
 // Grouped matvec_dense_rows (see matvec_dense_id for pairs and ids): block row y is
@@ -1105,15 +1111,8 @@ extern "C" __global__ void __launch_bounds__(128)
         if (threadIdx.x < rows && r < m) o[r] = 0.0f;
         return;
     }
-    const unsigned char* we = w + (long long)e * expert_bytes;
-    const float* xc = x + (long long)(per_pair ? p : p / n_slots) * k;
-    if (ty == DT_Q8_0) {
-        if (rows == 4) dense_rows<DT_Q8_0, 4, 1>(we, row_bytes, k, m, xc, o);
-        else dense_rows<DT_Q8_0, 2, 1>(we, row_bytes, k, m, xc, o);
-    } else {
-        if (rows == 4) dense_rows<DT_ROCMFP4, 4, 1>(we, row_bytes, k, m, xc, o);
-        else dense_rows<DT_ROCMFP4, 2, 1>(we, row_bytes, k, m, xc, o);
-    }
+    dense_rows_any(w + (long long)e * expert_bytes, row_bytes, ty, k, m,
+                   x + (long long)(per_pair ? p : p / n_slots) * k, o, rows);
 }
 
 // Decode mat-vec of f32 weights with few rows (the mHC mixes: 24 rows of 16384; the

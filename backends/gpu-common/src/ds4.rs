@@ -530,35 +530,10 @@ unsafe fn matmul_id_dense_inner(
     expect(&ids, types::I32, "matmul_id ids")?;
     holds(&x, types::F32, 0, "matmul_id input")?;
     holds(&out, types::F32, m * pairs, "matmul_id output")?;
-    let pw = gpu.ptr(&w, dense_align(w.type_id))?;
     let px = f32p(gpu, &x)?;
-    // One column per pair: the decode mat-vec layout where it applies (x + col * k stays
-    // 16-byte aligned: k is whole 32-value blocks for those types).
-    if let Some(rows) = dense_rows(w.type_id, m, 1, px) {
-        return KArgs::default()
-            .p(pw)
-            .p(row_bytes * m)
-            .p(row_bytes)
-            .i(w.type_id as i32)
-            .i(to_i32(k, "k")?)
-            .i(to_i32(m, "m")?)
-            .i(to_i32(experts, "experts")?)
-            .p(px)
-            .i(per_pair)
-            .i(to_i32(n_slots, "slots")?)
-            .p(gpu.ptr(&ids, 4)?)
-            .p(f32p(gpu, &out)?)
-            .i(rows as i32)
-            .launch(
-                gpu,
-                "matvec_dense_rows_id",
-                (m.div_ceil(rows), pairs, 1),
-                128,
-            );
-    }
-    let parts = dense_parts(m * pairs, k);
-    KArgs::default()
-        .p(pw)
+    // Both kernels take the same arguments up to their layout parameter.
+    let common = KArgs::default()
+        .p(gpu.ptr(&w, dense_align(w.type_id))?)
         .p(row_bytes * m)
         .p(row_bytes)
         .i(w.type_id as i32)
@@ -569,14 +544,26 @@ unsafe fn matmul_id_dense_inner(
         .i(per_pair)
         .i(to_i32(n_slots, "slots")?)
         .p(gpu.ptr(&ids, 4)?)
-        .p(f32p(gpu, &out)?)
-        .i(parts as i32)
-        .launch(
+        .p(f32p(gpu, &out)?);
+    // One column per pair: the decode mat-vec layout where it applies (x + col * k stays
+    // 16-byte aligned: k is whole 32-value blocks for those types).
+    match dense_rows(w.type_id, m, 1, px) {
+        Some(rows) => common.i(rows as i32).launch(
             gpu,
-            "matvec_dense_id",
-            (m.div_ceil(8 / parts), pairs, 1),
-            256,
-        )
+            "matvec_dense_rows_id",
+            (m.div_ceil(rows), pairs, 1),
+            128,
+        ),
+        None => {
+            let parts = dense_parts(m * pairs, k);
+            common.i(parts as i32).launch(
+                gpu,
+                "matvec_dense_id",
+                (m.div_ceil(8 / parts), pairs, 1),
+                256,
+            )
+        }
+    }
 }
 
 #[cfg(test)]
