@@ -508,7 +508,9 @@ unsafe fn transpose12(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
 }
 
 /// MATMUL_ID with dense weights ([k, m, experts] of f32 / f16 / bf16 / q8_0 / mxfp4 /
-/// ROCmFP4): one warp per (row, pair). None when the weights are not a dense type.
+/// ROCmFP4): Q8_0 / ROCmFP4 with 256 rows or more on `matvec_dense_rows_id` (a 128-thread
+/// block on 2-4 rows of a pair), the rest on `matvec_dense_id` (warps per (row, pair)).
+/// None when the weights are not a dense type.
 pub fn matmul_id_dense(gpu: &impl Gpu, a: &[TensorRef]) -> Option<Result<(), String>> {
     let w = a.first()?;
     let row_bytes = dense_row_bytes(w.type_id, w.dims[0])?;
