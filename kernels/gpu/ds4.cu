@@ -295,21 +295,26 @@ extern "C" __global__ void __launch_bounds__(256)
     const int width = overlap ? 2 * dim : dim, ring_len = 2 * ratio;
     const int slots = overlap ? 2 * ratio : ratio;
     for (int c = threadIdx.x; c < dim; c += 256) {
-        float m = DS4_NEG_INF;
-        for (int j = 0; j < slots; ++j) {
+        // Slot j: with overlap, slots 0..ratio-1 are the previous window's inputs (none for
+        // window 0), the rest this window's; jj = position in its window, q = input
+        // index, col = column in the (two-half) row.
+        auto slot = [&](int j, int& jj, int& q, int& col) {
             const bool prev = overlap && j < ratio;
-            if (prev && w == 0) continue;
-            const int jj = prev || !overlap ? j : j - ratio;
-            const int q = (prev ? w - 1 : w) * ratio + jj, col = prev || !overlap ? c : dim + c;
+            if (prev && w == 0) return false;
+            jj = prev || !overlap ? j : j - ratio;
+            q = (prev ? w - 1 : w) * ratio + jj;
+            col = prev || !overlap ? c : dim + c;
+            return true;
+        };
+        float m = DS4_NEG_INF;
+        for (int j = 0, jj, q, col; j < slots; ++j) {
+            if (!slot(j, jj, q, col)) continue;
             const float g = ds4_hist(gate, ring_g, q, p0, ring_len, width, col) + ape[jj * width + col];
             m = fmaxf(m, g);
         }
         float num = 0.0f, den = 0.0f;
-        for (int j = 0; j < slots; ++j) {
-            const bool prev = overlap && j < ratio;
-            if (prev && w == 0) continue;
-            const int jj = prev || !overlap ? j : j - ratio;
-            const int q = (prev ? w - 1 : w) * ratio + jj, col = prev || !overlap ? c : dim + c;
+        for (int j = 0, jj, q, col; j < slots; ++j) {
+            if (!slot(j, jj, q, col)) continue;
             const float g = ds4_hist(gate, ring_g, q, p0, ring_len, width, col) + ape[jj * width + col];
             const float e = expf(g - m);
             num += e * ds4_hist(kv, ring_kv, q, p0, ring_len, width, col);

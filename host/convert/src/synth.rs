@@ -466,48 +466,25 @@ pub fn synth(
         } else {
             add(w, b("exp_probs_b.bias"), &[e], F32, g.floats(e, 0.0, 0.3));
         }
-        add(
-            w,
-            b("ffn_gate_exps.weight"),
-            &[d, ff, e],
-            ROCMFP2,
-            g.matrix(ROCMFP2, d, ff * e),
-        );
-        add(
-            w,
-            b("ffn_up_exps.weight"),
-            &[d, ff, e],
-            ROCMFP2,
-            g.matrix(ROCMFP2, d, ff * e),
-        );
-        add(
-            w,
-            b("ffn_down_exps.weight"),
-            &[ff, d, e],
-            ROCMFP2,
-            g.matrix(ROCMFP2, ff, d * e),
-        );
-        add(
-            w,
-            b("ffn_gate_shexp.weight"),
-            &[d, ff],
-            ROCMFP4,
-            g.matrix(ROCMFP4, d, ff),
-        );
-        add(
-            w,
-            b("ffn_up_shexp.weight"),
-            &[d, ff],
-            ROCMFP4,
-            g.matrix(ROCMFP4, d, ff),
-        );
-        add(
-            w,
-            b("ffn_down_shexp.weight"),
-            &[ff, d],
-            ROCMFP4,
-            g.matrix(ROCMFP4, ff, d),
-        );
+        // Routed experts (ROCmFP2), then the shared expert (ROCmFP4): gate, up, down.
+        for (name, k_in, m_out) in [("gate", d, ff), ("up", d, ff), ("down", ff, d)] {
+            add(
+                w,
+                b(&format!("ffn_{name}_exps.weight")),
+                &[k_in, m_out, e],
+                ROCMFP2,
+                g.matrix(ROCMFP2, k_in, m_out * e),
+            );
+        }
+        for (name, k_in, m_out) in [("gate", d, ff), ("up", d, ff), ("down", ff, d)] {
+            add(
+                w,
+                b(&format!("ffn_{name}_shexp.weight")),
+                &[k_in, m_out],
+                ROCMFP4,
+                g.matrix(ROCMFP4, k_in, m_out),
+            );
+        }
     }
     Ok(SynthBytes {
         total: bytes,
