@@ -96,7 +96,19 @@ GPU_DEV float gpu_sub(float a, float b) { return __fsub_rn(a, b); }
 #endif
 
 // Counts one launch of kernel `id`: the first thread of the first block adds 1.
+// Programmatic dependent launch (CUDA, sm_90 on): the CUDA backend lets a kernel's
+// blocks start while its predecessor drains, and every kernel waits here, first thing,
+// for the predecessor to complete with its memory visible, so no read or write of its
+// data can race (and, by induction, of any earlier kernel's). Elsewhere: nothing.
+GPU_DEV void gpu_grid_wait() {
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Every kernel's first statement: the dependent-launch wait, then the launch counter.
 GPU_DEV void gpu_count_launch(unsigned int* counters, int id) {
+    gpu_grid_wait();
     if (counters && threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.x == 0 && blockIdx.y == 0 &&
         blockIdx.z == 0) {
         atomicAdd(counters + id, 1u);

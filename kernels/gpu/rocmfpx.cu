@@ -29,6 +29,8 @@
 #define KID_MATVEC_DENSE_ROWS 32
 #define KID_MATVEC_DENSE_ROWS_ID 33
 #define KID_MATVEC_F32_WIDE 34
+#define KID_MMQ_MMA_DENSE 35
+#define KID_MMQ_MMA_ID 36
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -520,17 +522,26 @@ typedef int rf_v8i __attribute__((ext_vector_type(8)));
 // 2x2 tiles of 16x16; lane l holds rows 2j + l/16, column l%16 of each (j = 0..7).
 GPU_DEV int mma_row(int i, int lane) { return ((i >> 4) << 4) + 2 * (i & 7) + (lane >> 4); }
 GPU_DEV int mma_col(int i, int lane) { return (((i >> 3) & 1) << 4) + (lane & 15); }
+// Column tile (16 wide) of element i, and the tiles needed for `cols` valid columns.
+GPU_DEV int mma_nt(int i) { return (i >> 3) & 1; }
+GPU_DEV int mma_nt_count(int cols) { return cols >= 32 ? 2 : (cols + 15) >> 4; }
 #else
 // 2x4 tiles of 16x8 (mma.sync C layout): g = lane/4, t = lane%4; element j of a tile
 // is row g + 8*(j/2), column 2t + j%2.
 GPU_DEV int mma_row(int i, int lane) { return ((i >> 4) << 4) + (lane >> 2) + ((i & 2) << 2); }
 GPU_DEV int mma_col(int i, int lane) { return (((i >> 2) & 3) << 3) + 2 * (lane & 3) + (i & 1); }
+// Column tile (8 wide) of element i, and the tiles needed for `cols` valid columns.
+GPU_DEV int mma_nt(int i) { return (i >> 2) & 3; }
+GPU_DEV int mma_nt_count(int cols) { return cols >= 32 ? 4 : (cols + 7) >> 3; }
 #endif
 
 // Integer dot products of the warp's 32 rows (ws, row stride MMA_LD words) with its 32
 // columns (as_) over word range [w0, w0 + nw) of the staged k (nw = 4: one half, 8:
-// the whole block); out[i] for element i as mapped above.
-GPU_DEV void mma_tile_dot(const int* ws, const int* as_, int w0, int nw, int (&out)[32]) {
+// the whole block); out[i] for element i as mapped above. Only column tiles below
+// nt_max (warp-uniform; see mma_nt) are computed: a tile with few valid columns (an
+// expert's few tokens) skips the rest.
+GPU_DEV void mma_tile_dot(const int* ws, const int* as_, int w0, int nw, int nt_max,
+                          int (&out)[32]) {
     const int lane = threadIdx.x & 31;
 #if defined(RF_MMA_PTX)
     const int g = lane >> 2, t = lane & 3;
@@ -542,6 +553,7 @@ GPU_DEV void mma_tile_dot(const int* ws, const int* as_, int w0, int nw, int (&o
         const int a2 = nw == 8 ? r0[4] : 0, a3 = nw == 8 ? r1[4] : 0;
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
+            if (nt >= nt_max) break;
             const int* c = as_ + (nt * 8 + g) * MMA_LD + w0 + t;
             int* d = out + (mt * 4 + nt) * 4;
             if (nw == 8) {
@@ -563,6 +575,7 @@ GPU_DEV void mma_tile_dot(const int* ws, const int* as_, int w0, int nw, int (&o
     for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
+            if (nt >= nt_max) break;
             rf_v8i acc = {0, 0, 0, 0, 0, 0, 0, 0};
             for (int k = 0; k < nw; k += 4) {
                 const int* ra = ws + (mt * 16 + l) * MMA_LD + w0 + k;
@@ -578,6 +591,7 @@ GPU_DEV void mma_tile_dot(const int* ws, const int* as_, int w0, int nw, int (&o
 #else
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
+        if (mma_nt(i) >= nt_max) continue;
         const int* ra = ws + mma_row(i, lane) * MMA_LD + w0;
         const int* rb = as_ + mma_col(i, lane) * MMA_LD + w0;
         int s = 0;
@@ -585,121 +599,6 @@ GPU_DEV void mma_tile_dot(const int* ws, const int* as_, int w0, int nw, int (&o
         out[i] = s;
     }
 #endif
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-    mmq_mma_107(const unsigned char* __restrict__ w, int nb, int m, int n,
-                const q8_1_block* __restrict__ act, float* __restrict__ out, int affine,
-                unsigned int* counters) {
-    gpu_count_launch(counters, KID_MMQ_MMA_107);
-    __shared__ int wq[MMA_BM * MMA_LD];
-    __shared__ float wa[MMA_BM][MMA_KB * 2]; // A per half (S, or E_h)
-    __shared__ float wo[MMA_BM][MMA_KB];     // O (affine)
-    __shared__ int aq[MMA_BN * MMA_LD];
-    __shared__ float ad[MMA_BN][MMA_KB];  // d
-    __shared__ float ads[MMA_BN][MMA_KB]; // d * sum q
-
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const int wr = (warp & 3) * 32, wc = (warp >> 2) * 32;
-    const int r0 = blockIdx.x * MMA_BM, c0 = blockIdx.y * MMA_BN;
-    float acc[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
-
-    for (int kb0 = 0; kb0 < nb; kb0 += MMA_KB) {
-        // Weights: 128 rows x 4 blocks, two (row, block) per thread, both halves.
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int idx = t + 256 * i;
-            const int row = idx >> 2, blk = idx & 3;
-            const int gr = r0 + row, gb = kb0 + blk;
-            int* dst = wq + row * MMA_LD + blk * 8;
-            float A0 = 0.0f, A1 = 0.0f, O = 0.0f;
-            if (gr < m && gb < nb) {
-                const unsigned char* bp = w + ((long long)gr * nb + gb) * RF2_BLOCK_BYTES;
-                const unsigned int e = gpu_load_u16(bp + 8);
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const unsigned int wv = gpu_load_u32_a2(bp + 4 * h);
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const int c = rf2_expand4(wv >> (8 * j));
-                        // two-scale: bytes c-1 (kv) via (c + 0x7f) ^ 0x80, no carries.
-                        dst[4 * h + j] = affine ? c : (int)(((unsigned int)c + 0x7f7f7f7fu) ^ 0x80808080u);
-                    }
-                }
-                A0 = ue4m3(e);
-                A1 = affine ? A0 : ue4m3(e >> 8);
-                O = affine ? ue4m3(e >> 8) : 0.0f;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) dst[j] = 0;
-            }
-            wa[row][blk * 2] = A0;
-            wa[row][blk * 2 + 1] = A1;
-            wo[row][blk] = O;
-        }
-        // Activations: 64 columns x 4 blocks, one (column, block) per thread.
-        {
-            const int col = t >> 2, blk = t & 3;
-            const int gc = c0 + col, gb = kb0 + blk;
-            int* dst = aq + col * MMA_LD + blk * 8;
-            float d = 0.0f;
-            int s = 0;
-            if (gc < n && gb < nb) {
-                const q8_1_block* qb = act + (long long)gc * nb + gb;
-                const rf_int2* q = (const rf_int2*)qb->qs;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const rf_int2 v = q[j];
-                    dst[2 * j] = v.x;
-                    dst[2 * j + 1] = v.y;
-                    s = gpu_dp4a(0x01010101, v.x, s);
-                    s = gpu_dp4a(0x01010101, v.y, s);
-                }
-                d = qb->d;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) dst[j] = 0;
-            }
-            ad[col][blk] = d;
-            ads[col][blk] = d * (float)s;
-        }
-        __syncthreads();
-        const int* ws = wq + wr * MMA_LD;
-        const int* as_ = aq + wc * MMA_LD;
-#pragma unroll 1
-        for (int blk = 0; blk < MMA_KB; ++blk) {
-            if (affine) {
-                int s[32];
-                mma_tile_dot(ws, as_, blk * 8, 8, s);
-#pragma unroll
-                for (int i = 0; i < 32; ++i) {
-                    const int row = wr + mma_row(i, lane), col = wc + mma_col(i, lane);
-                    const float ds = ad[col][blk] * wa[row][blk * 2];
-                    acc[i] = fmaf(ds, (float)s[i], acc[i]);
-                    acc[i] = fmaf(-wo[row][blk], ads[col][blk], acc[i]);
-                }
-            } else {
-                int s0[32], s1[32];
-                mma_tile_dot(ws, as_, blk * 8, 4, s0);
-                mma_tile_dot(ws, as_, blk * 8 + 4, 4, s1);
-#pragma unroll
-                for (int i = 0; i < 32; ++i) {
-                    const int row = wr + mma_row(i, lane), col = wc + mma_col(i, lane);
-                    const float v = fmaf(wa[row][blk * 2], (float)s0[i],
-                                         wa[row][blk * 2 + 1] * (float)s1[i]);
-                    acc[i] = fmaf(ad[col][blk], v, acc[i]);
-                }
-            }
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-        const int gr = r0 + wr + mma_row(i, lane), gc = c0 + wc + mma_col(i, lane);
-        if (gr < m && gc < n) out[(long long)gc * m + gr] = acc[i];
-    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -1176,4 +1075,291 @@ extern "C" __global__ void __launch_bounds__(256)
         dense_row_dots(w + (long long)e * expert_bytes + (long long)r * row_bytes, ty, k,
                        x + (long long)(per_pair ? p : p / n_slots) * k, 1, acc, warp % parts, parts);
     dense_rows_store(acc, 1, parts, r, m, out + (long long)p * m, sh);
+}
+
+// ---------------------------------------------------------------------------------
+// MMQ tiles on the matrix units for every quantised weight type (the layout above
+// mma_tile_dot): type 107 (both meanings), Q8_0 and ROCmFP4 (100), all with q8_1
+// activations, as llama.cpp's MMQ does. Weight codes are staged as int8: 107 as
+// described above, Q8_0 as stored, ROCmFP4 through a table of its integer magnitudes
+// (0..4, 6, 8, 10, signed). Per block the f32 epilogue applies the scales:
+//   one product of K = 32 (Q8_0: A = its scale, O = 0; 107 affine: A = S, O = O):
+//       acc += d * A * sum(c*q) - O * (d * sum q)
+//   two of K = 16 (107 two-scale: kv codes, A_h = E_h; ROCmFP4: A_h = its half's scale):
+//       acc += d * (A_0 * sum_h0(c*q) + A_1 * sum_h1(c*q))
+// A tile is 128 rows x 64 columns; column j of a tile reads activation column acol[j]
+// and writes output column ocol[j] (-1: none), so dense products and the experts'
+// sorted pairs share the tile.
+#define MT_107 107
+
+// Block bytes of a staged type.
+template <int TY>
+GPU_DEV constexpr int mma_block_bytes() {
+    return TY == MT_107 ? RF2_BLOCK_BYTES : (TY == DT_Q8_0 ? 34 : 18);
+}
+
+// Four ROCmFP4 codes (the low nibbles of a word's bytes) to four int8 (lut8: 16 bytes).
+GPU_DEV int fp4_codes4(unsigned int nib, const int* lut8) {
+    return lut8[nib & 15u] | (lut8[(nib >> 8) & 15u] << 8) | (lut8[(nib >> 16) & 15u] << 16) |
+           (lut8[(nib >> 24) & 15u] << 24);
+}
+
+// The tile's shared memory, declared once per kernel (one copy for all types).
+struct mma_smem {
+    int wq[MMA_BM * MMA_LD];
+    float wa[MMA_BM][MMA_KB * 2]; // A per half
+    float wo[MMA_BM][MMA_KB];     // O (107 affine)
+    int aq[MMA_BN * MMA_LD];
+    float ad[MMA_BN][MMA_KB];  // d
+    float ads[MMA_BN][MMA_KB]; // d * sum q
+    int lut8[16];
+    int acol[MMA_BN], ocol[MMA_BN];
+};
+
+template <int TY>
+GPU_DEV void mma_tile(mma_smem& sm, const unsigned char* __restrict__ w, long long row_bytes,
+                      int nb, int m, int r0, int ncols, const q8_1_block* __restrict__ act,
+                      float* __restrict__ out, int affine) {
+    const int* acol = sm.acol;
+    const int* ocol = sm.ocol;
+    int* wq = sm.wq;
+    int* aq = sm.aq;
+    float(*wa)[MMA_KB * 2] = sm.wa;
+    float(*wo)[MMA_KB] = sm.wo;
+    float(*ad)[MMA_KB] = sm.ad;
+    float(*ads)[MMA_KB] = sm.ads;
+    int* lut8 = sm.lut8;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int wr = (warp & 3) * 32, wc = (warp >> 2) * 32;
+    const bool halves = TY == DT_ROCMFP4 || (TY == MT_107 && !affine);
+    // This warp's column tiles that hold valid columns (valid ones come first).
+    const int nt_max = mma_nt_count(ncols - wc > 0 ? ncols - wc : 0);
+    if (TY == DT_ROCMFP4 && t < 16) {
+        const int mm = t & 7, mag = mm <= 4 ? mm : 2 * mm - 4;
+        lut8[t] = (t & 8 ? -mag : mag) & 0xff;
+    }
+    if (TY == DT_ROCMFP4) __syncthreads();
+    float acc[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+
+    // Software pipeline: the next stage's global loads are issued (into registers)
+    // before this stage's products, so their latency hides behind the matrix work.
+    // Thread t stages (row, block) items t and t + 256 of the weights and (column,
+    // block) item t of the activations. Raw words: 107: codes h0, h1, scale bytes;
+    // Q8_0: 8 code words, scale; ROCmFP4: 4 code words, scale bytes.
+    constexpr int NW = TY == MT_107 ? 3 : (TY == DT_Q8_0 ? 9 : 5);
+    unsigned int wraw[2][NW];
+    rf_int2 araw[4];
+    float adr = 0.0f;
+    auto load = [&](int kb0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int idx = t + 256 * i;
+            const int gr = r0 + (idx >> 2), gb = kb0 + (idx & 3);
+            if (gr < m && gb < nb) {
+                const unsigned char* bp = w + gr * row_bytes + (long long)gb * mma_block_bytes<TY>();
+                if (TY == MT_107) {
+                    wraw[i][0] = gpu_load_u32_a2(bp);
+                    wraw[i][1] = gpu_load_u32_a2(bp + 4);
+                    wraw[i][2] = gpu_load_u16(bp + 8);
+                } else if (TY == DT_Q8_0) {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) wraw[i][j] = gpu_load_u32_a2(bp + 2 + 4 * j);
+                    wraw[i][8] = gpu_load_u16(bp);
+                } else {
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) wraw[i][q] = gpu_load_u32_a2(bp + 4 * q);
+                    wraw[i][4] = gpu_load_u16(bp + 16);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < NW; ++j) wraw[i][j] = 0u; // zero codes and scales
+            }
+        }
+        const int gc = acol[t >> 2], gb = kb0 + (t & 3);
+        if (gc >= 0 && gb < nb) {
+            const q8_1_block* qb = act + (long long)gc * nb + gb;
+            const rf_int2* q = (const rf_int2*)qb->qs;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) araw[j] = q[j];
+            adr = qb->d;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) araw[j] = rf_int2{0, 0};
+            adr = 0.0f;
+        }
+    };
+    load(0);
+    for (int kb0 = 0; kb0 < nb; kb0 += MMA_KB) {
+        // Weights: decode the raw words into int8 codes and f32 scales.
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int idx = t + 256 * i;
+            const int row = idx >> 2, blk = idx & 3;
+            int* dst = wq + row * MMA_LD + blk * 8;
+            const unsigned int* r = wraw[i];
+            float A0, A1, O = 0.0f;
+            if (TY == MT_107) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const int c = rf2_expand4(r[h] >> (8 * j));
+                        // two-scale: bytes c-1 (kv) via (c + 0x7f) ^ 0x80, no carries.
+                        dst[4 * h + j] = affine ? c : (int)(((unsigned int)c + 0x7f7f7f7fu) ^ 0x80808080u);
+                    }
+                A0 = ue4m3(r[2]);
+                A1 = affine ? A0 : ue4m3(r[2] >> 8);
+                O = affine ? ue4m3(r[2] >> 8) : 0.0f;
+            } else if (TY == DT_Q8_0) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) dst[j] = (int)r[j];
+                A0 = A1 = half_scale(r[8]);
+            } else {
+                // Code byte j: element j (low nibble), element j + 16 (high nibble).
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    dst[q] = fp4_codes4(r[q], lut8);
+                    dst[4 + q] = fp4_codes4(r[q] >> 4, lut8);
+                }
+                A0 = ue4m3(r[4]);
+                A1 = ue4m3(r[4] >> 8);
+            }
+            wa[row][blk * 2] = A0;
+            wa[row][blk * 2 + 1] = A1;
+            wo[row][blk] = O;
+        }
+        // Activations: 64 columns x 4 blocks, one (column, block) per thread.
+        {
+            const int col = t >> 2, blk = t & 3;
+            int* dst = aq + col * MMA_LD + blk * 8;
+            int s = 0;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                dst[2 * j] = araw[j].x;
+                dst[2 * j + 1] = araw[j].y;
+                s = gpu_dp4a(0x01010101, araw[j].x, s);
+                s = gpu_dp4a(0x01010101, araw[j].y, s);
+            }
+            ad[col][blk] = adr;
+            ads[col][blk] = adr * (float)s;
+        }
+        __syncthreads();
+        if (kb0 + MMA_KB < nb) load(kb0 + MMA_KB);
+        const int* ws = wq + wr * MMA_LD;
+        const int* as_ = aq + wc * MMA_LD;
+#pragma unroll 1
+        for (int blk = 0; blk < (nt_max > 0 ? MMA_KB : 0); ++blk) {
+            if (!halves) {
+                int s[32];
+                mma_tile_dot(ws, as_, blk * 8, 8, nt_max, s);
+#pragma unroll
+                for (int i = 0; i < 32; ++i) {
+                    if (mma_nt(i) >= nt_max) continue;
+                    const int row = wr + mma_row(i, lane), col = wc + mma_col(i, lane);
+                    const float ds = ad[col][blk] * wa[row][blk * 2];
+                    acc[i] = fmaf(ds, (float)s[i], acc[i]);
+                    if (TY == MT_107) acc[i] = fmaf(-wo[row][blk], ads[col][blk], acc[i]);
+                }
+            } else {
+                int s0[32], s1[32];
+                mma_tile_dot(ws, as_, blk * 8, 4, nt_max, s0);
+                mma_tile_dot(ws, as_, blk * 8 + 4, 4, nt_max, s1);
+#pragma unroll
+                for (int i = 0; i < 32; ++i) {
+                    if (mma_nt(i) >= nt_max) continue;
+                    const int row = wr + mma_row(i, lane), col = wc + mma_col(i, lane);
+                    const float v = fmaf(wa[row][blk * 2], (float)s0[i],
+                                         wa[row][blk * 2 + 1] * (float)s1[i]);
+                    acc[i] = fmaf(ad[col][blk], v, acc[i]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        const int gr = r0 + wr + mma_row(i, lane), oc = ocol[wc + mma_col(i, lane)];
+        if (gr < m && oc >= 0) out[(long long)oc * m + gr] = acc[i];
+    }
+}
+
+// mma_tile for a run-time type (MT_107, DT_Q8_0, DT_ROCMFP4).
+GPU_DEV void mma_tile_any(mma_smem& sm, int ty, const unsigned char* __restrict__ w,
+                          long long row_bytes, int nb, int m, int r0, int ncols,
+                          const q8_1_block* __restrict__ act, float* __restrict__ out, int affine) {
+    if (ty == MT_107) mma_tile<MT_107>(sm, w, row_bytes, nb, m, r0, ncols, act, out, affine);
+    else if (ty == DT_Q8_0) mma_tile<DT_Q8_0>(sm, w, row_bytes, nb, m, r0, ncols, act, out, affine);
+    else mma_tile<DT_ROCMFP4>(sm, w, row_bytes, nb, m, r0, ncols, act, out, affine);
+}
+
+// Columns c0 .. c0 + 63 of a dense product with n columns.
+GPU_DEV void mma_dense_cols(mma_smem& sm, int c0, int n) {
+    if (threadIdx.x < MMA_BN) {
+        const int c = c0 + (int)threadIdx.x;
+        sm.acol[threadIdx.x] = sm.ocol[threadIdx.x] = c < n ? c : -1;
+    }
+    __syncthreads();
+}
+
+// out[c*m + r] = sum_i W[r][i] * x_c[i] for type-107 weights, x as q8_1.
+// grid = (ceil(m / 128), ceil(n / 64)), block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    mmq_mma_107(const unsigned char* __restrict__ w, int nb, int m, int n,
+                const q8_1_block* __restrict__ act, float* __restrict__ out, int affine,
+                unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMQ_MMA_107);
+    __shared__ mma_smem sm;
+    mma_dense_cols(sm, blockIdx.y * MMA_BN, n);
+    mma_tile<MT_107>(sm, w, (long long)nb * RF2_BLOCK_BYTES, nb, m, blockIdx.x * MMA_BM,
+                     n - (int)blockIdx.y * MMA_BN, act, out, affine);
+}
+
+// The same for Q8_0 (ty 8) or ROCmFP4 (ty 100) weights (prefill of the dense products).
+extern "C" __global__ void __launch_bounds__(256)
+    mmq_mma_dense(const unsigned char* __restrict__ w, long long row_bytes, int ty, int nb, int m,
+                  int n, const q8_1_block* __restrict__ act, float* __restrict__ out,
+                  unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMQ_MMA_DENSE);
+    __shared__ mma_smem sm;
+    mma_dense_cols(sm, blockIdx.y * MMA_BN, n);
+    mma_tile_any(sm, ty, w, row_bytes, nb, m, blockIdx.x * MMA_BM, n - (int)blockIdx.y * MMA_BN,
+                 act, out, 0);
+}
+
+// Grouped MMQ (MATMUL_ID with many pairs per expert; pairs sorted by moe_sort as for
+// mmvq_grouped_107): block row y takes the y-th non-empty list and runs its pairs as
+// tiles of 64 columns over 128 rows of that expert; the masked list gets zeros.
+// ty: 107 (with `affine`), 8 (Q8_0) or 100 (ROCmFP4).
+// grid = (ceil(m / 128), min(pairs, n_experts) + 1), block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    mmq_mma_id(const unsigned char* __restrict__ w, long long expert_bytes, long long row_bytes,
+               int ty, int nb, int m, int n_experts, const q8_1_block* __restrict__ act,
+               int act_per_pair, int n_slots, const int* __restrict__ offsets,
+               const int* __restrict__ active, const int* __restrict__ sorted,
+               float* __restrict__ out, int affine, unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMQ_MMA_ID);
+    __shared__ mma_smem sm;
+    if ((int)blockIdx.y >= active[0]) return;
+    const int e = active[1 + blockIdx.y], r0 = blockIdx.x * MMA_BM;
+    const int begin = offsets[e], end = offsets[e + 1];
+    if (e == n_experts) {
+        for (int i = begin; i < end; ++i)
+            for (int r = r0 + (int)threadIdx.x; r < r0 + MMA_BM && r < m; r += 256)
+                out[(long long)sorted[i] * m + r] = 0.0f;
+        return;
+    }
+    for (int c0 = begin; c0 < end; c0 += MMA_BN) {
+        __syncthreads(); // the last tile's stores have read ocol
+        if (threadIdx.x < MMA_BN) {
+            const int i = c0 + (int)threadIdx.x;
+            const int p = i < end ? sorted[i] : -1;
+            sm.acol[threadIdx.x] = p < 0 ? -1 : (act_per_pair ? p : p / n_slots);
+            sm.ocol[threadIdx.x] = p;
+        }
+        __syncthreads();
+        mma_tile_any(sm, ty, w + (long long)e * expert_bytes, row_bytes, nb, m, r0, end - c0, act,
+                     out, affine);
+    }
 }

@@ -8,8 +8,9 @@
 # With PARITY=1 it first runs scripts/device/ds4_gpu.sh (the fixtures) while the file is
 # written, then decodes 8 tokens of the full-width file with the decode mat-vec kernels
 # and with `MOE_GPU_DENSE_ROWS=0` (matvec_dense only) and compares. PROFILE=1 adds the
-# per-kernel table (PROFILE_ONLY=1 stops there); REUSE=1 keeps a synth file a warm
-# machine still has. Carry .dev/ds4. $OUT gets bench.json (+ parity.log, profile.json).
+# per-kernel tables of a decode step and of a prefill pass (PROFILE_ONLY=1 stops there);
+# PDL_AB=1 reruns depth 0 with MOE_GPU_PDL=0; REUSE=1 keeps a synth file a warm machine
+# still has. Carry .dev/ds4. $OUT gets bench.json (+ parity.log, profile*.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/device/cuda_env.sh
@@ -66,6 +67,22 @@ print("| --- | --- | --- | --- |")
 for n, v in sorted(ns.items(), key=lambda x: -x[1]):
     print(f"| {n} | {k.get(n, 0)/steps:.0f} | {v/steps/1e3:.0f} | {100*v/tot:.1f}% |")
 PY
+    # The same over prefill: one pass of PP prompt tokens (+ 1 decoded), twice (warm-up + run).
+    MOE_GPU_PROFILE=1 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
+        bench --model "$W/synth.gguf" --layers "${LAYERS:-43}" --prompt-tokens "${PP:-512}" --gen-tokens 1 \
+        --repetitions 1 --json > "$OUT/profile_pp.json"
+    python3 - "$OUT/profile_pp.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+k = dict(b["kernels"])
+ns = {n[:-3]: v for n, v in k.items() if n.endswith(".ns")}
+tot = sum(ns.values())
+print(f"prefill: pp {b['pp_tok_s']:.1f} tok/s; GPU kernel time {tot/2/1e6:.1f} ms per pass (2 passes)")
+print("| kernel | launches per pass | GPU ms per pass | share |")
+print("| --- | --- | --- | --- |")
+for n, v in sorted(ns.items(), key=lambda x: -x[1])[:16]:
+    print(f"| {n} | {k.get(n, 0)/2:.0f} | {v/2/1e6:.1f} | {100*v/tot:.1f}% |")
+PY
     [ -n "${PROFILE_ONLY:-}" ] && exit 0
 fi
 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench --model "$W/synth.gguf" \
@@ -87,6 +104,13 @@ for d in b["depths"]:
 k = dict(b["kernels"])
 print("device launches:", {n: v for n, v in k.items() if n.endswith(".device")})
 PY
+# PDL_AB=1: depth 0 again without programmatic dependent launch (MOE_GPU_PDL=0).
+if [ -n "${PDL_AB:-}" ]; then
+    MOE_GPU_PDL=0 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench --model "$W/synth.gguf" \
+        --layers "${LAYERS:-43}" --depths 0 --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" \
+        --repetitions "${REPS:-1}" --json > "$OUT/bench_nopdl.json"
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['depths'][0]; print(f\"without PDL, depth 0: pp {d['pp_tok_s']:.1f} tok/s, tg {d['tg_tok_s']:.1f} tok/s\")" "$OUT/bench_nopdl.json"
+fi
 # Where the decode time goes (NSYS=1 and Nsight Systems installed): GPU time per kernel
 # over a short run at depth 0.
 if [ -n "${NSYS:-}" ]; then

@@ -9,7 +9,10 @@ activations), and `moeserve generate` (greedy) on the GPU. Prints a table, write
 On the GPU the whole forward runs as backend ops with activations and caches resident
 (host/engine/src/deepseek4/gpu.rs; decode steps replayed as CUDA graphs); the column
 "dev vs host glue" compares it with the same GPU run whose per-token glue is on the host
-(MOE_DS4_HOST_GLUE=1): same weight kernels, so only the glue's summation order differs."""
+(MOE_DS4_HOST_GLUE=1): same weight kernels, so only the glue's summation order differs.
+Prefill runs Q8_0 / ROCmFP4 products of 16+ columns on the q8_1 MMQ tiles (8-bit
+activations, as llama.cpp does); "exact" columns rerun prefill with
+MOE_GPU_EXACT_PREFILL=1 (f32 activations: the CPU's sums up to order)."""
 import json
 import os
 import subprocess
@@ -64,7 +67,7 @@ def main():
     cpu, gpu = config("cpu"), config("cuda")
     rows = []
     print(f"{'fixture':20} {'type':5} {'gpu vs cpu':>10} {'gpu vs oracle':>13} {'pre vs dec':>10} "
-          f"{'dev vs host glue':>16} {'top-1':>6} {'greedy':>7} {'gpu s':>6}")
+          f"{'dev vs host glue':>16} {'exact vs cpu':>12} {'exact vs dec':>12} {'top-1':>6} {'greedy':>7} {'gpu s':>6}")
     for name, ty in RUNS:
         ref = np.load(FIX / f"{name}.npz")
         toks = ",".join(map(str, ref["tokens"]))
@@ -87,22 +90,26 @@ def main():
                 got[(backend, mode)] = np.load(out)
             if backend == "cuda":
                 secs = time.time() - t0
-                out = W / f"{name}.{ty}.cuda.hostglue.npy"
-                moeserve(cfg, "logits", "--model", model, "--tokens", toks, "--out", out, "--mode", "prefill",
-                         env={"MOE_DS4_HOST_GLUE": "1"})
-                got[("cuda", "hostglue")] = np.load(out)
+                for key, env in (("hostglue", {"MOE_DS4_HOST_GLUE": "1"}), ("exact", {"MOE_GPU_EXACT_PREFILL": "1"})):
+                    out = W / f"{name}.{ty}.cuda.{key}.npy"
+                    moeserve(cfg, "logits", "--model", model, "--tokens", toks, "--out", out, "--mode", "prefill",
+                             env=env)
+                    got[("cuda", key)] = np.load(out)
         n = int(ref["prompt_len"])
         g = moeserve(gpu, "generate", "--model", model, "--prompt-tokens", ",".join(map(str, ref["tokens"][:n])),
                      "--max-tokens", len(ref["greedy"]), "--ids").strip()
         greedy_same = [int(x) for x in g.split(",")] == ref["greedy"].tolist()
         gp, gd, cp = got[("cuda", "prefill")], got[("cuda", "decode")], got[("cpu", "prefill")]
+        ge = got[("cuda", "exact")]
         row = dict(fixture=name, type=ty, gpu_vs_cpu=rel(gp, cp), gpu_vs_oracle=rel(gp, ref["logits"]),
                    gpu_prefill_vs_decode=rel(gp, gd), device_vs_host_glue=rel(gp, got[("cuda", "hostglue")]),
+                   exact_prefill_vs_cpu=rel(ge, cp), exact_prefill_vs_decode=rel(ge, gd),
                    top1_vs_cpu=float((gp.argmax(1) == cp.argmax(1)).mean()),
                    greedy_equals_oracle=greedy_same, gpu_seconds=secs)
         rows.append(row)
         print(f"{name:20} {ty:5} {row['gpu_vs_cpu']:10.3g} {row['gpu_vs_oracle']:13.3g} "
-              f"{row['gpu_prefill_vs_decode']:10.3g} {row['device_vs_host_glue']:16.3g} {row['top1_vs_cpu']:6.3f} {str(greedy_same):>7} {secs:6.1f}",
+              f"{row['gpu_prefill_vs_decode']:10.3g} {row['device_vs_host_glue']:16.3g} {row['exact_prefill_vs_cpu']:12.3g} "
+              f"{row['exact_prefill_vs_decode']:12.3g} {row['top1_vs_cpu']:6.3f} {str(greedy_same):>7} {secs:6.1f}",
               flush=True)
     (OUT / "ds4_gpu.json").write_text(json.dumps(rows, indent=1))
 

@@ -109,6 +109,16 @@ pub struct Module {
     /// `COUNTER_SLOTS` u32 counters in device memory, bumped by the kernels.
     pub counters: sys::CUdeviceptr,
     pub from_cache: bool,
+    /// Launch with programmatic stream serialization (see [`pdl_enabled`]).
+    pdl: bool,
+}
+
+/// Programmatic dependent launch from compute capability 9.0: a kernel's launch and
+/// block scheduling overlap its predecessor's tail (every kernel waits for the
+/// predecessor's completion first thing: `gpu_grid_wait` in kernels/gpu/common.cuh).
+/// `MOE_GPU_PDL=0` turns it off (A/B runs).
+pub fn pdl_enabled(cc: (i32, i32)) -> bool {
+    cc.0 >= 9 && std::env::var_os("MOE_GPU_PDL").is_none_or(|v| v != "0")
 }
 
 impl Module {
@@ -131,6 +141,7 @@ impl Module {
                 funcs,
                 counters,
                 from_cache,
+                pdl: pdl_enabled(dev.cc),
             })
         }
     }
@@ -173,8 +184,32 @@ impl Module {
                 Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
             );
         let start = if timed { record(stream) } else { None };
-        cu::launch_kernel(f.0, grid, (block, 1, 1), 0, stream, &mut all)
-            .map_err(|e| err(&format!("launching {name}"), e))?;
+        if self.pdl {
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: std::mem::zeroed(),
+            };
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            sys::cuLaunchKernelEx(&cfg, f.0, all.as_mut_ptr(), std::ptr::null_mut())
+                .result()
+                .map_err(|e| err(&format!("launching {name}"), e))?;
+        } else {
+            cu::launch_kernel(f.0, grid, (block, 1, 1), 0, stream, &mut all)
+                .map_err(|e| err(&format!("launching {name}"), e))?;
+        }
         if let (Some(start), Some(end)) = (start, if timed { record(stream) } else { None }) {
             let mut t = TIMED.lock().unwrap_or_else(|e| e.into_inner());
             t.push(Timed { name, start, end });

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 35] = [
+pub const KERNELS: [&str; 37] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -45,9 +45,11 @@ pub const KERNELS: [&str; 35] = [
     "matvec_dense_rows",
     "matvec_dense_rows_id",
     "matvec_f32_wide",
+    "mmq_mma_dense",
+    "mmq_mma_id",
 ];
 /// Device-side launch counters (u32 each) the kernels bump.
-pub const COUNTER_SLOTS: usize = 35;
+pub const COUNTER_SLOTS: usize = 37;
 
 /// The full translation unit: the `units` in order, the first one's
 /// `#include "common.cuh"` replaced by `common_cuh` (less its `#pragma once`), the

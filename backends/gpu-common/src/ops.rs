@@ -31,6 +31,42 @@ pub const Q8_BYTES: u64 = 40;
 /// The tensor-core MMQ kernel (the other is `mmq_dp4a_107`).
 pub const MMQ_MMA: &str = "mmq_mma_107";
 pub const MMQ_DP4A: &str = "mmq_dp4a_107";
+/// Columns from which a Q8_0 / ROCmFP4 MATMUL runs `mmq_mma_dense` (q8_1 activations on
+/// the matrix units) instead of the f32 mat-vec, 8 columns at a time.
+pub const MMQ_MIN_COLS: u64 = 16;
+/// Pairs per expert (on average) from which MATMUL_ID runs `mmq_mma_id`.
+pub const MMQ_MIN_PAIRS_PER_EXPERT: u64 = 4;
+
+/// `MOE_GPU_EXACT_PREFILL=1` keeps f32 activations for the dense types' products of
+/// many columns (the f32 mat-vec; slower, the same sums as the CPU up to order).
+pub fn exact_prefill() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MOE_GPU_EXACT_PREFILL").is_some_and(|v| v == "1"))
+}
+
+/// Whether weights of `ty` with `k` values per row run the tensor-core MMQ tiles on a
+/// device whose MMQ kernel is `mmq`: type 107 always (its activations are q8_1 on every
+/// path), Q8_0 / ROCmFP4 unless [`exact_prefill`].
+pub fn mmq_type(ty: u32, k: u64, mmq: &str) -> bool {
+    mmq == MMQ_MMA
+        && k.is_multiple_of(32)
+        && match ty {
+            TYPE_Q2_0_ROCMFP2 => true,
+            TYPE_Q8_0 | TYPE_ROCMFP4 => !exact_prefill(),
+            _ => false,
+        }
+}
+
+/// Whether MATMUL_ID `args` (w [k, m, experts], x, ids [slots, tokens], out) runs
+/// `mmq_mma_id`: enough pairs per expert for the 64-column tiles to pay.
+pub fn id_takes_mmq(args: &[TensorRef], mmq: &str) -> bool {
+    let (Some(w), Some(ids)) = (args.first(), args.get(2)) else {
+        return false;
+    };
+    let experts = w.dims[2] * w.dims[3];
+    let pairs = ids.dims.iter().product::<u64>();
+    mmq_type(w.type_id, w.dims[0], mmq) && pairs >= MMQ_MIN_PAIRS_PER_EXPERT * experts
+}
 
 /// Grid dims of a launch.
 pub type Grid = (u32, u32, u32);
@@ -295,6 +331,8 @@ pub enum DenseLayout {
     Rows(i32),
     /// `matvec_f32_wide`: a 1024-thread block per row (see [`f32_wide`]).
     F32Wide,
+    /// `quantize_q8_1` of the input into scratch, then `mmq_mma_dense` (see [`mmq_type`]).
+    Mmq,
 }
 
 /// One column of f32 weights with at most 1024 rows (the mHC mixes, the router) runs
@@ -341,6 +379,7 @@ pub fn dense_parts(m: u64, k: u64) -> u64 {
 
 pub fn matmul_dense(
     args: &[TensorRef],
+    mmq: &str,
     mut ptr: impl FnMut(&TensorRef, u64) -> Result<u64, String>,
 ) -> Result<Option<DenseMatmul>, String> {
     let [w, x, out] = three(args, "matmul")?;
@@ -367,6 +406,7 @@ pub fn matmul_dense(
     let (pw, px, po) = (ptr(&w, dense_align(w.type_id))?, ptr(&x, 4)?, ptr(&out, 4)?);
     let parts = dense_parts(m, k);
     let layout = match dense_rows(w.type_id, m, n, px) {
+        _ if n >= MMQ_MIN_COLS && mmq_type(w.type_id, k, mmq) => DenseLayout::Mmq,
         Some(r) => DenseLayout::Rows(r as i32),
         None if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
         None => DenseLayout::Warps(parts as i32),
@@ -382,6 +422,18 @@ pub fn matmul_dense(
             grid: (m as u32, 1, 1),
             block: 1024,
         },
+        DenseLayout::Mmq => {
+            let (bm, bn) = mmq_tile(MMQ_MMA);
+            Launch {
+                name: "mmq_mma_dense",
+                grid: (
+                    to_i32(m.div_ceil(bm), "m")? as u32,
+                    to_i32(n.div_ceil(bn), "n")? as u32,
+                    1,
+                ),
+                block: 256,
+            }
+        }
         DenseLayout::Warps(_) => Launch {
             name: "matvec_dense",
             grid: (
@@ -562,8 +614,11 @@ pub struct MatmulId {
     pub blocks: i32,
     pub m: i32,
     pub slots: i32,
-    /// Bytes of one expert's weights.
+    /// Bytes of one expert's weights, and of one row.
     pub expert_bytes: i64,
+    pub row_bytes: i64,
+    /// Weight type id (107, or Q8_0 / ROCmFP4 on `mmq_mma_id`).
+    pub ty: i32,
     /// 1 when x has one column per pair, 0 when per token.
     pub per_pair: i32,
     pub affine: i32,
@@ -585,14 +640,21 @@ pub fn id_input(x: &TensorRef, k: u64, n_tok: u64, pairs: u64) -> Result<i32, St
     }
 }
 
+/// `mmq` is the device's MMQ kernel: with enough pairs ([`id_takes_mmq`]) the grouped
+/// product runs `mmq_mma_id`, else `mmvq_grouped_107`. Weights: type 107, or Q8_0 /
+/// ROCmFP4 when they take the MMQ tiles (the dense kernels run them otherwise).
 pub fn matmul_id(
     args: &[TensorRef],
+    mmq: &str,
     mut ptr: impl FnMut(&TensorRef, u64) -> Result<u64, String>,
 ) -> Result<MatmulId, String> {
     let [w, x, ids, out]: [TensorRef; 4] = args
         .try_into()
         .map_err(|_| format!("matmul_id: expected 4 tensor arguments, got {}", args.len()))?;
-    expect(&w, TYPE_Q2_0_ROCMFP2, "matmul_id weights")?;
+    let tiles = id_takes_mmq(args, mmq);
+    if !(tiles && matches!(w.type_id, TYPE_Q8_0 | TYPE_ROCMFP4)) {
+        expect(&w, TYPE_Q2_0_ROCMFP2, "matmul_id weights")?;
+    }
     expect(&x, types::F32, "matmul_id input")?;
     expect(&ids, types::I32, "matmul_id ids")?;
     expect(&out, types::F32, "matmul_id output")?;
@@ -614,6 +676,25 @@ pub fn matmul_id(
         ));
     }
     let (pw, px, pi, po) = (ptr(&w, 2)?, ptr(&x, 4)?, ptr(&ids, 4)?, ptr(&out, 4)?);
+    let (row_bytes, affine) = match dense_row_bytes(w.type_id, k) {
+        Some(rb) => (rb?, 0),
+        None => (k / 32 * BLOCK_BYTES, affine(&w)?),
+    };
+    let grouped = if tiles {
+        let (bm, _) = mmq_tile(MMQ_MMA);
+        Launch {
+            name: "mmq_mma_id",
+            grid: (m.div_ceil(bm) as u32, pairs.min(experts) as u32 + 1, 1),
+            block: 256,
+        }
+    } else {
+        Launch {
+            name: "mmvq_grouped_107",
+            // 4 warps x RF_GROUPED_ROWS (1) rows per block.
+            grid: (m.div_ceil(4) as u32, pairs.min(experts) as u32 + 1, 1),
+            block: 128,
+        }
+    };
     Ok(MatmulId {
         w: pw,
         x: px,
@@ -627,20 +708,17 @@ pub fn matmul_id(
         blocks: to_i32(k / 32, "k / 32")?,
         m: to_i32(m, "m")?,
         slots: to_i32(n_slots, "slots")?,
-        expert_bytes: (m * k / 32 * BLOCK_BYTES) as i64,
+        expert_bytes: (m * row_bytes) as i64,
+        row_bytes: row_bytes as i64,
+        ty: w.type_id as i32,
         per_pair,
-        affine: affine(&w)?,
+        affine,
         sort: Launch {
             name: "moe_sort",
             grid: (1, 1, 1),
             block: 256,
         },
-        grouped: Launch {
-            name: "mmvq_grouped_107",
-            // 4 warps x RF_GROUPED_ROWS (1) rows per block.
-            grid: (m.div_ceil(4) as u32, pairs.min(experts) as u32 + 1, 1),
-            block: 128,
-        },
+        grouped,
     })
 }
 
@@ -677,7 +755,7 @@ pub fn run(
     } else {
         op
     };
-    if op == OP_MATMUL_ID {
+    if op == OP_MATMUL_ID && !id_takes_mmq(args, mmq) {
         if let Some(r) = crate::ds4::matmul_id_dense(gpu, args) {
             return r;
         }
@@ -688,7 +766,7 @@ pub fn run(
     unsafe {
         match op {
             ops::MATMUL if args.first().is_some_and(|w| w.type_id != TYPE_Q2_0_ROCMFP2) => {
-                let p = matmul_dense(args, ptr)?.ok_or_else(|| {
+                let p = matmul_dense(args, mmq, ptr)?.ok_or_else(|| {
                     format!(
                         "matmul: weights of type {} are not supported by the {backend} backend",
                         args[0].type_id
@@ -701,6 +779,13 @@ pub fn run(
                         gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, po, rows))
                     }
                     DenseLayout::F32Wide => gpu.launch(p.launch, &kargs!(pw, k, m, px, po)),
+                    DenseLayout::Mmq => {
+                        let (q, mut n_blocks) = quantize(k as u64, n as u64);
+                        let mut pq = gpu.scratch(n_blocks as usize * Q8_BYTES as usize)?;
+                        gpu.launch(q, &kargs!(px, pq, n_blocks))?;
+                        let mut nb = k / 32;
+                        gpu.launch(p.launch, &kargs!(pw, rb, ty, nb, m, n, pq, po))
+                    }
                     DenseLayout::Warps(mut parts) => {
                         gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, n, po, parts))
                     }
@@ -719,7 +804,7 @@ pub fn run(
                 }
             }
             OP_MATMUL_ID => {
-                let p = matmul_id(args, ptr)?;
+                let p = matmul_id(args, mmq, ptr)?;
                 let base = gpu.scratch(p.layout.bytes)?;
                 let (q, mut n_blocks) = quantize(p.k, p.x_cols);
                 let (mut px, mut pq) = (p.x, base);
@@ -731,10 +816,20 @@ pub fn run(
                 gpu.launch(p.sort, &kargs!(pi, np, ne, poff, pact, psorted))?;
                 let (mut pw, mut ebytes, mut nb, mut mm) = (p.w, p.expert_bytes, p.blocks, p.m);
                 let (mut pp, mut ns, mut po, mut a) = (p.per_pair, p.slots, p.out, p.affine);
-                gpu.launch(
-                    p.grouped,
-                    &kargs!(pw, ebytes, nb, mm, ne, pq, pp, ns, poff, pact, psorted, po, a),
-                )
+                if p.grouped.name == "mmq_mma_id" {
+                    let (mut rb, mut ty) = (p.row_bytes, p.ty);
+                    gpu.launch(
+                        p.grouped,
+                        &kargs!(
+                            pw, ebytes, rb, ty, nb, mm, ne, pq, pp, ns, poff, pact, psorted, po, a
+                        ),
+                    )
+                } else {
+                    gpu.launch(
+                        p.grouped,
+                        &kargs!(pw, ebytes, nb, mm, ne, pq, pp, ns, poff, pact, psorted, po, a),
+                    )
+                }
             }
             ops::ADD => {
                 let p = add(args, ptr)?;
@@ -880,6 +975,7 @@ mod tests {
                 t(types::F32, [64, 9, 1, 1]),
                 t(types::F32, [10, 9, 1, 1]),
             ],
+            MMQ_MMA,
             seq(),
         )
         .unwrap()
@@ -899,7 +995,7 @@ mod tests {
         );
         assert_eq!((dense_parts(129280, 4096), dense_parts(8, 256)), (1, 1));
         // One column of Q8_0 / ROCmFP4 weights: a block on 4 (output-head sized) or 2 rows.
-        let one = |ty, k, m, n, x_at: u64| {
+        let one_on = |mmq, ty, k, m, n, x_at: u64| {
             let mut i = 0;
             let p = matmul_dense(
                 &[
@@ -907,6 +1003,7 @@ mod tests {
                     t(types::F32, [k, n, 1, 1]),
                     t(types::F32, [m, n, 1, 1]),
                 ],
+                mmq,
                 move |_, _| {
                     i += 1;
                     Ok(if i == 2 { x_at } else { i * 0x1000 })
@@ -916,6 +1013,7 @@ mod tests {
             .unwrap();
             (p.launch.name, p.launch.grid.0, p.launch.block, p.layout)
         };
+        let one = |ty, k, m, n, x_at| one_on(MMQ_MMA, ty, k, m, n, x_at);
         assert_eq!(
             one(TYPE_Q8_0, 4096, 129280, 1, 0x2000),
             ("matvec_dense_rows", 32320, 128, DenseLayout::Rows(4))
@@ -936,6 +1034,21 @@ mod tests {
         assert_eq!(one(TYPE_Q8_0, 4096, 1024, 2, 0x2000).0, "matvec_dense");
         assert_eq!(one(TYPE_Q8_0, 4096, 255, 1, 0x2000).0, "matvec_dense");
         assert_eq!(one(TYPE_ROCMFP4, 4096, 1024, 1, 0x2004).0, "matvec_dense");
+        // 16 columns or more of Q8_0 / ROCmFP4 on a device with matrix-unit MMQ: q8_1 tiles.
+        assert_eq!(
+            one(TYPE_Q8_0, 4096, 1024, 16, 0x2000),
+            ("mmq_mma_dense", 8, 256, DenseLayout::Mmq)
+        );
+        assert_eq!(
+            one(TYPE_ROCMFP4, 4096, 1000, 512, 0x2004).0,
+            "mmq_mma_dense"
+        );
+        assert_eq!(one(TYPE_Q8_0, 4096, 1024, 15, 0x2000).0, "matvec_dense");
+        assert_eq!(one(types::F16, 4096, 1024, 64, 0x2000).0, "matvec_dense");
+        assert_eq!(
+            one_on(MMQ_DP4A, TYPE_Q8_0, 4096, 1024, 64, 0x2000).0,
+            "matvec_dense"
+        );
         // 107 is not a dense type; a shape mismatch is refused.
         assert_eq!(
             matmul_dense(
@@ -944,6 +1057,7 @@ mod tests {
                     t(types::F32, [64, 1, 1, 1]),
                     t(types::F32, [1, 1, 1, 1])
                 ],
+                MMQ_MMA,
                 seq()
             ),
             Ok(None)
@@ -954,6 +1068,7 @@ mod tests {
                 t(types::F32, [8, 1, 1, 1]),
                 t(types::F32, [3, 1, 1, 1])
             ],
+            MMQ_MMA,
             seq()
         )
         .unwrap_err()
@@ -998,7 +1113,7 @@ mod tests {
         let w = t(107, [64, 4, 3, 1]);
         let ids = t(types::I32, [2, 5, 1, 1]);
         let out = t(types::F32, [4, 2, 5, 1]);
-        let p = matmul_id(&[w, t(types::F32, [64, 5, 1, 1]), ids, out], seq()).unwrap();
+        let p = matmul_id(&[w, t(types::F32, [64, 5, 1, 1]), ids, out], MMQ_MMA, seq()).unwrap();
         assert_eq!((p.w, p.x, p.ids, p.out), (0x1000, 0x2000, 0x3000, 0x4000));
         assert_eq!((p.per_pair, p.x_cols, p.pairs, p.experts), (0, 5, 10, 3));
         assert_eq!((p.blocks, p.m, p.slots, p.expert_bytes), (2, 4, 2, 80));
@@ -1006,24 +1121,67 @@ mod tests {
         // 4 rows per block (4 warps x 1 row).
         let w40 = t(107, [64, 40, 3, 1]);
         let out40 = t(types::F32, [40, 2, 5, 1]);
-        let p = matmul_id(&[w40, t(types::F32, [64, 5, 1, 1]), ids, out40], seq()).unwrap();
+        let p = matmul_id(
+            &[w40, t(types::F32, [64, 5, 1, 1]), ids, out40],
+            MMQ_MMA,
+            seq(),
+        )
+        .unwrap();
         assert_eq!(p.grouped.grid, (10, 4, 1));
-        let p = matmul_id(&[w, t(types::F32, [64, 10, 1, 1]), ids, out], seq()).unwrap();
+        let p = matmul_id(
+            &[w, t(types::F32, [64, 10, 1, 1]), ids, out],
+            MMQ_MMA,
+            seq(),
+        )
+        .unwrap();
         assert_eq!((p.per_pair, p.x_cols), (1, 10));
         assert!(
-            matmul_id(&[w, t(types::F32, [64, 7, 1, 1]), ids, out], seq())
+            matmul_id(&[w, t(types::F32, [64, 7, 1, 1]), ids, out], MMQ_MMA, seq())
                 .unwrap_err()
                 .contains("neither 5 nor 10")
         );
-        assert!(matmul_id(&[w, t(types::F32, [64, 5, 1, 1]), ids], seq())
-            .unwrap_err()
-            .contains("expected 4"));
-        let many = t(107, [64, 4, 1025, 1]);
         assert!(
-            matmul_id(&[many, t(types::F32, [64, 5, 1, 1]), ids, out], seq())
+            matmul_id(&[w, t(types::F32, [64, 5, 1, 1]), ids], MMQ_MMA, seq())
                 .unwrap_err()
-                .contains("at most 1024")
+                .contains("expected 4")
         );
+        // Four pairs or more per expert: the MMQ tiles (128 rows), for 107 and, there
+        // only, for Q8_0 / ROCmFP4; the dense types take the dense kernels otherwise.
+        let ids12 = t(types::I32, [2, 6, 1, 1]);
+        let out12 = |m| t(types::F32, [m, 2, 6, 1]);
+        let x6 = t(types::F32, [64, 6, 1, 1]);
+        let p = matmul_id(&[w40, x6, ids12, out12(40)], MMQ_MMA, seq()).unwrap();
+        assert_eq!((p.grouped.name, p.grouped.grid), ("mmq_mma_id", (1, 4, 1)));
+        assert_eq!((p.row_bytes, p.ty, p.affine), (20, 107, 1));
+        let q8 = t(TYPE_Q8_0, [64, 300, 3, 1]);
+        let p = matmul_id(&[q8, x6, ids12, out12(300)], MMQ_MMA, seq()).unwrap();
+        assert_eq!((p.grouped.name, p.grouped.grid), ("mmq_mma_id", (3, 4, 1)));
+        assert_eq!(
+            (p.row_bytes, p.expert_bytes, p.ty, p.affine),
+            (68, 68 * 300, 8, 0)
+        );
+        assert!(id_takes_mmq(&[q8, x6, ids12, out12(300)], MMQ_MMA));
+        assert!(!id_takes_mmq(&[q8, x6, ids12, out12(300)], MMQ_DP4A));
+        assert!(!id_takes_mmq(
+            &[q8, t(types::F32, [64, 5, 1, 1]), ids, out],
+            MMQ_MMA
+        ));
+        let p = matmul_id(&[w40, x6, ids12, out12(40)], MMQ_DP4A, seq()).unwrap();
+        assert_eq!(p.grouped.name, "mmvq_grouped_107");
+        let e = matmul_id(
+            &[q8, t(types::F32, [64, 5, 1, 1]), ids, out],
+            MMQ_MMA,
+            seq(),
+        );
+        assert!(e.unwrap_err().contains("matmul_id weights"));
+        let many = t(107, [64, 4, 1025, 1]);
+        assert!(matmul_id(
+            &[many, t(types::F32, [64, 5, 1, 1]), ids, out],
+            MMQ_MMA,
+            seq()
+        )
+        .unwrap_err()
+        .contains("at most 1024"));
 
         for (x_cols, k, experts, pairs) in [(1, 32, 1, 1), (5, 64, 3, 10), (7, 2048, 1024, 4096)] {
             let l = id_layout(x_cols, k, experts, pairs);
@@ -1088,6 +1246,17 @@ mod run_tests {
         let we = t(107, [64, 4, 3, 1]);
         let ids = t(types::I32, [2, 1, 1, 1]);
         go(ops::MATMUL_ID, &[we, f(64, 1), ids, f(4, 2)]);
+        // Prefill-sized products of Q8_0: the MMQ tiles (dense, and grouped with 4+
+        // pairs per expert).
+        go(
+            ops::MATMUL,
+            &[t(TYPE_Q8_0, [64, 4, 1, 1]), f(64, 16), f(4, 16)],
+        );
+        let ids12 = t(types::I32, [2, 6, 1, 1]);
+        go(
+            ops::MATMUL_ID,
+            &[t(TYPE_Q8_0, [64, 4, 3, 1]), f(64, 6), ids12, f(4, 12)],
+        );
         go(ops::ADD, &[f(8, 1); 3]);
         let rows = [w, t(types::I32, [2, 1, 1, 1]), f(64, 2)];
         go(ops::GET_ROWS, &rows);
@@ -1102,6 +1271,11 @@ mod run_tests {
                 ("quantize_q8_1", 3),
                 ("moe_sort", 6),
                 ("mmvq_grouped_107", 13),
+                ("quantize_q8_1", 3),
+                ("mmq_mma_dense", 8),
+                ("quantize_q8_1", 3),
+                ("moe_sort", 6),
+                ("mmq_mma_id", 15),
                 ("add_f32", 4),
                 ("get_rows_107", 6),
             ]
