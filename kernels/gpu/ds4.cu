@@ -356,8 +356,10 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // ---------------------------------------------------------------------------------
 // Lightning indexer: score[t][s] = sum_h relu(q_th . row_s) * sm * (w_th * ws) for the
-// rows visible to token t ((pos+1)/ratio). grid = (ceil(cap / 32), n), block = 256:
-// 8 warps x 4 rows, the token's queries staged in shared memory.
+// rows visible to token t ((pos+1)/ratio). grid = (ceil(cap / DS4_IDX_ROWS), n), block =
+// 256: 8 warps x 16 rows, the token's queries staged in shared memory (once per 128
+// rows: at 32 the staging read more than the rows did).
+#define DS4_IDX_ROWS 128
 extern "C" __global__ void __launch_bounds__(256)
     ds4_index_scores(const float* __restrict__ q, const float* __restrict__ wproj,
                      const float* __restrict__ rows, const int* __restrict__ pos, int ih, int id,
@@ -369,14 +371,14 @@ extern "C" __global__ void __launch_bounds__(256)
     const int t = blockIdx.y;
     int visible = (pos[t] + 1) / ratio;
     if (visible > cap) visible = cap;
-    const int r0 = blockIdx.x * 32;
+    const int r0 = blockIdx.x * DS4_IDX_ROWS;
     if (r0 >= visible) return;
     for (int i = threadIdx.x; i < ih * id; i += 256) qs[i] = q[(long long)t * ih * id + i];
     for (int h = threadIdx.x; h < ih; h += 256) wh[h] = wproj[(long long)t * ih + h] * ws;
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int k = 0; k < 4; ++k) {
-        const int r = r0 + warp * 4 + k;
+    for (int k = 0; k < DS4_IDX_ROWS / 8; ++k) {
+        const int r = r0 + k * 8 + warp;
         if (r >= visible) break;
         float kr[DS4_IDX_DIM_MAX / 32];
 #pragma unroll
@@ -424,13 +426,14 @@ GPU_DEV unsigned int ds4_key(float f) {
 }
 
 // The k best visible rows per token (ties: lower index), or all of them when no more
-// than k are visible; unused entries -1. Radix select on the keys, 8 bits per pass.
-// grid = n, block = 256.
+// than k are visible; unused entries -1. Radix select on the keys, 8 bits per pass
+// (a histogram per warp: the top bits of similar scores all land in one bin, and one
+// shared counter for the block serialised every add). grid = n, block = 256.
 extern "C" __global__ void __launch_bounds__(256)
     ds4_topk_rows(const float* __restrict__ scores, const int* __restrict__ pos, int ratio,
                   int cap, int k, int* __restrict__ sel, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_TOPK_ROWS);
-    __shared__ unsigned int hist[256];
+    __shared__ unsigned int hist[8][256];
     __shared__ unsigned int sh_prefix;
     __shared__ int sh_left;
     __shared__ int flags[256];
@@ -445,19 +448,24 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     unsigned int prefix = 0, mask = 0;
     int left = k;  // how many still to take among keys matching the prefix
+    const int warp = tid >> 5;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        hist[tid] = 0;
+        for (int w = 0; w < 8; ++w) hist[w][tid] = 0;
         __syncthreads();
         for (int i = tid; i < visible; i += 256) {
             const unsigned int key = ds4_key(s[i]);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+            if ((key & mask) == prefix) atomicAdd(&hist[warp][(key >> shift) & 255u], 1u);
         }
+        __syncthreads();
+        unsigned int all = 0;
+        for (int w = 0; w < 8; ++w) all += hist[w][tid];
+        hist[0][tid] = all;  // each thread reads and writes only its own bin
         __syncthreads();
         if (tid == 0) {
             int cum = 0, b = 255;
             for (; b > 0; --b) {
-                if (cum + (int)hist[b] >= left) break;
-                cum += (int)hist[b];
+                if (cum + (int)hist[0][b] >= left) break;
+                cum += (int)hist[0][b];
             }
             sh_prefix = prefix | ((unsigned int)b << shift);
             sh_left = left - cum;
@@ -468,20 +476,29 @@ extern "C" __global__ void __launch_bounds__(256)
         mask |= 255u << shift;
     }
     // prefix is now the k-th best key: take every key above it, then `left` equal keys,
-    // both in index order (a block scan per 256 rows: the same selection order on every
-    // run, so the attention's sums are reproducible).
+    // both in index order (the same selection order on every run, so the attention's
+    // sums are reproducible). Thread t owns the contiguous run of rows
+    // [t * per, (t + 1) * per): it counts its matches, one block scan gives each thread
+    // its first output slot, then it writes its rows in order.
     const int first_eq = k - left;
-    int base_gt = 0, base_eq = 0;  // the same in every thread (from block totals)
-    for (int c0 = 0; c0 < visible && (base_gt < first_eq || base_eq < left); c0 += 256) {
-        const int i = c0 + tid;
-        const unsigned int key = i < visible ? ds4_key(s[i]) : 0u;
-        const int g = i < visible && key > prefix, e = i < visible && key == prefix;
-        int total_g, total_e;
-        const int rg = ds4_scan256(g, flags, &total_g), re = ds4_scan256(e, flags, &total_e);
-        if (g) o[base_gt + rg - 1] = i;
-        if (e && base_eq + re - 1 < left) o[first_eq + base_eq + re - 1] = i;
-        base_gt += total_g;
-        base_eq += total_e;
+    const int per = (visible + 255) / 256;
+    const int i0 = tid * per, i1 = i0 + per < visible ? i0 + per : visible;
+    int g = 0, e = 0;
+    for (int i = i0; i < i1; ++i) {
+        const unsigned int key = ds4_key(s[i]);
+        g += key > prefix;
+        e += key == prefix;
+    }
+    int total_g, total_e;
+    int og = ds4_scan256(g, flags, &total_g) - g, oe = ds4_scan256(e, flags, &total_e) - e;
+    for (int i = i0; i < i1; ++i) {
+        const unsigned int key = ds4_key(s[i]);
+        if (key > prefix) {
+            o[og++] = i;
+        } else if (key == prefix) {
+            if (oe < left) o[first_eq + oe] = i;
+            ++oe;
+        }
     }
 }
 
@@ -490,17 +507,19 @@ extern "C" __global__ void __launch_bounds__(256)
 // window (positions pos-window+1 .. pos; older than this chunk from the ring at
 // q % window) then compressed rows: none (mode 0), all visible (1: (pos+1)/ratio) or
 // the indexer's selection (2). One warp per key with an online softmax, warps merged
-// at the end. grid = (heads, n), block = 256.
-extern "C" __global__ void __launch_bounds__(256)
+// at the end. grid = (heads, n), block = 32 * nw: nw = 8, or 16 (DS4_ATT_MAX_WARPS)
+// when few tokens (a decode step's 64 blocks) must keep more keys in flight per block.
+#define DS4_ATT_MAX_WARPS 16
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
     ds4_attention(const float* __restrict__ q, const float* __restrict__ kv,
                   const float* __restrict__ ring, const float* __restrict__ rows,
                   const int* __restrict__ sel, const float* __restrict__ sinks,
                   const int* __restrict__ pos, int heads, int hd, int window, int ratio,
-                  int mode, int k_sel, int cap, float scale, float* __restrict__ out,
+                  int mode, int k_sel, int cap, float scale, float* __restrict__ out, int nw,
                   unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_ATTENTION);
-    __shared__ float wm[DS4_ATT_WARPS], wl[DS4_ATT_WARPS];
-    __shared__ float wacc[DS4_ATT_WARPS * DS4_HEAD_MAX];
+    __shared__ float wm[DS4_ATT_MAX_WARPS], wl[DS4_ATT_MAX_WARPS];
+    __shared__ float wacc[DS4_ATT_MAX_WARPS * DS4_HEAD_MAX];
     const int h = blockIdx.x, t = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int p0 = pos[0], p = pos[t];
@@ -522,7 +541,7 @@ extern "C" __global__ void __launch_bounds__(256)
         n_comp = k_sel;
     }
     float m = DS4_NEG_INF, l = 0.0f;
-    for (int kk = warp; kk < n_win + n_comp; kk += DS4_ATT_WARPS) {
+    for (int kk = warp; kk < n_win + n_comp; kk += nw) {
         const float* key;
         if (kk < n_win) {
             const int qp = first + kk;
@@ -558,13 +577,13 @@ extern "C" __global__ void __launch_bounds__(256)
     __syncthreads();
     const float sink = sinks[h];
     float mx = sink;
-    for (int w = 0; w < DS4_ATT_WARPS; ++w) mx = fmaxf(mx, wm[w]);
+    for (int w = 0; w < nw; ++w) mx = fmaxf(mx, wm[w]);
     float den = expf(sink - mx);
-    for (int w = 0; w < DS4_ATT_WARPS; ++w) den += wl[w] * expf(wm[w] - mx);
+    for (int w = 0; w < nw; ++w) den += wl[w] * expf(wm[w] - mx);
     float* o = out + ((long long)t * heads + h) * hd;
-    for (int i = threadIdx.x; i < hd; i += 256) {
+    for (int i = threadIdx.x; i < hd; i += 32 * nw) {
         float v = 0.0f;
-        for (int w = 0; w < DS4_ATT_WARPS; ++w) v += wacc[w * DS4_HEAD_MAX + i] * expf(wm[w] - mx);
+        for (int w = 0; w < nw; ++w) v += wacc[w * DS4_HEAD_MAX + i] * expf(wm[w] - mx);
         o[i] = v / den;
     }
 }

@@ -8,9 +8,10 @@
 # With PARITY=1 it first runs scripts/device/ds4_gpu.sh (the fixtures) while the file is
 # written, then decodes 8 tokens of the full-width file with the decode mat-vec kernels
 # and with `MOE_GPU_DENSE_ROWS=0` (matvec_dense only) and compares. PROFILE=1 adds the
-# per-kernel tables of a decode step and of a prefill pass (PROFILE_ONLY=1 stops there);
-# PDL_AB=1 reruns depth 0 with MOE_GPU_PDL=0; REUSE=1 keeps a synth file a warm machine
-# still has. Carry .dev/ds4. $OUT gets bench.json (+ parity.log, profile*.json).
+# per-kernel tables of a decode step (at depth PROFILE_AT, 0) and of a prefill pass
+# (PROFILE_ONLY=1 stops there); PDL_AB=1 reruns depth 0 with MOE_GPU_PDL=0; REUSE=1
+# keeps a synth file a warm machine still has. Carry .dev/ds4. $OUT gets bench.json
+# (+ parity.log, profile*.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/device/cuda_env.sh
@@ -52,7 +53,8 @@ fi
 if [ -n "${PROFILE:-}" ]; then
     # GPU time per kernel over single-token steps (no graphs: each launch timed by events).
     MOE_GPU_PROFILE=1 MOE_DS4_NO_GRAPH=1 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
-        bench --model "$W/synth.gguf" --layers "${LAYERS:-43}" --prompt-tokens 1 --gen-tokens 16 \
+        bench --model "$W/synth.gguf" --layers "${LAYERS:-43}" --depths "${PROFILE_AT:-0}" \
+        --prompt-tokens 1 --gen-tokens 16 \
         --repetitions 1 --json > "$OUT/profile.json"
     python3 - "$OUT/profile.json" <<'PY'
 import json, sys

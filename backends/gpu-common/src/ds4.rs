@@ -307,7 +307,8 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         .f(p.f[0])
         .f(p.f[1])
         .p(f32p(gpu, &scores)?)
-        .launch(gpu, "ds4_index_scores", (cap.div_ceil(32), n, 1), 256)
+        // DS4_IDX_ROWS (128) rows per block.
+        .launch(gpu, "ds4_index_scores", (cap.div_ceil(128), n, 1), 256)
 }
 
 unsafe fn topk_rows(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
@@ -363,7 +364,7 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     holds(&out, types::F32, q.numel(), "sparse_attention output")?;
     let (pkv, pp, pr) = (f32p(gpu, &kv)?, gpu.ptr(&pos, 4)?, f32p(gpu, &ring)?);
     let (hdi, wi) = (hd as i32, to_i32(window, "window")?);
-    KArgs::default()
+    let att = KArgs::default()
         .p(f32p(gpu, &q)?)
         .p(pkv)
         .p(pr)
@@ -379,8 +380,11 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         .i(to_i32(k_sel, "k")?)
         .i(to_i32(cap, "rows")?)
         .f(p.f[0])
-        .p(f32p(gpu, &out)?)
-        .launch(gpu, "ds4_attention", (heads, n, 1), 256)?;
+        .p(f32p(gpu, &out)?);
+    // 16 warps per block when the grid is small (decode), else 8 (DS4_ATT_MAX_WARPS).
+    let warps = if heads * n < 512 { 16 } else { 8 };
+    att.i(warps)
+        .launch(gpu, "ds4_attention", (heads, n, 1), 32 * warps as u32)?;
     KArgs::default()
         .p(pkv)
         .p(pp)
@@ -714,12 +718,12 @@ mod tests {
             &[
                 f([16, 4, n, 1]),
                 f([4, n, 1, 1]),
-                f([16, 100, 1, 1]),
+                f([16, 300, 1, 1]),
                 i([n, 1, 1, 1]),
-                f([100, n, 1, 1]),
+                f([300, n, 1, 1]),
             ],
         );
-        assert_eq!(l[0].1, (4, 3, 1));
+        assert_eq!(l[0].1, (3, 3, 1)); // 128 rows per block
         run_ok(
             ops::TOPK_ROWS,
             prm(&[], &[4]),
