@@ -10,7 +10,8 @@
 # and with `MOE_GPU_DENSE_ROWS=0` (matvec_dense only) and compares. PROFILE=1 adds the
 # per-kernel tables of a decode step (at depth PROFILE_AT, 0) and of a prefill pass
 # (PROFILE_ONLY=1 stops there); PDL_AB=1 reruns depth 0 with MOE_GPU_PDL=0; REUSE=1
-# keeps a synth file a warm machine still has. Carry .dev/ds4. $OUT gets bench.json
+# keeps a synth file a warm machine still has; NOFILE=1 writes none (each bench builds
+# the layers in memory: `bench --synth`). Carry .dev/ds4. $OUT gets bench.json
 # (+ parity.log, profile*.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,7 +24,13 @@ cuda_plugins "$W/plugins.toml"
 date -u +"run: %Y-%m-%d %H:%M UTC"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 t0=$(date +%s)
-if [ -n "${REUSE:-}" ] && [ -s "$W/synth.gguf" ]; then
+# NOFILE=1: no file at all; every bench builds the TEMPLATE layers in memory
+# (`bench --synth`); the full-width A/B of PARITY=1 needs the file and is skipped.
+SRC=(--model "$W/synth.gguf")
+if [ -n "${NOFILE:-}" ]; then
+    SRC=(--synth "${TEMPLATE:-6}")
+    true &
+elif [ -n "${REUSE:-}" ] && [ -s "$W/synth.gguf" ]; then
     true &  # REUSE=1: a warm machine keeps the last run's file
 else
     .dev/ds4/moeserve --config "$W/plugins.toml" synth --out "$W/synth.gguf" --layers "${TEMPLATE:-6}" \
@@ -32,9 +39,9 @@ fi
 synth=$!
 if [ -n "${PARITY:-}" ]; then bash scripts/device/ds4_gpu.sh 2>&1 | tee "$OUT/parity.log"; fi
 wait $synth
-tail -1 "$W/synth.log"
+[ -n "${NOFILE:-}" ] || tail -1 "$W/synth.log"
 echo "synth: $(( $(date +%s) - t0 )) s"
-if [ -n "${PARITY:-}" ]; then
+if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ]; then
     # Full width: 8 decoded tokens (graph replay) with the decode mat-vec kernels vs the
     # same run on matvec_dense alone (MOE_GPU_DENSE_ROWS=0): summation order only.
     toks=5,17,301,4000,77,129000,42,9
@@ -53,7 +60,7 @@ fi
 if [ -n "${PROFILE:-}" ]; then
     # GPU time per kernel over single-token steps (no graphs: each launch timed by events).
     MOE_GPU_PROFILE=1 MOE_DS4_NO_GRAPH=1 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
-        bench --model "$W/synth.gguf" --layers "${LAYERS:-43}" --depths "${PROFILE_AT:-0}" \
+        bench "${SRC[@]}" --layers "${LAYERS:-43}" --depths "${PROFILE_AT:-0}" \
         --prompt-tokens 1 --gen-tokens 16 \
         --repetitions 1 --json > "$OUT/profile.json"
     python3 - "$OUT/profile.json" <<'PY'
@@ -71,7 +78,7 @@ for n, v in sorted(ns.items(), key=lambda x: -x[1]):
 PY
     # The same over prefill: one pass of PP prompt tokens (+ 1 decoded), twice (warm-up + run).
     MOE_GPU_PROFILE=1 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
-        bench --model "$W/synth.gguf" --layers "${LAYERS:-43}" --prompt-tokens "${PP:-512}" --gen-tokens 1 \
+        bench "${SRC[@]}" --layers "${LAYERS:-43}" --prompt-tokens "${PP:-512}" --gen-tokens 1 \
         --repetitions 1 --json > "$OUT/profile_pp.json"
     python3 - "$OUT/profile_pp.json" <<'PY'
 import json, sys
@@ -87,7 +94,7 @@ for n, v in sorted(ns.items(), key=lambda x: -x[1])[:16]:
 PY
     [ -n "${PROFILE_ONLY:-}" ] && exit 0
 fi
-RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench --model "$W/synth.gguf" \
+RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench "${SRC[@]}" \
     --layers "${LAYERS:-43}" --depths "${DEPTHS:-0,4096,32768,131072}" --limits \
     --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" --repetitions "${REPS:-1}" --json \
     > "$OUT/bench.json"
@@ -108,7 +115,7 @@ print("device launches:", {n: v for n, v in k.items() if n.endswith(".device")})
 PY
 # PDL_AB=1: depth 0 again without programmatic dependent launch (MOE_GPU_PDL=0).
 if [ -n "${PDL_AB:-}" ]; then
-    MOE_GPU_PDL=0 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench --model "$W/synth.gguf" \
+    MOE_GPU_PDL=0 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench "${SRC[@]}" \
         --layers "${LAYERS:-43}" --depths 0 --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" \
         --repetitions "${REPS:-1}" --json > "$OUT/bench_nopdl.json"
     python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['depths'][0]; print(f\"without PDL, depth 0: pp {d['pp_tok_s']:.1f} tok/s, tg {d['tg_tok_s']:.1f} tok/s\")" "$OUT/bench_nopdl.json"
@@ -119,7 +126,7 @@ if [ -n "${NSYS:-}" ]; then
     NSYS_BIN=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1 || true)
     if [ -n "$NSYS_BIN" ]; then
         RUST_LOG=warn "$NSYS_BIN" profile -o "$W/prof" --force-overwrite true \
-            .dev/ds4/moeserve --config "$W/plugins.toml" bench --model "$W/synth.gguf" \
+            .dev/ds4/moeserve --config "$W/plugins.toml" bench "${SRC[@]}" \
             --layers "${LAYERS:-43}" --prompt-tokens 64 --gen-tokens 16 --repetitions 1 > /dev/null 2>&1 || true
         "$NSYS_BIN" stats --report cuda_gpu_kern_sum --format csv "$W/prof.nsys-rep" 2>/dev/null \
             | head -30 | tee "$OUT/kernels.csv"

@@ -31,8 +31,16 @@ struct Cli {
 enum Command {
     /// Prefill (pp) and decode (tg) throughput, measured like llama-bench.
     Bench {
-        #[arg(long)]
-        model: PathBuf,
+        #[arg(long, required_unless_present = "synth")]
+        model: Option<PathBuf>,
+        /// Instead of a file: a V4-Flash-shaped deepseek4 model of this many layers with
+        /// random valid weights (as `synth` writes it, seed 1), built in memory and
+        /// uploaded; with --layers the layers past these repeat the last two.
+        #[arg(long, conflicts_with = "model")]
+        synth: Option<usize>,
+        /// Weight types of --synth (`strix-lean` or `q8_0`, as for `synth --mix`).
+        #[arg(long, default_value = "strix-lean", requires = "synth")]
+        synth_mix: String,
         #[arg(long, default_value_t = 512)]
         prompt_tokens: usize,
         #[arg(long, default_value_t = 128)]
@@ -179,6 +187,8 @@ fn main() -> ExitCode {
         Command::Plugins => plugins_cmd::run(&cli.config),
         Command::Bench {
             model,
+            synth,
+            synth_mix,
             prompt_tokens,
             gen_tokens,
             repetitions,
@@ -196,7 +206,15 @@ fn main() -> ExitCode {
                 layers,
                 limits,
             };
-            bench_cmd::run(&cli.config, &model, &a)
+            let source = match (model, synth) {
+                (Some(path), _) => bench_cmd::Source::File(path),
+                (None, Some(layers)) => bench_cmd::Source::Synth {
+                    layers,
+                    mix: synth_mix,
+                },
+                (None, None) => unreachable!("clap requires --model or --synth"),
+            };
+            bench_cmd::run(&cli.config, &source, &a)
         }
         Command::Serve(args) => serve_cmd::run(cli.config, args),
         Command::Logits {

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use moe_convert::synth::{flash_config, synth, TypeMix};
+use moe_convert::synth::{flash_config, synth, SynthBytes, TypeMix};
 use moe_gguf::GgufWriter;
 
 pub fn run(
@@ -16,6 +16,43 @@ pub fn run(
     seed: u64,
     mix: &str,
 ) -> Result<()> {
+    let (w, b) = generate(layers, experts, vocab, seed, mix)?;
+    w.write_file(out)
+        .with_context(|| format!("writing {}", out.display()))?;
+    eprintln!(
+        "wrote {} ({layers} layers, {experts} experts, vocab {vocab}: {:.2} GiB of weights; \
+         one decoded token reads {:.1} MiB of them)",
+        out.display(),
+        b.total as f64 / (1u64 << 30) as f64,
+        b.per_token as f64 / (1u64 << 20) as f64
+    );
+    Ok(())
+}
+
+/// The same model as a GGUF image in memory, for runs that need no file
+/// (`moeserve bench --synth`).
+pub fn in_memory(layers: usize, seed: u64, mix: &str) -> Result<Vec<u8>> {
+    let (experts, vocab) = (256, 129280);
+    let (w, b) = generate(layers, experts, vocab, seed, mix)?;
+    let mut image = Vec::new();
+    w.write_to(&mut image)
+        .context("building the synthetic GGUF image")?;
+    eprintln!(
+        "synth: {layers} layers, {experts} experts, vocab {vocab} in memory: {:.2} GiB of \
+         weights; one decoded token reads {:.1} MiB of them",
+        b.total as f64 / (1u64 << 30) as f64,
+        b.per_token as f64 / (1u64 << 20) as f64
+    );
+    Ok(image)
+}
+
+fn generate(
+    layers: usize,
+    experts: usize,
+    vocab: usize,
+    seed: u64,
+    mix: &str,
+) -> Result<(GgufWriter, SynthBytes)> {
     let mix = match mix {
         "strix-lean" => TypeMix::StrixLean,
         "q8_0" => TypeMix::Q8_0,
@@ -33,14 +70,5 @@ pub fn run(
         pb.set_position(done as u64);
     })?;
     pb.finish_and_clear();
-    w.write_file(out)
-        .with_context(|| format!("writing {}", out.display()))?;
-    eprintln!(
-        "wrote {} ({layers} layers, {experts} experts, vocab {vocab}: {:.2} GiB of weights; \
-         one decoded token reads {:.1} MiB of them)",
-        out.display(),
-        b.total as f64 / (1u64 << 30) as f64,
-        b.per_token as f64 / (1u64 << 20) as f64
-    );
-    Ok(())
+    Ok((w, b))
 }

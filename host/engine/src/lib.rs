@@ -9,6 +9,8 @@ pub mod npy;
 pub mod sampling;
 pub mod scheduler;
 
-pub use model::{load, BatchEntry, CausalLm, LoadOptions, LoadedModel, StepTraffic};
+pub use model::{
+    load, load_gguf, open_gguf_bytes, BatchEntry, CausalLm, LoadOptions, LoadedModel, StepTraffic,
+};
 pub use sampling::{Sampled, SamplingParams};
 pub use scheduler::{Event, FinishReason, GenRequest, Scheduler, SchedulerOptions, Stats, Timings};

@@ -132,17 +132,23 @@ fn layer_of(name: &str) -> i32 {
 
 /// Opens a GGUF with the type sizes the loaded quant plugins declare.
 pub fn open_gguf(reg: &Registry, path: &Path) -> Result<GgufFile> {
-    // Integer tables (e.g. deepseek4's tid2eid, I32) are plain data the host reads
-    // itself; every other type must be claimed by a quant plugin.
-    let sizes = |id: u32| {
-        reg.type_size(id).or_else(|| {
-            (24..=27)
-                .contains(&id)
-                .then(|| moe_gguf::ggml_type_size(id))
-                .flatten()
-        })
-    };
-    Ok(GgufFile::open(path, &sizes)?)
+    Ok(GgufFile::open(path, &|id| type_size(reg, id))?)
+}
+
+/// [`open_gguf`] over a GGUF image in memory (`name` stands in for its path).
+pub fn open_gguf_bytes(reg: &Registry, bytes: Vec<u8>, name: &str) -> Result<GgufFile> {
+    Ok(GgufFile::from_bytes(bytes, name, &|id| type_size(reg, id))?)
+}
+
+/// (weights, bytes) per block of a tensor type. Integer tables (e.g. deepseek4's tid2eid, I32) are
+/// plain data the host reads itself; every other type must be claimed by a quant plugin.
+fn type_size(reg: &Registry, id: u32) -> Option<(u32, u32)> {
+    reg.type_size(id).or_else(|| {
+        (24..=27)
+            .contains(&id)
+            .then(|| moe_gguf::ggml_type_size(id))
+            .flatten()
+    })
 }
 
 /// Runs the configured placement policy and returns the single device it chose.
@@ -241,7 +247,13 @@ fn tokenizer_from(f: &GgufFile) -> Result<Tokenizer> {
 
 /// Loads a GGUF model onto the configured backend.
 pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
-    let f = open_gguf(reg, path)?;
+    load_gguf(reg, open_gguf(reg, path)?, opts)
+}
+
+/// [`load`] from an opened GGUF (a file, or an image in memory: `moeserve bench --synth`).
+pub fn load_gguf(reg: &Registry, f: GgufFile, opts: &LoadOptions) -> Result<LoadedModel> {
+    let path = f.path().to_path_buf();
+    let path = path.as_path();
     let arch = f.get_str("general.architecture")?.to_owned();
     if arch != "llama" && arch != "deepseek4" {
         bail!(
