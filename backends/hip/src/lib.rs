@@ -13,8 +13,10 @@
 //! launched with `hipModuleLaunchKernel`. Ops as the CUDA backend's ([`ops`]): MATMUL
 //! with type 107 weights (MMVQ for n <= 8, MMQ above: WMMA on gfx1100/gfx1151, dp4a
 //! elsewhere), the grouped MoE mat-vec [`ops::OP_MATMUL_ID`], GET_ROWS (F32, 107), ADD,
-//! the dense mat-vecs and the DeepSeek-V4 glue ops (shared plans and kernels; graph
-//! capture is not offered here: the engine then launches op by op).
+//! the dense mat-vecs and the DeepSeek-V4 glue ops (shared plans and kernels), and graph
+//! capture (GRAPH_BEGIN / END / LAUNCH through hipStreamBeginCapture, hipGraphInstantiate
+//! and hipGraphLaunch, as the CUDA backend does; a runtime without them answers "not
+//! supported" and the engine launches op by op). Not yet run on AMD hardware.
 //! `kernel_counters` reports host-counted launches and, as `<name>.device`, the
 //! launches the kernels counted themselves.
 
@@ -100,6 +102,18 @@ pub struct Hip {
         *mut *mut c_void,
         *mut *mut c_void,
     ) -> Err,
+    /// Stream capture (GRAPH_BEGIN / END / LAUNCH); None where the runtime lacks it.
+    pub graph: Option<GraphFns>,
+}
+
+/// The HIP graph functions: capture a stream's work, instantiate it, replay it.
+pub struct GraphFns {
+    pub begin_capture: unsafe extern "C" fn(Ptr, c_int) -> Err,
+    pub end_capture: unsafe extern "C" fn(Ptr, *mut Ptr) -> Err,
+    pub instantiate: unsafe extern "C" fn(*mut Ptr, Ptr, *mut Ptr, *mut c_char, usize) -> Err,
+    pub launch: unsafe extern "C" fn(Ptr, Ptr) -> Err,
+    pub destroy: unsafe extern "C" fn(Ptr) -> Err,
+    pub exec_destroy: unsafe extern "C" fn(Ptr) -> Err,
 }
 
 // Function pointers into a library that is never unloaded.
@@ -142,11 +156,12 @@ impl Hip {
             module_load_data: sym!("hipModuleLoadData"),
             module_get_function: sym!("hipModuleGetFunction"),
             module_launch_kernel: sym!("hipModuleLaunchKernel"),
+            graph: graph_fns(&lib),
             _lib: lib,
         })
     }
 
-    fn check(&self, what: &str, e: Err) -> Result<(), String> {
+    pub(crate) fn check(&self, what: &str, e: Err) -> Result<(), String> {
         if e == 0 {
             return Ok(());
         }
@@ -160,6 +175,24 @@ impl Hip {
         };
         Err(format!("{what}: HIP error {e} {msg}"))
     }
+}
+
+/// The graph functions when the runtime has all of them.
+fn graph_fns(lib: &Library) -> Option<GraphFns> {
+    macro_rules! opt {
+        ($name:literal) => {
+            // SAFETY: the symbol has the C signature of the field it is stored in.
+            *unsafe { lib.get(concat!($name, "\0").as_bytes()) }.ok()?
+        };
+    }
+    Some(GraphFns {
+        begin_capture: opt!("hipStreamBeginCapture"),
+        end_capture: opt!("hipStreamEndCapture"),
+        instantiate: opt!("hipGraphInstantiate"),
+        launch: opt!("hipGraphLaunch"),
+        destroy: opt!("hipGraphDestroy"),
+        exec_destroy: opt!("hipGraphExecDestroy"),
+    })
 }
 
 struct Runtime {

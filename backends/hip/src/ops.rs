@@ -6,14 +6,14 @@
 //! file allocates and launches.
 
 use std::{
-    collections::HashMap,
-    ffi::c_void,
+    collections::{BTreeMap, HashMap},
+    ffi::{c_int, c_void},
     sync::{Mutex, OnceLock},
 };
 
 use moe_gpu_common::ops::{self as plan, bytes_of, check_placement, Launch};
 pub use moe_gpu_common::ops::{FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID, TYPE_Q2_0_ROCMFP2};
-use moe_plugin_api::{OpParams, TensorRef};
+use moe_plugin_api::{ops, OpParams, TensorRef};
 
 use crate::{bind, checked, get, kernels::Module, Hip, Ptr, STREAMS};
 
@@ -62,6 +62,7 @@ fn scratch(c: &Ctx, stream: u64, bytes: usize) -> Result<DevPtr, String> {
                 .check("hipStreamSynchronize", (c.hip.stream_synchronize)(c.raw))?;
             let _ = (c.hip.free)(p as Ptr);
         }
+        drop_graphs(c.hip, stream);
         map.remove(&stream);
     }
     let len = plan::scratch_len(bytes);
@@ -74,9 +75,83 @@ fn scratch(c: &Ctx, stream: u64, bytes: usize) -> Result<DevPtr, String> {
     Ok(p as u64)
 }
 
+/// Instantiated graphs per (stream, key).
+struct Exec(Ptr);
+// SAFETY: a graph exec handle is usable from any thread of the process.
+unsafe impl Send for Exec {}
+static GRAPHS: Mutex<BTreeMap<(u64, i64), Exec>> = Mutex::new(BTreeMap::new());
+
+fn graphs() -> std::sync::MutexGuard<'static, BTreeMap<(u64, i64), Exec>> {
+    GRAPHS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Forgets the graphs recorded on `stream` (they hold pointers into its old scratch).
+fn drop_graphs(hip: &Hip, stream: u64) {
+    let Some(g) = &hip.graph else { return };
+    let mut map = graphs();
+    let keys: Vec<_> = map.keys().filter(|k| k.0 == stream).copied().collect();
+    for k in keys {
+        if let Some(e) = map.remove(&k) {
+            // SAFETY: no launch of it is queued past the synchronisation before this.
+            unsafe {
+                let _ = (g.exec_destroy)(e.0);
+            }
+        }
+    }
+}
+
+/// hipStreamCaptureModeRelaxed: other threads' calls are not checked against the capture.
+const CAPTURE_MODE_RELAXED: c_int = 2;
+
+/// GRAPH_BEGIN / GRAPH_END / GRAPH_LAUNCH on a bound stream (as the CUDA backend does).
+fn graph_op(hip: &Hip, stream_id: u64, raw: Ptr, op: u32, key: i64) -> Result<(), String> {
+    let g = hip
+        .graph
+        .as_ref()
+        .ok_or_else(|| "graph capture is not supported by this HIP runtime".to_string())?;
+    // SAFETY: `raw` is a live stream of the bound device; graphs are only used on the
+    // stream that recorded them.
+    unsafe {
+        match op {
+            ops::GRAPH_BEGIN => hip.check(
+                "hipStreamBeginCapture",
+                (g.begin_capture)(raw, CAPTURE_MODE_RELAXED),
+            ),
+            ops::GRAPH_END => {
+                let mut graph: Ptr = std::ptr::null_mut();
+                hip.check("hipStreamEndCapture", (g.end_capture)(raw, &mut graph))?;
+                let mut exec: Ptr = std::ptr::null_mut();
+                let r = (g.instantiate)(
+                    &mut exec,
+                    graph,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    0,
+                );
+                let _ = (g.destroy)(graph);
+                hip.check("hipGraphInstantiate", r)?;
+                if let Some(old) = graphs().insert((stream_id, key), Exec(exec)) {
+                    let _ = (g.exec_destroy)(old.0);
+                }
+                Ok(())
+            }
+            _ => {
+                let map = graphs();
+                let e = map
+                    .get(&(stream_id, key))
+                    .ok_or_else(|| format!("graph {key} is not recorded on stream {stream_id}"))?;
+                hip.check("hipGraphLaunch", (g.launch)(e.0, raw))
+            }
+        }
+    }
+}
+
 pub fn run(stream_id: u64, op: u32, p: &OpParams, args: &[TensorRef]) -> Result<(), String> {
     let s = get(&STREAMS, stream_id, "stream")?;
     let hip = bind(s.device)?;
+    if matches!(op, ops::GRAPH_BEGIN | ops::GRAPH_END | ops::GRAPH_LAUNCH) {
+        return graph_op(hip, stream_id, s.ptr as Ptr, op, p.i[0]);
+    }
     let rt = crate::runtime()?;
     let c = Ctx {
         hip,
