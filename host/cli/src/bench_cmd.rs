@@ -7,20 +7,14 @@
 //! decode as a fraction of bytes-per-token / bandwidth and prefill as a fraction of the
 //! matrix rate.
 
-use std::{
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::Instant,
-};
+use std::{path::Path, sync::Arc, time::Instant};
 
 use anyhow::{bail, Context, Result};
-use moe_engine::{
-    device::Device, load_gguf, open_gguf_bytes, sampling::argmax, BatchEntry, LoadOptions,
-    StepTraffic,
-};
+use moe_engine::{device::Device, sampling::argmax, BatchEntry, LoadOptions, StepTraffic};
 use moe_plugin_api::{ops, OpParams, TensorRef};
-use moe_plugin_host::Registry;
 use serde_json::json;
+
+use crate::model_source::ModelSource;
 
 pub struct BenchArgs {
     pub prompt_tokens: usize,
@@ -115,22 +109,7 @@ struct Row {
     traffic: Option<StepTraffic>,
 }
 
-/// What `bench` runs: a GGUF file, or a synthetic deepseek4 model built in memory.
-pub enum Source {
-    File(PathBuf),
-    Synth { layers: usize, mix: String },
-}
-
-impl Source {
-    fn describe(&self) -> String {
-        match self {
-            Source::File(p) => p.display().to_string(),
-            Source::Synth { layers, mix } => format!("synth:{layers}:{mix}"),
-        }
-    }
-}
-
-pub fn run(config: &Path, source: &Source, a: &BenchArgs) -> Result<()> {
+pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
     if a.depths.is_empty() || a.prompt_tokens == 0 {
         bail!("bench: need at least one depth and one prompt token");
     }
@@ -142,15 +121,7 @@ pub fn run(config: &Path, source: &Source, a: &BenchArgs) -> Result<()> {
         repeat_layers: a.layers,
     };
     let t_load = Instant::now();
-    let mut m = match source {
-        Source::File(model) => crate::eval_cmd::load_model(config, model, &opts)?,
-        Source::Synth { layers, mix } => {
-            let reg = Registry::from_config_file(config)?;
-            let image = crate::synth_cmd::in_memory(*layers, 1, mix)?;
-            let f = open_gguf_bytes(&reg, image, "synthetic deepseek4 (in memory)")?;
-            load_gguf(&reg, f, &opts)?
-        }
-    };
+    let mut m = source.load(config, &opts)?;
     eprintln!("bench: loaded in {:.1} s", t_load.elapsed().as_secs_f64());
     let vocab = m.model.n_vocab() as u32;
     // Deterministic pseudo-random prompt ids, avoiding the first few (special) ids.

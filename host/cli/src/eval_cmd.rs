@@ -25,7 +25,7 @@ fn parse_tokens(s: &str) -> Result<Vec<u32>> {
 /// Logits for every position, by batched prefill or token-by-token decode.
 pub fn logits(
     config: &Path,
-    model: &Path,
+    source: &crate::model_source::ModelSource,
     tokens: &str,
     out: &Path,
     mode: &str,
@@ -35,9 +35,8 @@ pub fn logits(
     if toks.is_empty() {
         bail!("--tokens is empty");
     }
-    let mut m = load_model(
+    let mut m = source.load(
         config,
-        model,
         &LoadOptions {
             n_ctx: toks.len().max(16),
             n_slots: 1,

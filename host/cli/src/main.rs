@@ -4,6 +4,7 @@ mod bench_cmd;
 mod convert_cmd;
 mod dequant_cmd;
 mod eval_cmd;
+mod model_source;
 mod plugins_cmd;
 mod quantize_cmd;
 mod serve_cmd;
@@ -31,16 +32,8 @@ struct Cli {
 enum Command {
     /// Prefill (pp) and decode (tg) throughput, measured like llama-bench.
     Bench {
-        #[arg(long, required_unless_present = "synth")]
-        model: Option<PathBuf>,
-        /// Instead of a file: a V4-Flash-shaped deepseek4 model of this many layers with
-        /// random valid weights (as `synth` writes it, seed 1), built in memory and
-        /// uploaded; with --layers the layers past these repeat the last two.
-        #[arg(long, conflicts_with = "model")]
-        synth: Option<usize>,
-        /// Weight types of --synth (`strix-lean` or `q8_0`, as for `synth --mix`).
-        #[arg(long, default_value = "strix-lean", requires = "synth")]
-        synth_mix: String,
+        #[command(flatten)]
+        source: model_source::ModelSource,
         #[arg(long, default_value_t = 512)]
         prompt_tokens: usize,
         #[arg(long, default_value_t = 128)]
@@ -69,8 +62,8 @@ enum Command {
     Plugins,
     /// Write float32 logits [T, vocab] for every position of a token sequence (.npy).
     Logits {
-        #[arg(long)]
-        model: PathBuf,
+        #[command(flatten)]
+        source: model_source::ModelSource,
         /// Comma-separated token ids.
         #[arg(long)]
         tokens: String,
@@ -186,9 +179,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Command::Plugins => plugins_cmd::run(&cli.config),
         Command::Bench {
-            model,
-            synth,
-            synth_mix,
+            source,
             prompt_tokens,
             gen_tokens,
             repetitions,
@@ -206,24 +197,16 @@ fn main() -> ExitCode {
                 layers,
                 limits,
             };
-            let source = match (model, synth) {
-                (Some(path), _) => bench_cmd::Source::File(path),
-                (None, Some(layers)) => bench_cmd::Source::Synth {
-                    layers,
-                    mix: synth_mix,
-                },
-                (None, None) => unreachable!("clap requires --model or --synth"),
-            };
             bench_cmd::run(&cli.config, &source, &a)
         }
         Command::Serve(args) => serve_cmd::run(cli.config, args),
         Command::Logits {
-            model,
+            source,
             tokens,
             out,
             mode,
             layers,
-        } => eval_cmd::logits(&cli.config, &model, &tokens, &out, &mode, layers),
+        } => eval_cmd::logits(&cli.config, &source, &tokens, &out, &mode, layers),
         Command::Generate {
             model,
             prompt,

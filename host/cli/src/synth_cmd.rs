@@ -31,8 +31,13 @@ pub fn run(
 
 /// The same model as a GGUF image in memory, for runs that need no file
 /// (`moeserve bench --synth`).
-pub fn in_memory(layers: usize, seed: u64, mix: &str) -> Result<Vec<u8>> {
-    let (experts, vocab) = (256, 129280);
+pub fn in_memory(
+    layers: usize,
+    experts: usize,
+    vocab: usize,
+    seed: u64,
+    mix: &str,
+) -> Result<Vec<u8>> {
     let (w, b) = generate(layers, experts, vocab, seed, mix)?;
     let mut image = Vec::new();
     w.write_to(&mut image)
