@@ -63,35 +63,13 @@ if [ -n "${PROFILE:-}" ]; then
         bench "${SRC[@]}" --layers "${LAYERS:-43}" --depths "${PROFILE_AT:-0}" \
         --prompt-tokens 1 --gen-tokens 16 \
         --repetitions 1 --json > "$OUT/profile.json"
-    python3 - "$OUT/profile.json" <<'PY'
-import json, sys
-b = json.load(open(sys.argv[1]))
-k = dict(b["kernels"])
-steps = 2 * (1 + 16)
-ns = {n[:-3]: v for n, v in k.items() if n.endswith(".ns")}
-tot = sum(ns.values())
-print(f"no-graph decode: tg {b['tg_tok_s']:.1f} tok/s; GPU kernel time {tot/steps/1e6:.2f} ms per step")
-print("| kernel | launches per step | GPU us per step | share |")
-print("| --- | --- | --- | --- |")
-for n, v in sorted(ns.items(), key=lambda x: -x[1]):
-    print(f"| {n} | {k.get(n, 0)/steps:.0f} | {v/steps/1e3:.0f} | {100*v/tot:.1f}% |")
-PY
+    # 2 runs (warm-up + measured) of 1 prompt token + 16 decoded: 34 steps.
+    python3 scripts/device/profile_table.py "$OUT/profile.json" 34 step
     # The same over prefill: one pass of PP prompt tokens (+ 1 decoded), twice (warm-up + run).
     MOE_GPU_PROFILE=1 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
         bench "${SRC[@]}" --layers "${LAYERS:-43}" --prompt-tokens "${PP:-512}" --gen-tokens 1 \
         --repetitions 1 --json > "$OUT/profile_pp.json"
-    python3 - "$OUT/profile_pp.json" <<'PY'
-import json, sys
-b = json.load(open(sys.argv[1]))
-k = dict(b["kernels"])
-ns = {n[:-3]: v for n, v in k.items() if n.endswith(".ns")}
-tot = sum(ns.values())
-print(f"prefill: pp {b['pp_tok_s']:.1f} tok/s; GPU kernel time {tot/2/1e6:.1f} ms per pass (2 passes)")
-print("| kernel | launches per pass | GPU ms per pass | share |")
-print("| --- | --- | --- | --- |")
-for n, v in sorted(ns.items(), key=lambda x: -x[1])[:16]:
-    print(f"| {n} | {k.get(n, 0)/2:.0f} | {v/2/1e6:.1f} | {100*v/tot:.1f}% |")
-PY
+    python3 scripts/device/profile_table.py "$OUT/profile_pp.json" 2 pass 16
     [ -n "${PROFILE_ONLY:-}" ] && exit 0
 fi
 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench "${SRC[@]}" \

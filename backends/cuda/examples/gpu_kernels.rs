@@ -89,37 +89,40 @@ fn ref_dot(row: &[u8], col: &[BlockQ8_1], affine: bool) -> f64 {
     acc
 }
 
-/// ref[c * m + r] for all rows of `w` and columns of `act`, over all cores.
-fn ref_matmul(w: &[u8], m: usize, k: usize, act: &[Vec<BlockQ8_1>], affine: bool) -> Vec<f64> {
-    let rb = k / 32 * 10;
-    let n = act.len();
-    let mut out = vec![0f64; m * n];
+/// out[c * m + r] = row(r)[c] for all m rows (each giving n values), over all cores.
+fn par_rows(m: usize, n: usize, row: impl Fn(usize) -> Vec<f64> + Sync) -> Vec<f64> {
     let threads = std::thread::available_parallelism().map_or(4, |t| t.get());
     let chunk = m.div_ceil(threads);
     let parts: Vec<Vec<f64>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
+                let row = &row;
                 s.spawn(move || {
-                    let (r0, r1) = (t * chunk, ((t + 1) * chunk).min(m));
-                    let mut v = Vec::new();
-                    for r in r0..r1 {
-                        for col in act {
-                            v.push(ref_dot(&w[r * rb..(r + 1) * rb], col, affine));
-                        }
-                    }
-                    v
+                    (t * chunk..((t + 1) * chunk).min(m))
+                        .flat_map(row)
+                        .collect::<Vec<f64>>()
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    let mut out = vec![0f64; m * n];
     for (t, part) in parts.iter().enumerate() {
         for (i, v) in part.iter().enumerate() {
-            let (r, c) = (t * chunk + i / n, i % n);
-            out[c * m + r] = *v;
+            out[(i % n) * m + t * chunk + i / n] = *v;
         }
     }
     out
+}
+
+/// ref[c * m + r] for all rows of `w` and columns of `act`.
+fn ref_matmul(w: &[u8], m: usize, k: usize, act: &[Vec<BlockQ8_1>], affine: bool) -> Vec<f64> {
+    let rb = k / 32 * 10;
+    par_rows(m, act.len(), |r| {
+        act.iter()
+            .map(|col| ref_dot(&w[r * rb..(r + 1) * rb], col, affine))
+            .collect()
+    })
 }
 
 /// f16 bits to f64 (finite values only, as the scales are written).
@@ -173,7 +176,6 @@ fn random_dense(rng: &mut Rng, ty: u32, rows: usize, k: usize) -> (Vec<u8>, Vec<
 
 /// ref[c * m + r] = sum_i w[r][i] * d_c q_c[i] (q8_1 activations), in f64 over all cores.
 fn ref_values(w: &[f64], m: usize, k: usize, act: &[Vec<BlockQ8_1>]) -> Vec<f64> {
-    let n = act.len();
     let xs: Vec<Vec<f64>> = act
         .iter()
         .map(|c| {
@@ -182,34 +184,12 @@ fn ref_values(w: &[f64], m: usize, k: usize, act: &[Vec<BlockQ8_1>]) -> Vec<f64>
                 .collect()
         })
         .collect();
-    let threads = std::thread::available_parallelism().map_or(4, |t| t.get());
-    let chunk = m.div_ceil(threads);
-    let mut out = vec![0f64; m * n];
-    let parts: Vec<Vec<f64>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                let xs = &xs;
-                s.spawn(move || {
-                    let mut v = Vec::new();
-                    for r in t * chunk..((t + 1) * chunk).min(m) {
-                        let row = &w[r * k..(r + 1) * k];
-                        v.extend(
-                            xs.iter()
-                                .map(|x| row.iter().zip(x).map(|(a, b)| a * b).sum::<f64>()),
-                        );
-                    }
-                    v
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for (t, part) in parts.iter().enumerate() {
-        for (i, v) in part.iter().enumerate() {
-            out[(i % n) * m + t * chunk + i / n] = *v;
-        }
-    }
-    out
+    par_rows(m, xs.len(), |r| {
+        let row = &w[r * k..(r + 1) * k];
+        xs.iter()
+            .map(|x| row.iter().zip(x).map(|(a, b)| a * b).sum::<f64>())
+            .collect()
+    })
 }
 
 /// Prefill products of Q8_0 / ROCmFP4 weights (MATMUL with 16+ columns, MATMUL_ID with

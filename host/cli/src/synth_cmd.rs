@@ -20,13 +20,20 @@ pub fn run(
     w.write_file(out)
         .with_context(|| format!("writing {}", out.display()))?;
     eprintln!(
-        "wrote {} ({layers} layers, {experts} experts, vocab {vocab}: {:.2} GiB of weights; \
-         one decoded token reads {:.1} MiB of them)",
+        "wrote {} ({})",
         out.display(),
-        b.total as f64 / (1u64 << 30) as f64,
-        b.per_token as f64 / (1u64 << 20) as f64
+        summary(&b, layers, experts, vocab)
     );
     Ok(())
+}
+
+fn summary(b: &SynthBytes, layers: usize, experts: usize, vocab: usize) -> String {
+    format!(
+        "{layers} layers, {experts} experts, vocab {vocab}: {:.2} GiB of weights; one decoded \
+         token reads {:.1} MiB of them",
+        b.total as f64 / (1u64 << 30) as f64,
+        b.per_token as f64 / (1u64 << 20) as f64
+    )
 }
 
 /// The same model as a GGUF image in memory, for runs that need no file
@@ -43,10 +50,8 @@ pub fn in_memory(
     w.write_to(&mut image)
         .context("building the synthetic GGUF image")?;
     eprintln!(
-        "synth: {layers} layers, {experts} experts, vocab {vocab} in memory: {:.2} GiB of \
-         weights; one decoded token reads {:.1} MiB of them",
-        b.total as f64 / (1u64 << 30) as f64,
-        b.per_token as f64 / (1u64 << 20) as f64
+        "synth: built in memory ({})",
+        summary(&b, layers, experts, vocab)
     );
     Ok(image)
 }
