@@ -294,18 +294,11 @@ fn dense_mmq(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
         let before = g.counters();
         g.op(
             OP_MATMUL_ID,
-            &[
-                t(bw, 0, ty, 0, [k as u64, m as u64, experts as u64, 1]),
-                t(bx, 0, types::F32, 0, [k as u64, n_tok as u64, 1, 1]),
-                t(bi, 0, types::I32, 0, [slots as u64, n_tok as u64, 1, 1]),
-                t(
-                    bo,
-                    0,
-                    types::F32,
-                    0,
-                    [m as u64, slots as u64, n_tok as u64, 1],
-                ),
-            ],
+            &id_args(
+                [bw, bx, bi, bo],
+                (ty, 0),
+                [k, m, experts, slots, n_tok, n_tok],
+            ),
         );
         let got = g.read_f32(bo, 0, m * pairs);
         let act = quant(&x, k);
@@ -409,6 +402,19 @@ fn t(buffer: u64, offset: u64, type_id: u32, variant: u64, dims: [u64; 4]) -> Te
         variant,
         dims,
     }
+}
+
+/// MATMUL_ID's tensors on buffers [w, x, ids, out]: weights of (type, variant) [k, m,
+/// experts], `cols` input columns, ids [slots, tokens], out [m, slots, tokens];
+/// shape = [k, m, experts, slots, tokens, cols].
+fn id_args(b: [u64; 4], (ty, variant): (u32, u64), shape: [usize; 6]) -> [TensorRef; 4] {
+    let [k, m, experts, slots, n_tok, cols] = shape.map(|v| v as u64);
+    [
+        t(b[0], 0, ty, variant, [k, m, experts, 1]),
+        t(b[1], 0, types::F32, 0, [k, cols, 1, 1]),
+        t(b[2], 0, types::I32, 0, [slots, n_tok, 1, 1]),
+        t(b[3], 0, types::F32, 0, [m, slots, n_tok, 1]),
+    ]
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -652,18 +658,11 @@ fn main() {
                 let before = g.counters();
                 g.op(
                     OP_MATMUL_ID,
-                    &[
-                        t(bw, 0, 107, variant, [k as u64, m as u64, experts as u64, 1]),
-                        t(bx, 0, types::F32, 0, [k as u64, cols as u64, 1, 1]),
-                        t(bi, 0, types::I32, 0, [slots as u64, n_tok as u64, 1, 1]),
-                        t(
-                            bo,
-                            0,
-                            types::F32,
-                            0,
-                            [m as u64, slots as u64, n_tok as u64, 1],
-                        ),
-                    ],
+                    &id_args(
+                        [bw, bx, bi, bo],
+                        (107, variant),
+                        [k, m, experts, slots, n_tok, cols],
+                    ),
                 );
                 let grouped = g.read_f32(bo, 0, m * pairs);
                 let after = g.counters();
