@@ -46,8 +46,8 @@ pub fn in_memory(
     mix: &str,
 ) -> Result<Vec<u8>> {
     let (w, b) = generate(layers, experts, vocab, seed, mix)?;
-    let mut image = Vec::new();
-    w.write_to(&mut image)
+    let image = w
+        .into_bytes()
         .context("building the synthetic GGUF image")?;
     eprintln!(
         "synth: built in memory ({})",

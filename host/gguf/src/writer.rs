@@ -58,6 +58,30 @@ impl GgufWriter {
     /// Writes the whole file. Fails with `InvalidInput` for an invalid alignment, a conflicting
     /// `general.alignment`, duplicate tensor names, bad dims or mixed-type arrays.
     pub fn write_to(&self, w: &mut impl Write) -> io::Result<()> {
+        let (head, _) = self.header()?;
+        emit(
+            w,
+            &head,
+            self.tensors.iter().map(|t| &t.data),
+            self.alignment,
+        )
+    }
+
+    /// The whole file in memory (as [`write_to`](Self::write_to) writes it), each tensor's
+    /// data released once copied, so the peak is the file plus one tensor rather than
+    /// twice the file (a synthetic 43-layer model is ~91 GB).
+    pub fn into_bytes(self) -> io::Result<Vec<u8>> {
+        let (head, total) = self.header()?;
+        let mut out = Vec::with_capacity(total as usize);
+        let datas = self.tensors.into_iter().map(|t| t.data);
+        emit(&mut out, &head, datas, self.alignment)?;
+        debug_assert_eq!(out.len() as u64, total);
+        Ok(out)
+    }
+
+    /// The header (metadata and tensor infos) and the size of the whole file, after the
+    /// checks [`write_to`](Self::write_to) documents.
+    fn header(&self) -> io::Result<(Vec<u8>, u64)> {
         let align = self.alignment;
         if !align.is_power_of_two() || align > u64::from(u32::MAX) {
             return Err(invalid_input(format!(
@@ -104,10 +128,8 @@ impl GgufWriter {
                 .map_err(|e| invalid_input(format!("metadata key '{key}': {e}")))?;
         }
         let mut offset = 0u64; // relative to the data section
-        let mut offsets = Vec::with_capacity(self.tensors.len());
         for t in &self.tensors {
             offset = offset.next_multiple_of(align);
-            offsets.push(offset);
             put_str(&mut head, &t.name);
             head.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
             for d in &t.dims {
@@ -117,21 +139,9 @@ impl GgufWriter {
             head.extend_from_slice(&offset.to_le_bytes());
             offset += t.data.len() as u64;
         }
-        w.write_all(&head)?;
-        let mut pos = head.len() as u64;
-        pad(w, &mut pos, align)?;
-        let data_start = pos;
-        for (t, off) in self.tensors.iter().zip(offsets) {
-            pad(w, &mut pos, align)?;
-            debug_assert_eq!(pos - data_start, off);
-            w.write_all(&t.data)?;
-            pos += t.data.len() as u64;
-        }
-        // Like llama.cpp, pad the last tensor too, so the file size is a multiple of the alignment.
-        if !self.tensors.is_empty() {
-            pad(w, &mut pos, align)?;
-        }
-        Ok(())
+        // The header is padded to the alignment, the data section too (see `emit`).
+        let total = (head.len() as u64).next_multiple_of(align) + offset.next_multiple_of(align);
+        Ok((head, total))
     }
 
     /// Writes to `<path>.part`, syncs, then renames onto `path`, so that `path` is either the old
@@ -152,6 +162,31 @@ impl GgufWriter {
         }
         result
     }
+}
+
+/// The header, padded to the alignment, then each tensor's data at the next aligned
+/// offset (each dropped once written when owned), and - like llama.cpp - padding after
+/// the last one too, so the size is a multiple of the alignment.
+fn emit<D: AsRef<[u8]>>(
+    w: &mut impl Write,
+    head: &[u8],
+    datas: impl IntoIterator<Item = D>,
+    align: u64,
+) -> io::Result<()> {
+    w.write_all(head)?;
+    let mut pos = head.len() as u64;
+    pad(w, &mut pos, align)?;
+    let mut any = false;
+    for d in datas {
+        pad(w, &mut pos, align)?;
+        w.write_all(d.as_ref())?;
+        pos += d.as_ref().len() as u64;
+        any = true;
+    }
+    if any {
+        pad(w, &mut pos, align)?;
+    }
+    Ok(())
 }
 
 fn pad(w: &mut impl Write, pos: &mut u64, align: u64) -> io::Result<()> {

@@ -245,6 +245,25 @@ fn writer_refuses_invalid_input() {
 }
 
 #[test]
+fn into_bytes_equals_write_to() {
+    for alignment in [1u64, 8, 32, 64, 4096] {
+        let image = sample_writer(alignment).into_bytes().unwrap();
+        assert_eq!(image, sample_bytes(alignment), "alignment {alignment}");
+        assert_eq!(image.len() as u64 % alignment, 0);
+    }
+    let mut empty = Vec::new();
+    GgufWriter::new(64).write_to(&mut empty).unwrap();
+    assert_eq!(GgufWriter::new(64).into_bytes().unwrap(), empty);
+    let mut w = GgufWriter::new(32);
+    w.add_tensor("a", &[1], 0, vec![0; 4]);
+    w.add_tensor("a", &[1], 0, vec![0; 4]);
+    assert_eq!(
+        w.into_bytes().unwrap_err().to_string(),
+        "duplicate tensor name 'a'"
+    );
+}
+
+#[test]
 fn builtin_type_table() {
     // Spot checks; the full table is compared with gguf-py's GGML_QUANT_SIZES in gguf_py.rs.
     assert_eq!(ggml_type_size(0), Some((1, 4)));
