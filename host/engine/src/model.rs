@@ -252,8 +252,7 @@ pub fn load(reg: &Registry, path: &Path, opts: &LoadOptions) -> Result<LoadedMod
 
 /// [`load`] from an opened GGUF (a file, or an image in memory: `moeserve bench --synth`).
 pub fn load_gguf(reg: &Registry, f: GgufFile, opts: &LoadOptions) -> Result<LoadedModel> {
-    let path = f.path().to_path_buf();
-    let path = path.as_path();
+    let path = f.path();
     let arch = f.get_str("general.architecture")?.to_owned();
     if arch != "llama" && arch != "deepseek4" {
         bail!(
