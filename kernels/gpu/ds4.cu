@@ -176,21 +176,41 @@ GPU_DEV void ds4_sinkhorn_warp(const float* M, const float* B, float scale, int 
 // pre only. Then x = sum_h pre_h stream_h, RMS-normed times norm_w. wts gets
 // [pre, post, comb] (site) or [pre] (head) per token. One block of 1024 threads per
 // token (a decode step runs one token: the block's width is the parallelism), the
-// Sinkhorn on warp 0 (HC <= 5) or thread 0. grid = n, block = DS4_HC_THREADS.
+// Sinkhorn on warp 0 (HC <= 5) or thread 0. allow_fast = 0 keeps the general path (A/B
+// runs). grid = n, block = DS4_HC_THREADS.
 #define DS4_HC_THREADS 1024
 extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
     ds4_hc_pre(const float* __restrict__ streams, const float* __restrict__ mix,
                const float* __restrict__ scale, const float* __restrict__ base,
                const float* __restrict__ norm_w, int d, int hc, int iters, float eps,
                float hc_eps, int head_mode, float* __restrict__ out, float* __restrict__ wts,
-               unsigned int* counters) {
+               int allow_fast, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_HC_PRE);
     __shared__ float sh[32];
     __shared__ float W[2 * DS4_HC_MAX + DS4_HC_MAX * DS4_HC_MAX];
     const int t = blockIdx.x, tid = threadIdx.x;
     const float* s = streams + (long long)t * hc * d;
+    float* o = out + (long long)t * d;
+    // Fast path (V4-Flash: d = 4096, 4 streams): thread i holds values 4i..4i+3 of every
+    // stream in registers from one round of 16-byte loads, so nothing is read twice,
+    // and warp 0's Sinkhorn overlaps the other warps' collapse.
+    const bool fast = allow_fast && hc <= 4 && (d & 3) == 0 && d <= 4 * DS4_HC_THREADS &&
+                      ((((unsigned long long)s) | ((unsigned long long)o) |
+                        ((unsigned long long)norm_w)) & 15ull) == 0;
+    gpu_f4 v[4];
+    const bool mine = fast && 4 * tid < d;
     float acc = 0.0f;
-    for (int i = tid; i < hc * d; i += DS4_HC_THREADS) acc += s[i] * s[i];
+    if (fast) {
+#pragma unroll
+        for (int h = 0; h < 4; ++h)
+            if (h < hc && mine) v[h] = *(const gpu_f4*)(s + (long long)h * d + 4 * tid);
+#pragma unroll
+        for (int h = 0; h < 4; ++h)
+            if (h < hc && mine)
+                acc += v[h].x * v[h].x + v[h].y * v[h].y + v[h].z * v[h].z + v[h].w * v[h].w;
+    } else {
+        for (int i = tid; i < hc * d; i += DS4_HC_THREADS) acc += s[i] * s[i];
+    }
     acc = ds4_block_sum(acc, sh, DS4_HC_THREADS);
     const float r = 1.0f / sqrtf(acc / (float)(hc * d) + eps);
     const int nm = head_mode ? hc : 2 * hc + hc * hc;
@@ -206,9 +226,10 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
     if (tid < (head_mode ? 1 : 3)) S[tid] = scale[tid];
     __syncthreads();
     if (tid < hc) W[tid] = ds4_sigmoid(M[tid] * S[0] + B[tid]) + hc_eps;
+    if (!head_mode && tid >= 32 && tid < 32 + hc)
+        W[hc + tid - 32] = 2.0f * ds4_sigmoid(M[tid - 32 + hc] * S[1] + B[tid - 32 + hc]);
+    if (fast) __syncthreads();  // W[0..hc) is all the collapse needs
     if (!head_mode) {
-        if (tid >= 32 && tid < 32 + hc)
-            W[hc + tid - 32] = 2.0f * ds4_sigmoid(M[tid - 32 + hc] * S[1] + B[tid - 32 + hc]);
         if (tid < 32) {
             switch (hc) {
             case 1: ds4_sinkhorn_warp<1>(M, B, S[2], iters, hc_eps, W + 2); break;
@@ -226,9 +247,30 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
             }
         }
     }
+    if (fast) {
+        gpu_f4 c = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 4; ++h)
+            if (h < hc && mine) {
+                const float wh = W[h];
+                c.x += wh * v[h].x;
+                c.y += wh * v[h].y;
+                c.z += wh * v[h].z;
+                c.w += wh * v[h].w;
+            }
+        float ss = mine ? c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w : 0.0f;
+        ss = ds4_block_sum(ss, sh, DS4_HC_THREADS);  // its barriers also publish the Sinkhorn
+        for (int i = tid; i < nm; i += DS4_HC_THREADS) wts[(long long)t * nm + i] = W[i];
+        const float rr = 1.0f / sqrtf(ss / (float)d + eps);
+        if (mine) {
+            const gpu_f4 nw = *(const gpu_f4*)(norm_w + 4 * tid);
+            *(gpu_f4*)(o + 4 * tid) =
+                gpu_f4{nw.x * (c.x * rr), nw.y * (c.y * rr), nw.z * (c.z * rr), nw.w * (c.w * rr)};
+        }
+        return;
+    }
     __syncthreads();
     for (int i = tid; i < nm; i += DS4_HC_THREADS) wts[(long long)t * nm + i] = W[i];
-    float* o = out + (long long)t * d;
     float ss = 0.0f;
     for (int i = tid; i < d; i += DS4_HC_THREADS) {
         float v = 0.0f;

@@ -31,6 +31,7 @@
 #define KID_MATVEC_F32_WIDE 34
 #define KID_MMQ_MMA_DENSE 35
 #define KID_MMQ_MMA_ID 36
+#define KID_MMVQ_ID_107 37
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -376,6 +377,27 @@ extern "C" __global__ void __launch_bounds__(128)
         default: grouped_chunk<8>(rows, nb, m, r0, act, act_per_pair, n_slots, pairs, out, affine); break;
         }
     }
+}
+
+// One token's MATMUL_ID (a decode step): its pairs name distinct experts, so block row
+// y = pair y reads ids[y] itself and no moe_sort runs; masked ids (outside 0..E) give
+// zeros. Each output is the same sum as mmvq_grouped_107's (one column per expert).
+// grid = (ceil(m / 4), pairs), block = 128.
+extern "C" __global__ void __launch_bounds__(128)
+    mmvq_id_107(const unsigned char* __restrict__ w, long long expert_bytes, int nb, int m,
+                int n_experts, const q8_1_block* __restrict__ act, int act_per_pair, int n_slots,
+                const int* __restrict__ ids, float* __restrict__ out, int affine,
+                unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMVQ_ID_107);
+    const int r0 = blockIdx.x * 4 + (threadIdx.x >> 5), p = blockIdx.y, e = ids[p];
+    if (r0 >= m) return;
+    if (e < 0 || e >= n_experts) {
+        if ((threadIdx.x & 31) == 0) out[(long long)p * m + r0] = 0.0f;
+        return;
+    }
+    const unsigned char* const rows[1] = {w + (long long)e * expert_bytes +
+                                          (long long)r0 * nb * RF2_BLOCK_BYTES};
+    grouped_chunk<1>(rows, nb, m, r0, act, act_per_pair, n_slots, &p, out, affine);
 }
 
 // ---------------------------------------------------------------------------------
@@ -851,6 +873,45 @@ GPU_DEV float half_scale(unsigned int h) {
     return (h & 0x8000u) ? -mag : mag;
 }
 
+// One 8-value unit of a Q8_0 / ROCmFP4 row against activations a (values 0..3 of the
+// unit) and c (4..7): Q8_0: wa = f16 scale, wb / wc = the 8 codes; ROCmFP4: wa = 4 code
+// bytes (low nibbles: values 0..3 of the block's first half, high: the same of its
+// second half), wb = the two scale bytes; lut / sc: the shared tables of dense_rows.
+template <int TY>
+GPU_DEV float dense_unit_dot(unsigned int wa, unsigned int wb, unsigned int wc, gpu_f4 a,
+                             gpu_f4 c, const float* lut, const float* sc) {
+    if (TY == DT_Q8_0) {
+        float s = (float)(signed char)(wb & 0xffu) * a.x;
+        s += (float)(signed char)((wb >> 8) & 0xffu) * a.y;
+        s += (float)(signed char)((wb >> 16) & 0xffu) * a.z;
+        s += (float)(signed char)(wb >> 24) * a.w;
+        s += (float)(signed char)(wc & 0xffu) * c.x;
+        s += (float)(signed char)((wc >> 8) & 0xffu) * c.y;
+        s += (float)(signed char)((wc >> 16) & 0xffu) * c.z;
+        s += (float)(signed char)(wc >> 24) * c.w;
+        return half_scale(wa) * s;
+    }
+    const float lo = lut[wa & 15u] * a.x + lut[(wa >> 8) & 15u] * a.y +
+                     lut[(wa >> 16) & 15u] * a.z + lut[(wa >> 24) & 15u] * a.w;
+    const float hi = lut[(wa >> 4) & 15u] * c.x + lut[(wa >> 12) & 15u] * c.y +
+                     lut[(wa >> 20) & 15u] * c.z + lut[(wa >> 28) & 15u] * c.w;
+    return sc[wb & 255u] * lo + sc[wb >> 8] * hi;
+}
+
+// The shared tables of the ROCmFP4 decode: lut = the 16 codes' signed magnitudes,
+// sc = the 256 UE4M3 scale bytes (a 128-thread block fills them).
+GPU_DEV void fp4_tables(float* lut, float* sc) {
+    const int t = threadIdx.x;
+    if (t < 16) {
+        const int mm = t & 7;
+        const float a = (float)(mm + (mm > 4 ? mm - 4 : 0));
+        lut[t] = t & 8 ? -a : a;
+    }
+    sc[t] = ue4m3(t);
+    sc[t + 128] = ue4m3(t + 128);
+    __syncthreads();
+}
+
 // Decode mat-vec (one f32 column) of Q8_0 or ROCmFP4 (100) weights: a 128-thread block
 // on R rows, thread t taking the 8-value units t, t + 128, ... of each row (unit = a
 // quarter of a Q8_0 block, or 4 code bytes = 8 values of a ROCmFP4 block), so a block
@@ -866,16 +927,7 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
     __shared__ float sc[256];
     __shared__ float red[4][R];
     const int t = threadIdx.x;
-    if (TY == DT_ROCMFP4) {
-        if (t < 16) {
-            const int mm = t & 7;
-            const float a = (float)(mm + (mm > 4 ? mm - 4 : 0));
-            lut[t] = t & 8 ? -a : a;
-        }
-        sc[t] = ue4m3(t);
-        sc[t + 128] = ue4m3(t + 128);
-        __syncthreads();
-    }
+    if (TY == DT_ROCMFP4) fp4_tables(lut, sc);
     const int r0 = blockIdx.x * R;
     const unsigned char* rows[R];
 #pragma unroll
@@ -923,29 +975,83 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
             }
         }
 #pragma unroll
-        for (int j = 0; j < U; ++j) {
-            const gpu_f4 a = xa[j], c = xc[j];
+        for (int j = 0; j < U; ++j)
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                acc[r] += dense_unit_dot<TY>(wa[j][r], wb[j][r], wc[j][r], xa[j], xc[j], lut, sc);
+    }
+    const int warp = t >> 5, lane = t & 31;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float v = gpu_warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (t < R && r0 + t < m) out[r0 + t] = red[0][t] + red[1][t] + red[2][t] + red[3][t];
+}
+
+// Staged decode mat-vec: the same sums as dense_rows, but the block first copies its R
+// rows' bytes (up to STAGE_COLS columns of each at a time) into shared memory with
+// 16-byte loads, all issued at once, then decodes from there. dense_rows' narrow loads
+// (2-4 bytes, the blocks being 34 / 18 bytes) leave too few bytes in flight per SM to
+// cover the memory latency. Needs k % 1024 == 0, rows and w 16-byte aligned, x 16-byte
+// aligned. `stage`: DENSE_STAGE_BYTES(R) of shared memory, 16-byte aligned (the kernel's,
+// so that one buffer serves every instance). grid = ceil(m / R), block = 128.
+#define DENSE_STAGE_COLS(TY) ((TY) == DT_Q8_0 ? 4096 : 8192)
+#define DENSE_STAGE_BYTES(R) ((R) * 4608)
+template <int TY, int R>
+GPU_DEV void dense_staged(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                          const float* __restrict__ x, float* __restrict__ out,
+                          unsigned char* stage) {
+    constexpr int BB = TY == DT_Q8_0 ? 34 : 18;
+    constexpr int SPAN_MAX = DENSE_STAGE_COLS(TY) / 32 * BB;  // bytes of a row per stage
+    constexpr int WMAX = (R * SPAN_MAX / 16 + 127) / 128;     // 16-byte words per thread
+    static_assert(R * SPAN_MAX <= DENSE_STAGE_BYTES(R), "stage size");
+    __shared__ float lut[16];
+    __shared__ float sc[256];
+    __shared__ float red[4][R];
+    const int t = threadIdx.x;
+    if (TY == DT_ROCMFP4) fp4_tables(lut, sc);
+    const int r0 = blockIdx.x * R;
+    const int cols = k < DENSE_STAGE_COLS(TY) ? k : DENSE_STAGE_COLS(TY);
+    const int span = cols / 32 * BB, sw = span >> 4, words = R * sw;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int c0 = 0; c0 < k; c0 += cols) {
+        gpu_u4 v[WMAX];
+#pragma unroll
+        for (int j = 0; j < WMAX; ++j) {
+            const int i = t + 128 * j;
+            if (i < words) {
+                const int r = i / sw;
+                // Rows past the end repeat the last row (computed, never stored).
+                const long long row = r0 + r < m ? r0 + r : m - 1;
+                v[j] = *(const gpu_u4*)(w + row * row_bytes + (long long)(c0 / 32) * BB +
+                                        16 * (i - r * sw));
+            }
+        }
+        if (c0 > 0) __syncthreads();  // the previous stage is read
+#pragma unroll
+        for (int j = 0; j < WMAX; ++j) {
+            const int i = t + 128 * j;
+            if (i < words) *(gpu_u4*)(stage + 16 * i) = v[j];
+        }
+        __syncthreads();
+        for (int u = t; u < cols / 8; u += 128) {
+            const int b = u >> 2, q = u & 3;
+            const float* xb = x + c0 + b * 32;
+            const gpu_f4 a = *(const gpu_f4*)(xb + (TY == DT_Q8_0 ? 8 * q : 4 * q));
+            const gpu_f4 c = *(const gpu_f4*)(xb + (TY == DT_Q8_0 ? 8 * q + 4 : 16 + 4 * q));
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                if (TY == DT_Q8_0) {
-                    const unsigned int w0 = wb[j][r], w1 = wc[j][r];
-                    float s = (float)(signed char)(w0 & 0xffu) * a.x;
-                    s += (float)(signed char)((w0 >> 8) & 0xffu) * a.y;
-                    s += (float)(signed char)((w0 >> 16) & 0xffu) * a.z;
-                    s += (float)(signed char)(w0 >> 24) * a.w;
-                    s += (float)(signed char)(w1 & 0xffu) * c.x;
-                    s += (float)(signed char)((w1 >> 8) & 0xffu) * c.y;
-                    s += (float)(signed char)((w1 >> 16) & 0xffu) * c.z;
-                    s += (float)(signed char)(w1 >> 24) * c.w;
-                    acc[r] += half_scale(wa[j][r]) * s;
-                } else {
-                    const unsigned int wq = wa[j][r], e = wb[j][r];
-                    const float lo = lut[wq & 15u] * a.x + lut[(wq >> 8) & 15u] * a.y +
-                                     lut[(wq >> 16) & 15u] * a.z + lut[(wq >> 24) & 15u] * a.w;
-                    const float hi = lut[(wq >> 4) & 15u] * c.x + lut[(wq >> 12) & 15u] * c.y +
-                                     lut[(wq >> 20) & 15u] * c.z + lut[(wq >> 28) & 15u] * c.w;
-                    acc[r] += sc[e & 255u] * lo + sc[e >> 8] * hi;
-                }
+                const unsigned char* blk = stage + r * span + b * BB;
+                if (TY == DT_Q8_0)
+                    acc[r] += dense_unit_dot<TY>(gpu_load_u16(blk), gpu_load_u32_a2(blk + 2 + 8 * q),
+                                                 gpu_load_u32_a2(blk + 6 + 8 * q), a, c, lut, sc);
+                else
+                    acc[r] += dense_unit_dot<TY>(gpu_load_u32_a2(blk + 4 * q), gpu_load_u16(blk + 16),
+                                                 0u, a, c, lut, sc);
             }
         }
     }

@@ -30,6 +30,14 @@ __global__ void __launch_bounds__(128) rows_variant(const unsigned char* __restr
     dense_rows<TY, R, U>(w, row_bytes, k, m, x, out);
 }
 
+template <int TY, int R>
+__global__ void __launch_bounds__(128) staged_variant(const unsigned char* __restrict__ w, long long row_bytes,
+                                                      int k, int m, const float* __restrict__ x,
+                                                      float* __restrict__ out) {
+    __shared__ __attribute__((aligned(16))) unsigned char stage[DENSE_STAGE_BYTES(R)];
+    dense_staged<TY, R>(w, row_bytes, k, m, x, out, stage);
+}
+
 // ---- ceiling: read the same bytes with 16-byte loads ----------------------------------
 __global__ void __launch_bounds__(256) stream_read(const gpu_f4* __restrict__ p, long long n,
                                                   float* __restrict__ out) {
@@ -238,14 +246,24 @@ int main(int argc, char** argv) {
             else rows_variant<DT_ROCMFP4, R, U><<<(s.m + R - 1) / R, 128>>>(dw, row_bytes, s.k, s.m, dx, dout); \
         }, true);                                                                            \
     }
+#define S_ROW(R)                                                                             \
+    {                                                                                        \
+        cudaFuncAttributes fa;                                                               \
+        if (s.ty == DT_Q8_0) CK(cudaFuncGetAttributes(&fa, staged_variant<DT_Q8_0, R>));     \
+        else CK(cudaFuncGetAttributes(&fa, staged_variant<DT_ROCMFP4, R>));                  \
+        char nm[64];                                                                         \
+        snprintf(nm, sizeof nm, "dense_staged R=%d (%d regs)", R, fa.numRegs);               \
+        row(nm, [&] {                                                                        \
+            if (s.ty == DT_Q8_0) staged_variant<DT_Q8_0, R><<<(s.m + R - 1) / R, 128>>>(dw, row_bytes, s.k, s.m, dx, dout); \
+            else staged_variant<DT_ROCMFP4, R><<<(s.m + R - 1) / R, 128>>>(dw, row_bytes, s.k, s.m, dx, dout); \
+        }, true);                                                                            \
+    }
         V_ROW(2, 1)
-        V_ROW(2, 2)
-        V_ROW(2, 4)
         V_ROW(4, 1)
-        V_ROW(4, 2)
-        V_ROW(4, 4)
-        V_ROW(8, 1)
-        V_ROW(8, 2)
+        S_ROW(1)
+        S_ROW(2)
+        S_ROW(4)
+        S_ROW(8)
         CK(cudaFree(wbase));
         CK(cudaFree(dx));
         CK(cudaFree(dout));

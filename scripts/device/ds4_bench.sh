@@ -6,8 +6,9 @@
 # `moeserve bench --limits` at context depths DEPTHS: decode tok/s vs bytes per token /
 # streaming bandwidth, prefill vs the ROCmFP2 matrix rate, all measured in this run.
 # With PARITY=1 it first runs scripts/device/ds4_gpu.sh (the fixtures) while the file is
-# written, then decodes 8 tokens of the full-width file with the decode mat-vec kernels
-# and with `MOE_GPU_DENSE_ROWS=0` (matvec_dense only) and compares. PROFILE=1 adds the
+# written, then decodes 8 tokens of the full-width file twice (bit-identical?) and with
+# each kernel A/B switch (MOE_GPU_DENSE_ROWS=0, MOE_GPU_HC_FAST=0, MOE_GPU_ID_NOSORT=0)
+# and compares. PROFILE=1 adds the
 # per-kernel tables of a decode step (at depth PROFILE_AT, 0) and of a prefill pass
 # (PROFILE_ONLY=1 stops there); PDL_AB=1 reruns depth 0 with MOE_GPU_PDL=0; REUSE=1
 # keeps a synth file a warm machine still has; NOFILE=1 writes none (each bench builds
@@ -42,19 +43,25 @@ wait $synth
 [ -n "${NOFILE:-}" ] || tail -1 "$W/synth.log"
 echo "synth: $(( $(date +%s) - t0 )) s"
 if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ]; then
-    # Full width: 8 decoded tokens (graph replay) with the decode mat-vec kernels vs the
-    # same run on matvec_dense alone (MOE_GPU_DENSE_ROWS=0): summation order only.
+    # Full width: 8 decoded tokens (graph replay) with the default kernels, twice (the run
+    # must repeat bit for bit), then with each A/B switch: MOE_GPU_DENSE_ROWS=0
+    # (matvec_dense only), MOE_GPU_HC_FAST=0 (mHC pre's general path),
+    # MOE_GPU_ID_NOSORT=0 (sorted grouped kernel): summation order only.
     toks=5,17,301,4000,77,129000,42,9
-    for v in 1 0; do
-        MOE_GPU_DENSE_ROWS=$v RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" logits \
-            --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_rows$v.npy"
+    for v in base repeat MOE_GPU_DENSE_ROWS=0 MOE_GPU_HC_FAST=0 MOE_GPU_ID_NOSORT=0; do
+        env $([[ $v == *=* ]] && echo "$v") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
+            logits --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_${v%%=*}.npy"
     done
     python3 - "$W" <<'PY' | tee -a "$OUT/parity.log"
 import sys, numpy as np
-a, b = (np.load(f"{sys.argv[1]}/full_rows{v}.npy") for v in (1, 0))
-rel = float((np.abs(a - b).max(1) / np.abs(b).max()).max())
-top = float((a.argmax(1) == b.argmax(1)).mean())
-print(f"full width ({a.shape[0]} decoded tokens): matvec_dense_rows vs matvec_dense max rel diff {rel:.2e}, top-1 agree {top:.0%}")
+w = sys.argv[1]
+a = np.load(f"{w}/full_base.npy")
+for v in ("repeat", "MOE_GPU_DENSE_ROWS", "MOE_GPU_HC_FAST", "MOE_GPU_ID_NOSORT"):
+    b = np.load(f"{w}/full_{v}.npy")
+    rel = float((np.abs(a - b).max(1) / np.abs(b).max()).max())
+    top = float((a.argmax(1) == b.argmax(1)).mean())
+    print(f"full width ({a.shape[0]} decoded tokens): default vs {v}: bit-identical {np.array_equal(a, b)}, "
+          f"max rel diff {rel:.2e}, top-1 agree {top:.0%}")
 PY
 fi
 if [ -n "${PROFILE:-}" ]; then

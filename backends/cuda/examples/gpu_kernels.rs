@@ -616,13 +616,15 @@ fn main() {
             let w = random_weights(&mut rng, experts * m, k);
             let ebytes = m * k / 32 * 10;
             let bw = g.buf(&w);
-            for n_tok in [2usize, 4, 8, 9, 16, 256] {
+            for n_tok in [1usize, 2, 4, 8, 9, 16, 256] {
                 let pairs = n_tok * slots;
                 // From 4 pairs per expert on matrix-unit devices: the MMQ tiles, which sum
                 // in another order than MMVQ (so no bit-identity asked of them).
                 let tiles = pairs >= 4 * experts && mmq_kernel(dev.cc) == "mmq_mma_107";
                 let kernel = if tiles {
                     "mmq_mma_id"
+                } else if n_tok == 1 {
+                    "mmvq_id_107" // one token: no sort
                 } else {
                     "mmvq_grouped_107"
                 };

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 37] = [
+pub const KERNELS: [&str; 38] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -47,9 +47,10 @@ pub const KERNELS: [&str; 37] = [
     "matvec_f32_wide",
     "mmq_mma_dense",
     "mmq_mma_id",
+    "mmvq_id_107",
 ];
 /// Device-side launch counters (u32 each) the kernels bump.
-pub const COUNTER_SLOTS: usize = 37;
+pub const COUNTER_SLOTS: usize = 38;
 
 /// The full translation unit: the `units` in order, the first one's
 /// `#include "common.cuh"` replaced by `common_cuh` (less its `#pragma once`), the

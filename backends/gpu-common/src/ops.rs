@@ -351,7 +351,7 @@ pub fn f32_wide(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> bool {
 /// `MOE_GPU_DENSE_ROWS=0` keeps `matvec_dense` everywhere (A/B runs on the device).
 fn dense_rows_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OFF.get_or_init(|| std::env::var_os("MOE_GPU_DENSE_ROWS").is_some_and(|v| v == "0"))
+    *OFF.get_or_init(|| crate::ds4::env_off("MOE_GPU_DENSE_ROWS"))
 }
 
 /// Rows per 128-thread block of `matvec_dense_rows` for one column of `ty` weights with
@@ -622,7 +622,8 @@ pub struct MatmulId {
     /// 1 when x has one column per pair, 0 when per token.
     pub per_pair: i32,
     pub affine: i32,
-    pub sort: Launch,
+    /// `moe_sort`, or None for one token (`mmvq_id_107` reads the ids itself).
+    pub sort: Option<Launch>,
     pub grouped: Launch,
 }
 
@@ -641,7 +642,8 @@ pub fn id_input(x: &TensorRef, k: u64, n_tok: u64, pairs: u64) -> Result<i32, St
 }
 
 /// `mmq` is the device's MMQ kernel: with enough pairs ([`id_takes_mmq`]) the grouped
-/// product runs `mmq_mma_id`, else `mmvq_grouped_107`. Weights: type 107, or Q8_0 /
+/// product runs `mmq_mma_id`, one token (a decode step) `mmvq_id_107` with no sort
+/// (`MOE_GPU_ID_NOSORT=0`: the sorted kernel, for A/B runs), else `mmvq_grouped_107`. Weights: type 107, or Q8_0 /
 /// ROCmFP4 when they take the MMQ tiles (the dense kernels run them otherwise).
 pub fn matmul_id(
     args: &[TensorRef],
@@ -687,6 +689,13 @@ pub fn matmul_id(
             grid: (m.div_ceil(bm) as u32, pairs.min(experts) as u32 + 1, 1),
             block: 256,
         }
+    } else if n_tok == 1 && !crate::ds4::env_off("MOE_GPU_ID_NOSORT") {
+        Launch {
+            name: "mmvq_id_107",
+            // 4 warps x 1 row per block, a block row per pair.
+            grid: (m.div_ceil(4) as u32, to_i32(pairs, "pairs")? as u32, 1),
+            block: 128,
+        }
     } else {
         Launch {
             name: "mmvq_grouped_107",
@@ -713,11 +722,11 @@ pub fn matmul_id(
         ty: w.type_id as i32,
         per_pair,
         affine,
-        sort: Launch {
+        sort: (grouped.name != "mmvq_id_107").then_some(Launch {
             name: "moe_sort",
             grid: (1, 1, 1),
             block: 256,
-        },
+        }),
         grouped,
     })
 }
@@ -813,9 +822,15 @@ pub fn run(
                 let mut pact = base + p.layout.active;
                 let mut psorted = base + p.layout.sorted;
                 let (mut pi, mut np, mut ne) = (p.ids, p.pairs, p.experts);
-                gpu.launch(p.sort, &kargs!(pi, np, ne, poff, pact, psorted))?;
                 let (mut pw, mut ebytes, mut nb, mut mm) = (p.w, p.expert_bytes, p.blocks, p.m);
                 let (mut pp, mut ns, mut po, mut a) = (p.per_pair, p.slots, p.out, p.affine);
+                let Some(sort) = p.sort else {
+                    return gpu.launch(
+                        p.grouped,
+                        &kargs!(pw, ebytes, nb, mm, ne, pq, pp, ns, pi, po, a),
+                    );
+                };
+                gpu.launch(sort, &kargs!(pi, np, ne, poff, pact, psorted))?;
                 if p.grouped.name == "mmq_mma_id" {
                     let (mut rb, mut ty) = (p.row_bytes, p.ty);
                     gpu.launch(
@@ -1269,8 +1284,7 @@ mod run_tests {
                 ("quantize_q8_1", 3),
                 (MMQ_MMA, 7),
                 ("quantize_q8_1", 3),
-                ("moe_sort", 6),
-                ("mmvq_grouped_107", 13),
+                ("mmvq_id_107", 11),
                 ("quantize_q8_1", 3),
                 ("mmq_mma_dense", 8),
                 ("quantize_q8_1", 3),
