@@ -47,6 +47,29 @@ GPU_DEV int gpu_dp4a(int a, int b, int c) {
 #endif
 }
 
+// Bit i set where lane i's `p` holds (every lane of the warp must call it).
+GPU_DEV unsigned int gpu_ballot(bool p) {
+#if defined(GPU_HIP)
+    return (unsigned int)__ballot(p);
+#else
+    return __ballot_sync(GPU_FULL_MASK, p);
+#endif
+}
+
+// Byte permute: result byte i = byte s_i of the eight bytes {a (0-3), b (4-7)}, s_i the
+// i-th nibble of s (0-7; callers keep bit 3 clear: PTX reads it as sign replication).
+GPU_DEV unsigned int gpu_perm(unsigned int a, unsigned int b, unsigned int s) {
+#if defined(GPU_HIP)
+    // v_perm_b32 takes a selector byte per result byte, and {b, a} in the other order.
+    const unsigned int sel = (s & 0xfu) | ((s & 0xf0u) << 4) | ((s & 0xf00u) << 8) | ((s & 0xf000u) << 12);
+    return __builtin_amdgcn_perm(b, a, sel);
+#else
+    unsigned int r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+#endif
+}
+
 // Butterfly exchange within a 32-lane warp (all lanes active).
 GPU_DEV float gpu_shfl_xor(float v, int mask) {
 #if defined(GPU_HIP)
@@ -63,6 +86,21 @@ GPU_DEV float gpu_shfl(float v, int src) {
 #else
     return __shfl_sync(GPU_FULL_MASK, v, src, GPU_WARP);
 #endif
+}
+
+// Adds 1 to bins[bin] for each lane with `on`: one shared-memory atomic per distinct bin
+// of the warp, not one per lane (same-address atomics serialise; similar keys crowd
+// into one bin). Every lane of the warp must call it.
+GPU_DEV void gpu_warp_hist_add(unsigned int* bins, unsigned int bin, bool on) {
+    const int lane = threadIdx.x & 31;
+    unsigned int todo = gpu_ballot(on);
+    while (todo) {
+        const int leader = __popc((todo & (0u - todo)) - 1u);
+        const unsigned int lb = (unsigned int)__float_as_int(gpu_shfl(__int_as_float((int)bin), leader));
+        const unsigned int same = gpu_ballot(on && bin == lb);
+        if (lane == leader) atomicAdd(bins + lb, (unsigned int)__popc(same));
+        todo &= ~same;
+    }
 }
 
 GPU_DEV float gpu_warp_sum(float v) {

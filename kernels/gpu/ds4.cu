@@ -399,26 +399,64 @@ extern "C" __global__ void __launch_bounds__(256)
 // ---------------------------------------------------------------------------------
 // Lightning indexer: score[t][s] = sum_h relu(q_th . row_s) * sm * (w_th * ws) for the
 // rows visible to token t ((pos+1)/ratio). grid = (ceil(cap / DS4_IDX_ROWS), n), block =
-// 256: 8 warps x 16 rows, the token's queries staged in shared memory (once per 128
-// rows: at 32 the staging read more than the rows did).
-#define DS4_IDX_ROWS 128
+// 256, the token's queries staged in shared memory. Fast path (id % 4 == 0, 16-byte
+// aligned q and rows): warp w takes head group w % 4 (heads 16g.. 16g+15, + 64, ...) of
+// rows r0 + 32 (w / 4) + lane, each lane a whole row, the 16 heads' sums in registers
+// and every query value a broadcast read; the four groups' parts add up in shared
+// memory. (One warp per row with a warp sum per head spent ~30x the FMA time at 32K
+// rows.) Otherwise 8 warps x 8 rows at a time, a warp per row.
+#define DS4_IDX_ROWS 64
+#define DS4_IDX_HEADS_AT_ONCE 16
 extern "C" __global__ void __launch_bounds__(256)
     ds4_index_scores(const float* __restrict__ q, const float* __restrict__ wproj,
                      const float* __restrict__ rows, const int* __restrict__ pos, int ih, int id,
                      int ratio, int cap, float sm, float ws, float* __restrict__ scores,
                      unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_INDEX_SCORES);
-    __shared__ float qs[DS4_IDX_Q_MAX];
+    __shared__ __attribute__((aligned(16))) float qs[DS4_IDX_Q_MAX];
     __shared__ float wh[DS4_IDX_Q_MAX / 32];
+    __shared__ float part[256];
     const int t = blockIdx.y;
     int visible = (pos[t] + 1) / ratio;
     if (visible > cap) visible = cap;
     const int r0 = blockIdx.x * DS4_IDX_ROWS;
     if (r0 >= visible) return;
-    for (int i = threadIdx.x; i < ih * id; i += 256) qs[i] = q[(long long)t * ih * id + i];
+    const float* qt = q + (long long)t * ih * id;
+    for (int i = threadIdx.x; i < ih * id; i += 256) qs[i] = qt[i];
     for (int h = threadIdx.x; h < ih; h += 256) wh[h] = wproj[(long long)t * ih + h] * ws;
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool fast = (id & 3) == 0 && ((((unsigned long long)rows) | ((unsigned long long)qt)) & 15ull) == 0;
+    if (fast) {
+        const int g = warp & 3, r = r0 + 32 * (warp >> 2) + lane;
+        const float* row = rows + (long long)(r < visible ? r : 0) * id;
+        float score = 0.0f;
+        for (int h0 = DS4_IDX_HEADS_AT_ONCE * g; h0 < ih; h0 += 4 * DS4_IDX_HEADS_AT_ONCE) {
+            float acc[DS4_IDX_HEADS_AT_ONCE];
+#pragma unroll
+            for (int h = 0; h < DS4_IDX_HEADS_AT_ONCE; ++h) acc[h] = 0.0f;
+            const int nh = ih - h0 < DS4_IDX_HEADS_AT_ONCE ? ih - h0 : DS4_IDX_HEADS_AT_ONCE;
+            for (int i = 0; i < id; i += 4) {
+                const gpu_f4 v = *(const gpu_f4*)(row + i);
+#pragma unroll
+                for (int h = 0; h < DS4_IDX_HEADS_AT_ONCE; ++h) {
+                    // Heads past the end read head h0's values (in bounds) and are dropped.
+                    const gpu_f4 a = *(const gpu_f4*)(qs + (h0 + (h < nh ? h : 0)) * id + i);
+                    acc[h] += a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < DS4_IDX_HEADS_AT_ONCE; ++h)
+                if (h < nh) score += fmaxf(acc[h], 0.0f) * sm * wh[h0 + h];
+        }
+        part[threadIdx.x] = score;
+        __syncthreads();
+        if (g == 0 && r < visible) {
+            const int b = threadIdx.x;  // warps 0 and 4: the four groups sit 32 apart
+            scores[(long long)t * cap + r] = ((part[b] + part[b + 32]) + part[b + 64]) + part[b + 96];
+        }
+        return;
+    }
     for (int k = 0; k < DS4_IDX_ROWS / 8; ++k) {
         const int r = r0 + k * 8 + warp;
         if (r >= visible) break;
@@ -470,7 +508,8 @@ GPU_DEV unsigned int ds4_key(float f) {
 // The k best visible rows per token (ties: lower index), or all of them when no more
 // than k are visible; unused entries -1. Radix select on the keys, 8 bits per pass
 // (a histogram per warp: the top bits of similar scores all land in one bin, and one
-// shared counter for the block serialised every add). grid = n, block = 256.
+// shared counter for the block serialised every add), the pass's bin picked by a block
+// scan. grid = n, block = 256.
 extern "C" __global__ void __launch_bounds__(256)
     ds4_topk_rows(const float* __restrict__ scores, const int* __restrict__ pos, int ratio,
                   int cap, int k, int* __restrict__ sel, unsigned int* counters) {
@@ -494,23 +533,38 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int w = 0; w < 8; ++w) hist[w][tid] = 0;
         __syncthreads();
-        for (int i = tid; i < visible; i += 256) {
-            const unsigned int key = ds4_key(s[i]);
-            if ((key & mask) == prefix) atomicAdd(&hist[warp][(key >> shift) & 255u], 1u);
+        // 8 loads in flight per thread before the adds; the loop is warp-uniform (the
+        // first pass's adds are warp-wide).
+        for (int b0 = tid & ~31; b0 < visible; b0 += 256 * 8) {
+            unsigned int keys[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int i = b0 + (tid & 31) + 256 * j;
+                keys[j] = i < visible ? ds4_key(s[i]) : 0u;
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const bool on = b0 + (tid & 31) + 256 * j < visible && (keys[j] & mask) == prefix;
+                const unsigned int bin = (keys[j] >> shift) & 255u;
+                // The top byte (sign, exponent) of similar scores is a few bins: one add
+                // per bin per warp; later bytes spread out, where plain adds are cheaper.
+                if (shift == 24) gpu_warp_hist_add(hist[warp], bin, on);
+                else if (on) atomicAdd(&hist[warp][bin], 1u);
+            }
         }
         __syncthreads();
         unsigned int all = 0;
         for (int w = 0; w < 8; ++w) all += hist[w][tid];
         hist[0][tid] = all;  // each thread reads and writes only its own bin
         __syncthreads();
-        if (tid == 0) {
-            int cum = 0, b = 255;
-            for (; b > 0; --b) {
-                if (cum + (int)hist[0][b] >= left) break;
-                cum += (int)hist[0][b];
-            }
-            sh_prefix = prefix | ((unsigned int)b << shift);
-            sh_left = left - cum;
+        // Thread i looks at bin c = 255 - i: with `above` keys in higher bins, the k-th
+        // best is in c when above < left <= above + count(c) (exactly one such bin).
+        const int cnt = (int)hist[0][255 - tid];
+        int total;
+        const int incl = ds4_scan256(cnt, flags, &total);
+        if (incl - cnt < left && incl >= left) {
+            sh_prefix = prefix | ((unsigned int)(255 - tid) << shift);
+            sh_left = left - (incl - cnt);
         }
         __syncthreads();
         prefix = sh_prefix;
@@ -526,6 +580,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const int per = (visible + 255) / 256;
     const int i0 = tid * per, i1 = i0 + per < visible ? i0 + per : visible;
     int g = 0, e = 0;
+#pragma unroll 8
     for (int i = i0; i < i1; ++i) {
         const unsigned int key = ds4_key(s[i]);
         g += key > prefix;

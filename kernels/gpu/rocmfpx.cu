@@ -36,9 +36,12 @@
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
 
+// hsum[h] = the sum of the 16 quantised values of half h. The mat-vec kernels of type
+// 107 take qs with each half "plane-ordered" (position 4s + r holds value 4r + s, see
+// rf2_half); the MMQ tiles take it in order (quantize_q8_1's `planes` picks).
 struct q8_1_block {
     float d;
-    float sum; // sum of the ORIGINAL values
+    short hsum[2];
     signed char qs[32];
 };
 
@@ -64,24 +67,28 @@ GPU_DEV int rf2_expand4(unsigned int byte) {
 }
 
 // ---------------------------------------------------------------------------------
-// Activations: one warp per 32 values. d = amax/127, q = round(x/d), sum of x.
+// Activations: one warp per 32 values. d = amax/127, q = round(x/d), the halves' sums
+// of q; planes = 1 stores each half plane-ordered (for the type-107 mat-vec kernels).
 extern "C" __global__ void __launch_bounds__(256)
     quantize_q8_1(const float* __restrict__ x, q8_1_block* __restrict__ out, long long n_blocks,
-                  unsigned int* counters) {
+                  int planes, unsigned int* counters) {
     gpu_count_launch(counters, KID_QUANTIZE_Q8_1);
     const int lane = threadIdx.x & 31;
     const long long b = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (b >= n_blocks) return;
     const float v = x[b * 32 + lane];
     const float amax = gpu_warp_max(fabsf(v));
-    const float sum = gpu_warp_sum(v);
     const float d = amax / 127.0f;
     const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-    out[b].qs[lane] = (signed char)(int)roundf(v * inv);
-    if (lane == 0) {
-        out[b].d = d;
-        out[b].sum = sum;
-    }
+    const int q = (int)roundf(v * inv);
+    // Value j = 4r + s of a half goes to position 4s + r.
+    const int at = planes ? (lane & 16) | ((lane & 3) << 2) | ((lane >> 2) & 3) : lane;
+    out[b].qs[at] = (signed char)q;
+    int hs = q;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) hs += (int)gpu_shfl_xor((float)hs, o);
+    if ((lane & 15) == 0) out[b].hsum[lane >> 4] = (short)hs;
+    if (lane == 0) out[b].d = d;
 }
 
 // ---------------------------------------------------------------------------------
@@ -93,20 +100,19 @@ extern "C" __global__ void __launch_bounds__(256)
 // l, l+32, ... as five 4-byte words each (two pairs in flight per lane). Otherwise
 // lane l takes half-blocks l, l+32, ... with 2-byte loads.
 
-// One 16-weight half (codes w, scale bytes e) of block blk, half h, for R rows.
+// One 16-weight half (codes w, scales A / B) of block blk, half h, for R rows. With the
+// activations plane-ordered, (w >> 2s) & 0x03030303 holds codes s, s+4, s+8, s+12 as
+// bytes: the dp4a partner of the half's word s. The half's sum of q comes with the block.
 template <int NC, int R>
-GPU_DEV void rf2_half(const unsigned int (&w)[R], const unsigned int (&e)[R], int blk, int h,
-                      const q8_1_block* const (&cols)[NC], int affine, float (&acc)[R][NC]) {
-    float A[R], B[R];
+GPU_DEV void rf2_half(const unsigned int (&w)[R], const float (&A)[R], const float (&B)[R],
+                      int blk, int h, const q8_1_block* const (&cols)[NC], float (&acc)[R][NC]) {
     int c0[R], c1[R], c2[R], c3[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        A[r] = ue4m3(affine ? e[r] : (h ? e[r] >> 8 : e[r]));
-        B[r] = affine ? ue4m3(e[r] >> 8) : A[r];
-        c0[r] = rf2_expand4(w[r]);
-        c1[r] = rf2_expand4(w[r] >> 8);
-        c2[r] = rf2_expand4(w[r] >> 16);
-        c3[r] = rf2_expand4(w[r] >> 24);
+        c0[r] = (int)(w[r] & 0x03030303u);
+        c1[r] = (int)((w[r] >> 2) & 0x03030303u);
+        c2[r] = (int)((w[r] >> 4) & 0x03030303u);
+        c3[r] = (int)((w[r] >> 6) & 0x03030303u);
     }
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
@@ -114,10 +120,7 @@ GPU_DEV void rf2_half(const unsigned int (&w)[R], const unsigned int (&e)[R], in
         const rf_int2* q = (const rf_int2*)(qb->qs + 16 * h);
         const rf_int2 qa = q[0], qc = q[1];
         const float d = qb->d;
-        int sq = gpu_dp4a(0x01010101, qa.x, 0);
-        sq = gpu_dp4a(0x01010101, qa.y, sq);
-        sq = gpu_dp4a(0x01010101, qc.x, sq);
-        sq = gpu_dp4a(0x01010101, qc.y, sq);
+        const int sq = qb->hsum[h];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             int cq = gpu_dp4a(c0[r], qa.x, 0);
@@ -130,26 +133,43 @@ GPU_DEV void rf2_half(const unsigned int (&w)[R], const unsigned int (&e)[R], in
     }
 }
 
+// The A / B scales of half h of a block with scale bytes e (two-scale: A = B = E[h];
+// affine: A = S = E[0], B = O = E[1] for both halves).
+template <int R>
+GPU_DEV void rf2_scales(const unsigned int (&e)[R], int h, int affine, float (&A)[R],
+                        float (&B)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        A[r] = ue4m3(affine || h == 0 ? e[r] : e[r] >> 8);
+        B[r] = affine ? ue4m3(e[r] >> 8) : A[r];
+    }
+}
+
 // A block pair (20 bytes = five words v[0..4]) for R rows: blocks 2p and 2p+1.
 template <int NC, int R>
 GPU_DEV void rf2_pair(const unsigned int (&v)[R][5], int p, const q8_1_block* const (&cols)[NC],
                       int affine, float (&acc)[R][NC]) {
     unsigned int w[R], e[R];
+    float A[R], B[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) { w[r] = v[r][0]; e[r] = v[r][2] & 0xffffu; }
-    rf2_half<NC, R>(w, e, 2 * p, 0, cols, affine, acc);
+    rf2_scales<R>(e, 0, affine, A, B);
+    rf2_half<NC, R>(w, A, B, 2 * p, 0, cols, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) w[r] = v[r][1];
-    rf2_half<NC, R>(w, e, 2 * p, 1, cols, affine, acc);
+    if (!affine) rf2_scales<R>(e, 1, affine, A, B);
+    rf2_half<NC, R>(w, A, B, 2 * p, 1, cols, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         w[r] = (v[r][2] >> 16) | (v[r][3] << 16);
         e[r] = v[r][4] >> 16;
     }
-    rf2_half<NC, R>(w, e, 2 * p + 1, 0, cols, affine, acc);
+    rf2_scales<R>(e, 0, affine, A, B);
+    rf2_half<NC, R>(w, A, B, 2 * p + 1, 0, cols, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) w[r] = (v[r][3] >> 16) | (v[r][4] << 16);
-    rf2_half<NC, R>(w, e, 2 * p + 1, 1, cols, affine, acc);
+    if (!affine) rf2_scales<R>(e, 1, affine, A, B);
+    rf2_half<NC, R>(w, A, B, 2 * p + 1, 1, cols, acc);
 }
 
 template <int NC, int R>
@@ -187,13 +207,15 @@ GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
         for (int hb = lane; hb < 2 * nb; hb += GPU_WARP) {
             const int blk = hb >> 1, h = hb & 1;
             unsigned int w[R], e[R];
+            float A[R], B[R];
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const unsigned char* bp = rows[r] + (long long)blk * RF2_BLOCK_BYTES;
                 w[r] = gpu_load_u32_a2(bp + 4 * h);
                 e[r] = gpu_load_u16(bp + 8);
             }
-            rf2_half<NC, R>(w, e, blk, h, cols, affine, acc);
+            rf2_scales<R>(e, h, affine, A, B);
+            rf2_half<NC, R>(w, A, B, blk, h, cols, acc);
         }
     }
 #pragma unroll
@@ -990,69 +1012,64 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
     if (t < R && r0 + t < m) out[r0 + t] = red[0][t] + red[1][t] + red[2][t] + red[3][t];
 }
 
-// Staged decode mat-vec: the same sums as dense_rows, but the block first copies its R
-// rows' bytes (up to STAGE_COLS columns of each at a time) into shared memory with
-// 16-byte loads, all issued at once, then decodes from there. dense_rows' narrow loads
-// (2-4 bytes, the blocks being 34 / 18 bytes) leave too few bytes in flight per SM to
-// cover the memory latency. Needs k % 1024 == 0, rows and w 16-byte aligned, x 16-byte
-// aligned. `stage`: DENSE_STAGE_BYTES(R) of shared memory, 16-byte aligned (the kernel's,
-// so that one buffer serves every instance). grid = ceil(m / R), block = 128.
-#define DENSE_STAGE_COLS(TY) ((TY) == DT_Q8_0 ? 4096 : 8192)
-#define DENSE_STAGE_BYTES(R) ((R) * 4608)
-template <int TY, int R>
-GPU_DEV void dense_staged(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
-                          const float* __restrict__ x, float* __restrict__ out,
-                          unsigned char* stage) {
-    constexpr int BB = TY == DT_Q8_0 ? 34 : 18;
-    constexpr int SPAN_MAX = DENSE_STAGE_COLS(TY) / 32 * BB;  // bytes of a row per stage
-    constexpr int WMAX = (R * SPAN_MAX / 16 + 127) / 128;     // 16-byte words per thread
-    static_assert(R * SPAN_MAX <= DENSE_STAGE_BYTES(R), "stage size");
-    __shared__ float lut[16];
+// The signed values (codes as int8: 0, 1, 2, 3, 4, 6, 8, 10, sign in bit 3) of the eight
+// ROCmFP4 codes of a code word holding 4 code bytes (byte i: low nibble = element i of
+// the first half, high nibble = element i of the second): lo = the first half's four
+// values, hi = the second half's, as int8 lanes for dp4a.
+GPU_DEV void fp4_values8(unsigned int wq, unsigned int& lo, unsigned int& hi) {
+    const unsigned int idx = wq & 0x77777777u;
+    // Result byte i from the negative table (4 + i) where code i's sign bit is set.
+    const unsigned int sel = 0x32103210u | ((wq >> 1) & 0x44444444u);
+    const unsigned int p0 = gpu_perm(0x03020100u, 0x0a080604u, idx & 0xffffu);
+    const unsigned int n0 = gpu_perm(0xfdfeff00u, 0xf6f8fafcu, idx & 0xffffu);
+    const unsigned int p1 = gpu_perm(0x03020100u, 0x0a080604u, idx >> 16);
+    const unsigned int n1 = gpu_perm(0xfdfeff00u, 0xf6f8fafcu, idx >> 16);
+    // a = values of codes (lo0, hi0, lo1, hi1), b = (lo2, hi2, lo3, hi3).
+    const unsigned int a = gpu_perm(p0, n0, sel & 0xffffu);
+    const unsigned int b = gpu_perm(p1, n1, sel >> 16);
+    lo = gpu_perm(a, b, 0x6420u);
+    hi = gpu_perm(a, b, 0x7531u);
+}
+
+// An integer |i| < 2^22 as a float without the (slow) int-to-float conversion unit.
+GPU_DEV float small_int_float(int i) {
+    return __int_as_float(0x4b400000 + i) - 12582912.0f;
+}
+
+// Decode mat-vec of ROCmFP4 weights with q8_1 activations (standard order): the layout
+// of dense_rows (thread t on units t, t + 128, ... of R rows), codes through byte
+// permutes and dp4a instead of a shared table per value. grid = ceil(m / R), block 128.
+template <int R>
+GPU_DEV void fp4_rows_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                         const q8_1_block* __restrict__ act, float* __restrict__ out) {
     __shared__ float sc[256];
     __shared__ float red[4][R];
     const int t = threadIdx.x;
-    if (TY == DT_ROCMFP4) fp4_tables(lut, sc);
+    sc[t] = ue4m3(t);
+    sc[t + 128] = ue4m3(t + 128);
+    __syncthreads();
     const int r0 = blockIdx.x * R;
-    const int cols = k < DENSE_STAGE_COLS(TY) ? k : DENSE_STAGE_COLS(TY);
-    const int span = cols / 32 * BB, sw = span >> 4, words = R * sw;
+    const unsigned char* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = w + (long long)(r0 + r < m ? r0 + r : m - 1) * row_bytes;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    for (int c0 = 0; c0 < k; c0 += cols) {
-        gpu_u4 v[WMAX];
+    const int units = (k >> 5) * 4;
+    for (int u = t; u < units; u += 128) {
+        const int b = u >> 2, q = u & 3;
+        const q8_1_block* qb = act + b;
+        const int xa = *(const int*)(qb->qs + 4 * q), xc = *(const int*)(qb->qs + 16 + 4 * q);
+        const float d = qb->d;
 #pragma unroll
-        for (int j = 0; j < WMAX; ++j) {
-            const int i = t + 128 * j;
-            if (i < words) {
-                const int r = i / sw;
-                // Rows past the end repeat the last row (computed, never stored).
-                const long long row = r0 + r < m ? r0 + r : m - 1;
-                v[j] = *(const gpu_u4*)(w + row * row_bytes + (long long)(c0 / 32) * BB +
-                                        16 * (i - r * sw));
-            }
-        }
-        if (c0 > 0) __syncthreads();  // the previous stage is read
-#pragma unroll
-        for (int j = 0; j < WMAX; ++j) {
-            const int i = t + 128 * j;
-            if (i < words) *(gpu_u4*)(stage + 16 * i) = v[j];
-        }
-        __syncthreads();
-        for (int u = t; u < cols / 8; u += 128) {
-            const int b = u >> 2, q = u & 3;
-            const float* xb = x + c0 + b * 32;
-            const gpu_f4 a = *(const gpu_f4*)(xb + (TY == DT_Q8_0 ? 8 * q : 4 * q));
-            const gpu_f4 c = *(const gpu_f4*)(xb + (TY == DT_Q8_0 ? 8 * q + 4 : 16 + 4 * q));
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const unsigned char* blk = stage + r * span + b * BB;
-                if (TY == DT_Q8_0)
-                    acc[r] += dense_unit_dot<TY>(gpu_load_u16(blk), gpu_load_u32_a2(blk + 2 + 8 * q),
-                                                 gpu_load_u32_a2(blk + 6 + 8 * q), a, c, lut, sc);
-                else
-                    acc[r] += dense_unit_dot<TY>(gpu_load_u32_a2(blk + 4 * q), gpu_load_u16(blk + 16),
-                                                 0u, a, c, lut, sc);
-            }
+        for (int r = 0; r < R; ++r) {
+            const unsigned char* blk = rows[r] + b * 18;
+            unsigned int lo, hi;
+            fp4_values8(gpu_load_u32_a2(blk + 4 * q), lo, hi);
+            const unsigned int e = gpu_load_u16(blk + 16);
+            const float s0 = small_int_float(gpu_dp4a((int)lo, xa, 0));
+            const float s1 = small_int_float(gpu_dp4a((int)hi, xc, 0));
+            acc[r] += d * (sc[e & 255u] * s0 + sc[e >> 8] * s1);
         }
     }
     const int warp = t >> 5, lane = t & 31;

@@ -22,6 +22,82 @@
         }                                                                                  \
     } while (0)
 
+// ---- candidate (measured slower, 2026-11-30 14:07: docs/notes/dense-matvec-h200.md) ----
+// Staged decode mat-vec: the same sums as dense_rows, but the block first copies its R
+// rows' bytes (up to STAGE_COLS columns of each at a time) into shared memory with
+// 16-byte loads, all issued at once, then decodes from there. dense_rows' narrow loads
+// (2-4 bytes, the blocks being 34 / 18 bytes) leave too few bytes in flight per SM to
+// cover the memory latency. Needs k % 1024 == 0, rows and w 16-byte aligned, x 16-byte
+// aligned. `stage`: DENSE_STAGE_BYTES(R) of shared memory, 16-byte aligned (the kernel's,
+// so that one buffer serves every instance). grid = ceil(m / R), block = 128.
+#define DENSE_STAGE_COLS(TY) ((TY) == DT_Q8_0 ? 4096 : 8192)
+#define DENSE_STAGE_BYTES(R) ((R) * 4608)
+template <int TY, int R>
+__device__ void dense_staged(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                          const float* __restrict__ x, float* __restrict__ out,
+                          unsigned char* stage) {
+    constexpr int BB = TY == DT_Q8_0 ? 34 : 18;
+    constexpr int SPAN_MAX = DENSE_STAGE_COLS(TY) / 32 * BB;  // bytes of a row per stage
+    constexpr int WMAX = (R * SPAN_MAX / 16 + 127) / 128;     // 16-byte words per thread
+    static_assert(R * SPAN_MAX <= DENSE_STAGE_BYTES(R), "stage size");
+    __shared__ float lut[16];
+    __shared__ float sc[256];
+    __shared__ float red[4][R];
+    const int t = threadIdx.x;
+    if (TY == DT_ROCMFP4) fp4_tables(lut, sc);
+    const int r0 = blockIdx.x * R;
+    const int cols = k < DENSE_STAGE_COLS(TY) ? k : DENSE_STAGE_COLS(TY);
+    const int span = cols / 32 * BB, sw = span >> 4, words = R * sw;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int c0 = 0; c0 < k; c0 += cols) {
+        gpu_u4 v[WMAX];
+#pragma unroll
+        for (int j = 0; j < WMAX; ++j) {
+            const int i = t + 128 * j;
+            if (i < words) {
+                const int r = i / sw;
+                // Rows past the end repeat the last row (computed, never stored).
+                const long long row = r0 + r < m ? r0 + r : m - 1;
+                v[j] = *(const gpu_u4*)(w + row * row_bytes + (long long)(c0 / 32) * BB +
+                                        16 * (i - r * sw));
+            }
+        }
+        if (c0 > 0) __syncthreads();  // the previous stage is read
+#pragma unroll
+        for (int j = 0; j < WMAX; ++j) {
+            const int i = t + 128 * j;
+            if (i < words) *(gpu_u4*)(stage + 16 * i) = v[j];
+        }
+        __syncthreads();
+        for (int u = t; u < cols / 8; u += 128) {
+            const int b = u >> 2, q = u & 3;
+            const float* xb = x + c0 + b * 32;
+            const gpu_f4 a = *(const gpu_f4*)(xb + (TY == DT_Q8_0 ? 8 * q : 4 * q));
+            const gpu_f4 c = *(const gpu_f4*)(xb + (TY == DT_Q8_0 ? 8 * q + 4 : 16 + 4 * q));
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const unsigned char* blk = stage + r * span + b * BB;
+                if (TY == DT_Q8_0)
+                    acc[r] += dense_unit_dot<TY>(gpu_load_u16(blk), gpu_load_u32_a2(blk + 2 + 8 * q),
+                                                 gpu_load_u32_a2(blk + 6 + 8 * q), a, c, lut, sc);
+                else
+                    acc[r] += dense_unit_dot<TY>(gpu_load_u32_a2(blk + 4 * q), gpu_load_u16(blk + 16),
+                                                 0u, a, c, lut, sc);
+            }
+        }
+    }
+    const int warp = t >> 5, lane = t & 31;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float v = gpu_warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (t < R && r0 + t < m) out[r0 + t] = red[0][t] + red[1][t] + red[2][t] + red[3][t];
+}
+
 // ---- the committed dense_rows at other (rows, units in flight) -------------------------
 template <int TY, int R, int U>
 __global__ void __launch_bounds__(128) rows_variant(const unsigned char* __restrict__ w, long long row_bytes,
@@ -36,6 +112,13 @@ __global__ void __launch_bounds__(128) staged_variant(const unsigned char* __res
                                                       float* __restrict__ out) {
     __shared__ __attribute__((aligned(16))) unsigned char stage[DENSE_STAGE_BYTES(R)];
     dense_staged<TY, R>(w, row_bytes, k, m, x, out, stage);
+}
+
+template <int R>
+__global__ void __launch_bounds__(128) fp4_q8_variant(const unsigned char* __restrict__ w, long long row_bytes,
+                                                      int k, int m, const q8_1_block* __restrict__ act,
+                                                      float* __restrict__ out) {
+    fp4_rows_q8<R>(w, row_bytes, k, m, act, out);
 }
 
 // ---- ceiling: read the same bytes with 16-byte loads ----------------------------------
@@ -260,10 +343,26 @@ int main(int argc, char** argv) {
     }
         V_ROW(2, 1)
         V_ROW(4, 1)
-        S_ROW(1)
         S_ROW(2)
-        S_ROW(4)
-        S_ROW(8)
+        if (s.ty == DT_ROCMFP4) {
+            // 8-bit activations (quantize_q8_1 once; its own time is in the last row).
+            q8_1_block* dq;
+            CK(cudaMalloc(&dq, (size_t)s.k / 32 * sizeof(q8_1_block)));
+            quantize_q8_1<<<(s.k / 32 + 7) / 8, 256>>>(dx, dq, s.k / 32, 0, nullptr);
+            CK(cudaDeviceSynchronize());
+#define Q_ROW(R)                                                                             \
+            row("fp4 x q8_1 dp4a R=" #R, [&] {                                               \
+                fp4_q8_variant<R><<<(s.m + R - 1) / R, 128>>>(dw, row_bytes, s.k, s.m, dq, dout); \
+            }, true);
+            Q_ROW(1)
+            Q_ROW(2)
+            Q_ROW(4)
+            Q_ROW(8)
+            row("quantize_q8_1 of x alone", [&] {
+                quantize_q8_1<<<(s.k / 32 + 7) / 8, 256>>>(dx, dq, s.k / 32, 0, nullptr);
+            }, false);
+            CK(cudaFree(dq));
+        }
         CK(cudaFree(wbase));
         CK(cudaFree(dx));
         CK(cudaFree(dout));

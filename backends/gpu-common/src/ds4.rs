@@ -313,8 +313,8 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         .f(p.f[0])
         .f(p.f[1])
         .p(f32p(gpu, &scores)?)
-        // DS4_IDX_ROWS (128) rows per block.
-        .launch(gpu, "ds4_index_scores", (cap.div_ceil(128), n, 1), 256)
+        // DS4_IDX_ROWS (64) rows per block.
+        .launch(gpu, "ds4_index_scores", (cap.div_ceil(64), n, 1), 256)
 }
 
 unsafe fn topk_rows(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
@@ -729,7 +729,7 @@ mod tests {
                 f([300, n, 1, 1]),
             ],
         );
-        assert_eq!(l[0].1, (3, 3, 1)); // 128 rows per block
+        assert_eq!(l[0].1, (5, 3, 1)); // 64 rows per block
         run_ok(
             ops::TOPK_ROWS,
             prm(&[], &[4]),

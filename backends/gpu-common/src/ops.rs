@@ -181,6 +181,12 @@ pub fn scratch_len(bytes: usize) -> usize {
     bytes.next_power_of_two().max(1 << 20)
 }
 
+/// The `planes` argument of `quantize_q8_1` for activations `consumer` reads: 1 (each
+/// half plane-ordered) for the type-107 mat-vec kernels, 0 (in order) for the MMQ tiles.
+pub fn rf2_planes(consumer: &str) -> i32 {
+    consumer.starts_with("mmvq_") as i32
+}
+
 /// `quantize_q8_1` over `cols` columns of `k` values: the launch and its block count.
 pub fn quantize(k: u64, cols: u64) -> (Launch, i64) {
     let n_blocks = (cols * k / 32) as i64;
@@ -791,7 +797,8 @@ pub fn run(
                     DenseLayout::Mmq => {
                         let (q, mut n_blocks) = quantize(k as u64, n as u64);
                         let mut pq = gpu.scratch(n_blocks as usize * Q8_BYTES as usize)?;
-                        gpu.launch(q, &kargs!(px, pq, n_blocks))?;
+                        let mut planes = 0i32; // the MMQ tile reads values in order
+                        gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?;
                         let mut nb = k / 32;
                         gpu.launch(p.launch, &kargs!(pw, rb, ty, nb, m, n, pq, po))
                     }
@@ -805,7 +812,8 @@ pub fn run(
                 let mut pq = gpu.scratch(p.q8_bytes)?;
                 let (q, mut n_blocks) = quantize(p.k, p.n);
                 let mut px = p.x;
-                gpu.launch(q, &kargs!(px, pq, n_blocks))?;
+                let mut planes = rf2_planes(p.launch.name);
+                gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?;
                 let (mut pw, mut nb, mut mm, mut po, mut a) = (p.w, p.blocks, p.m, p.out, p.affine);
                 match p.n_cols {
                     None => gpu.launch(p.launch, &kargs!(pw, nb, mm, pq, po, a)),
@@ -817,7 +825,8 @@ pub fn run(
                 let base = gpu.scratch(p.layout.bytes)?;
                 let (q, mut n_blocks) = quantize(p.k, p.x_cols);
                 let (mut px, mut pq) = (p.x, base);
-                gpu.launch(q, &kargs!(px, pq, n_blocks))?;
+                let mut planes = rf2_planes(p.grouped.name);
+                gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?;
                 let mut poff = base + p.layout.offsets;
                 let mut pact = base + p.layout.active;
                 let mut psorted = base + p.layout.sorted;
@@ -928,6 +937,14 @@ mod tests {
         assert_eq!(scratch_len((1 << 20) + 1), 1 << 21);
         assert_eq!(quantize(64, 3).0.grid, (1, 1, 1));
         assert_eq!(quantize(64, 3).1, 6);
+        let planes = [
+            "mmvq_107_n3",
+            "mmvq_id_107",
+            "mmvq_grouped_107",
+            MMQ_MMA,
+            "mmq_mma_id",
+        ];
+        assert_eq!(planes.map(rf2_planes), [1, 1, 1, 0, 0]);
     }
 
     #[test]
@@ -1279,15 +1296,15 @@ mod run_tests {
         assert_eq!(
             names,
             [
-                ("quantize_q8_1", 3),
+                ("quantize_q8_1", 4),
                 ("mmvq_107_n2", 6),
-                ("quantize_q8_1", 3),
+                ("quantize_q8_1", 4),
                 (MMQ_MMA, 7),
-                ("quantize_q8_1", 3),
+                ("quantize_q8_1", 4),
                 ("mmvq_id_107", 11),
-                ("quantize_q8_1", 3),
+                ("quantize_q8_1", 4),
                 ("mmq_mma_dense", 8),
-                ("quantize_q8_1", 3),
+                ("quantize_q8_1", 4),
                 ("moe_sort", 6),
                 ("mmq_mma_id", 15),
                 ("add_f32", 4),

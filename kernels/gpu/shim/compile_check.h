@@ -45,6 +45,8 @@ static __device__ inline float __shfl(float v, int src, int width) {
     const int from = (src & (width - 1)) | (lane & ~(width - 1));
     return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(from << 2, __builtin_bit_cast(int, v)));
 }
+static __device__ inline unsigned long long __ballot(int p) { return __builtin_amdgcn_ballot_w32(p != 0); }
+static __device__ inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 #else
 #include <__clang_cuda_builtin_vars.h>
 // __syncthreads is a clang builtin for NVPTX.
@@ -59,6 +61,10 @@ static __device__ inline int __dp4a(int a, int b, int c) {
     asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
     return r;
 }
+static __device__ inline unsigned int __ballot_sync(unsigned int mask, int p) {
+    return __nvvm_vote_ballot_sync(mask, p);
+}
+static __device__ inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 static __device__ inline float __fmul_rn(float a, float b) { return __nvvm_mul_rn_f(a, b); }
 static __device__ inline float __fadd_rn(float a, float b) { return __nvvm_add_rn_f(a, b); }
 static __device__ inline float __fsub_rn(float a, float b) { return __nvvm_add_rn_f(a, -b); }
