@@ -56,20 +56,6 @@ GPU_DEV unsigned int gpu_ballot(bool p) {
 #endif
 }
 
-// Byte permute: result byte i = byte s_i of the eight bytes {a (0-3), b (4-7)}, s_i the
-// i-th nibble of s (0-7; callers keep bit 3 clear: PTX reads it as sign replication).
-GPU_DEV unsigned int gpu_perm(unsigned int a, unsigned int b, unsigned int s) {
-#if defined(GPU_HIP)
-    // v_perm_b32 takes a selector byte per result byte, and {b, a} in the other order.
-    const unsigned int sel = (s & 0xfu) | ((s & 0xf0u) << 4) | ((s & 0xf00u) << 8) | ((s & 0xf000u) << 12);
-    return __builtin_amdgcn_perm(b, a, sel);
-#else
-    unsigned int r;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
-    return r;
-#endif
-}
-
 // Butterfly exchange within a 32-lane warp (all lanes active).
 GPU_DEV float gpu_shfl_xor(float v, int mask) {
 #if defined(GPU_HIP)
