@@ -8,7 +8,7 @@
 # With PARITY=1 it first runs scripts/device/ds4_gpu.sh (the fixtures) while the file is
 # written, then decodes 8 tokens of the full-width file twice (bit-identical?) and with
 # each kernel A/B switch (MOE_GPU_DENSE_ROWS=0, MOE_GPU_HC_FAST=0, MOE_GPU_ID_NOSORT=0)
-# and compares. PROFILE=1 adds the
+# and compares (NO_FULLWIDTH=1 skips that part). PROFILE=1 adds the
 # per-kernel tables of a decode step (at depth PROFILE_AT, 0) and of a prefill pass
 # (PROFILE_ONLY=1 stops there); PDL_AB=1 reruns depth 0 with MOE_GPU_PDL=0; REUSE=1
 # keeps a synth file a warm machine still has; NOFILE=1 writes none (each bench builds
@@ -42,7 +42,7 @@ if [ -n "${PARITY:-}" ]; then bash scripts/device/ds4_gpu.sh 2>&1 | tee "$OUT/pa
 wait $synth
 [ -n "${NOFILE:-}" ] || tail -1 "$W/synth.log"
 echo "synth: $(( $(date +%s) - t0 )) s"
-if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ]; then
+if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; then
     # Full width: 8 decoded tokens (graph replay) with the default kernels, twice (the run
     # must repeat bit for bit), then with each A/B switch: MOE_GPU_DENSE_ROWS=0
     # (matvec_dense only), MOE_GPU_HC_FAST=0 (mHC pre's general path),
