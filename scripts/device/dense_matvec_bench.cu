@@ -98,7 +98,7 @@ __device__ void dense_staged(const unsigned char* __restrict__ w, long long row_
     if (t < R && r0 + t < m) out[r0 + t] = red[0][t] + red[1][t] + red[2][t] + red[3][t];
 }
 
-// ---- candidate: ROCmFP4 with 8-bit activations (measured 14:29: 14-25% faster, not
+// ---- candidate: ROCmFP4 with 8-bit activations (measured 14:29: 15-33% faster, not
 // enough to pay for the activation rounding and the extra quantise launches) --------------
 // Byte permute (PTX prmt): result byte i = byte s_i of {a (0-3), b (4-7)}, s_i the i-th
 // nibble of s (bit 3 kept clear: PTX reads it as sign replication).
