@@ -23,9 +23,6 @@
 struct __attribute__((aligned(16))) gpu_f4 {
     float x, y, z, w;
 };
-struct __attribute__((aligned(16))) gpu_u4 {
-    unsigned int x, y, z, w;
-};
 
 // 4-way int8 dot product with accumulate: c + sum a[i] * b[i] over signed bytes.
 GPU_DEV int gpu_dp4a(int a, int b, int c) {

@@ -934,6 +934,34 @@ GPU_DEV void fp4_tables(float* lut, float* sc) {
     __syncthreads();
 }
 
+// The start of a block's R rows r0.. (rows past m repeat the last one: computed, never
+// stored) with their sums at zero.
+template <int R>
+GPU_DEV void rows_block_start(const unsigned char* w, long long row_bytes, int r0, int m,
+                              const unsigned char* (&rows)[R], float (&acc)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        rows[r] = w + (long long)(r0 + r < m ? r0 + r : m - 1) * row_bytes;
+        acc[r] = 0.0f;
+    }
+}
+
+// The end of a 128-thread block's R row sums: each thread's partial acc[r] summed over
+// the block (warp sums, then the 4 warps in order) into out[r0 + r] (red: 4 x R floats
+// of shared memory).
+template <int R>
+GPU_DEV void rows_block_store(const float (&acc)[R], float (*red)[R], int r0, int m,
+                              float* __restrict__ out) {
+    const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float v = gpu_warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (t < R && r0 + t < m) out[r0 + t] = red[0][t] + red[1][t] + red[2][t] + red[3][t];
+}
+
 // Decode mat-vec (one f32 column) of Q8_0 or ROCmFP4 (100) weights: a 128-thread block
 // on R rows, thread t taking the 8-value units t, t + 128, ... of each row (unit = a
 // quarter of a Q8_0 block, or 4 code bytes = 8 values of a ROCmFP4 block), so a block
@@ -952,11 +980,8 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
     if (TY == DT_ROCMFP4) fp4_tables(lut, sc);
     const int r0 = blockIdx.x * R;
     const unsigned char* rows[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) rows[r] = w + (long long)(r0 + r < m ? r0 + r : m - 1) * row_bytes;
     float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
     const int units = (k >> 5) * 4;
     // Q8_0: wa = scale, wb / wc = 8 codes; ROCmFP4: wa = 4 code bytes, wb = scale bytes.
     for (int u0 = t; u0 < units; u0 += 128 * U) {
@@ -1002,14 +1027,7 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
             for (int r = 0; r < R; ++r)
                 acc[r] += dense_unit_dot<TY>(wa[j][r], wb[j][r], wc[j][r], xa[j], xc[j], lut, sc);
     }
-    const int warp = t >> 5, lane = t & 31;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const float v = gpu_warp_sum(acc[r]);
-        if (lane == 0) red[warp][r] = v;
-    }
-    __syncthreads();
-    if (t < R && r0 + t < m) out[r0 + t] = red[0][t] + red[1][t] + red[2][t] + red[3][t];
+    rows_block_store<R>(acc, red, r0, m, out);
 }
 
 // dense_rows for a run-time type (DT_Q8_0 or DT_ROCMFP4) and rows per block (2 or 4),

@@ -30,6 +30,9 @@
 // cover the memory latency. Needs k % 1024 == 0, rows and w 16-byte aligned, x 16-byte
 // aligned. `stage`: DENSE_STAGE_BYTES(R) of shared memory, 16-byte aligned (the kernel's,
 // so that one buffer serves every instance). grid = ceil(m / R), block = 128.
+struct __attribute__((aligned(16))) gpu_u4 {
+    unsigned int x, y, z, w;
+};
 #define DENSE_STAGE_COLS(TY) ((TY) == DT_Q8_0 ? 4096 : 8192)
 #define DENSE_STAGE_BYTES(R) ((R) * 4608)
 template <int TY, int R>
@@ -88,14 +91,7 @@ __device__ void dense_staged(const unsigned char* __restrict__ w, long long row_
             }
         }
     }
-    const int warp = t >> 5, lane = t & 31;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const float v = gpu_warp_sum(acc[r]);
-        if (lane == 0) red[warp][r] = v;
-    }
-    __syncthreads();
-    if (t < R && r0 + t < m) out[r0 + t] = red[0][t] + red[1][t] + red[2][t] + red[3][t];
+    rows_block_store<R>(acc, red, r0, m, out);
 }
 
 // ---- candidate: ROCmFP4 with 8-bit activations (measured 14:29: 15-33% faster, not
@@ -138,19 +134,15 @@ __device__ float small_int_float(int i) {
 template <int R>
 __device__ void fp4_rows_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
                          const q8_1_block* __restrict__ act, float* __restrict__ out) {
+    __shared__ float lut[16];
     __shared__ float sc[256];
     __shared__ float red[4][R];
     const int t = threadIdx.x;
-    sc[t] = ue4m3(t);
-    sc[t + 128] = ue4m3(t + 128);
-    __syncthreads();
+    fp4_tables(lut, sc);
     const int r0 = blockIdx.x * R;
     const unsigned char* rows[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) rows[r] = w + (long long)(r0 + r < m ? r0 + r : m - 1) * row_bytes;
     float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
     const int units = (k >> 5) * 4;
     for (int u = t; u < units; u += 128) {
         const int b = u >> 2, q = u & 3;
@@ -168,14 +160,7 @@ __device__ void fp4_rows_q8(const unsigned char* __restrict__ w, long long row_b
             acc[r] += d * (sc[e & 255u] * s0 + sc[e >> 8] * s1);
         }
     }
-    const int warp = t >> 5, lane = t & 31;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const float v = gpu_warp_sum(acc[r]);
-        if (lane == 0) red[warp][r] = v;
-    }
-    __syncthreads();
-    if (t < R && r0 + t < m) out[r0 + t] = red[0][t] + red[1][t] + red[2][t] + red[3][t];
+    rows_block_store<R>(acc, red, r0, m, out);
 }
 
 // ---- the committed dense_rows at other (rows, units in flight) -------------------------
