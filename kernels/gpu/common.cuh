@@ -79,7 +79,8 @@ GPU_DEV void gpu_warp_hist_add(unsigned int* bins, unsigned int bin, bool on) {
     unsigned int todo = gpu_ballot(on);
     while (todo) {
         const int leader = __popc((todo & (0u - todo)) - 1u);
-        const unsigned int lb = (unsigned int)__float_as_int(gpu_shfl(__int_as_float((int)bin), leader));
+        const float lbf = gpu_shfl(__int_as_float((int)bin), leader);
+        const unsigned int lb = (unsigned int)__float_as_int(lbf);
         const unsigned int same = gpu_ballot(on && bin == lb);
         if (lane == leader) atomicAdd(bins + lb, (unsigned int)__popc(same));
         todo &= ~same;

@@ -426,7 +426,8 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int h = threadIdx.x; h < ih; h += 256) wh[h] = wproj[(long long)t * ih + h] * ws;
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const bool fast = (id & 3) == 0 && ((((unsigned long long)rows) | ((unsigned long long)qt)) & 15ull) == 0;
+    const bool fast =
+        (id & 3) == 0 && ((((unsigned long long)rows) | ((unsigned long long)qt)) & 15ull) == 0;
     if (fast) {
         const int g = warp & 3, r = r0 + 32 * (warp >> 2) + lane;
         const float* row = rows + (long long)(r < visible ? r : 0) * id;
@@ -453,7 +454,8 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         if (g == 0 && r < visible) {
             const int b = threadIdx.x;  // warps 0 and 4: the four groups sit 32 apart
-            scores[(long long)t * cap + r] = ((part[b] + part[b + 32]) + part[b + 64]) + part[b + 96];
+            scores[(long long)t * cap + r] =
+                ((part[b] + part[b + 32]) + part[b + 64]) + part[b + 96];
         }
         return;
     }

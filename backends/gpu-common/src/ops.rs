@@ -649,8 +649,9 @@ pub fn id_input(x: &TensorRef, k: u64, n_tok: u64, pairs: u64) -> Result<i32, St
 
 /// `mmq` is the device's MMQ kernel: with enough pairs ([`id_takes_mmq`]) the grouped
 /// product runs `mmq_mma_id`, one token (a decode step) `mmvq_id_107` with no sort
-/// (`MOE_GPU_ID_NOSORT=0`: the sorted kernel, for A/B runs), else `mmvq_grouped_107`. Weights: type 107, or Q8_0 /
-/// ROCmFP4 when they take the MMQ tiles (the dense kernels run them otherwise).
+/// (`MOE_GPU_ID_NOSORT=0`: the sorted kernel, for A/B runs), else `mmvq_grouped_107`.
+/// Weights: type 107, or Q8_0 / ROCmFP4 when they take the MMQ tiles (the dense kernels
+/// run them otherwise).
 pub fn matmul_id(
     args: &[TensorRef],
     mmq: &str,
