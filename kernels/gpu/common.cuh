@@ -47,7 +47,9 @@ GPU_DEV int gpu_dp4a(int a, int b, int c) {
 // Bit i set where lane i's `p` holds (every lane of the warp must call it).
 GPU_DEV unsigned int gpu_ballot(bool p) {
 #if defined(GPU_HIP)
-    return (unsigned int)__ballot(p);
+    // On a 64-lane wave the 32-lane "warp" of this thread is one half of the mask.
+    const unsigned long long b = __ballot(p);
+    return (unsigned int)(__builtin_amdgcn_wavefrontsize() == 64 ? b >> (threadIdx.x & 32) : b);
 #else
     return __ballot_sync(GPU_FULL_MASK, p);
 #endif

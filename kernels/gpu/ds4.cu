@@ -415,7 +415,7 @@ extern "C" __global__ void __launch_bounds__(256)
     gpu_count_launch(counters, KID_DS4_INDEX_SCORES);
     __shared__ __attribute__((aligned(16))) float qs[DS4_IDX_Q_MAX];
     __shared__ float wh[DS4_IDX_Q_MAX / 32];
-    __shared__ float part[256];
+    __shared__ float gpart[256];
     const int t = blockIdx.y;
     int visible = (pos[t] + 1) / ratio;
     if (visible > cap) visible = cap;
@@ -450,12 +450,12 @@ extern "C" __global__ void __launch_bounds__(256)
             for (int h = 0; h < DS4_IDX_HEADS_AT_ONCE; ++h)
                 if (h < nh) score += fmaxf(acc[h], 0.0f) * sm * wh[h0 + h];
         }
-        part[threadIdx.x] = score;
+        gpart[threadIdx.x] = score;
         __syncthreads();
         if (g == 0 && r < visible) {
             const int b = threadIdx.x;  // warps 0 and 4: the four groups sit 32 apart
             scores[(long long)t * cap + r] =
-                ((part[b] + part[b + 32]) + part[b + 64]) + part[b + 96];
+                ((gpart[b] + gpart[b + 32]) + gpart[b + 64]) + gpart[b + 96];
         }
         return;
     }
@@ -562,7 +562,7 @@ extern "C" __global__ void __launch_bounds__(256)
         // Thread i looks at bin c = 255 - i: with `above` keys in higher bins, the k-th
         // best is in c when above < left <= above + count(c) (exactly one such bin).
         const int cnt = (int)hist[0][255 - tid];
-        int total;
+        int total;  // (the matching keys: >= left by construction)
         const int incl = ds4_scan256(cnt, flags, &total);
         if (incl - cnt < left && incl >= left) {
             sh_prefix = prefix | ((unsigned int)(255 - tid) << shift);

@@ -45,8 +45,8 @@ echo "synth: $(( $(date +%s) - t0 )) s"
 if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; then
     # Full width: 8 decoded tokens (graph replay) with the default kernels, twice (the run
     # must repeat bit for bit), then with each A/B switch: MOE_GPU_DENSE_ROWS=0
-    # (matvec_dense only), MOE_GPU_HC_FAST=0 (mHC pre's general path),
-    # MOE_GPU_ID_NOSORT=0 (sorted grouped kernel): summation order only.
+    # (matvec_dense only), MOE_GPU_HC_FAST=0 (mHC pre's general path): summation order
+    # only; MOE_GPU_ID_NOSORT=0 (sorted grouped kernel): the same sums, bit-identical.
     toks=5,17,301,4000,77,129000,42,9
     for v in base repeat MOE_GPU_DENSE_ROWS=0 MOE_GPU_HC_FAST=0 MOE_GPU_ID_NOSORT=0; do
         env $([[ $v == *=* ]] && echo "$v") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \

@@ -185,13 +185,19 @@ unsafe fn hc_pre(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), St
         .i(head as i32)
         .p(f32p(gpu, &out)?)
         .p(f32p(gpu, &wts)?)
-        .i(!env_off("MOE_GPU_HC_FAST") as i32)
+        .i(!hc_fast_off() as i32)
         .launch(gpu, "ds4_hc_pre", (n, 1, 1), 1024)
 }
 
 /// Whether environment variable `name` is "0" (turns a fast path off for A/B runs).
 pub fn env_off(name: &str) -> bool {
     std::env::var_os(name).is_some_and(|v| v == "0")
+}
+
+/// `MOE_GPU_HC_FAST=0`: mHC pre's general path (read once).
+fn hc_fast_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| env_off("MOE_GPU_HC_FAST"))
 }
 
 unsafe fn hc_post(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {

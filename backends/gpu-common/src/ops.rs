@@ -354,6 +354,12 @@ pub fn f32_wide(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> bool {
         && !dense_rows_off()
 }
 
+/// `MOE_GPU_ID_NOSORT=0`: one token's MATMUL_ID sorts too (A/B runs; read once).
+fn id_nosort_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| crate::ds4::env_off("MOE_GPU_ID_NOSORT"))
+}
+
 /// `MOE_GPU_DENSE_ROWS=0` keeps `matvec_dense` everywhere (A/B runs on the device).
 fn dense_rows_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -696,7 +702,7 @@ pub fn matmul_id(
             grid: (m.div_ceil(bm) as u32, pairs.min(experts) as u32 + 1, 1),
             block: 256,
         }
-    } else if n_tok == 1 && !crate::ds4::env_off("MOE_GPU_ID_NOSORT") {
+    } else if n_tok == 1 && !id_nosort_off() {
         Launch {
             name: "mmvq_id_107",
             // 4 warps x 1 row per block, a block row per pair.
