@@ -23,6 +23,9 @@
 struct __attribute__((aligned(16))) gpu_f4 {
     float x, y, z, w;
 };
+struct __attribute__((aligned(16))) gpu_u4 {
+    unsigned int x, y, z, w;
+};
 
 // 4-way int8 dot product with accumulate: c + sum a[i] * b[i] over signed bytes.
 GPU_DEV int gpu_dp4a(int a, int b, int c) {
@@ -127,8 +130,14 @@ GPU_DEV float gpu_sub(float a, float b) { return __fsub_rn(a, b); }
 // blocks start while its predecessor drains, and every kernel waits here, first thing,
 // for the predecessor to complete with its memory visible, so no read or write of its
 // data can race (and, by induction, of any earlier kernel's). Elsewhere: nothing.
+// GPU_PDL_EARLY (a compile option): each block also lets the next kernel launch as soon
+// as it starts, so that kernel's blocks are resident (and read their weights) while this
+// one runs; its wait still orders every access to data this kernel writes.
 GPU_DEV void gpu_grid_wait() {
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(GPU_PDL_EARLY)
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }

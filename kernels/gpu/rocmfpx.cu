@@ -32,6 +32,8 @@
 #define KID_MMQ_MMA_DENSE 35
 #define KID_MMQ_MMA_ID 36
 #define KID_MMVQ_ID_107 37
+#define KID_MATVEC_FP4_RUNS_Q8 38
+#define KID_MATVEC_FP4_RUNS_Q8_ID 39
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -1030,17 +1032,19 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
     rows_block_store<R>(acc, red, r0, m, out);
 }
 
-// dense_rows for a run-time type (DT_Q8_0 or DT_ROCMFP4) and rows per block (2 or 4),
+// dense_rows for a run-time type (DT_Q8_0 or DT_ROCMFP4) and rows per block (1, 2 or 4),
 // one unit in flight.
 GPU_DEV void dense_rows_any(const unsigned char* __restrict__ w, long long row_bytes, int ty,
                             int k, int m, const float* __restrict__ x, float* __restrict__ out,
                             int rows) {
     if (ty == DT_Q8_0) {
         if (rows == 4) dense_rows<DT_Q8_0, 4, 1>(w, row_bytes, k, m, x, out);
-        else dense_rows<DT_Q8_0, 2, 1>(w, row_bytes, k, m, x, out);
+        else if (rows == 2) dense_rows<DT_Q8_0, 2, 1>(w, row_bytes, k, m, x, out);
+        else dense_rows<DT_Q8_0, 1, 1>(w, row_bytes, k, m, x, out);
     } else {
         if (rows == 4) dense_rows<DT_ROCMFP4, 4, 1>(w, row_bytes, k, m, x, out);
-        else dense_rows<DT_ROCMFP4, 2, 1>(w, row_bytes, k, m, x, out);
+        else if (rows == 2) dense_rows<DT_ROCMFP4, 2, 1>(w, row_bytes, k, m, x, out);
+        else dense_rows<DT_ROCMFP4, 1, 1>(w, row_bytes, k, m, x, out);
     }
 }
 
@@ -1071,6 +1075,231 @@ extern "C" __global__ void __launch_bounds__(128)
     }
     dense_rows_any(w + (long long)e * expert_bytes, row_bytes, ty, k, m,
                    x + (long long)(per_pair ? p : p / n_slots) * k, o, rows);
+}
+
+// ---------------------------------------------------------------------------------
+// ROCmFP4 decode mat-vec from 16-byte loads with 8-bit activations (matvec_fp4_runs_q8).
+// With k % 256 == 0 a row is runs of 8 blocks, 144 bytes = 9 aligned 16-byte words
+// (rows 16-byte aligned), so thread j of the L threads sharing a row set (L = runs per
+// row, at most 32, a power of two) takes runs j, j + L, ... of R rows: each thread has
+// 9 R words in flight, loaded before the dependent-launch wait (the weights never
+// change) so they overlap the previous kernel. Each block quantises x itself (per 32
+// values d = amax / 127, q = round(x / d), as quantize_q8_1) into shared memory, so no
+// launch is added; codes become int8 values through byte permutes and the products are
+// dp4a, ~2 instructions a weight (dense_rows' shared-table decode runs ~12 and is bound
+// by the L1 / shared-memory pipe). Byte i of a code word holds value i of the block's
+// first half (low nibble) and of its second (high); a permute picks four nibbles'
+// magnitudes at once, and the two halves (two scales) are kept apart by activation
+// words with every other byte zero. Sign: codes with bit 3 set select a zero byte (PTX
+// reads a selector's bit 3 as "replicate the sign", and no magnitude has one), so the
+// positive and negative codes' magnitudes come from two permutes (the second of the
+// word with every bit 3 flipped) into two sums.
+#define FP4_RUNS_MAX_K 8192
+
+// Threads sharing a row: the largest power of two <= min(k / 256, 32).
+GPU_DEV int fp4_runs_lanes(int k) {
+    int l = 1;
+    while (2 * l <= k / 256 && l < 32) l *= 2;
+    return l;
+}
+
+// One run (8 blocks) of each of R rows, as 32-bit words.
+template <int R>
+struct fp4_run {
+    unsigned int v[R][36];
+};
+
+template <int R>
+GPU_DEV void fp4_run_load(const unsigned char* const (&rows)[R], int g, fp4_run<R>& run) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const gpu_u4* p = (const gpu_u4*)(rows[r] + 144 * g);
+#pragma unroll
+        for (int q = 0; q < 9; ++q) {
+            const gpu_u4 u = p[q];
+            run.v[r][4 * q] = u.x;
+            run.v[r][4 * q + 1] = u.y;
+            run.v[r][4 * q + 2] = u.z;
+            run.v[r][4 * q + 3] = u.w;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The same runs with 8-bit activations: matvec_fp4_runs_q8. Each block quantises x
+// itself (per 32 values d = amax / 127, q = round(x / d), as quantize_q8_1) into shared
+// memory, so no launch is added; codes become int8 values through byte permutes and
+// the products are dp4a, ~2 instructions a weight (the shared-table decode above runs
+// ~12 and is bound by the L1 / shared-memory pipe). Byte i of a code word holds value
+// i of the block's first half (low nibble) and of its second (high); a permute picks
+// four nibbles' magnitudes at once, and the two halves (two scales) are kept apart by
+// activation words with every other byte zero. Sign: codes with bit 3 set select a
+// zero byte (PTX reads a selector's bit 3 as "replicate the sign", and no magnitude has
+// one), so the positive and negative codes' magnitudes come from two permutes (the
+// second of the word with every bit 3 flipped) into two sums.
+
+// Byte permute, PTX prmt semantics: result byte i = byte (s_i & 7) of {a (0-3), b (4-7)},
+// or that byte's sign bit replicated where s_i & 8 (s_i = nibble i of s).
+GPU_DEV unsigned int gpu_perm(unsigned int a, unsigned int b, unsigned int s) {
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__)
+    unsigned int r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+#else
+    const unsigned long long ab = ((unsigned long long)b << 32) | a;
+    unsigned int r = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned int sel = (s >> (4 * i)) & 15u;
+        unsigned int byte = (unsigned int)(ab >> (8 * (sel & 7u))) & 0xffu;
+        if (sel & 8u) byte = (byte & 0x80u) ? 0xffu : 0u;
+        r |= byte << (8 * i);
+    }
+    return r;
+#endif
+}
+
+// The quantised activations of one block of 32 values, as the dot below reads them: for
+// code word t (bytes = values 4t..4t+3 of each half), x = values (4t, 4t+1) of half 0 in
+// bytes 0 and 2, y = (16 + 4t, 17 + 4t) in bytes 1 and 3, z / w the same for 4t + 2, 4t + 3.
+// Stored as xq[32 * run + ((4 i + t) ^ (run & 7))] (block i of the run), so a quarter
+// warp's lanes (consecutive runs) read different banks; the block's d as ds[i][run].
+struct fp4_q8_smem {
+    gpu_u4 xq[FP4_RUNS_MAX_K / 8];
+    float ds[8][FP4_RUNS_MAX_K / 256];
+    float sc[256];
+};
+
+// Quantise x[0..k) into the shared layout: thread t handles 4 values at a time (8
+// threads a block of 32, adjacent lanes).
+GPU_DEV void fp4_q8_stage(const float* __restrict__ x, int k, fp4_q8_smem& sm) {
+    for (int c = threadIdx.x; c < k / 4; c += 128) {
+        const gpu_f4 v = ((const gpu_f4*)x)[c];
+        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, gpu_shfl_xor(amax, o));
+        const float d = amax / 127.0f;
+        const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+        const unsigned int q0 = (unsigned int)(int)roundf(v.x * inv) & 0xffu;
+        const unsigned int q1 = (unsigned int)(int)roundf(v.y * inv) & 0xffu;
+        const unsigned int q2 = (unsigned int)(int)roundf(v.z * inv) & 0xffu;
+        const unsigned int q3 = (unsigned int)(int)roundf(v.w * inv) & 0xffu;
+        const int b = c >> 3, cb = c & 7, run = b >> 3, i = b & 7;
+        const int t = cb & 3, half = cb >> 2;
+        unsigned int* slot = (unsigned int*)&sm.xq[32 * run + ((4 * i + t) ^ (run & 7))];
+        // Half 0 -> words x, z at bytes 0 / 2; half 1 -> words y, w at bytes 1 / 3.
+        slot[half] = (q0 | (q1 << 16)) << (8 * half);
+        slot[2 + half] = (q2 | (q3 << 16)) << (8 * half);
+        if (cb == 0) sm.ds[i][run] = d;
+    }
+}
+
+template <int R>
+GPU_DEV void fp4_run_dot_q8(const fp4_run<R>& run, int g, const fp4_q8_smem& sm,
+                            float (&acc)[R]) {
+    const int sw = g & 7;
+    const gpu_u4* xr = sm.xq + 32 * g;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        gpu_u4 a[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) a[t] = xr[(4 * i + t) ^ sw];
+        const float d = sm.ds[i][g];
+        const int b0 = (9 * i) >> 1;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const unsigned int* v = run.v[r];
+            int p0 = 0, n0 = 0, p1 = 0, n1 = 0;
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const unsigned int w =
+                    (i & 1) ? (v[b0 + t] >> 16) | (v[b0 + t + 1] << 16) : v[b0 + t];
+                const unsigned int wn = w ^ 0x88888888u;
+                // Magnitudes 0, 1, 2, 3, 4, 6, 8, 10 for codes 0..7.
+                const unsigned int pa = gpu_perm(0x03020100u, 0x0a080604u, w);
+                const unsigned int na = gpu_perm(0x03020100u, 0x0a080604u, wn);
+                const unsigned int pb = gpu_perm(0x03020100u, 0x0a080604u, w >> 16);
+                const unsigned int nb = gpu_perm(0x03020100u, 0x0a080604u, wn >> 16);
+                p0 = gpu_dp4a((int)pa, (int)a[t].x, p0);
+                n0 = gpu_dp4a((int)na, (int)a[t].x, n0);
+                p1 = gpu_dp4a((int)pa, (int)a[t].y, p1);
+                n1 = gpu_dp4a((int)na, (int)a[t].y, n1);
+                p0 = gpu_dp4a((int)pb, (int)a[t].z, p0);
+                n0 = gpu_dp4a((int)nb, (int)a[t].z, n0);
+                p1 = gpu_dp4a((int)pb, (int)a[t].w, p1);
+                n1 = gpu_dp4a((int)nb, (int)a[t].w, n1);
+            }
+            const unsigned int e = (i & 1) ? v[b0 + 4] >> 16 : v[b0 + 4] & 0xffffu;
+            acc[r] += d * (sm.sc[e & 255u] * (float)(p0 - n0) + sm.sc[e >> 8] * (float)(p1 - n1));
+        }
+    }
+}
+
+template <int R>
+GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                         const float* __restrict__ x, float* __restrict__ out, bool wait,
+                         unsigned int* counters, int kid, fp4_q8_smem& sm) {
+    const int L = fp4_runs_lanes(k), runs = k >> 8, t = threadIdx.x, j = t & (L - 1);
+    const int r0 = (blockIdx.x * (128 / L) + t / L) * R;
+    const unsigned char* rows[R];
+    float acc[R];
+    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
+    fp4_run<R> run;
+    fp4_run_load<R>(rows, j, run);
+    if (wait) gpu_count_launch(counters, kid);
+    fp4_q8_stage(x, k, sm);
+    sm.sc[t] = ue4m3(t);
+    sm.sc[t + 128] = ue4m3(t + 128);
+    __syncthreads();
+    for (int g = j; g < runs; g += L) {
+        if (g != j) fp4_run_load<R>(rows, g, run);
+        fp4_run_dot_q8<R>(run, g, sm, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        for (int o = L / 2; o > 0; o >>= 1) acc[r] += gpu_shfl_xor(acc[r], o);
+        if (j == 0 && r0 + r < m) out[r0 + r] = acc[r];
+    }
+}
+
+// One f32 column of ROCmFP4 weights, rows = R in 1, 2, 4 rows per thread. Needs k % 256
+// == 0, k <= FP4_RUNS_MAX_K, w and row_bytes 16-byte aligned, x 16-byte aligned.
+// grid = ceil(m / (R 128 / L)).
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_fp4_runs_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                       const float* __restrict__ x, float* __restrict__ out, int rows,
+                       unsigned int* counters) {
+    __shared__ fp4_q8_smem sm;
+    const int kid = KID_MATVEC_FP4_RUNS_Q8;
+    if (rows == 4) fp4_runs_q8<4>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
+    else if (rows == 2) fp4_runs_q8<2>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
+    else fp4_runs_q8<1>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
+}
+
+// The grouped form (pairs and ids as matvec_dense_rows_id): block row y is pair p, with
+// expert ids[p]'s rows and activation column p (per_pair) or p / n_slots; ids outside
+// 0..E give zeros. grid = (ceil(m / (rows 128 / L)), pairs).
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_fp4_runs_q8_id(const unsigned char* __restrict__ w, long long expert_bytes,
+                          long long row_bytes, int k, int m, int n_experts,
+                          const float* __restrict__ x, int per_pair, int n_slots,
+                          const int* __restrict__ ids, float* __restrict__ out, int rows,
+                          unsigned int* counters) {
+    __shared__ fp4_q8_smem sm;
+    gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_ID);
+    const int p = blockIdx.y, e = ids[p];
+    float* o = out + (long long)p * m;
+    if (e < 0 || e >= n_experts) {  // the same for the whole block
+        const int per_block = rows * 128 / fp4_runs_lanes(k);
+        const int r = blockIdx.x * per_block + threadIdx.x;
+        if (threadIdx.x < per_block && r < m) o[r] = 0.0f;
+        return;
+    }
+    const unsigned char* we = w + (long long)e * expert_bytes;
+    const float* xe = x + (long long)(per_pair ? p : p / n_slots) * k;
+    if (rows == 4) fp4_runs_q8<4>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
+    else if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
+    else fp4_runs_q8<1>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
 }
 
 // Decode mat-vec of f32 weights with few rows (the mHC mixes: 24 rows of 16384; the

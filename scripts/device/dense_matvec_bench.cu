@@ -30,9 +30,6 @@
 // cover the memory latency. Needs k % 1024 == 0, rows and w 16-byte aligned, x 16-byte
 // aligned. `stage`: DENSE_STAGE_BYTES(R) of shared memory, 16-byte aligned (the kernel's,
 // so that one buffer serves every instance). grid = ceil(m / R), block = 128.
-struct __attribute__((aligned(16))) gpu_u4 {
-    unsigned int x, y, z, w;
-};
 #define DENSE_STAGE_COLS(TY) ((TY) == DT_Q8_0 ? 4096 : 8192)
 #define DENSE_STAGE_BYTES(R) ((R) * 4608)
 template <int TY, int R>
@@ -96,14 +93,6 @@ __device__ void dense_staged(const unsigned char* __restrict__ w, long long row_
 
 // ---- candidate: ROCmFP4 with 8-bit activations (measured 14:29: 15-33% faster, not
 // enough to pay for the activation rounding and the extra quantise launches) --------------
-// Byte permute (PTX prmt): result byte i = byte s_i of {a (0-3), b (4-7)}, s_i the i-th
-// nibble of s (bit 3 kept clear: PTX reads it as sign replication).
-__device__ unsigned int gpu_perm(unsigned int a, unsigned int b, unsigned int s) {
-    unsigned int r;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
-    return r;
-}
-
 // The signed values (codes as int8: 0, 1, 2, 3, 4, 6, 8, 10, sign in bit 3) of the eight
 // ROCmFP4 codes of a code word holding 4 code bytes (byte i: low nibble = element i of
 // the first half, high nibble = element i of the second): lo = the first half's four
@@ -161,6 +150,129 @@ __device__ void fp4_rows_q8(const unsigned char* __restrict__ w, long long row_b
         }
     }
     rows_block_store<R>(acc, red, r0, m, out);
+}
+
+// ---- candidate (measured 15:43, not adopted: docs/notes/dense-matvec-h200.md round 6):
+// the runs layout of matvec_fp4_runs_q8 with f32 activations staged in shared memory
+// (16-byte chunks swizzled by run) and dense_rows' shared-table decode. ---------------
+// lut[(word >> S) & 15], addressed by a byte offset: one shift and one mask per value.
+template <int S>
+GPU_DEV float fp4_lut_at(const float* lut, unsigned int word) {
+    const unsigned int off = (S >= 2 ? word >> (S - 2) : word << (2 - S)) & 0x3cu;
+    return *(const float*)((const char*)lut + off);
+}
+
+// Run g's dot products with the staged activations xs.
+template <int R>
+GPU_DEV void fp4_run_dot(const fp4_run<R>& run, int g, const gpu_f4* xs, const float* lut,
+                         const float* sc, float (&acc)[R]) {
+    const int sw = g & 7;
+    const gpu_f4* xr = xs + 64 * g;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        gpu_f4 a[8];
+#pragma unroll
+        for (int t = 0; t < 8; ++t) a[t] = xr[8 * i + (t ^ sw)];
+        // Block i starts at byte 18 i: word 9i / 2 (i even) or half-way into it (i odd).
+        const int b0 = (9 * i) >> 1;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const unsigned int* v = run.v[r];
+            unsigned int cw[4];
+#pragma unroll
+            for (int t = 0; t < 4; ++t)
+                cw[t] = (i & 1) ? (v[b0 + t] >> 16) | (v[b0 + t + 1] << 16) : v[b0 + t];
+            const unsigned int e = (i & 1) ? v[b0 + 4] >> 16 : v[b0 + 4] & 0xffffu;
+            float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                lo += fp4_lut_at<0>(lut, cw[t]) * a[t].x + fp4_lut_at<8>(lut, cw[t]) * a[t].y +
+                      fp4_lut_at<16>(lut, cw[t]) * a[t].z + fp4_lut_at<24>(lut, cw[t]) * a[t].w;
+                hi += fp4_lut_at<4>(lut, cw[t]) * a[4 + t].x +
+                      fp4_lut_at<12>(lut, cw[t]) * a[4 + t].y +
+                      fp4_lut_at<20>(lut, cw[t]) * a[4 + t].z +
+                      fp4_lut_at<28>(lut, cw[t]) * a[4 + t].w;
+            }
+            acc[r] += sc[e & 255u] * lo + sc[e >> 8] * hi;
+        }
+    }
+}
+
+// The kernels' shared memory (one instance whatever R).
+struct fp4_runs_smem {
+    gpu_f4 xs[FP4_RUNS_MAX_K / 4];
+    float lut[16];
+    float sc[256];
+};
+
+// The mat-vec of R-row sets; `wait`: the dependent-launch wait (and launch count) comes
+// after the first run's loads (else the caller has waited). grid = ceil(m / (R 128 / L)).
+template <int R>
+GPU_DEV void fp4_runs(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                      const float* __restrict__ x, float* __restrict__ out, bool wait,
+                      unsigned int* counters, int kid, fp4_runs_smem& sm) {
+    gpu_f4* xs = sm.xs;
+    float* lut = sm.lut;
+    float* sc = sm.sc;
+    const int L = fp4_runs_lanes(k), runs = k >> 8, t = threadIdx.x, j = t & (L - 1);
+    const int r0 = (blockIdx.x * (128 / L) + t / L) * R;
+    const unsigned char* rows[R];
+    float acc[R];
+    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
+    fp4_run<R> run;
+    fp4_run_load<R>(rows, j, run);
+    if (wait) gpu_count_launch(counters, kid);
+    // Chunk c = 64 g + 8 i + t (run g, block i) at 64 g + 8 i + (t ^ (g & 7)).
+    for (int c = t; c < k / 4; c += 128) xs[c ^ ((c >> 6) & 7)] = ((const gpu_f4*)x)[c];
+    fp4_tables(lut, sc);  // its barrier publishes xs too
+    for (int g = j; g < runs; g += L) {
+        if (g != j) fp4_run_load<R>(rows, g, run);
+        fp4_run_dot<R>(run, g, xs, lut, sc, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        for (int o = L / 2; o > 0; o >>= 1) acc[r] += gpu_shfl_xor(acc[r], o);
+        if (j == 0 && r0 + r < m) out[r0 + r] = acc[r];
+    }
+}
+
+// matvec_fp4_runs with rows = R in 1, 2, 4: one f32 column of ROCmFP4 weights. Needs
+// k % 256 == 0, k <= FP4_RUNS_MAX_K, w and row_bytes 16-byte aligned, x 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_fp4_runs(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                    const float* __restrict__ x, float* __restrict__ out, int rows,
+                    unsigned int* counters) {
+    __shared__ fp4_runs_smem sm;
+    const int kid = 0;
+    if (rows == 4) fp4_runs<4>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
+    else if (rows == 2) fp4_runs<2>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
+    else fp4_runs<1>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
+}
+
+// The grouped form (pairs and ids as matvec_dense_rows_id): block row y is pair p, with
+// expert ids[p]'s rows and activation column p (per_pair) or p / n_slots; ids outside
+// 0..E give zeros. grid = (ceil(m / (rows 128 / L)), pairs).
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_fp4_runs_id(const unsigned char* __restrict__ w, long long expert_bytes,
+                       long long row_bytes, int k, int m, int n_experts,
+                       const float* __restrict__ x, int per_pair, int n_slots,
+                       const int* __restrict__ ids, float* __restrict__ out, int rows,
+                       unsigned int* counters) {
+    __shared__ fp4_runs_smem sm;
+    gpu_count_launch(counters, 0);
+    const int p = blockIdx.y, e = ids[p];
+    float* o = out + (long long)p * m;
+    if (e < 0 || e >= n_experts) {  // the same for the whole block
+        const int per_block = rows * 128 / fp4_runs_lanes(k);
+        const int r = blockIdx.x * per_block + threadIdx.x;
+        if (threadIdx.x < per_block && r < m) o[r] = 0.0f;
+        return;
+    }
+    const unsigned char* we = w + (long long)e * expert_bytes;
+    const float* xe = x + (long long)(per_pair ? p : p / n_slots) * k;
+    if (rows == 4) fp4_runs<4>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
+    else if (rows == 2) fp4_runs<2>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
+    else fp4_runs<1>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
 }
 
 // ---- the committed dense_rows at other (rows, units in flight) -------------------------
@@ -255,7 +367,9 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&e1));
     printf("| shape | k x m | MB | variant | us launched | us in a graph | GB/s (graph) | of stream (graph) | max rel err |\n");
     printf("|---|---|---|---|---|---|---|---|---|\n");
+    const char* only = getenv("ONLY");  // run the shapes whose name holds this
     for (const Shape& s : shapes) {
+        if (only && !strstr(s.what, only)) continue;
         const int bpb = s.ty == DT_Q8_0 ? 34 : 18;
         const long long row_bytes = (long long)s.k / 32 * bpb, bytes = row_bytes * s.m;
         std::vector<unsigned char> hw(bytes);
@@ -352,7 +466,7 @@ int main(int argc, char** argv) {
         const long long parts_m = s.m;
         int parts = 1;
         while (parts < 8 && parts_m * parts < 8192 && s.k >= parts * 512) parts *= 2;
-        row("committed matvec_dense", [&] {
+        if (getenv("OLD_VARIANTS")) row("committed matvec_dense", [&] {
             matvec_dense<<<dim3((s.m + 8 / parts - 1) / (8 / parts), 1), 256>>>(dw, row_bytes, s.ty, s.k, s.m, dx, 1, dout, parts, nullptr);
         }, true);
         row("committed matvec_dense_rows", [&] {
@@ -406,10 +520,12 @@ int main(int argc, char** argv) {
             else staged_variant<DT_ROCMFP4, R><<<(s.m + R - 1) / R, 128>>>(dw, row_bytes, s.k, s.m, dx, dout); \
         }, true);                                                                            \
     }
-        V_ROW(2, 1)
-        V_ROW(4, 1)
-        S_ROW(2)
-        if (s.ty == DT_ROCMFP4) {
+        if (getenv("OLD_VARIANTS")) {  // the candidates of rounds 3-5
+            V_ROW(2, 1)
+            V_ROW(4, 1)
+            S_ROW(2)
+        }
+        if (s.ty == DT_ROCMFP4 && getenv("OLD_VARIANTS")) {
             // 8-bit activations (quantize_q8_1 once; its own time is in the last row).
             q8_1_block* dq;
             CK(cudaMalloc(&dq, (size_t)s.k / 32 * sizeof(q8_1_block)));
@@ -427,6 +543,51 @@ int main(int argc, char** argv) {
                 quantize_q8_1<<<(s.k / 32 + 7) / 8, 256>>>(dx, dq, s.k / 32, 0, nullptr);
             }, false);
             CK(cudaFree(dq));
+        }
+        if (s.ty == DT_ROCMFP4 && s.k % 256 == 0 && s.k <= FP4_RUNS_MAX_K) {
+            int L = 1;
+            while (2 * L <= s.k / 256 && L < 32) L *= 2;
+            for (int R : {1, 2, 4}) {
+                const int per_block = R * 128 / L;
+                char nm[64];
+                snprintf(nm, sizeof nm, "matvec_fp4_runs R=%d (%d rows a block)", R, per_block);
+                row(nm, [&] {
+                    matvec_fp4_runs<<<(s.m + per_block - 1) / per_block, 128>>>(dw, row_bytes, s.k, s.m, dx,
+                                                                                dout, R, nullptr);
+                }, true);
+            }
+            for (int R : {1, 2, 4}) {
+                const int per_block = R * 128 / L;
+                char nm[64];
+                snprintf(nm, sizeof nm, "matvec_fp4_runs_q8 R=%d (8-bit act.)", R);
+                row(nm, [&] {
+                    matvec_fp4_runs_q8<<<(s.m + per_block - 1) / per_block, 128>>>(dw, row_bytes, s.k, s.m,
+                                                                                   dx, dout, R, nullptr);
+                }, true);
+            }
+            if (copies >= 2) {
+                // Grouped: pair 0 = expert 1 (a copy of the weights), pair 1 = id -1.
+                int* dids;
+                const int ids[2] = {1, -1};
+                CK(cudaMalloc(&dids, 8));
+                CK(cudaMemcpy(dids, ids, 8, cudaMemcpyHostToDevice));
+                CK(cudaMemset(dout, 0xff, (size_t)s.m * 8));
+                const int per_block = 2 * 128 / L;
+                matvec_fp4_runs_id<<<dim3((s.m + per_block - 1) / per_block, 2), 128>>>(
+                    wbase, stride, row_bytes, s.k, s.m, copies, dx, 0, 2, dids, dout, 2, nullptr);
+                CK(cudaDeviceSynchronize());
+                std::vector<float> two(2 * (size_t)s.m);
+                CK(cudaMemcpy(two.data(), dout, two.size() * 4, cudaMemcpyDeviceToHost));
+                double err = 0;
+                bool zeros = true;
+                for (int r = 0; r < s.m; ++r) {
+                    err = fmax(err, fabs(two[r] - ref[r]) / refmax);
+                    zeros = zeros && two[s.m + r] == 0.0f;
+                }
+                printf("| %s | %d x %d | | matvec_fp4_runs_id R=2 (expert 1, id -1) | | | | | %.1e, zeros %s |\n",
+                       s.what, s.k, s.m, err, zeros ? "yes" : "NO");
+                CK(cudaFree(dids));
+            }
         }
         CK(cudaFree(wbase));
         CK(cudaFree(dx));

@@ -336,6 +336,140 @@ fn dense_mmq(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
     all_ok
 }
 
+/// Decode products (one f32 column) of Q8_0 / ROCmFP4 weights vs the f64 dot of the
+/// same weights and activations (max error / max |ref| <= 1e-5), with the kernel that
+/// ran: ROCmFP4 in whole 256-value runs with 16384+ rows on `matvec_fp4_runs_q8` (its
+/// activations rounded to q8_1 in the kernel, so the reference takes them as
+/// `BlockQ8_1::quantize` rounds them; `_id` for one token's grouped product, a masked
+/// slot giving exact zeros), the rest on `matvec_dense_rows` (f32 activations).
+fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== Q8_0 / ROCmFP4 decode products (f32 activations) vs f64 reference ==");
+    let mut all_ok = true;
+    let rel = |got: &[f32], want: &[f64]| {
+        let top = want.iter().fold(0f64, |a, v| a.max(v.abs()));
+        let e = got
+            .iter()
+            .zip(want)
+            .fold(0f64, |a, (&g, w)| a.max((g as f64 - w).abs()));
+        e / top
+    };
+    let ran = |before: &std::collections::BTreeMap<String, u64>, name: &str| {
+        let key = format!("{name}.device");
+        g.counters().get(&key) > before.get(&key)
+    };
+    let mut report = |what: String, e: f64, ran: bool, want: &str| {
+        let ok = ran && e <= 1e-5;
+        all_ok &= ok;
+        println!(
+            "{what:<34} {e:>10.2e} {want:<20} {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"dense_decode\",\"case\":\"{what}\",\"rel\":{e:e},\"kernel\":\"{want}\",\"ok\":{ok}}}"
+        ));
+    };
+    let cases = [
+        (100u32, 1024usize, 32768usize, "matvec_fp4_runs_q8"),
+        (100, 2048, 16400, "matvec_fp4_runs_q8"),
+        (100, 8192, 16384, "matvec_fp4_runs_q8"),
+        (100, 4096, 1000, "matvec_dense_rows"),
+        (100, 4000, 700, "matvec_dense_rows"),
+        (8, 4096, 1000, "matvec_dense_rows"),
+        (8, 4096, 64, "matvec_dense_rows"),
+    ];
+    for (ty, k, m, want) in cases {
+        let (w, wv) = random_dense(rng, ty, m, k);
+        let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
+        let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * 4));
+        let before = g.counters();
+        g.op(
+            ops::MATMUL,
+            &[
+                t(bw, 0, ty, 0, [k as u64, m as u64, 1, 1]),
+                t(bx, 0, types::F32, 0, [k as u64, 1, 1, 1]),
+                t(bo, 0, types::F32, 0, [m as u64, 1, 1, 1]),
+            ],
+        );
+        let want_v = if want.ends_with("_q8") {
+            ref_values(
+                &wv,
+                m,
+                k,
+                &[x.chunks_exact(32).map(BlockQ8_1::quantize).collect()],
+            )
+        } else {
+            par_rows(m, 1, |r| {
+                vec![wv[r * k..(r + 1) * k]
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, &b)| a * b as f64)
+                    .sum::<f64>()]
+            })
+        };
+        let e = rel(&g.read_f32(bo, 0, m), &want_v);
+        let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
+        report(
+            format!("{name} matmul {k} x {m}"),
+            e,
+            ran(&before, want),
+            want,
+        );
+        for b in [bw, bx, bo] {
+            into_result((g.be.free)(b)).unwrap();
+        }
+    }
+    // One token's grouped product (4 slots, each its own expert and column), slot 2
+    // masked; 16384 rows: the runs kernel.
+    let (k, m, experts, slots) = (1024usize, 16384usize, 4usize, 4usize);
+    let (w, wv) = random_dense(rng, 100, experts * m, k);
+    let x: Vec<f32> = (0..slots * k).map(|_| rng.f32()).collect();
+    let ids: Vec<i32> = (0..slots as i32)
+        .map(|s| if s == 2 { -1 } else { (s * 3) % 4 })
+        .collect();
+    let (bw, bx) = (g.buf(&w), g.buf(&f32_bytes(&x)));
+    let bi = g.buf(
+        &ids.iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    );
+    let bo = g.buf(&f32_bytes(&vec![f32::NAN; m * slots]));
+    let before = g.counters();
+    g.op(
+        OP_MATMUL_ID,
+        &id_args([bw, bx, bi, bo], (100, 0), [k, m, experts, slots, 1, slots]),
+    );
+    let got = g.read_f32(bo, 0, m * slots);
+    let (mut gr, mut wr, mut zeros) = (Vec::new(), Vec::new(), true);
+    for (p, &e) in ids.iter().enumerate() {
+        let gs = &got[p * m..(p + 1) * m];
+        if e < 0 {
+            zeros &= gs.iter().all(|v| v.to_bits() == 0);
+            continue;
+        }
+        let xs = &x[p * k..(p + 1) * k];
+        let ew = &wv[e as usize * m * k..(e as usize + 1) * m * k];
+        wr.extend(ref_values(
+            ew,
+            m,
+            k,
+            &[xs.chunks_exact(32).map(BlockQ8_1::quantize).collect()],
+        ));
+        gr.extend_from_slice(gs);
+    }
+    let e = if zeros { rel(&gr, &wr) } else { f64::INFINITY };
+    let want = "matvec_fp4_runs_q8_id";
+    report(
+        format!("rocmfp4 id {k} x {m}, {slots} slots"),
+        e,
+        ran(&before, want),
+        want,
+    );
+    for b in [bw, bx, bi, bo] {
+        into_result((g.be.free)(b)).unwrap();
+    }
+    all_ok
+}
+
 fn nmse(got: &[f32], want: &[f64]) -> f64 {
     let (mut e, mut s) = (0f64, 0f64);
     for (g, w) in got.iter().zip(want) {
@@ -745,6 +879,7 @@ fn main() {
         }
     }
     all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);
+    all_ok &= dense_decode(&g, &mut rng, &mut json);
     if quick {
         println!("\nparity: {}", if all_ok { "ALL OK" } else { "FAILURES" });
         return;

@@ -51,11 +51,14 @@ pub fn compile(arch: &str) -> Result<(Arc<Vec<u8>>, bool), String> {
         return Err("NVRTC not found (libnvrtc.so): cannot compile the CUDA kernels".into());
     }
     let src = source();
-    let opts = [
+    let mut opts = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "-default-device".to_string(),
     ];
+    if pdl_early() {
+        opts.push("-DGPU_PDL_EARLY=1".to_string());
+    }
     let (maj, min) = nvrtc_version();
     let ver = format!("nvrtc {maj}.{min}");
     let file = kernels::cache_file(&src, &opts, &ver, arch, "cubin");
@@ -119,6 +122,12 @@ pub struct Module {
 /// `MOE_GPU_PDL=0` turns it off (A/B runs).
 pub fn pdl_enabled(cc: (i32, i32)) -> bool {
     cc.0 >= 9 && std::env::var_os("MOE_GPU_PDL").is_none_or(|v| v != "0")
+}
+
+/// `MOE_GPU_PDL_EARLY=1`: kernels let their successor launch when they start (see
+/// gpu_grid_wait in kernels/gpu/common.cuh; A/B runs).
+fn pdl_early() -> bool {
+    std::env::var_os("MOE_GPU_PDL_EARLY").is_some_and(|v| v == "1")
 }
 
 impl Module {

@@ -186,7 +186,7 @@ unsafe fn hc_pre(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), St
         .p(f32p(gpu, &out)?)
         .p(f32p(gpu, &wts)?)
         .i(!hc_fast_off() as i32)
-        .launch(gpu, "ds4_hc_pre", (n, 1, 1), 1024)
+        .launch(gpu, "ds4_hc_pre", (n, if head { 1 } else { 2 }, 1), 1024)
 }
 
 /// Whether environment variable `name` is "0" (turns a fast path off for A/B runs).
@@ -549,9 +549,37 @@ unsafe fn matmul_id_dense_inner(
     holds(&x, types::F32, 0, "matmul_id input")?;
     holds(&out, types::F32, m * pairs, "matmul_id output")?;
     let px = f32p(gpu, &x)?;
+    let pw = gpu.ptr(&w, dense_align(w.type_id))?;
+    // ROCmFP4 in whole runs (experts, rows and columns stay 16-byte aligned: 144 bytes per
+    // run, k whole runs).
+    if let Some(rows) = crate::ops::fp4_runs(w.type_id, k, m, 1, pw, px) {
+        return KArgs::default()
+            .p(pw)
+            .p(row_bytes * m)
+            .p(row_bytes)
+            .i(to_i32(k, "k")?)
+            .i(to_i32(m, "m")?)
+            .i(to_i32(experts, "experts")?)
+            .p(px)
+            .i(per_pair)
+            .i(to_i32(n_slots, "slots")?)
+            .p(gpu.ptr(&ids, 4)?)
+            .p(f32p(gpu, &out)?)
+            .i(rows as i32)
+            .launch(
+                gpu,
+                "matvec_fp4_runs_q8_id",
+                (
+                    m.div_ceil(crate::ops::fp4_runs_rows_per_block(k, rows)),
+                    pairs,
+                    1,
+                ),
+                128,
+            );
+    }
     // Both kernels take the same arguments up to their layout parameter.
     let common = KArgs::default()
-        .p(gpu.ptr(&w, dense_align(w.type_id))?)
+        .p(pw)
         .p(row_bytes * m)
         .p(row_bytes)
         .i(w.type_id as i32)
@@ -696,7 +724,8 @@ mod tests {
                 f([nm, n, 1, 1]),
             ],
         );
-        assert_eq!(l[0].1, (3, 1, 1));
+        // Site mode: a second block per token runs the Sinkhorn.
+        assert_eq!(l[0].1, (3, 2, 1));
         let l = run_ok(
             ops::HC_POST,
             OpParams::default(),

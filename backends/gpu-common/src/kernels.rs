@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 38] = [
+pub const KERNELS: [&str; 40] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -48,9 +48,11 @@ pub const KERNELS: [&str; 38] = [
     "mmq_mma_dense",
     "mmq_mma_id",
     "mmvq_id_107",
+    "matvec_fp4_runs_q8",
+    "matvec_fp4_runs_q8_id",
 ];
 /// Device-side launch counters (u32 each) the kernels bump.
-pub const COUNTER_SLOTS: usize = 38;
+pub const COUNTER_SLOTS: usize = 40;
 
 /// The full translation unit: the `units` in order, the first one's
 /// `#include "common.cuh"` replaced by `common_cuh` (less its `#pragma once`), the

@@ -335,6 +335,8 @@ pub enum DenseLayout {
     Warps(i32),
     /// `matvec_dense_rows`, this many rows per block (see [`dense_rows`]).
     Rows(i32),
+    /// `matvec_fp4_runs_q8`, this many rows per thread (see [`fp4_runs`]).
+    Fp4Runs(i32),
     /// `matvec_f32_wide`: a 1024-thread block per row (see [`f32_wide`]).
     F32Wide,
     /// `quantize_q8_1` of the input into scratch, then `mmq_mma_dense` (see [`mmq_type`]).
@@ -366,17 +368,62 @@ fn dense_rows_off() -> bool {
     *OFF.get_or_init(|| crate::ds4::env_off("MOE_GPU_DENSE_ROWS"))
 }
 
+/// `MOE_GPU_FP4_RUNS=0` keeps every ROCmFP4 decode product on `matvec_dense_rows` (A/B
+/// runs; read once).
+fn fp4_runs_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| crate::ds4::env_off("MOE_GPU_FP4_RUNS"))
+}
+
+/// Largest k `matvec_fp4_runs_q8` stages (FP4_RUNS_MAX_K in kernels/gpu/rocmfpx.cu).
+pub const FP4_RUNS_MAX_K: u64 = 8192;
+
+/// Rows per thread of `matvec_fp4_runs_q8` (8-bit activations, dp4a) for one column of
+/// ROCmFP4 weights `[k, m]` at `w` with activations at `x`, or None where
+/// `matvec_dense_rows` (f32 activations) runs: k not whole 256-value runs or over
+/// FP4_RUNS_MAX_K, weights or activations not 16-byte aligned, or under 16384 rows.
+/// Measured on the V4-Flash shapes (scripts/device/dense_matvec_bench.sh, 15:56): the
+/// runs kernel takes `wq_b` (1024 x 32768) from 17.9 to 12.1 us at two rows a thread,
+/// and is slower than the rows layout on every smaller product (its in-kernel
+/// quantisation and longer block setup).
+pub fn fp4_runs(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<u64> {
+    let fits = !fp4_runs_off()
+        && ty == TYPE_ROCMFP4
+        && n == 1
+        && m >= 16384
+        && k.is_multiple_of(256)
+        && k <= FP4_RUNS_MAX_K
+        && w.is_multiple_of(16)
+        && x.is_multiple_of(16);
+    fits.then_some(2)
+}
+
+/// Threads of `matvec_fp4_runs_q8` sharing a row: the largest power of two <= min(k / 256,
+/// 32) (fp4_runs_lanes in the kernel); a 128-thread block covers rows * 128 / that rows.
+pub fn fp4_runs_rows_per_block(k: u64, rows: u64) -> u64 {
+    let mut l = 1;
+    while 2 * l <= k / 256 && l < 32 {
+        l *= 2;
+    }
+    rows * 128 / l
+}
+
 /// Rows per 128-thread block of `matvec_dense_rows` for one column of `ty` weights with
 /// `m` rows at address `x` of the activations, or None where `matvec_dense` runs: other
-/// types, under 256 rows (too few blocks), activations not 16-byte aligned. Four rows
-/// from 8192 rows up, else two (measured: scripts/device/dense_matvec_bench.sh).
+/// types, under 32 rows, activations not 16-byte aligned. Four rows from 8192 rows up,
+/// two from 256, else one (measured: scripts/device/dense_matvec_bench.sh; the 64-row
+/// indexer projection took 11.7 us a launch on `matvec_dense`, ncu 15:31).
 pub fn dense_rows(ty: u32, m: u64, n: u64, x: u64) -> Option<u64> {
     let fits = !dense_rows_off()
         && n == 1
         && matches!(ty, TYPE_Q8_0 | TYPE_ROCMFP4)
-        && m >= 256
+        && m >= 32
         && x.is_multiple_of(16);
-    fits.then_some(if m >= 8192 { 4 } else { 2 })
+    fits.then_some(match m {
+        8192.. => 4,
+        256.. => 2,
+        _ => 1,
+    })
 }
 
 /// Warps sharing one row of the dense mat-vec: enough warps in all (~8192) for few-row
@@ -417,16 +464,30 @@ pub fn matmul_dense(
     }
     let (pw, px, po) = (ptr(&w, dense_align(w.type_id))?, ptr(&x, 4)?, ptr(&out, 4)?);
     let parts = dense_parts(m, k);
-    let layout = match dense_rows(w.type_id, m, n, px) {
+    let one_col = (
+        fp4_runs(w.type_id, k, m, n, pw, px),
+        dense_rows(w.type_id, m, n, px),
+    );
+    let layout = match one_col {
         _ if n >= MMQ_MIN_COLS && mmq_type(w.type_id, k, mmq) => DenseLayout::Mmq,
-        Some(r) => DenseLayout::Rows(r as i32),
-        None if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
-        None => DenseLayout::Warps(parts as i32),
+        (Some(r), _) => DenseLayout::Fp4Runs(r as i32),
+        (None, Some(r)) => DenseLayout::Rows(r as i32),
+        (None, None) if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
+        (None, None) => DenseLayout::Warps(parts as i32),
     };
     let launch = match layout {
         DenseLayout::Rows(r) => Launch {
             name: "matvec_dense_rows",
             grid: (to_i32(m.div_ceil(r as u64), "m")? as u32, 1, 1),
+            block: 128,
+        },
+        DenseLayout::Fp4Runs(r) => Launch {
+            name: "matvec_fp4_runs_q8",
+            grid: (
+                to_i32(m.div_ceil(fp4_runs_rows_per_block(k, r as u64)), "m")? as u32,
+                1,
+                1,
+            ),
             block: 128,
         },
         DenseLayout::F32Wide => Launch {
@@ -800,6 +861,9 @@ pub fn run(
                     DenseLayout::Rows(mut rows) => {
                         gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, po, rows))
                     }
+                    DenseLayout::Fp4Runs(mut rows) => {
+                        gpu.launch(p.launch, &kargs!(pw, rb, k, m, px, po, rows))
+                    }
                     DenseLayout::F32Wide => gpu.launch(p.launch, &kargs!(pw, k, m, px, po)),
                     DenseLayout::Mmq => {
                         let (q, mut n_blocks) = quantize(k as u64, n as u64);
@@ -1057,9 +1121,24 @@ mod tests {
             one(TYPE_Q8_0, 4096, 129280, 1, 0x2000),
             ("matvec_dense_rows", 32320, 128, DenseLayout::Rows(4))
         );
+        // ROCmFP4 in whole 256-value runs, 16384 rows or more: 4 threads a row, 2 rows a
+        // thread, 64 rows a block; fewer rows: the rows layout.
+        assert_eq!(
+            one(TYPE_ROCMFP4, 1024, 32768, 1, 0x2000),
+            ("matvec_fp4_runs_q8", 512, 128, DenseLayout::Fp4Runs(2))
+        );
         assert_eq!(
             one(TYPE_ROCMFP4, 4096, 1023, 1, 0x2000),
             ("matvec_dense_rows", 512, 128, DenseLayout::Rows(2))
+        );
+        // Not whole runs, or over the staged k: the rows layout.
+        assert_eq!(
+            one(TYPE_ROCMFP4, 4000, 1023, 1, 0x2000),
+            ("matvec_dense_rows", 512, 128, DenseLayout::Rows(2))
+        );
+        assert_eq!(
+            one(TYPE_ROCMFP4, 8448, 1023, 1, 0x2000).0,
+            "matvec_dense_rows"
         );
         // A few rows of f32 (an mHC mix): a 1024-thread block per row.
         assert_eq!(
@@ -1071,7 +1150,11 @@ mod tests {
         assert_eq!(one(types::F32, 16384, 24, 1, 0x2004).0, "matvec_dense");
         // More columns, few rows, other types or misaligned activations: matvec_dense.
         assert_eq!(one(TYPE_Q8_0, 4096, 1024, 2, 0x2000).0, "matvec_dense");
-        assert_eq!(one(TYPE_Q8_0, 4096, 255, 1, 0x2000).0, "matvec_dense");
+        assert_eq!(
+            one(TYPE_Q8_0, 4096, 255, 1, 0x2000),
+            ("matvec_dense_rows", 255, 128, DenseLayout::Rows(1))
+        );
+        assert_eq!(one(TYPE_Q8_0, 4096, 31, 1, 0x2000).0, "matvec_dense");
         assert_eq!(one(TYPE_ROCMFP4, 4096, 1024, 1, 0x2004).0, "matvec_dense");
         // 16 columns or more of Q8_0 / ROCmFP4 on a device with matrix-unit MMQ: q8_1 tiles.
         assert_eq!(

@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Result};
 use moe_gguf::{GgufWriter, Value};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
 
 use crate::{config::Ds4Config, metadata, tokenizer};
 
@@ -111,39 +111,51 @@ impl Gen {
         let ty = self.mix.map(ty);
         let target = 1.0 / (k as f32).sqrt();
         let blocks = k / 32 * rows;
-        let mut out = Vec::with_capacity(blocks * 18);
+        // Random bytes in bulk (the generator's fill is fast even in debug builds), then
+        // each block's scale bytes set.
+        let mut random = |block: usize| {
+            let mut out = vec![0u8; blocks * block];
+            self.rng.fill_bytes(&mut out);
+            out
+        };
         match ty {
             ROCMFP2 => {
                 // affine: value = code * S - O; codes uniform 0..3 -> rms ~ 1.1 S with O = 1.5 S
                 let s = ue4m3_near(target / 1.1);
                 let o = ue4m3_near(1.5 * target / 1.1);
-                for _ in 0..blocks {
-                    out.extend((0..8).map(|_| self.rng.gen::<u8>()));
-                    out.extend([s, o]);
+                let mut out = random(10);
+                for b in out.chunks_exact_mut(10) {
+                    b[8..].copy_from_slice(&[s, o]);
                 }
+                out
             }
             ROCMFP4 => {
                 // codes: sign + magnitude {0,1,2,3,4,6,8,10} (rms ~5.1); two half scales
                 let s = ue4m3_near(target / 5.1);
-                for _ in 0..blocks {
-                    out.extend((0..16).map(|_| self.rng.gen::<u8>()));
-                    out.extend([s, s]);
+                let mut out = random(18);
+                for b in out.chunks_exact_mut(18) {
+                    b[16..].copy_from_slice(&[s, s]);
                 }
+                out
             }
             Q8_0 => {
                 let d = half::f16::from_f32(target / 73.0).to_le_bytes();
-                for _ in 0..blocks {
-                    out.extend(d);
-                    out.extend((0..32).map(|_| self.rng.gen_range(-127i8..=127) as u8));
+                let mut out = random(34);
+                for b in out.chunks_exact_mut(34) {
+                    b[..2].copy_from_slice(&d);
+                    // int8 codes in -127..=127
+                    for q in &mut b[2..] {
+                        if *q == 0x80 {
+                            *q = 0x81;
+                        }
+                    }
                 }
+                out
             }
-            _ => {
-                for _ in 0..k * rows {
-                    out.extend(((self.rng.gen::<f32>() * 2.0 - 1.0) * target * 1.7).to_le_bytes());
-                }
-            }
+            _ => (0..k * rows)
+                .flat_map(|_| ((self.rng.gen::<f32>() * 2.0 - 1.0) * target * 1.7).to_le_bytes())
+                .collect(),
         }
-        out
     }
 
     fn floats(&mut self, n: usize, centre: f32, spread: f32) -> Vec<u8> {

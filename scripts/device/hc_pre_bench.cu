@@ -1,0 +1,164 @@
+// mHC pre (ds4_hc_pre, kernels/gpu/ds4.cu) on the V4-Flash shape (4 streams of 4096, 20
+// Sinkhorn rounds), timed alone: each configuration launched REPS times back to back
+// from a CUDA graph (the way a decode step runs it), next to an empty kernel (the launch
+// floor) and the Sinkhorn variants on one warp by themselves. Built and run by
+// scripts/device/hc_pre_bench.sh (nvcc). Prints a markdown table of us per launch and
+// the largest difference of each variant's Sinkhorn from the serial one.
+#include <cstdio>
+#include <cstdlib>
+#include <cmath>
+#include <vector>
+#include <random>
+#include "../../kernels/gpu/ds4.cu"
+
+#define CK(x)                                                                              \
+    do {                                                                                   \
+        cudaError_t e_ = (x);                                                              \
+        if (e_ != cudaSuccess) {                                                           \
+            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));     \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+__global__ void empty_kernel(unsigned int* counters) { gpu_count_launch(counters, 0); }
+
+// Candidate: ds4_sinkhorn with one reciprocal per line, then products (results within
+// an ulp or so of the divisions).
+template <int HC>
+__device__ void sinkhorn_rcp(const float* M, const float* B, float scale, int iters, float eps, float* out) {
+    float c[HC * HC];
+#pragma unroll
+    for (int i = 0; i < HC * HC; ++i) c[i] = M[2 * HC + i] * scale + B[2 * HC + i];
+#pragma unroll
+    for (int i = 0; i < HC; ++i) {
+        float mx = DS4_NEG_INF, sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HC; ++j) mx = fmaxf(mx, c[i * HC + j]);
+#pragma unroll
+        for (int j = 0; j < HC; ++j) {
+            c[i * HC + j] = expf(c[i * HC + j] - mx);
+            sum += c[i * HC + j];
+        }
+        const float inv = 1.0f / sum;
+#pragma unroll
+        for (int j = 0; j < HC; ++j) c[i * HC + j] = c[i * HC + j] * inv + eps;
+    }
+    for (int it = 0; it < (iters > 1 ? iters : 1); ++it) {
+#pragma unroll
+        for (int pass = (it > 0 ? 0 : 1); pass < 2; ++pass) {
+            float inv[HC];
+#pragma unroll
+            for (int l = 0; l < HC; ++l) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < HC; ++j) sum += c[pass ? j * HC + l : l * HC + j];
+                inv[l] = 1.0f / (sum + eps);
+            }
+#pragma unroll
+            for (int l = 0; l < HC; ++l)
+#pragma unroll
+                for (int j = 0; j < HC; ++j) c[pass ? j * HC + l : l * HC + j] *= inv[l];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < HC * HC; ++i) out[i] = c[i];
+}
+
+// The Sinkhorn alone (mix M and base B in shared memory as ds4_hc_pre stages them).
+// mode 0: ds4_sinkhorn_warp (the committed one); 1: ds4_sinkhorn (serial, thread 0);
+// 2: sinkhorn_rcp (thread 0).
+template <int HC>
+__global__ void sinkhorn_only(const float* m, const float* b, float scale, int iters, float eps,
+                              int mode, float* out) {
+    __shared__ float M[2 * HC + HC * HC], B[2 * HC + HC * HC], W[HC * HC];
+    for (int i = threadIdx.x; i < 2 * HC + HC * HC; i += 32) {
+        M[i] = m[i];
+        B[i] = b[i];
+    }
+    __syncthreads();
+    if (mode == 0) ds4_sinkhorn_warp<HC>(M, B, scale, iters, eps, W);
+    else if (threadIdx.x == 0 && mode == 1) ds4_sinkhorn<HC>(M, B, scale, iters, eps, W);
+    else if (threadIdx.x == 0) sinkhorn_rcp<HC>(M, B, scale, iters, eps, W);
+    __syncthreads();
+    if (threadIdx.x < HC * HC) out[threadIdx.x] = W[threadIdx.x];
+}
+
+int main(int argc, char** argv) {
+    const int reps = argc > 1 ? atoi(argv[1]) : 200;
+    const int d = 4096, hc = 4, nm = 2 * hc + hc * hc;
+    std::mt19937 rng(20261130);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto randv = [&](int n, float s) {
+        std::vector<float> v(n);
+        for (auto& x : v) x = s * nd(rng);
+        return v;
+    };
+    auto up = [&](const std::vector<float>& v) {
+        float* p;
+        CK(cudaMalloc(&p, v.size() * 4));
+        CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+        return p;
+    };
+    float* streams = up(randv(hc * d, 1.0f));
+    float* mix = up(randv(nm, 30.0f));
+    float* scale = up({0.1f, 0.1f, 0.1f});
+    float* base = up(randv(nm, 0.5f));
+    float* norm_w = up(randv(d, 1.0f));
+    float *out, *wts, *sk;
+    CK(cudaMalloc(&out, d * 4));
+    CK(cudaMalloc(&wts, nm * 4));
+    CK(cudaMalloc(&sk, 3 * hc * hc * 4));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    auto time = [&](auto launch) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        for (int i = 0; i < reps; ++i) launch();
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+        return 1e3 * ms / reps;
+    };
+    printf("| what | us per launch (graph, %d back to back) |\n|---|---|\n", reps);
+    printf("| empty kernel (launch floor) | %.2f |\n", time([&] { empty_kernel<<<1, 32, 0, st>>>(nullptr); }));
+    for (int fast = 1; fast >= 0; --fast)
+        for (int iters : {20, 1}) {
+            const double us = time([&] {
+                ds4_hc_pre<<<dim3(1, 2), DS4_HC_THREADS, 0, st>>>(streams, mix, scale, base, norm_w, d, hc, iters, 1e-6f,
+                                                        1e-6f, 0, out, wts, fast, nullptr);
+            });
+            printf("| ds4_hc_pre site, %s path, %d Sinkhorn rounds | %.2f |\n", fast ? "fast" : "general", iters, us);
+        }
+    printf("| ds4_hc_pre head mode (no Sinkhorn), fast path | %.2f |\n", time([&] {
+               ds4_hc_pre<<<1, DS4_HC_THREADS, 0, st>>>(streams, mix, scale, base, norm_w, d, hc, 20, 1e-6f, 1e-6f,
+                                                       1, out, wts, 1, nullptr);
+           }));
+    const char* names[] = {"Sinkhorn alone: warp (committed)", "Sinkhorn alone: serial, thread 0",
+                           "Sinkhorn alone: serial, reciprocals"};
+    for (int mode = 0; mode < 3; ++mode)
+        printf("| %s, 20 rounds | %.2f |\n", names[mode], time([&] {
+                   sinkhorn_only<4><<<1, 32, 0, st>>>(mix, base, 0.1f, 20, 1e-6f, mode, sk + mode * hc * hc);
+               }));
+    CK(cudaStreamSynchronize(st));
+    float h[3 * 16];
+    CK(cudaMemcpy(h, sk, sizeof h, cudaMemcpyDeviceToHost));
+    float md = 0, mr = 0;
+    for (int i = 0; i < 16; ++i) {
+        md = fmaxf(md, fabsf(h[i] - h[16 + i]));
+        mr = fmaxf(mr, fabsf(h[32 + i] - h[16 + i]));
+    }
+    printf("\nSinkhorn vs serial divisions: warp max |diff| %.2e, reciprocals %.2e\n", md, mr);
+    return 0;
+}
