@@ -174,14 +174,10 @@ GPU_DEV void ds4_sinkhorn_warp(const float* M, const float* B, float scale, int 
 // streams is applied here, which equals projecting the normalised streams). Site mode:
 // pre = sigmoid(.)+eps, post = 2 sigmoid(.), comb = Sinkhorn(softmax rows); head mode:
 // pre only. Then x = sum_h pre_h stream_h, RMS-normed times norm_w. wts gets
-// [pre, post, comb] (site) or [pre] (head) per token. Block (t, 0) of 1024 threads per
-// token (a decode step runs one token: the block's width is the parallelism); the
-// Sinkhorn runs on warp 0 (HC <= 5) or thread 0. Fast path (V4-Flash: d <= 4096, <= 4
-// streams, aligned): every input is loaded first, in one round, and block (t, 1) runs
-// the Sinkhorn (20 serial rounds, the longest chain) while block (t, 0) collapses and
-// norms; each needs only the streams' RMS, which both compute. allow_fast = 0 keeps
-// the general path (A/B runs; block (t, 1) then has nothing to do).
-// grid = (n, 1 head mode or 2), block = DS4_HC_THREADS.
+// [pre, post, comb] (site) or [pre] (head) per token. One block of 1024 threads per
+// token (a decode step runs one token: the block's width is the parallelism), the
+// Sinkhorn on warp 0 (HC <= 5) or thread 0. allow_fast = 0 keeps the general path (A/B
+// runs). grid = n, block = DS4_HC_THREADS.
 #define DS4_HC_THREADS 1024
 extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
     ds4_hc_pre(const float* __restrict__ streams, const float* __restrict__ mix,
@@ -192,27 +188,22 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
     gpu_count_launch(counters, KID_DS4_HC_PRE);
     __shared__ float sh[32];
     __shared__ float W[2 * DS4_HC_MAX + DS4_HC_MAX * DS4_HC_MAX];
-    const int t = blockIdx.x, tid = threadIdx.x, role = blockIdx.y;
+    const int t = blockIdx.x, tid = threadIdx.x;
     const float* s = streams + (long long)t * hc * d;
     float* o = out + (long long)t * d;
+    // Fast path (V4-Flash: d = 4096, 4 streams): thread i holds values 4i..4i+3 of every
+    // stream in registers from one round of 16-byte loads, so nothing is read twice,
+    // and warp 0's Sinkhorn overlaps the other warps' collapse.
     const bool fast = allow_fast && hc <= 4 && (d & 3) == 0 && d <= 4 * DS4_HC_THREADS &&
                       ((((unsigned long long)s) | ((unsigned long long)o) |
                         ((unsigned long long)norm_w)) & 15ull) == 0;
-    if (!fast && role == 1) return;
-    const int nm = head_mode ? hc : 2 * hc + hc * hc;
-    // Thread i holds values 4i..4i+3 of every stream (fast path), its mix / base entry
-    // and its norm weights, all loaded before the first reduction.
-    gpu_f4 v[4], nw = {0.0f, 0.0f, 0.0f, 0.0f};
+    gpu_f4 v[4];
     const bool mine = fast && 4 * tid < d;
-    const float mix_i = tid < nm ? mix[(long long)t * nm + tid] : 0.0f;
-    const float base_i = tid < nm ? base[tid] : 0.0f;
-    const float scale_i = tid < 3 && tid < (head_mode ? 1 : 3) ? scale[tid] : 0.0f;
     float acc = 0.0f;
     if (fast) {
 #pragma unroll
         for (int h = 0; h < 4; ++h)
             if (h < hc && mine) v[h] = *(const gpu_f4*)(s + (long long)h * d + 4 * tid);
-        if (mine && role == 0) nw = *(const gpu_f4*)(norm_w + 4 * tid);
 #pragma unroll
         for (int h = 0; h < 4; ++h)
             if (h < hc && mine)
@@ -222,25 +213,41 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
     }
     acc = ds4_block_sum(acc, sh, DS4_HC_THREADS);
     const float r = 1.0f / sqrtf(acc / (float)(hc * d) + eps);
-    // The mixes (times the streams' RMS factor), bases and scales in shared memory; the
-    // Sinkhorn then reads only shared memory.
+    const int nm = head_mode ? hc : 2 * hc + hc * hc;
+    // Stage the mixes (times the streams' RMS factor), bases and scales in parallel; the
+    // Sinkhorn below then reads only shared memory.
     __shared__ float M[2 * DS4_HC_MAX + DS4_HC_MAX * DS4_HC_MAX];
     __shared__ float B[2 * DS4_HC_MAX + DS4_HC_MAX * DS4_HC_MAX];
     __shared__ float S[3];
-    if (tid < nm) {
-        M[tid] = mix_i * r;
-        B[tid] = base_i;
+    for (int i = tid; i < nm; i += DS4_HC_THREADS) {
+        M[i] = mix[(long long)t * nm + i] * r;
+        B[i] = base[i];
     }
-    if (tid < (head_mode ? 1 : 3)) S[tid] = scale_i;
+    if (tid < (head_mode ? 1 : 3)) S[tid] = scale[tid];
     __syncthreads();
-    const bool sinkhorn = !head_mode && (fast ? role == 1 : true);
-    if (role == 0) {
-        if (tid < hc) W[tid] = ds4_sigmoid(M[tid] * S[0] + B[tid]) + hc_eps;
-        if (!head_mode && tid >= 32 && tid < 32 + hc)
-            W[hc + tid - 32] = 2.0f * ds4_sigmoid(M[tid - 32 + hc] * S[1] + B[tid - 32 + hc]);
+    if (tid < hc) W[tid] = ds4_sigmoid(M[tid] * S[0] + B[tid]) + hc_eps;
+    if (!head_mode && tid >= 32 && tid < 32 + hc)
+        W[hc + tid - 32] = 2.0f * ds4_sigmoid(M[tid - 32 + hc] * S[1] + B[tid - 32 + hc]);
+    if (fast) __syncthreads();  // W[0..hc) is all the collapse needs
+    if (!head_mode) {
+        if (tid < 32) {
+            switch (hc) {
+            case 1: ds4_sinkhorn_warp<1>(M, B, S[2], iters, hc_eps, W + 2); break;
+            case 2: ds4_sinkhorn_warp<2>(M, B, S[2], iters, hc_eps, W + 4); break;
+            case 3: ds4_sinkhorn_warp<3>(M, B, S[2], iters, hc_eps, W + 6); break;
+            case 4: ds4_sinkhorn_warp<4>(M, B, S[2], iters, hc_eps, W + 8); break;
+            case 5: ds4_sinkhorn_warp<5>(M, B, S[2], iters, hc_eps, W + 10); break;
+            default:
+                if (tid == 0) {
+                    if (hc == 6) ds4_sinkhorn<6>(M, B, S[2], iters, hc_eps, W + 12);
+                    else if (hc == 7) ds4_sinkhorn<7>(M, B, S[2], iters, hc_eps, W + 14);
+                    else ds4_sinkhorn<8>(M, B, S[2], iters, hc_eps, W + 16);
+                }
+                break;
+            }
+        }
     }
-    if (fast && role == 0) {
-        __syncthreads();  // W[0..2 hc) is all the collapse needs
+    if (fast) {
         gpu_f4 c = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int h = 0; h < 4; ++h)
@@ -252,44 +259,24 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
                 c.w += wh * v[h].w;
             }
         float ss = mine ? c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w : 0.0f;
-        ss = ds4_block_sum(ss, sh, DS4_HC_THREADS);
-        const int nw_out = head_mode ? hc : 2 * hc;
-        if (tid < nw_out) wts[(long long)t * nm + tid] = W[tid];
+        ss = ds4_block_sum(ss, sh, DS4_HC_THREADS);  // its barriers also publish the Sinkhorn
+        for (int i = tid; i < nm; i += DS4_HC_THREADS) wts[(long long)t * nm + i] = W[i];
         const float rr = 1.0f / sqrtf(ss / (float)d + eps);
-        if (mine)
+        if (mine) {
+            const gpu_f4 nw = *(const gpu_f4*)(norm_w + 4 * tid);
             *(gpu_f4*)(o + 4 * tid) =
                 gpu_f4{nw.x * (c.x * rr), nw.y * (c.y * rr), nw.z * (c.z * rr), nw.w * (c.w * rr)};
-        return;
-    }
-    if (sinkhorn && tid < 32) {
-        switch (hc) {
-        case 1: ds4_sinkhorn_warp<1>(M, B, S[2], iters, hc_eps, W + 2); break;
-        case 2: ds4_sinkhorn_warp<2>(M, B, S[2], iters, hc_eps, W + 4); break;
-        case 3: ds4_sinkhorn_warp<3>(M, B, S[2], iters, hc_eps, W + 6); break;
-        case 4: ds4_sinkhorn_warp<4>(M, B, S[2], iters, hc_eps, W + 8); break;
-        case 5: ds4_sinkhorn_warp<5>(M, B, S[2], iters, hc_eps, W + 10); break;
-        default:
-            if (tid == 0) {
-                if (hc == 6) ds4_sinkhorn<6>(M, B, S[2], iters, hc_eps, W + 12);
-                else if (hc == 7) ds4_sinkhorn<7>(M, B, S[2], iters, hc_eps, W + 14);
-                else ds4_sinkhorn<8>(M, B, S[2], iters, hc_eps, W + 16);
-            }
-            break;
         }
-    }
-    if (fast) {  // role 1: the Sinkhorn's entries (warp 0 wrote them)
-        __syncthreads();
-        if (tid < hc * hc) wts[(long long)t * nm + 2 * hc + tid] = W[2 * hc + tid];
         return;
     }
     __syncthreads();
     for (int i = tid; i < nm; i += DS4_HC_THREADS) wts[(long long)t * nm + i] = W[i];
     float ss = 0.0f;
     for (int i = tid; i < d; i += DS4_HC_THREADS) {
-        float x = 0.0f;
-        for (int h = 0; h < hc; ++h) x += W[h] * s[(long long)h * d + i];
-        o[i] = x;
-        ss += x * x;
+        float v = 0.0f;
+        for (int h = 0; h < hc; ++h) v += W[h] * s[(long long)h * d + i];
+        o[i] = v;
+        ss += v * v;
     }
     ss = ds4_block_sum(ss, sh, DS4_HC_THREADS);
     const float rr = 1.0f / sqrtf(ss / (float)d + eps);

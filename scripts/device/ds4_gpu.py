@@ -68,7 +68,10 @@ def main():
     rows = []
     print(f"{'fixture':20} {'type':5} {'gpu vs cpu':>10} {'gpu vs oracle':>13} {'pre vs dec':>10} "
           f"{'dev vs host glue':>16} {'exact vs cpu':>12} {'exact vs dec':>12} {'top-1':>6} {'greedy':>7} {'gpu s':>6}")
+    only = os.environ.get("ONLY")  # e.g. ONLY=tiny_mixed.f32: the runs named so
     for name, ty in RUNS:
+        if only and f"{name}.{ty}" not in only.split(","):
+            continue
         ref = np.load(FIX / f"{name}.npz")
         toks = ",".join(map(str, ref["tokens"]))
         model = W / f"{name}.{ty}.gguf"

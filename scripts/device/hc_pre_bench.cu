@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
     for (int fast = 1; fast >= 0; --fast)
         for (int iters : {20, 1}) {
             const double us = time([&] {
-                ds4_hc_pre<<<dim3(1, 2), DS4_HC_THREADS, 0, st>>>(streams, mix, scale, base, norm_w, d, hc, iters, 1e-6f,
+                ds4_hc_pre<<<1, DS4_HC_THREADS, 0, st>>>(streams, mix, scale, base, norm_w, d, hc, iters, 1e-6f,
                                                         1e-6f, 0, out, wts, fast, nullptr);
             });
             printf("| ds4_hc_pre site, %s path, %d Sinkhorn rounds | %.2f |\n", fast ? "fast" : "general", iters, us);

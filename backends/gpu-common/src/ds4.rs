@@ -186,7 +186,7 @@ unsafe fn hc_pre(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), St
         .p(f32p(gpu, &out)?)
         .p(f32p(gpu, &wts)?)
         .i(!hc_fast_off() as i32)
-        .launch(gpu, "ds4_hc_pre", (n, if head { 1 } else { 2 }, 1), 1024)
+        .launch(gpu, "ds4_hc_pre", (n, 1, 1), 1024)
 }
 
 /// Whether environment variable `name` is "0" (turns a fast path off for A/B runs).
@@ -724,8 +724,7 @@ mod tests {
                 f([nm, n, 1, 1]),
             ],
         );
-        // Site mode: a second block per token runs the Sinkhorn.
-        assert_eq!(l[0].1, (3, 2, 1));
+        assert_eq!(l[0].1, (3, 1, 1));
         let l = run_ok(
             ops::HC_POST,
             OpParams::default(),
