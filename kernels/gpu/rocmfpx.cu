@@ -1138,6 +1138,26 @@ GPU_DEV void fp4_run_load(const unsigned char* const (&rows)[R], int g, fp4_run<
 // one), so the positive and negative codes' magnitudes come from two permutes (the
 // second of the word with every bit 3 flipped) into two sums.
 
+// The end of a runs kernel: each row's sum over the L threads sharing it, stored by the
+// first of them.
+template <int R>
+GPU_DEV void fp4_runs_store(float (&acc)[R], int L, int j, int r0, int m, float* __restrict__ out) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        for (int o = L / 2; o > 0; o >>= 1) acc[r] += gpu_shfl_xor(acc[r], o);
+        if (j == 0 && r0 + r < m) out[r0 + r] = acc[r];
+    }
+}
+
+// A masked pair of a grouped runs kernel: zeros for this block's rows.
+GPU_DEV void fp4_runs_zero(float* __restrict__ o, int m, int k, int rows) {
+    const int per_block = rows * 128 / fp4_runs_lanes(k);
+    for (int i = threadIdx.x; i < per_block; i += 128) {
+        const int r = blockIdx.x * per_block + i;
+        if (r < m) o[r] = 0.0f;
+    }
+}
+
 // Byte permute, PTX prmt semantics: result byte i = byte (s_i & 7) of {a (0-3), b (4-7)},
 // or that byte's sign bit replicated where s_i & 8 (s_i = nibble i of s).
 GPU_DEV unsigned int gpu_perm(unsigned int a, unsigned int b, unsigned int s) {
@@ -1255,11 +1275,7 @@ GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_byte
         if (g != j) fp4_run_load<R>(rows, g, run);
         fp4_run_dot_q8<R>(run, g, sm, acc);
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        for (int o = L / 2; o > 0; o >>= 1) acc[r] += gpu_shfl_xor(acc[r], o);
-        if (j == 0 && r0 + r < m) out[r0 + r] = acc[r];
-    }
+    fp4_runs_store<R>(acc, L, j, r0, m, out);
 }
 
 // One f32 column of ROCmFP4 weights, rows = R in 1, 2, 4 rows per thread. Needs k % 256
@@ -1290,9 +1306,7 @@ extern "C" __global__ void __launch_bounds__(128)
     const int p = blockIdx.y, e = ids[p];
     float* o = out + (long long)p * m;
     if (e < 0 || e >= n_experts) {  // the same for the whole block
-        const int per_block = rows * 128 / fp4_runs_lanes(k);
-        const int r = blockIdx.x * per_block + threadIdx.x;
-        if (threadIdx.x < per_block && r < m) o[r] = 0.0f;
+        fp4_runs_zero(o, m, k, rows);
         return;
     }
     const unsigned char* we = w + (long long)e * expert_bytes;

@@ -12,15 +12,7 @@
 #include <random>
 #include <algorithm>
 #include "../../kernels/gpu/rocmfpx.cu"
-
-#define CK(x)                                                                              \
-    do {                                                                                   \
-        cudaError_t e_ = (x);                                                              \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));     \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
+#include "bench_check.cuh"
 
 // ---- candidate (measured slower, 2026-11-30 14:07: docs/notes/dense-matvec-h200.md) ----
 // Staged decode mat-vec: the same sums as dense_rows, but the block first copies its R
@@ -229,11 +221,7 @@ GPU_DEV void fp4_runs(const unsigned char* __restrict__ w, long long row_bytes, 
         if (g != j) fp4_run_load<R>(rows, g, run);
         fp4_run_dot<R>(run, g, xs, lut, sc, acc);
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        for (int o = L / 2; o > 0; o >>= 1) acc[r] += gpu_shfl_xor(acc[r], o);
-        if (j == 0 && r0 + r < m) out[r0 + r] = acc[r];
-    }
+    fp4_runs_store<R>(acc, L, j, r0, m, out);
 }
 
 // matvec_fp4_runs with rows = R in 1, 2, 4: one f32 column of ROCmFP4 weights. Needs
@@ -247,32 +235,6 @@ extern "C" __global__ void __launch_bounds__(128)
     if (rows == 4) fp4_runs<4>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
     else if (rows == 2) fp4_runs<2>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
     else fp4_runs<1>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
-}
-
-// The grouped form (pairs and ids as matvec_dense_rows_id): block row y is pair p, with
-// expert ids[p]'s rows and activation column p (per_pair) or p / n_slots; ids outside
-// 0..E give zeros. grid = (ceil(m / (rows 128 / L)), pairs).
-extern "C" __global__ void __launch_bounds__(128)
-    matvec_fp4_runs_id(const unsigned char* __restrict__ w, long long expert_bytes,
-                       long long row_bytes, int k, int m, int n_experts,
-                       const float* __restrict__ x, int per_pair, int n_slots,
-                       const int* __restrict__ ids, float* __restrict__ out, int rows,
-                       unsigned int* counters) {
-    __shared__ fp4_runs_smem sm;
-    gpu_count_launch(counters, 0);
-    const int p = blockIdx.y, e = ids[p];
-    float* o = out + (long long)p * m;
-    if (e < 0 || e >= n_experts) {  // the same for the whole block
-        const int per_block = rows * 128 / fp4_runs_lanes(k);
-        const int r = blockIdx.x * per_block + threadIdx.x;
-        if (threadIdx.x < per_block && r < m) o[r] = 0.0f;
-        return;
-    }
-    const unsigned char* we = w + (long long)e * expert_bytes;
-    const float* xe = x + (long long)(per_pair ? p : p / n_slots) * k;
-    if (rows == 4) fp4_runs<4>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
-    else if (rows == 2) fp4_runs<2>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
-    else fp4_runs<1>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
 }
 
 // ---- the committed dense_rows at other (rows, units in flight) -------------------------
@@ -564,29 +526,6 @@ int main(int argc, char** argv) {
                     matvec_fp4_runs_q8<<<(s.m + per_block - 1) / per_block, 128>>>(dw, row_bytes, s.k, s.m,
                                                                                    dx, dout, R, nullptr);
                 }, true);
-            }
-            if (copies >= 2) {
-                // Grouped: pair 0 = expert 1 (a copy of the weights), pair 1 = id -1.
-                int* dids;
-                const int ids[2] = {1, -1};
-                CK(cudaMalloc(&dids, 8));
-                CK(cudaMemcpy(dids, ids, 8, cudaMemcpyHostToDevice));
-                CK(cudaMemset(dout, 0xff, (size_t)s.m * 8));
-                const int per_block = 2 * 128 / L;
-                matvec_fp4_runs_id<<<dim3((s.m + per_block - 1) / per_block, 2), 128>>>(
-                    wbase, stride, row_bytes, s.k, s.m, copies, dx, 0, 2, dids, dout, 2, nullptr);
-                CK(cudaDeviceSynchronize());
-                std::vector<float> two(2 * (size_t)s.m);
-                CK(cudaMemcpy(two.data(), dout, two.size() * 4, cudaMemcpyDeviceToHost));
-                double err = 0;
-                bool zeros = true;
-                for (int r = 0; r < s.m; ++r) {
-                    err = fmax(err, fabs(two[r] - ref[r]) / refmax);
-                    zeros = zeros && two[s.m + r] == 0.0f;
-                }
-                printf("| %s | %d x %d | | matvec_fp4_runs_id R=2 (expert 1, id -1) | | | | | %.1e, zeros %s |\n",
-                       s.what, s.k, s.m, err, zeros ? "yes" : "NO");
-                CK(cudaFree(dids));
             }
         }
         CK(cudaFree(wbase));

@@ -10,63 +10,12 @@
 #include <vector>
 #include <random>
 #include "../../kernels/gpu/ds4.cu"
-
-#define CK(x)                                                                              \
-    do {                                                                                   \
-        cudaError_t e_ = (x);                                                              \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));     \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
+#include "bench_check.cuh"
 
 __global__ void empty_kernel(unsigned int* counters) { gpu_count_launch(counters, 0); }
 
-// Candidate: ds4_sinkhorn with one reciprocal per line, then products (results within
-// an ulp or so of the divisions).
-template <int HC>
-__device__ void sinkhorn_rcp(const float* M, const float* B, float scale, int iters, float eps, float* out) {
-    float c[HC * HC];
-#pragma unroll
-    for (int i = 0; i < HC * HC; ++i) c[i] = M[2 * HC + i] * scale + B[2 * HC + i];
-#pragma unroll
-    for (int i = 0; i < HC; ++i) {
-        float mx = DS4_NEG_INF, sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < HC; ++j) mx = fmaxf(mx, c[i * HC + j]);
-#pragma unroll
-        for (int j = 0; j < HC; ++j) {
-            c[i * HC + j] = expf(c[i * HC + j] - mx);
-            sum += c[i * HC + j];
-        }
-        const float inv = 1.0f / sum;
-#pragma unroll
-        for (int j = 0; j < HC; ++j) c[i * HC + j] = c[i * HC + j] * inv + eps;
-    }
-    for (int it = 0; it < (iters > 1 ? iters : 1); ++it) {
-#pragma unroll
-        for (int pass = (it > 0 ? 0 : 1); pass < 2; ++pass) {
-            float inv[HC];
-#pragma unroll
-            for (int l = 0; l < HC; ++l) {
-                float sum = 0.0f;
-#pragma unroll
-                for (int j = 0; j < HC; ++j) sum += c[pass ? j * HC + l : l * HC + j];
-                inv[l] = 1.0f / (sum + eps);
-            }
-#pragma unroll
-            for (int l = 0; l < HC; ++l)
-#pragma unroll
-                for (int j = 0; j < HC; ++j) c[pass ? j * HC + l : l * HC + j] *= inv[l];
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < HC * HC; ++i) out[i] = c[i];
-}
-
 // The Sinkhorn alone (mix M and base B in shared memory as ds4_hc_pre stages them).
-// mode 0: ds4_sinkhorn_warp (the committed one); 1: ds4_sinkhorn (serial, thread 0);
-// 2: sinkhorn_rcp (thread 0).
+// mode 0: ds4_sinkhorn_warp (the committed one); 1: ds4_sinkhorn (serial, thread 0).
 template <int HC>
 __global__ void sinkhorn_only(const float* m, const float* b, float scale, int iters, float eps,
                               int mode, float* out) {
@@ -77,8 +26,7 @@ __global__ void sinkhorn_only(const float* m, const float* b, float scale, int i
     }
     __syncthreads();
     if (mode == 0) ds4_sinkhorn_warp<HC>(M, B, scale, iters, eps, W);
-    else if (threadIdx.x == 0 && mode == 1) ds4_sinkhorn<HC>(M, B, scale, iters, eps, W);
-    else if (threadIdx.x == 0) sinkhorn_rcp<HC>(M, B, scale, iters, eps, W);
+    else if (threadIdx.x == 0) ds4_sinkhorn<HC>(M, B, scale, iters, eps, W);
     __syncthreads();
     if (threadIdx.x < HC * HC) out[threadIdx.x] = W[threadIdx.x];
 }
@@ -107,7 +55,7 @@ int main(int argc, char** argv) {
     float *out, *wts, *sk;
     CK(cudaMalloc(&out, d * 4));
     CK(cudaMalloc(&wts, nm * 4));
-    CK(cudaMalloc(&sk, 3 * hc * hc * 4));
+    CK(cudaMalloc(&sk, 2 * hc * hc * 4));
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaEvent_t e0, e1;
@@ -145,20 +93,16 @@ int main(int argc, char** argv) {
                ds4_hc_pre<<<1, DS4_HC_THREADS, 0, st>>>(streams, mix, scale, base, norm_w, d, hc, 20, 1e-6f, 1e-6f,
                                                        1, out, wts, 1, nullptr);
            }));
-    const char* names[] = {"Sinkhorn alone: warp (committed)", "Sinkhorn alone: serial, thread 0",
-                           "Sinkhorn alone: serial, reciprocals"};
-    for (int mode = 0; mode < 3; ++mode)
+    const char* names[] = {"Sinkhorn alone: warp (committed)", "Sinkhorn alone: serial, thread 0"};
+    for (int mode = 0; mode < 2; ++mode)
         printf("| %s, 20 rounds | %.2f |\n", names[mode], time([&] {
                    sinkhorn_only<4><<<1, 32, 0, st>>>(mix, base, 0.1f, 20, 1e-6f, mode, sk + mode * hc * hc);
                }));
     CK(cudaStreamSynchronize(st));
-    float h[3 * 16];
+    float h[2 * 16];
     CK(cudaMemcpy(h, sk, sizeof h, cudaMemcpyDeviceToHost));
-    float md = 0, mr = 0;
-    for (int i = 0; i < 16; ++i) {
-        md = fmaxf(md, fabsf(h[i] - h[16 + i]));
-        mr = fmaxf(mr, fabsf(h[32 + i] - h[16 + i]));
-    }
-    printf("\nSinkhorn vs serial divisions: warp max |diff| %.2e, reciprocals %.2e\n", md, mr);
+    float md = 0;
+    for (int i = 0; i < 16; ++i) md = fmaxf(md, fabsf(h[i] - h[16 + i]));
+    printf("\nwarp vs serial Sinkhorn: max |diff| %.2e\n", md);
     return 0;
 }

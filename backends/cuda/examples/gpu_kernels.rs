@@ -192,6 +192,64 @@ fn ref_values(w: &[f64], m: usize, k: usize, act: &[Vec<BlockQ8_1>]) -> Vec<f64>
     })
 }
 
+/// One MATMUL_ID of dense weights `w` (type `ty`, dequantised values `wv`, [k, m,
+/// experts]) on the columns `x` with `ids` (`slots` per token, `n_tok` tokens; one
+/// column per token, or per pair when `x` has one for each), the output first filled
+/// with NaN. Returns the launch counters from before it, the routed pairs' outputs, their
+/// reference rows (`act`: each column's q8_1 blocks) and whether every masked pair came
+/// out as exact zeros.
+#[allow(clippy::too_many_arguments)]
+fn run_dense_id(
+    g: &Gpu,
+    ty: u32,
+    (w, wv): (&[u8], &[f64]),
+    x: &[f32],
+    act: &[Vec<BlockQ8_1>],
+    ids: &[i32],
+    [k, m, experts, slots, n_tok]: [usize; 5],
+) -> (
+    std::collections::BTreeMap<String, u64>,
+    Vec<f32>,
+    Vec<f64>,
+    bool,
+) {
+    let pairs = ids.len();
+    let cols = x.len() / k;
+    let (bw, bx) = (g.buf(w), g.buf(&f32_bytes(x)));
+    let bi = g.buf(
+        &ids.iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    );
+    let bo = g.buf(&f32_bytes(&vec![f32::NAN; m * pairs]));
+    let before = g.counters();
+    g.op(
+        OP_MATMUL_ID,
+        &id_args(
+            [bw, bx, bi, bo],
+            (ty, 0),
+            [k, m, experts, slots, n_tok, cols],
+        ),
+    );
+    let got = g.read_f32(bo, 0, m * pairs);
+    let (mut gr, mut wr, mut zeros) = (Vec::new(), Vec::new(), true);
+    for (p, &e) in ids.iter().enumerate() {
+        let gs = &got[p * m..(p + 1) * m];
+        if e < 0 {
+            zeros &= gs.iter().all(|v| v.to_bits() == 0);
+            continue;
+        }
+        let c = if cols == pairs { p } else { p / slots };
+        let ew = &wv[e as usize * m * k..(e as usize + 1) * m * k];
+        wr.extend(ref_values(ew, m, k, &act[c..c + 1]));
+        gr.extend_from_slice(gs);
+    }
+    for b in [bw, bx, bi, bo] {
+        into_result((g.be.free)(b)).unwrap();
+    }
+    (before, gr, wr, zeros)
+}
+
 /// Prefill products of Q8_0 / ROCmFP4 weights (MATMUL with 16+ columns, MATMUL_ID with
 /// 4+ pairs per expert) on the MMQ tiles vs the CPU reference with the same q8_1
 /// activations; which kernel ran is checked too.
@@ -284,35 +342,15 @@ fn dense_mmq(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
                 }
             })
             .collect();
-        let (bw, bx) = (g.buf(&w), g.buf(&f32_bytes(&x)));
-        let bi = g.buf(
-            &ids.iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>(),
+        let (before, gr, wr, zeros) = run_dense_id(
+            g,
+            ty,
+            (&w, &wv),
+            &x,
+            &quant(&x, k),
+            &ids,
+            [k, m, experts, slots, n_tok],
         );
-        let bo = g.buf(&f32_bytes(&vec![f32::NAN; m * pairs]));
-        let before = g.counters();
-        g.op(
-            OP_MATMUL_ID,
-            &id_args(
-                [bw, bx, bi, bo],
-                (ty, 0),
-                [k, m, experts, slots, n_tok, n_tok],
-            ),
-        );
-        let got = g.read_f32(bo, 0, m * pairs);
-        let act = quant(&x, k);
-        let (mut gr, mut wr, mut zeros) = (Vec::new(), Vec::new(), true);
-        for (p, &e) in ids.iter().enumerate() {
-            let gs = &got[p * m..(p + 1) * m];
-            if e < 0 {
-                zeros &= gs.iter().all(|v| v.to_bits() == 0);
-                continue;
-            }
-            let ew = &wv[e as usize * m * k..(e as usize + 1) * m * k];
-            wr.extend(ref_values(ew, m, k, &act[p / slots..p / slots + 1]));
-            gr.extend_from_slice(gs);
-        }
         let want_kernel = if tiles {
             "mmq_mma_id"
         } else {
@@ -329,9 +367,6 @@ fn dense_mmq(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
             ran(&before, want_kernel),
             want_kernel,
         );
-        for b in [bw, bx, bi, bo] {
-            into_result((g.be.free)(b)).unwrap();
-        }
     }
     all_ok
 }
@@ -426,36 +461,12 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     let ids: Vec<i32> = (0..slots as i32)
         .map(|s| if s == 2 { -1 } else { (s * 3) % 4 })
         .collect();
-    let (bw, bx) = (g.buf(&w), g.buf(&f32_bytes(&x)));
-    let bi = g.buf(
-        &ids.iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect::<Vec<u8>>(),
-    );
-    let bo = g.buf(&f32_bytes(&vec![f32::NAN; m * slots]));
-    let before = g.counters();
-    g.op(
-        OP_MATMUL_ID,
-        &id_args([bw, bx, bi, bo], (100, 0), [k, m, experts, slots, 1, slots]),
-    );
-    let got = g.read_f32(bo, 0, m * slots);
-    let (mut gr, mut wr, mut zeros) = (Vec::new(), Vec::new(), true);
-    for (p, &e) in ids.iter().enumerate() {
-        let gs = &got[p * m..(p + 1) * m];
-        if e < 0 {
-            zeros &= gs.iter().all(|v| v.to_bits() == 0);
-            continue;
-        }
-        let xs = &x[p * k..(p + 1) * k];
-        let ew = &wv[e as usize * m * k..(e as usize + 1) * m * k];
-        wr.extend(ref_values(
-            ew,
-            m,
-            k,
-            &[xs.chunks_exact(32).map(BlockQ8_1::quantize).collect()],
-        ));
-        gr.extend_from_slice(gs);
-    }
+    let act: Vec<Vec<BlockQ8_1>> = x
+        .chunks_exact(k)
+        .map(|c| c.chunks_exact(32).map(BlockQ8_1::quantize).collect())
+        .collect();
+    let (before, gr, wr, zeros) =
+        run_dense_id(g, 100, (&w, &wv), &x, &act, &ids, [k, m, experts, slots, 1]);
     let e = if zeros { rel(&gr, &wr) } else { f64::INFINITY };
     let want = "matvec_fp4_runs_q8_id";
     report(
@@ -464,9 +475,6 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         ran(&before, want),
         want,
     );
-    for b in [bw, bx, bi, bo] {
-        into_result((g.be.free)(b)).unwrap();
-    }
     all_ok
 }
 

@@ -550,47 +550,34 @@ unsafe fn matmul_id_dense_inner(
     holds(&out, types::F32, m * pairs, "matmul_id output")?;
     let px = f32p(gpu, &x)?;
     let pw = gpu.ptr(&w, dense_align(w.type_id))?;
+    let runs = crate::ops::fp4_runs(w.type_id, k, m, 1, pw, px);
+    // The kernels take the same arguments up to their layout parameter, the runs kernel
+    // without the type.
+    let with_ty = KArgs::default().p(pw).p(row_bytes * m).p(row_bytes);
+    let common = if runs.is_some() {
+        with_ty
+    } else {
+        with_ty.i(w.type_id as i32)
+    }
+    .i(to_i32(k, "k")?)
+    .i(to_i32(m, "m")?)
+    .i(to_i32(experts, "experts")?)
+    .p(px)
+    .i(per_pair)
+    .i(to_i32(n_slots, "slots")?)
+    .p(gpu.ptr(&ids, 4)?)
+    .p(f32p(gpu, &out)?);
     // ROCmFP4 in whole runs (experts, rows and columns stay 16-byte aligned: 144 bytes per
     // run, k whole runs).
-    if let Some(rows) = crate::ops::fp4_runs(w.type_id, k, m, 1, pw, px) {
-        return KArgs::default()
-            .p(pw)
-            .p(row_bytes * m)
-            .p(row_bytes)
-            .i(to_i32(k, "k")?)
-            .i(to_i32(m, "m")?)
-            .i(to_i32(experts, "experts")?)
-            .p(px)
-            .i(per_pair)
-            .i(to_i32(n_slots, "slots")?)
-            .p(gpu.ptr(&ids, 4)?)
-            .p(f32p(gpu, &out)?)
-            .i(rows as i32)
-            .launch(
-                gpu,
-                "matvec_fp4_runs_q8_id",
-                (
-                    m.div_ceil(crate::ops::fp4_runs_rows_per_block(k, rows)),
-                    pairs,
-                    1,
-                ),
-                128,
-            );
+    if let Some(rows) = runs {
+        let per_block = crate::ops::fp4_runs_rows_per_block(k, rows);
+        return common.i(rows as i32).launch(
+            gpu,
+            "matvec_fp4_runs_q8_id",
+            (m.div_ceil(per_block), pairs, 1),
+            128,
+        );
     }
-    // Both kernels take the same arguments up to their layout parameter.
-    let common = KArgs::default()
-        .p(pw)
-        .p(row_bytes * m)
-        .p(row_bytes)
-        .i(w.type_id as i32)
-        .i(to_i32(k, "k")?)
-        .i(to_i32(m, "m")?)
-        .i(to_i32(experts, "experts")?)
-        .p(px)
-        .i(per_pair)
-        .i(to_i32(n_slots, "slots")?)
-        .p(gpu.ptr(&ids, 4)?)
-        .p(f32p(gpu, &out)?);
     // One column per pair: the decode mat-vec layout where it applies (x + col * k stays
     // 16-byte aligned: k is whole 32-value blocks for those types).
     match dense_rows(w.type_id, m, 1, px) {
