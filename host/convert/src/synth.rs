@@ -7,6 +7,7 @@
 use anyhow::{bail, Result};
 use moe_gguf::{GgufWriter, Value};
 use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
+use rayon::prelude::*;
 
 use crate::{config::Ds4Config, metadata, tokenizer};
 
@@ -111,37 +112,21 @@ impl Gen {
         let ty = self.mix.map(ty);
         let target = 1.0 / (k as f32).sqrt();
         let blocks = k / 32 * rows;
-        // Random bytes in bulk (the generator's fill is fast even in debug builds), then
-        // each block's scale bytes set.
-        let mut random = |block: usize| {
-            let mut out = vec![0u8; blocks * block];
-            self.rng.fill_bytes(&mut out);
-            out
-        };
         match ty {
             ROCMFP2 => {
                 // affine: value = code * S - O; codes uniform 0..3 -> rms ~ 1.1 S with O = 1.5 S
                 let s = ue4m3_near(target / 1.1);
                 let o = ue4m3_near(1.5 * target / 1.1);
-                let mut out = random(10);
-                for b in out.chunks_exact_mut(10) {
-                    b[8..].copy_from_slice(&[s, o]);
-                }
-                out
+                self.random_blocks(blocks, 10, |b| b[8..].copy_from_slice(&[s, o]))
             }
             ROCMFP4 => {
                 // codes: sign + magnitude {0,1,2,3,4,6,8,10} (rms ~5.1); two half scales
                 let s = ue4m3_near(target / 5.1);
-                let mut out = random(18);
-                for b in out.chunks_exact_mut(18) {
-                    b[16..].copy_from_slice(&[s, s]);
-                }
-                out
+                self.random_blocks(blocks, 18, |b| b[16..].copy_from_slice(&[s, s]))
             }
             Q8_0 => {
                 let d = half::f16::from_f32(target / 73.0).to_le_bytes();
-                let mut out = random(34);
-                for b in out.chunks_exact_mut(34) {
+                self.random_blocks(blocks, 34, |b| {
                     b[..2].copy_from_slice(&d);
                     // int8 codes in -127..=127
                     for q in &mut b[2..] {
@@ -149,13 +134,36 @@ impl Gen {
                             *q = 0x81;
                         }
                     }
-                }
-                out
+                })
             }
             _ => (0..k * rows)
                 .flat_map(|_| ((self.rng.gen::<f32>() * 2.0 - 1.0) * target * 1.7).to_le_bytes())
                 .collect(),
         }
+    }
+
+    /// `blocks` blocks of `block` random bytes, each then passed to `fix` (its scale
+    /// bytes). Filled in parallel, ~16 MiB per task, each task's generator seeded from
+    /// one draw of the model's generator and the task's index (a 43-layer model is
+    /// ~91 GB: one core is too slow, also for the page faults).
+    fn random_blocks(
+        &mut self,
+        blocks: usize,
+        block: usize,
+        fix: impl Fn(&mut [u8]) + Sync,
+    ) -> Vec<u8> {
+        let mut out = vec![0u8; blocks * block];
+        let base = self.rng.next_u64();
+        let per_task = ((16 << 20) / block).max(1) * block;
+        out.par_chunks_mut(per_task)
+            .enumerate()
+            .for_each(|(i, chunk)| {
+                let mut rng =
+                    StdRng::seed_from_u64(base ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                rng.fill_bytes(chunk);
+                chunk.chunks_exact_mut(block).for_each(&fix);
+            });
+        out
     }
 
     fn floats(&mut self, n: usize, centre: f32, spread: f32) -> Vec<u8> {

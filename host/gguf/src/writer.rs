@@ -4,6 +4,8 @@ use std::collections::HashSet;
 use std::io::{self, Write};
 use std::path::Path;
 
+use rayon::prelude::*;
+
 use crate::reader::{DEFAULT_ALIGNMENT, MAX_DIMS};
 use crate::value::*;
 
@@ -70,12 +72,32 @@ impl GgufWriter {
     /// The whole file in memory (as [`write_to`](Self::write_to) writes it), each tensor's
     /// data released once copied, so the peak is the file plus one tensor rather than
     /// twice the file (a synthetic 43-layer model is ~91 GB).
+    ///
+    /// The tensors are copied in parallel, in 16 MiB pieces (the copy and its page faults
+    /// took a single core most of a minute for the benchmark's 13 GB model).
     pub fn into_bytes(self) -> io::Result<Vec<u8>> {
+        const PIECE: usize = 16 << 20;
         let (head, total) = self.header()?;
-        let mut out = Vec::with_capacity(total as usize);
-        let datas = self.tensors.into_iter().map(|t| t.data);
-        emit(&mut out, &head, datas, self.alignment)?;
-        debug_assert_eq!(out.len() as u64, total);
+        // Zero-filled: the padding between tensors stays zero.
+        let mut out = vec![0u8; total as usize];
+        out[..head.len()].copy_from_slice(&head);
+        // Hand each tensor its own slice of the image at its aligned offset.
+        let mut jobs = Vec::with_capacity(self.tensors.len());
+        let mut rest = &mut out[head.len()..];
+        let mut pos = head.len() as u64;
+        for t in self.tensors {
+            let start = pos.next_multiple_of(self.alignment);
+            let tail = std::mem::take(&mut rest);
+            let (dst, after) = tail[(start - pos) as usize..].split_at_mut(t.data.len());
+            rest = after;
+            pos = start + t.data.len() as u64;
+            jobs.push((dst, t.data));
+        }
+        jobs.into_par_iter().for_each(|(dst, data)| {
+            dst.par_chunks_mut(PIECE)
+                .zip(data.par_chunks(PIECE))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+        });
         Ok(out)
     }
 
