@@ -1125,19 +1125,6 @@ GPU_DEV void fp4_run_load(const unsigned char* const (&rows)[R], int g, fp4_run<
     }
 }
 
-// ---------------------------------------------------------------------------------
-// The same runs with 8-bit activations: matvec_fp4_runs_q8. Each block quantises x
-// itself (per 32 values d = amax / 127, q = round(x / d), as quantize_q8_1) into shared
-// memory, so no launch is added; codes become int8 values through byte permutes and
-// the products are dp4a, ~2 instructions a weight (the shared-table decode above runs
-// ~12 and is bound by the L1 / shared-memory pipe). Byte i of a code word holds value
-// i of the block's first half (low nibble) and of its second (high); a permute picks
-// four nibbles' magnitudes at once, and the two halves (two scales) are kept apart by
-// activation words with every other byte zero. Sign: codes with bit 3 set select a
-// zero byte (PTX reads a selector's bit 3 as "replicate the sign", and no magnitude has
-// one), so the positive and negative codes' magnitudes come from two permutes (the
-// second of the word with every bit 3 flipped) into two sums.
-
 // The end of a runs kernel: each row's sum over the L threads sharing it, stored by the
 // first of them.
 template <int R>

@@ -1131,15 +1131,17 @@ mod tests {
             one(TYPE_ROCMFP4, 4096, 1023, 1, 0x2000),
             ("matvec_dense_rows", 512, 128, DenseLayout::Rows(2))
         );
-        // Not whole runs, or over the staged k: the rows layout.
+        // Not whole runs, over the staged k, or misaligned activations: the rows layout
+        // (or matvec_dense), however many rows.
         assert_eq!(
-            one(TYPE_ROCMFP4, 4000, 1023, 1, 0x2000),
-            ("matvec_dense_rows", 512, 128, DenseLayout::Rows(2))
+            one(TYPE_ROCMFP4, 4000, 32768, 1, 0x2000),
+            ("matvec_dense_rows", 8192, 128, DenseLayout::Rows(4))
         );
         assert_eq!(
-            one(TYPE_ROCMFP4, 8448, 1023, 1, 0x2000).0,
+            one(TYPE_ROCMFP4, 8448, 32768, 1, 0x2000).0,
             "matvec_dense_rows"
         );
+        assert_eq!(one(TYPE_ROCMFP4, 1024, 32768, 1, 0x2008).0, "matvec_dense");
         // A few rows of f32 (an mHC mix): a 1024-thread block per row.
         assert_eq!(
             one(types::F32, 16384, 24, 1, 0x2000),
