@@ -1083,11 +1083,11 @@ extern "C" __global__ void __launch_bounds__(128)
 // (rows 16-byte aligned), so thread j of the L threads sharing a row set (L = runs per
 // row, at most 32, a power of two) takes runs j, j + L, ... of R rows: each thread has
 // 9 R words in flight, loaded before the dependent-launch wait (the weights never
-// change) so they overlap the previous kernel. Each block quantises x itself (per 32
+// change) so they can overlap the previous kernel's tail. Each block quantises x itself (per 32
 // values d = amax / 127, q = round(x / d), as quantize_q8_1) into shared memory, so no
 // launch is added; codes become int8 values through byte permutes and the products are
-// dp4a, ~2 instructions a weight (dense_rows' shared-table decode runs ~12 and is bound
-// by the L1 / shared-memory pipe). Byte i of a code word holds value i of the block's
+// dp4a, about 2 instructions a weight by count (dense_rows' shared-table decode runs
+// ~12 by Nsight Compute and is bound by the L1 / shared-memory pipe). Byte i of a code word holds value i of the block's
 // first half (low nibble) and of its second (high); a permute picks four nibbles'
 // magnitudes at once, and the two halves (two scales) are kept apart by activation
 // words with every other byte zero. Sign: codes with bit 3 set select a zero byte (PTX
