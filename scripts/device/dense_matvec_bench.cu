@@ -144,99 +144,6 @@ __device__ void fp4_rows_q8(const unsigned char* __restrict__ w, long long row_b
     rows_block_store<R>(acc, red, r0, m, out);
 }
 
-// ---- candidate (measured 15:43, not adopted: docs/notes/dense-matvec-h200.md round 6):
-// the runs layout of matvec_fp4_runs_q8 with f32 activations staged in shared memory
-// (16-byte chunks swizzled by run) and dense_rows' shared-table decode. ---------------
-// lut[(word >> S) & 15], addressed by a byte offset: one shift and one mask per value.
-template <int S>
-GPU_DEV float fp4_lut_at(const float* lut, unsigned int word) {
-    const unsigned int off = (S >= 2 ? word >> (S - 2) : word << (2 - S)) & 0x3cu;
-    return *(const float*)((const char*)lut + off);
-}
-
-// Run g's dot products with the staged activations xs.
-template <int R>
-GPU_DEV void fp4_run_dot(const fp4_run<R>& run, int g, const gpu_f4* xs, const float* lut,
-                         const float* sc, float (&acc)[R]) {
-    const int sw = g & 7;
-    const gpu_f4* xr = xs + 64 * g;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        gpu_f4 a[8];
-#pragma unroll
-        for (int t = 0; t < 8; ++t) a[t] = xr[8 * i + (t ^ sw)];
-        // Block i starts at byte 18 i: word 9i / 2 (i even) or half-way into it (i odd).
-        const int b0 = (9 * i) >> 1;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const unsigned int* v = run.v[r];
-            unsigned int cw[4];
-#pragma unroll
-            for (int t = 0; t < 4; ++t)
-                cw[t] = (i & 1) ? (v[b0 + t] >> 16) | (v[b0 + t + 1] << 16) : v[b0 + t];
-            const unsigned int e = (i & 1) ? v[b0 + 4] >> 16 : v[b0 + 4] & 0xffffu;
-            float lo = 0.0f, hi = 0.0f;
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-                lo += fp4_lut_at<0>(lut, cw[t]) * a[t].x + fp4_lut_at<8>(lut, cw[t]) * a[t].y +
-                      fp4_lut_at<16>(lut, cw[t]) * a[t].z + fp4_lut_at<24>(lut, cw[t]) * a[t].w;
-                hi += fp4_lut_at<4>(lut, cw[t]) * a[4 + t].x +
-                      fp4_lut_at<12>(lut, cw[t]) * a[4 + t].y +
-                      fp4_lut_at<20>(lut, cw[t]) * a[4 + t].z +
-                      fp4_lut_at<28>(lut, cw[t]) * a[4 + t].w;
-            }
-            acc[r] += sc[e & 255u] * lo + sc[e >> 8] * hi;
-        }
-    }
-}
-
-// The kernels' shared memory (one instance whatever R).
-struct fp4_runs_smem {
-    gpu_f4 xs[FP4_RUNS_MAX_K / 4];
-    float lut[16];
-    float sc[256];
-};
-
-// The mat-vec of R-row sets; `wait`: the dependent-launch wait (and launch count) comes
-// after the first run's loads (else the caller has waited). grid = ceil(m / (R 128 / L)).
-template <int R>
-GPU_DEV void fp4_runs(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
-                      const float* __restrict__ x, float* __restrict__ out, bool wait,
-                      unsigned int* counters, int kid, fp4_runs_smem& sm) {
-    gpu_f4* xs = sm.xs;
-    float* lut = sm.lut;
-    float* sc = sm.sc;
-    const int L = fp4_runs_lanes(k), runs = k >> 8, t = threadIdx.x, j = t & (L - 1);
-    const int r0 = (blockIdx.x * (128 / L) + t / L) * R;
-    const unsigned char* rows[R];
-    float acc[R];
-    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
-    fp4_run<R> run;
-    fp4_run_load<R>(rows, j, run);
-    if (wait) gpu_count_launch(counters, kid);
-    // Chunk c = 64 g + 8 i + t (run g, block i) at 64 g + 8 i + (t ^ (g & 7)).
-    for (int c = t; c < k / 4; c += 128) xs[c ^ ((c >> 6) & 7)] = ((const gpu_f4*)x)[c];
-    fp4_tables(lut, sc);  // its barrier publishes xs too
-    for (int g = j; g < runs; g += L) {
-        if (g != j) fp4_run_load<R>(rows, g, run);
-        fp4_run_dot<R>(run, g, xs, lut, sc, acc);
-    }
-    fp4_runs_store<R>(acc, L, j, r0, m, out);
-}
-
-// matvec_fp4_runs with rows = R in 1, 2, 4: one f32 column of ROCmFP4 weights. Needs
-// k % 256 == 0, k <= FP4_RUNS_MAX_K, w and row_bytes 16-byte aligned, x 16-byte aligned.
-extern "C" __global__ void __launch_bounds__(128)
-    matvec_fp4_runs(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
-                    const float* __restrict__ x, float* __restrict__ out, int rows,
-                    unsigned int* counters) {
-    __shared__ fp4_runs_smem sm;
-    const int kid = 0;
-    if (rows == 4) fp4_runs<4>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
-    else if (rows == 2) fp4_runs<2>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
-    else fp4_runs<1>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
-}
-
 // ---- the committed dense_rows at other (rows, units in flight) -------------------------
 template <int TY, int R, int U>
 __global__ void __launch_bounds__(128) rows_variant(const unsigned char* __restrict__ w, long long row_bytes,
@@ -509,15 +416,6 @@ int main(int argc, char** argv) {
         if (s.ty == DT_ROCMFP4 && s.k % 256 == 0 && s.k <= FP4_RUNS_MAX_K) {
             int L = 1;
             while (2 * L <= s.k / 256 && L < 32) L *= 2;
-            for (int R : {1, 2, 4}) {
-                const int per_block = R * 128 / L;
-                char nm[64];
-                snprintf(nm, sizeof nm, "matvec_fp4_runs R=%d (%d rows a block)", R, per_block);
-                row(nm, [&] {
-                    matvec_fp4_runs<<<(s.m + per_block - 1) / per_block, 128>>>(dw, row_bytes, s.k, s.m, dx,
-                                                                                dout, R, nullptr);
-                }, true);
-            }
             for (int R : {1, 2, 4}) {
                 const int per_block = R * 128 / L;
                 char nm[64];
