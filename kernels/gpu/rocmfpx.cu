@@ -34,6 +34,7 @@
 #define KID_MMVQ_ID_107 37
 #define KID_MATVEC_FP4_RUNS_Q8 38
 #define KID_MATVEC_FP4_RUNS_Q8_ID 39
+#define KID_MATVEC_DENSE_ROWS_MULTI 40
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -405,23 +406,54 @@ extern "C" __global__ void __launch_bounds__(128)
 
 // One token's MATMUL_ID (a decode step): its pairs name distinct experts, so block row
 // y = pair y reads ids[y] itself and no moe_sort runs; masked ids (outside 0..E) give
-// zeros. Each output is the same sum as mmvq_grouped_107's (one column per expert).
-// grid = (ceil(m / 4), pairs), block = 128.
+// zeros. Each warp takes R = `rows` (1, 2, 4) rows, loading each activation once for
+// them (with one row a warp the activations' L1 loads outnumber the weights': ncu, 18:00
+// UTC); every output is the same sum as mmvq_grouped_107's, whatever R.
+// grid = (ceil(m / (4 R)), pairs), block = 128.
+template <int R>
+GPU_DEV void mmvq_id_rows(const unsigned char* __restrict__ w, long long expert_bytes, int nb,
+                          int m, int n_experts, const q8_1_block* __restrict__ act,
+                          int act_per_pair, int n_slots, const int* __restrict__ ids,
+                          float* __restrict__ out, int affine) {
+    const int r0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R, p = blockIdx.y, e = ids[p];
+    if (r0 >= m) return;
+    const bool lead = (threadIdx.x & 31) == 0;
+    float* o = out + (long long)p * m;
+    if (e < 0 || e >= n_experts) {
+        if (lead)
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r0 + r < m) o[r0 + r] = 0.0f;
+        return;
+    }
+    const unsigned char* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        // Rows past the end repeat the last row (computed, never stored).
+        const int rr = r0 + r < m ? r0 + r : m - 1;
+        rows[r] = w + (long long)e * expert_bytes + (long long)rr * nb * RF2_BLOCK_BYTES;
+    }
+    const q8_1_block* const cols[1] = {act + (long long)(act_per_pair ? p : p / n_slots) * nb};
+    float acc[R][1];
+    rf2_rows_dot<1, R>(rows, nb, cols, affine, acc);
+    if (lead)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (r0 + r < m) o[r0 + r] = acc[r][0];
+}
+
 extern "C" __global__ void __launch_bounds__(128)
     mmvq_id_107(const unsigned char* __restrict__ w, long long expert_bytes, int nb, int m,
                 int n_experts, const q8_1_block* __restrict__ act, int act_per_pair, int n_slots,
-                const int* __restrict__ ids, float* __restrict__ out, int affine,
+                const int* __restrict__ ids, float* __restrict__ out, int affine, int rows,
                 unsigned int* counters) {
     gpu_count_launch(counters, KID_MMVQ_ID_107);
-    const int r0 = blockIdx.x * 4 + (threadIdx.x >> 5), p = blockIdx.y, e = ids[p];
-    if (r0 >= m) return;
-    if (e < 0 || e >= n_experts) {
-        if ((threadIdx.x & 31) == 0) out[(long long)p * m + r0] = 0.0f;
-        return;
-    }
-    const unsigned char* const rows[1] = {w + (long long)e * expert_bytes +
-                                          (long long)r0 * nb * RF2_BLOCK_BYTES};
-    grouped_chunk<1>(rows, nb, m, r0, act, act_per_pair, n_slots, &p, out, affine);
+    if (rows == 4)
+        mmvq_id_rows<4>(w, expert_bytes, nb, m, n_experts, act, act_per_pair, n_slots, ids, out, affine);
+    else if (rows == 2)
+        mmvq_id_rows<2>(w, expert_bytes, nb, m, n_experts, act, act_per_pair, n_slots, ids, out, affine);
+    else
+        mmvq_id_rows<1>(w, expert_bytes, nb, m, n_experts, act, act_per_pair, n_slots, ids, out, affine);
 }
 
 // ---------------------------------------------------------------------------------
@@ -971,16 +1003,17 @@ GPU_DEV void rows_block_store(const float (&acc)[R], float (*red)[R], int r0, in
 // scale bytes decode through shared tables. U > 1 stages U units' loads before their
 // arithmetic; measured on the V4-Flash shapes (scripts/device/dense_matvec_bench.sh),
 // U = 1 (the compiler's own scheduling) was as fast or faster, so the kernels use it.
-// Needs k % 32 == 0, rows 2-byte aligned, x 16-byte aligned. grid = ceil(m / R).
+// Needs k % 32 == 0, rows 2-byte aligned, x 16-byte aligned. Block blk takes rows
+// blk * R..; grid = ceil(m / R).
 template <int TY, int R, int U>
 GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
-                        const float* __restrict__ x, float* __restrict__ out) {
+                        const float* __restrict__ x, float* __restrict__ out, int blk) {
     __shared__ float lut[16];
     __shared__ float sc[256];
     __shared__ float red[4][R];
     const int t = threadIdx.x;
     if (TY == DT_ROCMFP4) fp4_tables(lut, sc);
-    const int r0 = blockIdx.x * R;
+    const int r0 = blk * R;
     const unsigned char* rows[R];
     float acc[R];
     rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
@@ -1036,15 +1069,15 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
 // one unit in flight.
 GPU_DEV void dense_rows_any(const unsigned char* __restrict__ w, long long row_bytes, int ty,
                             int k, int m, const float* __restrict__ x, float* __restrict__ out,
-                            int rows) {
+                            int rows, int blk) {
     if (ty == DT_Q8_0) {
-        if (rows == 4) dense_rows<DT_Q8_0, 4, 1>(w, row_bytes, k, m, x, out);
-        else if (rows == 2) dense_rows<DT_Q8_0, 2, 1>(w, row_bytes, k, m, x, out);
-        else dense_rows<DT_Q8_0, 1, 1>(w, row_bytes, k, m, x, out);
+        if (rows == 4) dense_rows<DT_Q8_0, 4, 1>(w, row_bytes, k, m, x, out, blk);
+        else if (rows == 2) dense_rows<DT_Q8_0, 2, 1>(w, row_bytes, k, m, x, out, blk);
+        else dense_rows<DT_Q8_0, 1, 1>(w, row_bytes, k, m, x, out, blk);
     } else {
-        if (rows == 4) dense_rows<DT_ROCMFP4, 4, 1>(w, row_bytes, k, m, x, out);
-        else if (rows == 2) dense_rows<DT_ROCMFP4, 2, 1>(w, row_bytes, k, m, x, out);
-        else dense_rows<DT_ROCMFP4, 1, 1>(w, row_bytes, k, m, x, out);
+        if (rows == 4) dense_rows<DT_ROCMFP4, 4, 1>(w, row_bytes, k, m, x, out, blk);
+        else if (rows == 2) dense_rows<DT_ROCMFP4, 2, 1>(w, row_bytes, k, m, x, out, blk);
+        else dense_rows<DT_ROCMFP4, 1, 1>(w, row_bytes, k, m, x, out, blk);
     }
 }
 
@@ -1053,7 +1086,45 @@ extern "C" __global__ void __launch_bounds__(128)
                       int m, const float* __restrict__ x, float* __restrict__ out, int rows,
                       unsigned int* counters) {
     gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS);
-    dense_rows_any(w, row_bytes, ty, k, m, x, out, rows);
+    dense_rows_any(w, row_bytes, ty, k, m, x, out, rows, blockIdx.x);
+}
+
+// Up to DENSE_MULTI_MAX products of one input (same type, k and row length) in one
+// launch: product i's blocks are first[i]..first[i + 1] (first[0] = 0), rows[i] rows a
+// block, each block as matvec_dense_rows runs it, so every output is its MATMUL's,
+// bit for bit. A decode step's small products of one activation (wq_a + wkv, the
+// compressors' kv + gate, the shared expert's gate + up) are bound by their loads'
+// latency more than by their bytes; one launch pays it once. Must match DenseMulti in
+// gpu-common's ops.rs.
+#define DENSE_MULTI_MAX 8
+struct dense_multi {
+    const unsigned char* w[DENSE_MULTI_MAX];
+    float* out[DENSE_MULTI_MAX];
+    int m[DENSE_MULTI_MAX];
+    int first[DENSE_MULTI_MAX];
+    int rows[DENSE_MULTI_MAX];
+    int n;
+};
+
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_dense_rows_multi(dense_multi p, long long row_bytes, int ty, int k,
+                            const float* __restrict__ x, unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS_MULTI);
+    // Static indices only: the parameter block stays where it is.
+    const int b = blockIdx.x;
+    const unsigned char* w = p.w[0];
+    float* out = p.out[0];
+    int m = p.m[0], rows = p.rows[0], b0 = 0;
+#pragma unroll
+    for (int i = 1; i < DENSE_MULTI_MAX; ++i)
+        if (i < p.n && b >= p.first[i]) {
+            w = p.w[i];
+            out = p.out[i];
+            m = p.m[i];
+            rows = p.rows[i];
+            b0 = p.first[i];
+        }
+    dense_rows_any(w, row_bytes, ty, k, m, x, out, rows, b - b0);
 }
 
 // Grouped matvec_dense_rows (see matvec_dense_id for pairs and ids): block row y is
@@ -1074,7 +1145,7 @@ extern "C" __global__ void __launch_bounds__(128)
         return;
     }
     dense_rows_any(w + (long long)e * expert_bytes, row_bytes, ty, k, m,
-                   x + (long long)(per_pair ? p : p / n_slots) * k, o, rows);
+                   x + (long long)(per_pair ? p : p / n_slots) * k, o, rows, blockIdx.x);
 }
 
 // ---------------------------------------------------------------------------------
@@ -1265,24 +1336,26 @@ GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_byte
     fp4_runs_store<R>(acc, L, j, r0, m, out);
 }
 
-// One f32 column of ROCmFP4 weights, rows = R in 1, 2, 4 rows per thread. Needs k % 256
+// One f32 column of ROCmFP4 weights, rows = R in 1, 2 rows per thread. Needs k % 256
 // == 0, k <= FP4_RUNS_MAX_K, w and row_bytes 16-byte aligned, x 16-byte aligned.
-// grid = ceil(m / (R 128 / L)).
-extern "C" __global__ void __launch_bounds__(128)
+// grid = ceil(m / (R 128 / L)). A kernel's registers are those of its largest path:
+// with a 4-row path too it took 247 a thread, two blocks an SM (ncu, 18:00 UTC), so
+// two rows at most and at least four blocks an SM.
+#define FP4_RUNS_MIN_BLOCKS 4
+extern "C" __global__ void __launch_bounds__(128, FP4_RUNS_MIN_BLOCKS)
     matvec_fp4_runs_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
                        const float* __restrict__ x, float* __restrict__ out, int rows,
                        unsigned int* counters) {
     __shared__ fp4_q8_smem sm;
     const int kid = KID_MATVEC_FP4_RUNS_Q8;
-    if (rows == 4) fp4_runs_q8<4>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
-    else if (rows == 2) fp4_runs_q8<2>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
+    if (rows == 2) fp4_runs_q8<2>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
     else fp4_runs_q8<1>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
 }
 
 // The grouped form (pairs and ids as matvec_dense_rows_id): block row y is pair p, with
 // expert ids[p]'s rows and activation column p (per_pair) or p / n_slots; ids outside
 // 0..E give zeros. grid = (ceil(m / (rows 128 / L)), pairs).
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(128, FP4_RUNS_MIN_BLOCKS)
     matvec_fp4_runs_q8_id(const unsigned char* __restrict__ w, long long expert_bytes,
                           long long row_bytes, int k, int m, int n_experts,
                           const float* __restrict__ x, int per_pair, int n_slots,
@@ -1298,8 +1371,7 @@ extern "C" __global__ void __launch_bounds__(128)
     }
     const unsigned char* we = w + (long long)e * expert_bytes;
     const float* xe = x + (long long)(per_pair ? p : p / n_slots) * k;
-    if (rows == 4) fp4_runs_q8<4>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
-    else if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
+    if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
     else fp4_runs_q8<1>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
 }
 

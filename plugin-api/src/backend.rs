@@ -143,6 +143,10 @@ pub mod ops {
     pub const GRAPH_BEGIN: u32 = 26;
     pub const GRAPH_END: u32 = 27;
     pub const GRAPH_LAUNCH: u32 = 28;
+    /// Several products of one input (ABI 1.2): out_i = W_i x for each pair, each as
+    /// MATMUL computes it (a backend may run compatible ones in one launch). args: x
+    /// (F32 [k, n]), then pairs w_i ([k, m_i]), out_i (F32 [m_i, n]); at least one.
+    pub const MATMUL_MULTI: u32 = 29;
 }
 
 /// MOE_COMBINE's arguments: (y, w, out, optional shared expert output).

@@ -41,7 +41,8 @@ pub const ABI_MAJOR: u32 = 1;
 /// Minor version. A plugin built against an older minor of the same major loads; fields
 /// added to prefix tables since then read as absent.
 /// 1: the DeepSeek-V4 glue ops, MATMUL_ID and graph capture (`backend::ops` 9, 16..=28).
-pub const ABI_MINOR: u32 = 1;
+/// 2: MATMUL_MULTI (`backend::ops` 29).
+pub const ABI_MINOR: u32 = 2;
 
 /// Explicit ABI version carried by every root module.
 #[repr(C)]

@@ -149,7 +149,7 @@ template <int TY, int R, int U>
 __global__ void __launch_bounds__(128) rows_variant(const unsigned char* __restrict__ w, long long row_bytes,
                                                     int k, int m, const float* __restrict__ x,
                                                     float* __restrict__ out) {
-    dense_rows<TY, R, U>(w, row_bytes, k, m, x, out);
+    dense_rows<TY, R, U>(w, row_bytes, k, m, x, out, blockIdx.x);
 }
 
 template <int TY, int R>
@@ -222,6 +222,7 @@ int main(int argc, char** argv) {
         {"wq_b fp4", DT_ROCMFP4, 1024, 32768},
         {"wo_b fp4", DT_ROCMFP4, 8192, 4096},
         {"shexp gate fp4", DT_ROCMFP4, 4096, 2048},
+        {"shexp down fp4", DT_ROCMFP4, 2048, 4096},
         {"wo_a group fp4", DT_ROCMFP4, 4096, 1024},
         {"wq_a fp4", DT_ROCMFP4, 4096, 1024},
         {"wkv fp4", DT_ROCMFP4, 4096, 512},
@@ -416,10 +417,12 @@ int main(int argc, char** argv) {
         if (s.ty == DT_ROCMFP4 && s.k % 256 == 0 && s.k <= FP4_RUNS_MAX_K) {
             int L = 1;
             while (2 * L <= s.k / 256 && L < 32) L *= 2;
-            for (int R : {1, 2, 4}) {
+            cudaFuncAttributes fa;
+            CK(cudaFuncGetAttributes(&fa, matvec_fp4_runs_q8));
+            for (int R : {1, 2}) {
                 const int per_block = R * 128 / L;
                 char nm[64];
-                snprintf(nm, sizeof nm, "matvec_fp4_runs_q8 R=%d (8-bit act.)", R);
+                snprintf(nm, sizeof nm, "matvec_fp4_runs_q8 R=%d (8-bit act., %d regs)", R, fa.numRegs);
                 row(nm, [&] {
                     matvec_fp4_runs_q8<<<(s.m + per_block - 1) / per_block, 128>>>(dw, row_bytes, s.k, s.m,
                                                                                    dx, dout, R, nullptr);

@@ -475,6 +475,56 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         ran(&before, want),
         want,
     );
+    // MATMUL_MULTI: four products of one input (two ROCmFP4, two Q8_0, row counts not
+    // multiples of the rows a block) in two fused launches; each output must equal its
+    // own MATMUL's bit for bit and the f64 dot within the tolerance above.
+    let k = 4096usize;
+    let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
+    let bx = g.buf(&f32_bytes(&x));
+    let mut args = vec![t(bx, 0, types::F32, 0, [k as u64, 1, 1, 1])];
+    let mut held = vec![bx];
+    let mut parts = Vec::new();
+    for (ty, m) in [(100u32, 1000usize), (8, 1025), (100, 37), (8, 64)] {
+        let (w, wv) = random_dense(rng, ty, m, k);
+        let (bw, bo, bs) = (g.buf(&w), g.zeros(m * 4), g.zeros(m * 4));
+        let wt = t(bw, 0, ty, 0, [k as u64, m as u64, 1, 1]);
+        g.op(
+            ops::MATMUL,
+            &[wt, args[0], t(bs, 0, types::F32, 0, [m as u64, 1, 1, 1])],
+        );
+        args.extend([wt, t(bo, 0, types::F32, 0, [m as u64, 1, 1, 1])]);
+        held.extend([bw, bo, bs]);
+        parts.push((ty, m, wv, bo, bs));
+    }
+    let before = g.counters();
+    g.op(ops::MATMUL_MULTI, &args);
+    let fused = ran(&before, "matvec_dense_rows_multi");
+    for (ty, m, wv, bo, bs) in parts {
+        let got = g.read_f32(bo, 0, m);
+        let same = got == g.read_f32(bs, 0, m);
+        let want_v = par_rows(m, 1, |r| {
+            vec![wv[r * k..(r + 1) * k]
+                .iter()
+                .zip(&x)
+                .map(|(a, &b)| a * b as f64)
+                .sum::<f64>()]
+        });
+        let e = if same {
+            rel(&got, &want_v)
+        } else {
+            f64::INFINITY
+        };
+        let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
+        report(
+            format!("{name} multi {k} x {m} (= matmul)"),
+            e,
+            fused,
+            "matvec_dense_rows_multi",
+        );
+    }
+    for b in held {
+        into_result((g.be.free)(b)).unwrap();
+    }
     all_ok
 }
 

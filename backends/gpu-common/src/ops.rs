@@ -362,6 +362,20 @@ fn id_nosort_off() -> bool {
     *OFF.get_or_init(|| crate::ds4::env_off("MOE_GPU_ID_NOSORT"))
 }
 
+/// Rows per warp of `mmvq_id_107` (one token's routed experts): `MOE_GPU_ID_ROWS` (1, 2
+/// or 4, for A/B runs; read once), else 4 (18:07 UTC, 43 layers, depth 0: tg32 107.4 /
+/// 106.6 / 103.7 tok/s at 4 / 2 / 1).
+pub fn id_rows() -> u64 {
+    static ROWS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("MOE_GPU_ID_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|r| matches!(r, 1 | 2 | 4))
+            .unwrap_or(4)
+    })
+}
+
 /// `MOE_GPU_DENSE_ROWS=0` keeps `matvec_dense` everywhere (A/B runs on the device).
 fn dense_rows_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -529,6 +543,116 @@ pub fn matmul_dense(
         layout,
         launch,
     }))
+}
+
+/// Most products one `matvec_dense_rows_multi` launch takes (DENSE_MULTI_MAX in
+/// kernels/gpu/rocmfpx.cu).
+pub const DENSE_MULTI_MAX: usize = 8;
+
+/// `matvec_dense_rows_multi`'s parameter block (`struct dense_multi` in rocmfpx.cu,
+/// field for field): product i's weights, output, rows, first block and rows a block.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DenseMulti {
+    pub w: [u64; DENSE_MULTI_MAX],
+    pub out: [u64; DENSE_MULTI_MAX],
+    pub m: [i32; DENSE_MULTI_MAX],
+    pub first: [i32; DENSE_MULTI_MAX],
+    pub rows: [i32; DENSE_MULTI_MAX],
+    pub n: i32,
+}
+
+/// One step of a MATMUL_MULTI plan.
+#[derive(Debug, PartialEq)]
+pub enum MultiStep {
+    /// The products `pairs` (indices among the op's pairs) in one
+    /// `matvec_dense_rows_multi` launch.
+    Fused {
+        p: Box<DenseMulti>,
+        row_bytes: i64,
+        ty: i32,
+        k: i32,
+        x: u64,
+        pairs: Vec<usize>,
+        launch: Launch,
+    },
+    /// Pair i as its own MATMUL.
+    Single(usize),
+}
+
+/// MATMUL_MULTI (args: x, then (w, out) pairs): every product is checked as MATMUL
+/// checks it; those that would run `matvec_dense_rows` with the same type, k and row
+/// length share `matvec_dense_rows_multi` launches (at most DENSE_MULTI_MAX each, each
+/// product with the rows a block its own MATMUL takes: the same sums), the rest run
+/// alone.
+pub fn matmul_multi(
+    args: &[TensorRef],
+    mmq: &str,
+    mut ptr: impl FnMut(&TensorRef, u64) -> Result<u64, String>,
+) -> Result<Vec<MultiStep>, String> {
+    if args.len() < 3 || args.len().is_multiple_of(2) {
+        return Err(format!(
+            "matmul_multi: expected x and (w, out) pairs, got {} tensor arguments",
+            args.len()
+        ));
+    }
+    let x = args[0];
+    // (type, k, row bytes) -> pairs that take matvec_dense_rows, in order.
+    type Group = ((i32, i32, i64), Vec<(usize, DenseMatmul)>);
+    let mut groups: Vec<Group> = Vec::new();
+    let mut steps = Vec::new();
+    for (i, pair) in args[1..].chunks_exact(2).enumerate() {
+        let plan = matmul_dense(&[pair[0], x, pair[1]], mmq, &mut ptr)
+            .map_err(|e| format!("matmul_multi, product {i}: {e}"))?;
+        match plan {
+            Some(p) if matches!(p.layout, DenseLayout::Rows(_)) => {
+                let key = (p.ty, p.k, p.row_bytes);
+                match groups.iter_mut().find(|g| g.0 == key) {
+                    Some(g) => g.1.push((i, p)),
+                    None => groups.push((key, vec![(i, p)])),
+                }
+            }
+            _ => steps.push(MultiStep::Single(i)),
+        }
+    }
+    for ((ty, k, row_bytes), members) in groups {
+        for chunk in members.chunks(DENSE_MULTI_MAX) {
+            if let [(i, _)] = chunk {
+                steps.push(MultiStep::Single(*i));
+                continue;
+            }
+            let mut p = DenseMulti {
+                n: chunk.len() as i32,
+                ..DenseMulti::default()
+            };
+            let mut blocks = 0u64;
+            for (j, (_, d)) in chunk.iter().enumerate() {
+                let DenseLayout::Rows(rows) = d.layout else {
+                    unreachable!("grouped by layout")
+                };
+                p.w[j] = d.w;
+                p.out[j] = d.out;
+                p.m[j] = d.m;
+                p.rows[j] = rows;
+                p.first[j] = to_i32(blocks, "blocks")?;
+                blocks += (d.m as u64).div_ceil(rows as u64);
+            }
+            steps.push(MultiStep::Fused {
+                p: Box::new(p),
+                row_bytes,
+                ty,
+                k,
+                x: chunk[0].1.x,
+                pairs: chunk.iter().map(|(i, _)| *i).collect(),
+                launch: Launch {
+                    name: "matvec_dense_rows_multi",
+                    grid: (to_i32(blocks, "blocks")? as u32, 1, 1),
+                    block: 128,
+                },
+            });
+        }
+    }
+    Ok(steps)
 }
 
 /// MATMUL of type-107 weights `[k, m]` with `n` f32 columns: quantise the input into
@@ -766,8 +890,12 @@ pub fn matmul_id(
     } else if n_tok == 1 && !id_nosort_off() {
         Launch {
             name: "mmvq_id_107",
-            // 4 warps x 1 row per block, a block row per pair.
-            grid: (m.div_ceil(4) as u32, to_i32(pairs, "pairs")? as u32, 1),
+            // 4 warps x id_rows() rows per block, a block row per pair.
+            grid: (
+                m.div_ceil(4 * id_rows()) as u32,
+                to_i32(pairs, "pairs")? as u32,
+                1,
+            ),
             block: 128,
         }
     } else {
@@ -905,9 +1033,10 @@ pub fn run(
                 let (mut pw, mut ebytes, mut nb, mut mm) = (p.w, p.expert_bytes, p.blocks, p.m);
                 let (mut pp, mut ns, mut po, mut a) = (p.per_pair, p.slots, p.out, p.affine);
                 let Some(sort) = p.sort else {
+                    let mut rows = id_rows() as i32;
                     return gpu.launch(
                         p.grouped,
-                        &kargs!(pw, ebytes, nb, mm, ne, pq, pp, ns, pi, po, a),
+                        &kargs!(pw, ebytes, nb, mm, ne, pq, pp, ns, pi, po, a, rows),
                     );
                 };
                 gpu.launch(sort, &kargs!(pi, np, ne, poff, pact, psorted))?;
@@ -925,6 +1054,33 @@ pub fn run(
                         &kargs!(pw, ebytes, nb, mm, ne, pq, pp, ns, poff, pact, psorted, po, a),
                     )
                 }
+            }
+            ops::MATMUL_MULTI => {
+                for step in matmul_multi(args, mmq, ptr)? {
+                    match step {
+                        MultiStep::Fused {
+                            p,
+                            mut row_bytes,
+                            mut ty,
+                            mut k,
+                            mut x,
+                            launch,
+                            ..
+                        } => {
+                            let mut p = *p;
+                            gpu.launch(launch, &kargs!(p, row_bytes, ty, k, x))?
+                        }
+                        MultiStep::Single(i) => run(
+                            gpu,
+                            backend,
+                            mmq,
+                            ops::MATMUL,
+                            params,
+                            &[args[1 + 2 * i], args[0], args[2 + 2 * i]],
+                        )?,
+                    }
+                }
+                Ok(())
             }
             ops::ADD => {
                 let p = add(args, ptr)?;
@@ -969,6 +1125,95 @@ mod tests {
             i += 1;
             Ok(i * 0x1000)
         }
+    }
+
+    #[test]
+    fn matmul_multi_plans() {
+        let x = t(types::F32, [4096, 1, 1, 1]);
+        let pair = |ty, m| [t(ty, [4096, m, 1, 1]), t(types::F32, [m, 1, 1, 1])];
+        let mut args = vec![x];
+        for (ty, m) in [
+            (TYPE_ROCMFP4, 1024),
+            (TYPE_ROCMFP4, 512),
+            (TYPE_Q8_0, 1024),
+            (TYPE_Q8_0, 64),
+            (types::F32, 256),
+            (TYPE_Q2_0_ROCMFP2, 512),
+        ] {
+            args.extend(pair(ty, m));
+        }
+        let steps = matmul_multi(&args, MMQ_MMA, seq()).unwrap();
+        assert_eq!(steps[..2], [MultiStep::Single(4), MultiStep::Single(5)]);
+        // Pair i's pointers: w (3i + 1) * 0x1000, x + 1, out + 2 (seq's order).
+        let MultiStep::Fused {
+            p,
+            pairs,
+            launch,
+            ty,
+            row_bytes,
+            ..
+        } = &steps[2]
+        else {
+            panic!("{:?}", steps[2]);
+        };
+        // ROCmFP4, 1024 + 512 rows, two a block each (as their MATMULs): 512 + 256 blocks.
+        assert_eq!((ty, row_bytes, pairs), (&100, &2304, &vec![0, 1]));
+        assert_eq!(&p.rows[..2], &[2, 2]);
+        assert_eq!(
+            (launch.name, launch.grid, launch.block),
+            ("matvec_dense_rows_multi", (768, 1, 1), 128)
+        );
+        assert_eq!(
+            (p.n, &p.first[..2], &p.m[..2]),
+            (2, &[0, 512][..], &[1024, 512][..])
+        );
+        assert_eq!((p.w[1], p.out[1]), (0x4000, 0x6000));
+        let MultiStep::Fused {
+            p, pairs, launch, ..
+        } = &steps[3]
+        else {
+            panic!("{:?}", steps[3]);
+        };
+        // Q8_0: 1024 rows two a block, 64 rows one a block (as alone): 512 + 64 blocks.
+        assert_eq!((pairs, launch.grid.0), (&vec![2, 3], 576));
+        assert_eq!(
+            (&p.first[..2], &p.m[..2], &p.rows[..2]),
+            (&[0, 512][..], &[1024, 64][..], &[2, 1][..])
+        );
+        assert_eq!(steps.len(), 4);
+        // Nine of one kind: a launch of eight and one alone.
+        let mut nine = vec![x];
+        for _ in 0..9 {
+            nine.extend(pair(TYPE_Q8_0, 256));
+        }
+        let steps = matmul_multi(&nine, MMQ_MMA, seq()).unwrap();
+        assert!(matches!(&steps[0], MultiStep::Fused { pairs, .. } if pairs.len() == 8));
+        assert_eq!(steps[1], MultiStep::Single(8));
+        // Two columns: nothing takes the rows kernel, so nothing is fused.
+        let x2 = t(types::F32, [4096, 2, 1, 1]);
+        let two = [
+            x2,
+            t(TYPE_Q8_0, [4096, 64, 1, 1]),
+            t(types::F32, [64, 2, 1, 1]),
+            t(TYPE_Q8_0, [4096, 64, 1, 1]),
+            t(types::F32, [64, 2, 1, 1]),
+        ];
+        assert_eq!(
+            matmul_multi(&two, MMQ_MMA, seq()).unwrap(),
+            [MultiStep::Single(0), MultiStep::Single(1)]
+        );
+        // Bad arguments name the product or the count.
+        let mut bad = args.clone();
+        bad[4] = t(types::F32, [500, 1, 1, 1]);
+        let e = matmul_multi(&bad, MMQ_MMA, seq()).unwrap_err();
+        assert!(
+            e.starts_with("matmul_multi, product 1: matmul: output holds 500"),
+            "{e}"
+        );
+        let e = matmul_multi(&args[..4], MMQ_MMA, seq()).unwrap_err();
+        assert!(e.contains("got 4 tensor arguments"), "{e}");
+        // The kernel's parameter block: 16 pointers, 24 + 1 ints, padded to 8 bytes.
+        assert_eq!(std::mem::size_of::<DenseMulti>(), 232);
     }
 
     #[test]
@@ -1384,6 +1629,12 @@ mod run_tests {
         go(ops::ADD, &[f(8, 1); 3]);
         let rows = [w, t(types::I32, [2, 1, 1, 1]), f(64, 2)];
         go(ops::GET_ROWS, &rows);
+        // Two Q8_0 products of one column in one launch; the f32 one alone.
+        let q = t(TYPE_Q8_0, [64, 40, 1, 1]);
+        go(
+            ops::MATMUL_MULTI,
+            &[f(64, 1), q, f(40, 1), w, f(4, 1), q, f(40, 1)],
+        );
         let names: Vec<_> = g.launches.borrow().iter().map(|l| (l.0, l.2)).collect();
         assert_eq!(
             names,
@@ -1393,7 +1644,7 @@ mod run_tests {
                 ("quantize_q8_1", 4),
                 (MMQ_MMA, 7),
                 ("quantize_q8_1", 4),
-                ("mmvq_id_107", 11),
+                ("mmvq_id_107", 12),
                 ("quantize_q8_1", 4),
                 ("mmq_mma_dense", 8),
                 ("quantize_q8_1", 4),
@@ -1401,6 +1652,9 @@ mod run_tests {
                 ("mmq_mma_id", 15),
                 ("add_f32", 4),
                 ("get_rows_107", 6),
+                ("quantize_q8_1", 4),
+                ("mmvq_107_n1", 6),
+                ("matvec_dense_rows_multi", 5),
             ]
         );
         assert_eq!(g.scratch.borrow()[..2], [2 * 2 * 40, 9 * 2 * 40]);

@@ -122,6 +122,8 @@ pub(super) struct GpuPath {
     /// 0..o_groups: a single token's grouped output projection is one MATMUL_ID with
     /// group g as "expert" g.
     group_ids: Tensor,
+    /// The backend runs MATMUL_MULTI (probed): one op for the products of one input.
+    multi: bool,
 }
 
 fn upload(dev: &Arc<Device>, v: &[f32]) -> Result<Tensor> {
@@ -235,6 +237,7 @@ impl GpuPath {
                 t.upload_i32(&ids)?;
                 t
             },
+            multi: probe_multi(dev),
         }))
     }
 
@@ -574,6 +577,27 @@ impl GpuPath {
         .context("output projection")
     }
 
+    /// out_i = w_i x for each (w_i, out_i): one MATMUL_MULTI (the backend fuses what its
+    /// kernels can), or one MATMUL each where the backend lacks it.
+    fn mm_multi(
+        &self,
+        dev: &Arc<Device>,
+        x: TensorRef,
+        pairs: &[(TensorRef, TensorRef)],
+    ) -> Result<()> {
+        if self.multi {
+            let mut args = vec![x];
+            for (w, out) in pairs {
+                args.extend([*w, *out]);
+            }
+            return dev.op(ops::MATMUL_MULTI, OpParams::default(), &args);
+        }
+        for (w, out) in pairs {
+            dev.op(ops::MATMUL, OpParams::default(), &[*w, x, *out])?;
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -602,7 +626,29 @@ impl GpuPath {
         let (cinv, cms) = &self.inv_comp;
         let pairs = (p.rope_dim / 2) as i64;
         let q_res = v(&w.q_res, [p.q_lora, n, 1, 1]);
-        mm(wv(&lay.q_a), x, q_res)?;
+        // Every product of x first, in one op: wq_a, wkv, the compressors' kv and gate,
+        // the indexer's weights.
+        let width = |c: &CompWeights| if c.overlap { 2 * c.dim } else { c.dim };
+        let comp_views = |c: &CompWeights, kvb: &Tensor, gb: &Tensor| {
+            (v(kvb, [width(c), n, 1, 1]), v(gb, [width(c), n, 1, 1]))
+        };
+        let mut of_x = vec![
+            (wv(&lay.q_a), q_res),
+            (wv(&lay.kv), v(&w.kv, [hd, n, 1, 1])),
+        ];
+        if let (Some(c), Some(_)) = (&lay.comp, &st.comp) {
+            let (kvr, gr) = comp_views(c, &w.ck, &w.cg);
+            of_x.extend([(wv(&c.kv), kvr), (wv(&c.gate), gr)]);
+        }
+        if let (Some(ix), Some(_)) = (&lay.indexer, &st.idx) {
+            let (kvr, gr) = comp_views(&ix.comp, &w.ik, &w.ig);
+            of_x.extend([
+                (wv(&ix.comp.kv), kvr),
+                (wv(&ix.comp.gate), gr),
+                (wv(&ix.proj), v(&w.iw, [p.idx_heads, n, 1, 1])),
+            ]);
+        }
+        self.mm_multi(dev, x, &of_x)?;
         let qr3 = v(&w.q_res, [p.q_lora, 1, n, 1]);
         op(
             ops::NORM_ROPE,
@@ -616,7 +662,6 @@ impl GpuPath {
             pr(&[p.eps, *ms], &[1, pairs, 0]),
             &[q, dl.q_a_norm.r, inv.r, pos, q],
         )?;
-        mm(wv(&lay.kv), x, v(&w.kv, [hd, n, 1, 1]))?;
         let kv3 = v(&w.kv, [hd, 1, n, 1]);
         op(
             ops::NORM_ROPE,
@@ -629,10 +674,7 @@ impl GpuPath {
                         kvb: &Tensor,
                         gb: &Tensor|
          -> Result<()> {
-            let width = if c.overlap { 2 * c.dim } else { c.dim };
-            let (kvr, gr) = (v(kvb, [width, n, 1, 1]), v(gb, [width, n, 1, 1]));
-            mm(wv(&c.kv), x, kvr)?;
-            mm(wv(&c.gate), x, gr)?;
+            let (kvr, gr) = comp_views(c, kvb, gb);
             op(
                 ops::COMPRESS,
                 pr(&[p.eps, *cms], &[c.ratio as i64, c.overlap as i64, pairs]),
@@ -658,7 +700,6 @@ impl GpuPath {
             let (ih, id) = (p.idx_heads, p.idx_dim);
             let iq = v(&w.iq, [id, ih, n, 1]);
             mm(wv(&ix.q_b), q_res, v(&w.iq, [id * ih, n, 1, 1]))?;
-            mm(wv(&ix.proj), x, v(&w.iw, [ih, n, 1, 1]))?;
             op(
                 ops::NORM_ROPE,
                 pr(&[p.eps, *cms], &[0, pairs, 0]),
@@ -773,7 +814,21 @@ impl GpuPath {
         let op = |code: u32, prm: OpParams, args: &[TensorRef]| dev.op(code, prm, args);
         let x = v(&w.x, [d, n, 1, 1]);
         let rl = v(&w.rl, [e, n, 1, 1]);
-        op(ops::MATMUL, OpParams::default(), &[wv(&lay.router), x, rl])?;
+        // The router's and the shared expert's products of x in one op.
+        let sf = lay
+            .shexp
+            .as_ref()
+            .map_or(0, |(g, _, _)| g.r.dims[1] as usize);
+        let (sg, su, sa) = (
+            v(&w.sg, [sf, n, 1, 1]),
+            v(&w.su, [sf, n, 1, 1]),
+            v(&w.sa, [sf, n, 1, 1]),
+        );
+        let mut of_x = vec![(wv(&lay.router), rl)];
+        if let Some((g, u, _)) = &lay.shexp {
+            of_x.extend([(wv(g), sg), (wv(u), su)]);
+        }
+        self.mm_multi(dev, x, &of_x)?;
         let (mode, bias, table) = match (&dl.tid2eid, &dl.bias) {
             (Some(t), _) => (2, rl, t.r),
             (None, Some(b)) => (1, b.r, w.tokens.r),
@@ -812,15 +867,7 @@ impl GpuPath {
         let out = v(&w.mo, [d, n, 1, 1]);
         let y = v(&w.ey, [d, k, n, 1]);
         match &lay.shexp {
-            Some((g, u, dn)) => {
-                let sf = g.r.dims[1] as usize;
-                let (sg, su, sa) = (
-                    v(&w.sg, [sf, n, 1, 1]),
-                    v(&w.su, [sf, n, 1, 1]),
-                    v(&w.sa, [sf, n, 1, 1]),
-                );
-                op(ops::MATMUL, OpParams::default(), &[wv(g), x, sg])?;
-                op(ops::MATMUL, OpParams::default(), &[wv(u), x, su])?;
+            Some((_, _, dn)) => {
                 op(ops::SWIGLU, pr(&[p.clamp_shexp[l]], &[]), &[sg, su, sa])?;
                 let sy = v(&w.sy, [d, n, 1, 1]);
                 op(ops::MATMUL, OpParams::default(), &[wv(dn), sa, sy])?;
@@ -849,6 +896,22 @@ fn probe(dev: &Arc<Device>) -> bool {
     };
     run()
         .inspect_err(|e| tracing::debug!("deepseek4: the backend does not run the glue ops: {e:#}"))
+        .is_ok()
+}
+
+/// Whether the backend runs MATMUL_MULTI (ABI 1.2): one tiny f32 product through it.
+fn probe_multi(dev: &Arc<Device>) -> bool {
+    let run = || -> Result<()> {
+        let (x, w, out) = (
+            dev.f32([2, 1, 1, 1])?,
+            dev.f32([2, 1, 1, 1])?,
+            dev.f32([1, 1, 1, 1])?,
+        );
+        dev.op(ops::MATMUL_MULTI, OpParams::default(), &[x.r, w.r, out.r])?;
+        dev.sync()
+    };
+    run()
+        .inspect_err(|e| tracing::debug!("deepseek4: one MATMUL per product: {e:#}"))
         .is_ok()
 }
 
