@@ -408,8 +408,10 @@ extern "C" __global__ void __launch_bounds__(128)
 // y = pair y reads ids[y] itself and no moe_sort runs; masked ids (outside 0..E) give
 // zeros. Each warp takes R = `rows` (1, 2, 4) rows, loading each activation once for
 // them (with one row a warp the activations' L1 loads outnumber the weights': ncu, 18:00
-// UTC); every output is the same sum as mmvq_grouped_107's, whatever R.
-// grid = (ceil(m / (4 R)), pairs), block = 128.
+// UTC); every output is the same sum as mmvq_grouped_107's, whatever R. Block z takes
+// the product with weights and outputs z w_step / z out_step bytes on (MATMUL_ID_MULTI:
+// the routed experts' gate and up share the input, its quantisation and the launch).
+// grid = (ceil(m / (4 R)), pairs, products), block = 128.
 template <int R>
 GPU_DEV void mmvq_id_rows(const unsigned char* __restrict__ w, long long expert_bytes, int nb,
                           int m, int n_experts, const q8_1_block* __restrict__ act,
@@ -446,8 +448,11 @@ extern "C" __global__ void __launch_bounds__(128)
     mmvq_id_107(const unsigned char* __restrict__ w, long long expert_bytes, int nb, int m,
                 int n_experts, const q8_1_block* __restrict__ act, int act_per_pair, int n_slots,
                 const int* __restrict__ ids, float* __restrict__ out, int affine, int rows,
-                unsigned int* counters) {
+                long long w_step, long long out_step, unsigned int* counters) {
     gpu_count_launch(counters, KID_MMVQ_ID_107);
+    // Both steps are in bytes.
+    w += blockIdx.z * w_step;
+    out = (float*)((char*)out + blockIdx.z * out_step);
     if (rows == 4)
         mmvq_id_rows<4>(w, expert_bytes, nb, m, n_experts, act, act_per_pair, n_slots, ids, out, affine);
     else if (rows == 2)

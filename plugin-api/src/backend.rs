@@ -147,6 +147,10 @@ pub mod ops {
     /// MATMUL computes it (a backend may run compatible ones in one launch). args: x
     /// (F32 [k, n]), then pairs w_i ([k, m_i]), out_i (F32 [m_i, n]); at least one.
     pub const MATMUL_MULTI: u32 = 29;
+    /// Several grouped products of one input and one routing (ABI 1.2): out_i =
+    /// MATMUL_ID(w_i, x, ids) for each pair. args: x, ids, then pairs w_i ([k, m,
+    /// experts]), out_i; at least one. A backend that runs MATMUL_MULTI runs this too.
+    pub const MATMUL_ID_MULTI: u32 = 30;
 }
 
 /// MOE_COMBINE's arguments: (y, w, out, optional shared expert output).

@@ -41,7 +41,7 @@ pub const ABI_MAJOR: u32 = 1;
 /// Minor version. A plugin built against an older minor of the same major loads; fields
 /// added to prefix tables since then read as absent.
 /// 1: the DeepSeek-V4 glue ops, MATMUL_ID and graph capture (`backend::ops` 9, 16..=28).
-/// 2: MATMUL_MULTI (`backend::ops` 29).
+/// 2: MATMUL_MULTI and MATMUL_ID_MULTI (`backend::ops` 29, 30).
 pub const ABI_MINOR: u32 = 2;
 
 /// Explicit ABI version carried by every root module.

@@ -371,6 +371,65 @@ fn dense_mmq(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
     all_ok
 }
 
+/// MATMUL_ID_MULTI for one token (the routed experts' gate and up): two type-107
+/// products of one input and routing (one slot masked) must equal their own MATMUL_IDs
+/// bit for bit, from one quantisation of the input and one grouped launch.
+fn id_multi(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== MATMUL_ID_MULTI (one token, two products) vs two MATMUL_IDs ==");
+    let (k, m, experts, slots) = (4096usize, 2048usize, 16usize, 6usize);
+    let (w1, w2) = (
+        random_weights(rng, experts * m, k),
+        random_weights(rng, experts * m, k),
+    );
+    let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
+    let ids: Vec<i32> = [3, 11, -1, 0, 15, 7].to_vec();
+    let (bw1, bw2, bx) = (g.buf(&w1), g.buf(&w2), g.buf(&f32_bytes(&x)));
+    let bi = g.buf(
+        &ids.iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    );
+    let nan = f32_bytes(&vec![f32::NAN; m * slots]);
+    let outs: Vec<u64> = (0..4).map(|_| g.buf(&nan)).collect();
+    let shape = [k, m, experts, slots, 1, 1];
+    for (i, bw) in [bw1, bw2].into_iter().enumerate() {
+        g.op(
+            OP_MATMUL_ID,
+            &id_args([bw, bx, bi, outs[i]], (107, FP2_AFFINE), shape),
+        );
+    }
+    let [a1, x1, i1, o1] = id_args([bw1, bx, bi, outs[2]], (107, FP2_AFFINE), shape);
+    let [a2, _, _, o2] = id_args([bw2, bx, bi, outs[3]], (107, FP2_AFFINE), shape);
+    let before = g.counters();
+    g.op(ops::MATMUL_ID_MULTI, &[x1, i1, a1, o1, a2, o2]);
+    let after = g.counters();
+    let delta = |n: &str| {
+        let key = format!("{n}.device");
+        after.get(&key).copied().unwrap_or(0) - before.get(&key).copied().unwrap_or(0)
+    };
+    let launches = (delta("quantize_q8_1"), delta("mmvq_id_107"));
+    let same = (0..2).all(|i| {
+        let (a, b) = (
+            g.read_f32(outs[i], 0, m * slots),
+            g.read_f32(outs[2 + i], 0, m * slots),
+        );
+        a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits())
+    });
+    let ok = same && launches == (1, 1);
+    println!(
+        "affine {k} x {m}, {slots} slots: bit-identical {same}, launches (quantize, grouped) {launches:?} {}",
+        if ok { "ok" } else { "FAIL" }
+    );
+    json.push(format!(
+        "{{\"test\":\"id_multi\",\"bit_identical\":{same},\"quantize\":{},\"grouped\":{},\"ok\":{ok}}}",
+        launches.0, launches.1
+    ));
+    for b in [bw1, bw2, bx, bi].into_iter().chain(outs) {
+        into_result((g.be.free)(b)).unwrap();
+    }
+    ok
+}
+
 /// Decode products (one f32 column) of Q8_0 / ROCmFP4 weights vs the f64 dot of the
 /// same weights and activations (max error / max |ref| <= 1e-5), with the kernel that
 /// ran: ROCmFP4 in whole 256-value runs with 16384+ rows on `matvec_fp4_runs_q8` (its
@@ -936,6 +995,7 @@ fn main() {
             into_result((g.be.free)(bw)).unwrap();
         }
     }
+    all_ok &= id_multi(&g, &mut rng, &mut json);
     all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);
     all_ok &= dense_decode(&g, &mut rng, &mut json);
     if quick {

@@ -824,6 +824,107 @@ pub struct MatmulId {
     pub grouped: Launch,
 }
 
+/// One step of a MATMUL_ID_MULTI plan.
+#[derive(Debug, PartialEq)]
+pub enum IdMultiStep {
+    /// Products a and b (indices among the op's pairs) of one token in one
+    /// `mmvq_id_107` launch (grid z = 2) on one quantisation of x: same shapes and
+    /// variant, b's weights and outputs at `w_step` / `out_step` bytes from a's.
+    Pair {
+        plan: Box<MatmulId>,
+        pairs: (usize, usize),
+        w_step: i64,
+        out_step: i64,
+    },
+    /// Pair i as its own MATMUL_ID.
+    Single(usize),
+}
+
+/// MATMUL_ID_MULTI (args: x, ids, then (w, out) pairs): every product checked as
+/// MATMUL_ID checks it; consecutive one-token type-107 products of the same shape share
+/// a launch two at a time, the rest run alone.
+pub fn matmul_id_multi(
+    args: &[TensorRef],
+    mmq: &str,
+    mut ptr: impl FnMut(&TensorRef, u64) -> Result<u64, String>,
+) -> Result<Vec<IdMultiStep>, String> {
+    if args.len() < 4 || !args.len().is_multiple_of(2) {
+        return Err(format!(
+            "matmul_id_multi: expected x, ids and (w, out) pairs, got {} tensor arguments",
+            args.len()
+        ));
+    }
+    let (x, ids) = (args[0], args[1]);
+    let mut plans = Vec::new();
+    for (i, pair) in args[2..].chunks_exact(2).enumerate() {
+        let a = [pair[0], x, ids, pair[1]];
+        // Dense weights of one token take their own kernels (`ds4::matmul_id_dense`).
+        let fused = pair[0].type_id == TYPE_Q2_0_ROCMFP2 && !id_takes_mmq(&a, mmq);
+        let plan = if fused {
+            Some(
+                matmul_id(&a, mmq, &mut ptr)
+                    .map_err(|e| format!("matmul_id_multi, product {i}: {e}"))?,
+            )
+        } else {
+            None
+        };
+        plans.push(plan.filter(|p| p.sort.is_none()));
+    }
+    let same = |a: &MatmulId, b: &MatmulId| {
+        (
+            a.x,
+            a.ids,
+            a.k,
+            a.m,
+            a.blocks,
+            a.pairs,
+            a.experts,
+            a.expert_bytes,
+            a.affine,
+            a.per_pair,
+            a.slots,
+        ) == (
+            b.x,
+            b.ids,
+            b.k,
+            b.m,
+            b.blocks,
+            b.pairs,
+            b.experts,
+            b.expert_bytes,
+            b.affine,
+            b.per_pair,
+            b.slots,
+        )
+    };
+    let mut steps = Vec::new();
+    let mut i = 0;
+    while i < plans.len() {
+        match (&plans[i], plans.get(i + 1)) {
+            (Some(a), Some(Some(b))) if same(a, b) => {
+                let (w_step, out_step) = (
+                    b.w.wrapping_sub(a.w) as i64,
+                    b.out.wrapping_sub(a.out) as i64,
+                );
+                let mut plan = Box::new(plans[i].take().expect("matched above"));
+                plan.grouped.grid.2 = 2;
+                steps.push(IdMultiStep::Pair {
+                    plan,
+                    pairs: (i, i + 1),
+                    w_step,
+                    out_step,
+                });
+                i += 2;
+            }
+            _ => {
+                steps.push(IdMultiStep::Single(i));
+                i += 1;
+            }
+        }
+    }
+    Ok(steps)
+}
+
 /// 1 when MATMUL_ID's input has a column per (slot, token) pair, 0 when per token.
 pub fn id_input(x: &TensorRef, k: u64, n_tok: u64, pairs: u64) -> Result<i32, String> {
     if x.numel() == k * n_tok {
@@ -1033,10 +1134,12 @@ pub fn run(
                 let (mut pw, mut ebytes, mut nb, mut mm) = (p.w, p.expert_bytes, p.blocks, p.m);
                 let (mut pp, mut ns, mut po, mut a) = (p.per_pair, p.slots, p.out, p.affine);
                 let Some(sort) = p.sort else {
-                    let mut rows = id_rows() as i32;
+                    let (mut rows, mut w_step, mut out_step) = (id_rows() as i32, 0i64, 0i64);
                     return gpu.launch(
                         p.grouped,
-                        &kargs!(pw, ebytes, nb, mm, ne, pq, pp, ns, pi, po, a, rows),
+                        &kargs!(
+                            pw, ebytes, nb, mm, ne, pq, pp, ns, pi, po, a, rows, w_step, out_step
+                        ),
                     );
                 };
                 gpu.launch(sort, &kargs!(pi, np, ne, poff, pact, psorted))?;
@@ -1077,6 +1180,45 @@ pub fn run(
                             ops::MATMUL,
                             params,
                             &[args[1 + 2 * i], args[0], args[2 + 2 * i]],
+                        )?,
+                    }
+                }
+                Ok(())
+            }
+            ops::MATMUL_ID_MULTI => {
+                for step in matmul_id_multi(args, mmq, ptr)? {
+                    match step {
+                        IdMultiStep::Pair {
+                            plan: p,
+                            mut w_step,
+                            mut out_step,
+                            ..
+                        } => {
+                            let base = gpu.scratch(p.layout.bytes)?;
+                            let (q, mut n_blocks) = quantize(p.k, p.x_cols);
+                            let (mut px, mut pq) = (p.x, base);
+                            let mut planes = rf2_planes(p.grouped.name);
+                            gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?;
+                            let (mut pw, mut ebytes, mut nb, mut mm) =
+                                (p.w, p.expert_bytes, p.blocks, p.m);
+                            let (mut ne, mut pp, mut ns, mut pi) =
+                                (p.experts, p.per_pair, p.slots, p.ids);
+                            let (mut po, mut a, mut rows) = (p.out, p.affine, id_rows() as i32);
+                            gpu.launch(
+                                p.grouped,
+                                &kargs!(
+                                    pw, ebytes, nb, mm, ne, pq, pp, ns, pi, po, a, rows, w_step,
+                                    out_step
+                                ),
+                            )?
+                        }
+                        IdMultiStep::Single(i) => run(
+                            gpu,
+                            backend,
+                            mmq,
+                            ops::MATMUL_ID,
+                            params,
+                            &[args[2 + 2 * i], args[0], args[1], args[3 + 2 * i]],
                         )?,
                     }
                 }
@@ -1214,6 +1356,57 @@ mod tests {
         assert!(e.contains("got 4 tensor arguments"), "{e}");
         // The kernel's parameter block: 16 pointers, 24 + 1 ints, padded to 8 bytes.
         assert_eq!(std::mem::size_of::<DenseMulti>(), 232);
+    }
+
+    #[test]
+    fn matmul_id_multi_plans() {
+        // Every tensor at its own offset; the device pointer is the offset.
+        let at = |ty, dims, offset| TensorRef {
+            offset,
+            ..t(ty, dims)
+        };
+        let addr = |t: &TensorRef, _| Ok(t.offset);
+        let x = at(types::F32, [64, 1, 1, 1], 0x100);
+        let ids = at(types::I32, [2, 1, 1, 1], 0x200);
+        let w = |i: u64| at(107, [64, 4, 3, 1], 0x1000 * (i + 1));
+        let out = |i: u64| at(types::F32, [4, 2, 1, 1], 0x10000 + 0x100 * i);
+        let q8 = at(TYPE_Q8_0, [64, 4, 3, 1], 0x8000);
+        let args = [x, ids, w(0), out(0), w(2), out(1), w(1), out(2), q8, out(3)];
+        let steps = matmul_id_multi(&args, MMQ_MMA, addr).unwrap();
+        let IdMultiStep::Pair {
+            plan,
+            pairs,
+            w_step,
+            out_step,
+        } = &steps[0]
+        else {
+            panic!("{:?}", steps[0]);
+        };
+        assert_eq!(pairs, &(0, 1));
+        assert_eq!(
+            (plan.grouped.name, plan.grouped.grid),
+            ("mmvq_id_107", (1, 2, 2))
+        );
+        assert_eq!((*w_step, *out_step), (0x2000, 0x100));
+        assert_eq!(steps[1..], [IdMultiStep::Single(2), IdMultiStep::Single(3)]);
+        // Two tokens: the sorted kernel, each alone.
+        let ids2 = at(types::I32, [2, 2, 1, 1], 0x200);
+        let out4 = |i: u64| at(types::F32, [4, 4, 1, 1], 0x10000 + 0x100 * i);
+        let x2 = at(types::F32, [64, 2, 1, 1], 0x100);
+        let two = [x2, ids2, w(0), out4(0), w(1), out4(1)];
+        assert_eq!(
+            matmul_id_multi(&two, MMQ_MMA, addr).unwrap(),
+            [IdMultiStep::Single(0), IdMultiStep::Single(1)]
+        );
+        let e = matmul_id_multi(&args[..5], MMQ_MMA, addr).unwrap_err();
+        assert!(e.contains("got 5 tensor arguments"), "{e}");
+        let mut bad = args;
+        bad[3] = at(types::F32, [4, 3, 1, 1], 0x10000);
+        let e = matmul_id_multi(&bad, MMQ_MMA, addr).unwrap_err();
+        assert!(
+            e.starts_with("matmul_id_multi, product 0: matmul_id: output holds 12"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1629,6 +1822,12 @@ mod run_tests {
         go(ops::ADD, &[f(8, 1); 3]);
         let rows = [w, t(types::I32, [2, 1, 1, 1]), f(64, 2)];
         go(ops::GET_ROWS, &rows);
+        // Two one-token type-107 products of one input: one quantisation, one launch.
+        let ids1 = t(types::I32, [2, 1, 1, 1]);
+        go(
+            ops::MATMUL_ID_MULTI,
+            &[f(64, 1), ids1, we, f(4, 2), we, f(4, 2)],
+        );
         // Two Q8_0 products of one column in one launch; the f32 one alone.
         let q = t(TYPE_Q8_0, [64, 40, 1, 1]);
         go(
@@ -1644,7 +1843,7 @@ mod run_tests {
                 ("quantize_q8_1", 4),
                 (MMQ_MMA, 7),
                 ("quantize_q8_1", 4),
-                ("mmvq_id_107", 12),
+                ("mmvq_id_107", 14),
                 ("quantize_q8_1", 4),
                 ("mmq_mma_dense", 8),
                 ("quantize_q8_1", 4),
@@ -1652,6 +1851,8 @@ mod run_tests {
                 ("mmq_mma_id", 15),
                 ("add_f32", 4),
                 ("get_rows_107", 6),
+                ("quantize_q8_1", 4),
+                ("mmvq_id_107", 14),
                 ("quantize_q8_1", 4),
                 ("mmvq_107_n1", 6),
                 ("matvec_dense_rows_multi", 5),

@@ -122,7 +122,8 @@ pub(super) struct GpuPath {
     /// 0..o_groups: a single token's grouped output projection is one MATMUL_ID with
     /// group g as "expert" g.
     group_ids: Tensor,
-    /// The backend runs MATMUL_MULTI (probed): one op for the products of one input.
+    /// The backend runs MATMUL_MULTI and MATMUL_ID_MULTI (ABI 1.2; probed with the
+    /// first): one op for the products of one input.
     multi: bool,
 }
 
@@ -848,16 +849,25 @@ impl GpuPath {
             v(&w.ea, [ff, k * n, 1, 1]),
         );
         let ey = v(&w.ey, [d, k * n, 1, 1]);
-        op(
-            ops::MATMUL_ID,
-            OpParams::default(),
-            &[lay.gate_exps.r, x, ids, eg],
-        )?;
-        op(
-            ops::MATMUL_ID,
-            OpParams::default(),
-            &[lay.up_exps.r, x, ids, eu],
-        )?;
+        if self.multi {
+            // Gate and up on one quantisation of x (one launch for a decode step).
+            op(
+                ops::MATMUL_ID_MULTI,
+                OpParams::default(),
+                &[x, ids, lay.gate_exps.r, eg, lay.up_exps.r, eu],
+            )?;
+        } else {
+            op(
+                ops::MATMUL_ID,
+                OpParams::default(),
+                &[lay.gate_exps.r, x, ids, eg],
+            )?;
+            op(
+                ops::MATMUL_ID,
+                OpParams::default(),
+                &[lay.up_exps.r, x, ids, eu],
+            )?;
+        }
         op(ops::SWIGLU, pr(&[p.clamp_exp[l]], &[]), &[eg, eu, ea])?;
         op(
             ops::MATMUL_ID,
