@@ -712,16 +712,14 @@ extern "C" __global__ void __launch_bounds__(256)
                int* __restrict__ ids, float* __restrict__ wout, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_ROUTER);
     __shared__ float sc[1024];
-    __shared__ unsigned char taken[1024];
-    __shared__ float bv[DS4_ATT_WARPS];
-    __shared__ int bi[DS4_ATT_WARPS];
+    __shared__ float sv[1024];
     __shared__ int chosen[DS4_TOPK_MAX];
-    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int t = blockIdx.x, tid = threadIdx.x;
     for (int e = tid; e < n_expert; e += 256) {
         const float v = logits[(long long)t * n_expert + e];
         sc[e] = gating == 2 ? ds4_sigmoid(v) : sqrtf(v > 20.0f ? v : log1pf(expf(v)));
-        taken[e] = 0;
     }
+    if (tid < k) chosen[tid] = 0;  // a rank past the experts (k > E) stays expert 0
     __syncthreads();
     if (mode == 2) {
         if (tid < k) {
@@ -731,40 +729,24 @@ extern "C" __global__ void __launch_bounds__(256)
             chosen[tid] = e < 0 ? 0 : (e >= n_expert ? n_expert - 1 : e);
         }
     } else {
-        for (int j = 0; j < k; ++j) {
-            float best = DS4_NEG_INF;
-            int bidx = n_expert;
-            for (int e = tid; e < n_expert; e += 256) {
-                if (taken[e]) continue;
-                const float v = mode == 1 ? sc[e] + bias[e] : sc[e];
-                if (v > best || (v == best && e < bidx)) {
-                    best = v;
-                    bidx = e;
-                }
+        // Each expert's rank = how many beat it (a higher selection score, or the same and
+        // a lower index); ranks 0..k-1 are the choice in order: what k rounds of "best
+        // not yet taken" give, in one pass and one barrier (those rounds took two
+        // barriers each: 7.4 us a launch, ncu 15:31). NaN ranks as -inf.
+        for (int e = tid; e < n_expert; e += 256) {
+            const float v = mode == 1 ? sc[e] + bias[e] : sc[e];
+            sv[e] = v == v ? v : DS4_NEG_INF;
+        }
+        __syncthreads();
+        for (int e = tid; e < n_expert; e += 256) {
+            const float v = sv[e];
+            int rank = 0;
+#pragma unroll 8
+            for (int j = 0; j < n_expert; ++j) {
+                const float o = sv[j];
+                rank += (o > v) | ((o == v) & (j < e));
             }
-            for (int msk = 16; msk > 0; msk >>= 1) {
-                const float ov = gpu_shfl_xor(best, msk);
-                const int oi = (int)gpu_shfl_xor((float)bidx, msk);
-                if (ov > best || (ov == best && oi < bidx)) {
-                    best = ov;
-                    bidx = oi;
-                }
-            }
-            if (lane == 0) {
-                bv[warp] = best;
-                bi[warp] = bidx;
-            }
-            __syncthreads();
-            if (tid == 0) {
-                for (int w = 1; w < DS4_ATT_WARPS; ++w)
-                    if (bv[w] > bv[0] || (bv[w] == bv[0] && bi[w] < bi[0])) {
-                        bv[0] = bv[w];
-                        bi[0] = bi[w];
-                    }
-                chosen[j] = bi[0] < n_expert ? bi[0] : 0;
-                taken[chosen[j]] = 1;
-            }
-            __syncthreads();
+            if (rank < k) chosen[rank] = e;
         }
     }
     __syncthreads();
