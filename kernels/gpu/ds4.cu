@@ -719,7 +719,7 @@ extern "C" __global__ void __launch_bounds__(256)
         const float v = logits[(long long)t * n_expert + e];
         sc[e] = gating == 2 ? ds4_sigmoid(v) : sqrtf(v > 20.0f ? v : log1pf(expf(v)));
     }
-    if (tid < k) chosen[tid] = 0;  // a rank past the experts (k > E) stays expert 0
+    if (tid < k) chosen[tid] = 0;  // defensive: the op refuses k > E
     __syncthreads();
     if (mode == 2) {
         if (tid < k) {
@@ -732,7 +732,9 @@ extern "C" __global__ void __launch_bounds__(256)
         // Each expert's rank = how many beat it (a higher selection score, or the same and
         // a lower index); ranks 0..k-1 are the choice in order: what k rounds of "best
         // not yet taken" give, in one pass and one barrier (those rounds took two
-        // barriers each: 7.4 us a launch, ncu 15:31). NaN ranks as -inf.
+        // barriers each: 7.4 us a launch, ncu 15:31). NaN ranks as -inf, tied with it
+        // by index (the CPU's total order puts a positive NaN first: scores of NaN are
+        // a broken model either way).
         for (int e = tid; e < n_expert; e += 256) {
             const float v = mode == 1 ? sc[e] + bias[e] : sc[e];
             sv[e] = v == v ? v : DS4_NEG_INF;

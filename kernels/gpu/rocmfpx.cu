@@ -35,6 +35,7 @@
 #define KID_MATVEC_FP4_RUNS_Q8 38
 #define KID_MATVEC_FP4_RUNS_Q8_ID 39
 #define KID_MATVEC_DENSE_ROWS_MULTI 40
+#define KID_MATVEC_DENSE_Q8_MULTI 41
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -1110,26 +1111,140 @@ struct dense_multi {
     int rows[DENSE_MULTI_MAX];
     int n;
 };
+static_assert(sizeof(dense_multi) == 232, "DenseMulti in gpu-common's ops.rs");
+
+// This block's product of a dense_multi launch: its weights, output, rows, rows a block
+// and block index within the product. Static indices only: the parameter block stays
+// where it is.
+struct dense_part {
+    const unsigned char* w;
+    float* out;
+    int m, rows, blk;
+};
+GPU_DEV dense_part dense_multi_part(const dense_multi& p) {
+    const int b = blockIdx.x;
+    dense_part d = {p.w[0], p.out[0], p.m[0], p.rows[0], b};
+#pragma unroll
+    for (int i = 1; i < DENSE_MULTI_MAX; ++i)
+        if (i < p.n && b >= p.first[i]) d = {p.w[i], p.out[i], p.m[i], p.rows[i], b - p.first[i]};
+    return d;
+}
 
 extern "C" __global__ void __launch_bounds__(128)
     matvec_dense_rows_multi(dense_multi p, long long row_bytes, int ty, int k,
                             const float* __restrict__ x, unsigned int* counters) {
     gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS_MULTI);
-    // Static indices only: the parameter block stays where it is.
-    const int b = blockIdx.x;
-    const unsigned char* w = p.w[0];
-    float* out = p.out[0];
-    int m = p.m[0], rows = p.rows[0], b0 = 0;
+    const dense_part d = dense_multi_part(p);
+    dense_rows_any(d.w, row_bytes, ty, k, d.m, x, d.out, d.rows, d.blk);
+}
+
+// Byte permute, PTX prmt semantics: result byte i = byte (s_i & 7) of {a (0-3), b (4-7)},
+// or that byte's sign bit replicated where s_i & 8 (s_i = nibble i of s).
+GPU_DEV unsigned int gpu_perm(unsigned int a, unsigned int b, unsigned int s) {
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__)
+    unsigned int r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+#else
+    const unsigned long long ab = ((unsigned long long)b << 32) | a;
+    unsigned int r = 0;
 #pragma unroll
-    for (int i = 1; i < DENSE_MULTI_MAX; ++i)
-        if (i < p.n && b >= p.first[i]) {
-            w = p.w[i];
-            out = p.out[i];
-            m = p.m[i];
-            rows = p.rows[i];
-            b0 = p.first[i];
+    for (int i = 0; i < 4; ++i) {
+        const unsigned int sel = (s >> (4 * i)) & 15u;
+        unsigned int byte = (unsigned int)(ab >> (8 * (sel & 7u))) & 0xffu;
+        if (sel & 8u) byte = (byte & 0x80u) ? 0xffu : 0u;
+        r |= byte << (8 * i);
+    }
+    return r;
+#endif
+}
+
+// ROCmFP4 code bytes to int8 values by byte permutes: word wq holds 8 codes (byte i: low
+// nibble = value i of a block's first half, high = value i of its second); lo / hi get
+// the first / second half's four values. A positive and a negative 8-entry table, the
+// sign bit picking between them per byte.
+GPU_DEV void fp4_values8(unsigned int wq, unsigned int& lo, unsigned int& hi) {
+    const unsigned int idx = wq & 0x77777777u;
+    // Result byte i from the negative table (4 + i) where code i's sign bit is set.
+    const unsigned int sel = 0x32103210u | ((wq >> 1) & 0x44444444u);
+    const unsigned int p0 = gpu_perm(0x03020100u, 0x0a080604u, idx & 0xffffu);
+    const unsigned int n0 = gpu_perm(0xfdfeff00u, 0xf6f8fafcu, idx & 0xffffu);
+    const unsigned int p1 = gpu_perm(0x03020100u, 0x0a080604u, idx >> 16);
+    const unsigned int n1 = gpu_perm(0xfdfeff00u, 0xf6f8fafcu, idx >> 16);
+    // a = values of codes (lo0, hi0, lo1, hi1), b = (lo2, hi2, lo3, hi3).
+    const unsigned int a = gpu_perm(p0, n0, sel & 0xffffu);
+    const unsigned int b = gpu_perm(p1, n1, sel >> 16);
+    lo = gpu_perm(a, b, 0x6420u);
+    hi = gpu_perm(a, b, 0x7531u);
+}
+
+// An integer |i| < 2^22 as a float without the int-to-float conversion unit.
+GPU_DEV float small_int_float(int i) { return __int_as_float(0x4b400000 + i) - 12582912.0f; }
+
+// dense_rows with q8_1 activations (quantize_q8_1, values in order): the same units per
+// thread, the products as dp4a (ROCmFP4 codes through fp4_values8), each unit's integer
+// sums scaled by the weights' and the activations' scales. Against the f32-activation
+// dense_rows this trades the shared-table decode (the L1 / shared pipe that bounds it,
+// ncu 15:40 / 18:00) for byte permutes, and reads a quarter of the activation bytes.
+template <int TY, int R>
+GPU_DEV void dense_rows_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                           const q8_1_block* __restrict__ act, float* __restrict__ out, int blk) {
+    __shared__ float lut[16];
+    __shared__ float sc[256];
+    __shared__ float red[4][R];
+    const int t = threadIdx.x;
+    if (TY == DT_ROCMFP4) fp4_tables(lut, sc);
+    const int r0 = blk * R;
+    const unsigned char* rows[R];
+    float acc[R];
+    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
+    const int units = (k >> 5) * 4;
+    for (int u = t; u < units; u += 128) {
+        const int b = u >> 2, q = u & 3;
+        const q8_1_block* qb = act + b;
+        // Q8_0: values 8q..8q+7; ROCmFP4: 4q..4q+3 of each half.
+        const int xa = *(const int*)(qb->qs + (TY == DT_Q8_0 ? 8 * q : 4 * q));
+        const int xc = *(const int*)(qb->qs + (TY == DT_Q8_0 ? 8 * q + 4 : 16 + 4 * q));
+        const float d = qb->d;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float v;
+            if (TY == DT_Q8_0) {
+                const unsigned char* blk8 = rows[r] + b * 34;
+                const int s = gpu_dp4a((int)gpu_load_u32_a2(blk8 + 2 + 8 * q), xa,
+                                       gpu_dp4a((int)gpu_load_u32_a2(blk8 + 6 + 8 * q), xc, 0));
+                v = half_scale(gpu_load_u16(blk8)) * small_int_float(s);
+            } else {
+                const unsigned char* blk4 = rows[r] + b * 18;
+                unsigned int lo, hi;
+                fp4_values8(gpu_load_u32_a2(blk4 + 4 * q), lo, hi);
+                const unsigned int e = gpu_load_u16(blk4 + 16);
+                v = sc[e & 255u] * small_int_float(gpu_dp4a((int)lo, xa, 0)) +
+                    sc[e >> 8] * small_int_float(gpu_dp4a((int)hi, xc, 0));
+            }
+            acc[r] += d * v;
         }
-    dense_rows_any(w, row_bytes, ty, k, m, x, out, rows, b - b0);
+    }
+    rows_block_store<R>(acc, red, r0, m, out);
+}
+
+// matvec_dense_rows_multi with q8_1 activations (act: x quantised once for all the
+// products): up to DENSE_MULTI_MAX products of one input, product i on blocks
+// first[i]..first[i + 1], rows[i] (1, 2 or 4) rows a block. grid = the blocks in all.
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_dense_q8_multi(dense_multi p, long long row_bytes, int ty, int k,
+                          const q8_1_block* __restrict__ act, unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATVEC_DENSE_Q8_MULTI);
+    const dense_part d = dense_multi_part(p);
+    if (ty == DT_Q8_0) {
+        if (d.rows == 4) dense_rows_q8<DT_Q8_0, 4>(d.w, row_bytes, k, d.m, act, d.out, d.blk);
+        else if (d.rows == 2) dense_rows_q8<DT_Q8_0, 2>(d.w, row_bytes, k, d.m, act, d.out, d.blk);
+        else dense_rows_q8<DT_Q8_0, 1>(d.w, row_bytes, k, d.m, act, d.out, d.blk);
+    } else {
+        if (d.rows == 4) dense_rows_q8<DT_ROCMFP4, 4>(d.w, row_bytes, k, d.m, act, d.out, d.blk);
+        else if (d.rows == 2) dense_rows_q8<DT_ROCMFP4, 2>(d.w, row_bytes, k, d.m, act, d.out, d.blk);
+        else dense_rows_q8<DT_ROCMFP4, 1>(d.w, row_bytes, k, d.m, act, d.out, d.blk);
+    }
 }
 
 // Grouped matvec_dense_rows (see matvec_dense_id for pairs and ids): block row y is
@@ -1219,27 +1334,6 @@ GPU_DEV void fp4_runs_zero(float* __restrict__ o, int m, int k, int rows) {
         const int r = blockIdx.x * per_block + i;
         if (r < m) o[r] = 0.0f;
     }
-}
-
-// Byte permute, PTX prmt semantics: result byte i = byte (s_i & 7) of {a (0-3), b (4-7)},
-// or that byte's sign bit replicated where s_i & 8 (s_i = nibble i of s).
-GPU_DEV unsigned int gpu_perm(unsigned int a, unsigned int b, unsigned int s) {
-#if defined(GPU_CUDA) && defined(__CUDA_ARCH__)
-    unsigned int r;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
-    return r;
-#else
-    const unsigned long long ab = ((unsigned long long)b << 32) | a;
-    unsigned int r = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const unsigned int sel = (s >> (4 * i)) & 15u;
-        unsigned int byte = (unsigned int)(ab >> (8 * (sel & 7u))) & 0xffu;
-        if (sel & 8u) byte = (byte & 0x80u) ? 0xffu : 0u;
-        r |= byte << (8 * i);
-    }
-    return r;
-#endif
 }
 
 // The quantised activations of one block of 32 values, as the dot below reads them: for
@@ -1345,7 +1439,8 @@ GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_byte
 // == 0, k <= FP4_RUNS_MAX_K, w and row_bytes 16-byte aligned, x 16-byte aligned.
 // grid = ceil(m / (R 128 / L)). A kernel's registers are those of its largest path:
 // with a 4-row path too it took 247 a thread, two blocks an SM (ncu, 18:00 UTC), so
-// two rows at most and at least four blocks an SM.
+// two rows at most and at least four blocks an SM (CUDA's reading of the bound; HIP
+// reads the second number as waves per execution unit, not tuned on AMD yet).
 #define FP4_RUNS_MIN_BLOCKS 4
 extern "C" __global__ void __launch_bounds__(128, FP4_RUNS_MIN_BLOCKS)
     matvec_fp4_runs_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,

@@ -144,12 +144,15 @@ pub mod ops {
     pub const GRAPH_END: u32 = 27;
     pub const GRAPH_LAUNCH: u32 = 28;
     /// Several products of one input (ABI 1.2): out_i = W_i x for each pair, each as
-    /// MATMUL computes it (a backend may run compatible ones in one launch). args: x
-    /// (F32 [k, n]), then pairs w_i ([k, m_i]), out_i (F32 [m_i, n]); at least one.
+    /// MATMUL computes it, in any order or together (a backend may run compatible ones
+    /// in one launch), so no output may overlap x or another output; a product that
+    /// fails fails the op, possibly after others were written. args: x (F32 [k, n]),
+    /// then pairs w_i ([k, m_i]), out_i (F32 [m_i, n]); at least one.
     pub const MATMUL_MULTI: u32 = 29;
     /// Several grouped products of one input and one routing (ABI 1.2): out_i =
-    /// MATMUL_ID(w_i, x, ids) for each pair. args: x, ids, then pairs w_i ([k, m,
-    /// experts]), out_i; at least one. A backend that runs MATMUL_MULTI runs this too.
+    /// MATMUL_ID(w_i, x, ids) for each pair, on the terms of MATMUL_MULTI. args: x, ids,
+    /// then pairs w_i ([k, m, experts]), out_i; at least one. A backend that runs
+    /// MATMUL_MULTI runs this too.
     pub const MATMUL_ID_MULTI: u32 = 30;
 }
 

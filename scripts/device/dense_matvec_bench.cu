@@ -83,66 +83,6 @@ __device__ void dense_staged(const unsigned char* __restrict__ w, long long row_
     rows_block_store<R>(acc, red, r0, m, out);
 }
 
-// ---- candidate: ROCmFP4 with 8-bit activations (measured 14:29: 15-33% faster, not
-// enough to pay for the activation rounding and the extra quantise launches) --------------
-// The signed values (codes as int8: 0, 1, 2, 3, 4, 6, 8, 10, sign in bit 3) of the eight
-// ROCmFP4 codes of a code word holding 4 code bytes (byte i: low nibble = element i of
-// the first half, high nibble = element i of the second): lo = the first half's four
-// values, hi = the second half's, as int8 lanes for dp4a.
-__device__ void fp4_values8(unsigned int wq, unsigned int& lo, unsigned int& hi) {
-    const unsigned int idx = wq & 0x77777777u;
-    // Result byte i from the negative table (4 + i) where code i's sign bit is set.
-    const unsigned int sel = 0x32103210u | ((wq >> 1) & 0x44444444u);
-    const unsigned int p0 = gpu_perm(0x03020100u, 0x0a080604u, idx & 0xffffu);
-    const unsigned int n0 = gpu_perm(0xfdfeff00u, 0xf6f8fafcu, idx & 0xffffu);
-    const unsigned int p1 = gpu_perm(0x03020100u, 0x0a080604u, idx >> 16);
-    const unsigned int n1 = gpu_perm(0xfdfeff00u, 0xf6f8fafcu, idx >> 16);
-    // a = values of codes (lo0, hi0, lo1, hi1), b = (lo2, hi2, lo3, hi3).
-    const unsigned int a = gpu_perm(p0, n0, sel & 0xffffu);
-    const unsigned int b = gpu_perm(p1, n1, sel >> 16);
-    lo = gpu_perm(a, b, 0x6420u);
-    hi = gpu_perm(a, b, 0x7531u);
-}
-
-// An integer |i| < 2^22 as a float without the (slow) int-to-float conversion unit.
-__device__ float small_int_float(int i) {
-    return __int_as_float(0x4b400000 + i) - 12582912.0f;
-}
-
-// Decode mat-vec of ROCmFP4 weights with q8_1 activations (standard order): the layout
-// of dense_rows (thread t on units t, t + 128, ... of R rows), codes through byte
-// permutes and dp4a instead of a shared table per value. grid = ceil(m / R), block 128.
-template <int R>
-__device__ void fp4_rows_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
-                         const q8_1_block* __restrict__ act, float* __restrict__ out) {
-    __shared__ float lut[16];
-    __shared__ float sc[256];
-    __shared__ float red[4][R];
-    const int t = threadIdx.x;
-    fp4_tables(lut, sc);
-    const int r0 = blockIdx.x * R;
-    const unsigned char* rows[R];
-    float acc[R];
-    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
-    const int units = (k >> 5) * 4;
-    for (int u = t; u < units; u += 128) {
-        const int b = u >> 2, q = u & 3;
-        const q8_1_block* qb = act + b;
-        const int xa = *(const int*)(qb->qs + 4 * q), xc = *(const int*)(qb->qs + 16 + 4 * q);
-        const float d = qb->d;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const unsigned char* blk = rows[r] + b * 18;
-            unsigned int lo, hi;
-            fp4_values8(gpu_load_u32_a2(blk + 4 * q), lo, hi);
-            const unsigned int e = gpu_load_u16(blk + 16);
-            const float s0 = small_int_float(gpu_dp4a((int)lo, xa, 0));
-            const float s1 = small_int_float(gpu_dp4a((int)hi, xc, 0));
-            acc[r] += d * (sc[e & 255u] * s0 + sc[e >> 8] * s1);
-        }
-    }
-    rows_block_store<R>(acc, red, r0, m, out);
-}
 
 // ---- the committed dense_rows at other (rows, units in flight) -------------------------
 template <int TY, int R, int U>
@@ -164,7 +104,7 @@ template <int R>
 __global__ void __launch_bounds__(128) fp4_q8_variant(const unsigned char* __restrict__ w, long long row_bytes,
                                                       int k, int m, const q8_1_block* __restrict__ act,
                                                       float* __restrict__ out) {
-    fp4_rows_q8<R>(w, row_bytes, k, m, act, out);
+    dense_rows_q8<DT_ROCMFP4, R>(w, row_bytes, k, m, act, out, blockIdx.x);
 }
 
 // ---- ceiling: read the same bytes with 16-byte loads ----------------------------------
@@ -395,20 +335,31 @@ int main(int argc, char** argv) {
             V_ROW(4, 1)
             S_ROW(2)
         }
-        if (s.ty == DT_ROCMFP4 && getenv("OLD_VARIANTS")) {
-            // 8-bit activations (quantize_q8_1 once; its own time is in the last row).
+        {
+            // 8-bit activations: x quantised once (quantize_q8_1; its own time is the last
+            // row), the product kernel matvec_dense_q8_multi on this one product.
             q8_1_block* dq;
             CK(cudaMalloc(&dq, (size_t)s.k / 32 * sizeof(q8_1_block)));
             quantize_q8_1<<<(s.k / 32 + 7) / 8, 256>>>(dx, dq, s.k / 32, 0, nullptr);
             CK(cudaDeviceSynchronize());
-#define Q_ROW(R)                                                                             \
-            row("fp4 x q8_1 dp4a R=" #R, [&] {                                               \
-                fp4_q8_variant<R><<<(s.m + R - 1) / R, 128>>>(dw, row_bytes, s.k, s.m, dq, dout); \
-            }, true);
-            Q_ROW(1)
-            Q_ROW(2)
-            Q_ROW(4)
-            Q_ROW(8)
+            for (int R : {1, 2, 4}) {
+                char nm[64];
+                snprintf(nm, sizeof nm, "matvec_dense_q8_multi R=%d (8-bit act.)", R);
+                row(nm, [&] {
+                    dense_multi p = {};
+                    p.w[0] = dw;
+                    p.out[0] = dout;
+                    p.m[0] = s.m;
+                    p.rows[0] = R;
+                    p.n = 1;
+                    matvec_dense_q8_multi<<<(s.m + R - 1) / R, 128>>>(p, row_bytes, s.ty, s.k, dq, nullptr);
+                }, true);
+            }
+            if (s.ty == DT_ROCMFP4 && getenv("OLD_VARIANTS")) {
+                row("fp4 x q8_1 dp4a R=8", [&] {
+                    fp4_q8_variant<8><<<(s.m + 7) / 8, 128>>>(dw, row_bytes, s.k, s.m, dq, dout);
+                }, true);
+            }
             row("quantize_q8_1 of x alone", [&] {
                 quantize_q8_1<<<(s.k / 32 + 7) / 8, 256>>>(dx, dq, s.k / 32, 0, nullptr);
             }, false);

@@ -12,7 +12,8 @@ OUT=${OUT:-/tmp/ds4-ncu}
 W=${W:-${TMPDIR:-/tmp}/ds4-ncu}
 mkdir -p "$OUT" "$W"
 cuda_plugins "$W/plugins.toml"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+NCU=$(command -v ncu || { ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null || true; } | head -1)
+[ -n "$NCU" ] || { echo "ncu (Nsight Compute) not found on PATH, in /opt/nvidia/nsight-compute or /usr/local/cuda/bin" >&2; exit 1; }
 date -u +"run: %Y-%m-%d %H:%M UTC"
 LAYERS=${LAYERS:-8}
 KERNELS=${KERNELS:-mmvq_id_107|matvec_fp4_runs_q8|matvec_dense_rows|matvec_dense_rows_id|matvec_dense_rows_multi|ds4_hc_pre}

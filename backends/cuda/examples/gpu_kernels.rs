@@ -19,7 +19,7 @@ use std::time::Instant;
 use std::sync::atomic::Ordering;
 
 use moe_backend_cuda::{
-    ops::{mmq_kernel, FORCE_MMQ_DP4A, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID},
+    ops::{mmq_kernel, FORCE_MMQ_DP4A, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID},
     rt,
 };
 use moe_plugin_api::{into_result, ops, types, Backend, BlockQ8_1, OpParams, TensorRef};
@@ -557,7 +557,10 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     }
     let before = g.counters();
     g.op(ops::MATMUL_MULTI, &args);
-    let fused = ran(&before, "matvec_dense_rows_multi");
+    // One launch per weight type, none falling back to single products.
+    let key = "matvec_dense_rows_multi.device";
+    let fused =
+        g.counters().get(key).copied().unwrap_or(0) == before.get(key).copied().unwrap_or(0) + 2;
     for (ty, m, wv, bo, bs) in parts {
         let got = g.read_f32(bo, 0, m);
         let same = got == g.read_f32(bs, 0, m);
@@ -584,6 +587,82 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     for b in held {
         into_result((g.be.free)(b)).unwrap();
     }
+    // The 8-bit decode (MOE_GPU_Q8_DECODE=1, forced here): MATMUL and MATMUL_MULTI on
+    // `matvec_dense_q8_multi` against the f64 dot with the activations rounded as
+    // `BlockQ8_1::quantize` rounds them (the products themselves are exact integers).
+    FORCE_Q8_DECODE.store(true, Ordering::Relaxed);
+    let want = "matvec_dense_q8_multi";
+    for (ty, k, m) in [
+        (100u32, 4096usize, 1000usize),
+        (8, 4096, 1000),
+        (100, 8192, 4096),
+        (8, 2048, 37),
+    ] {
+        let (w, wv) = random_dense(rng, ty, m, k);
+        let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
+        let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * 4));
+        let before = g.counters();
+        g.op(
+            ops::MATMUL,
+            &[
+                t(bw, 0, ty, 0, [k as u64, m as u64, 1, 1]),
+                t(bx, 0, types::F32, 0, [k as u64, 1, 1, 1]),
+                t(bo, 0, types::F32, 0, [m as u64, 1, 1, 1]),
+            ],
+        );
+        let act = [x.chunks_exact(32).map(BlockQ8_1::quantize).collect()];
+        let e = rel(&g.read_f32(bo, 0, m), &ref_values(&wv, m, k, &act));
+        let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
+        report(
+            format!("{name} q8 matmul {k} x {m}"),
+            e,
+            ran(&before, want),
+            want,
+        );
+        for b in [bw, bx, bo] {
+            into_result((g.be.free)(b)).unwrap();
+        }
+    }
+    // Two types in one MATMUL_MULTI: two launches on one quantisation of x.
+    let k = 4096usize;
+    let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
+    let act = [x.chunks_exact(32).map(BlockQ8_1::quantize).collect()];
+    let bx = g.buf(&f32_bytes(&x));
+    let mut args = vec![t(bx, 0, types::F32, 0, [k as u64, 1, 1, 1])];
+    let mut held = vec![bx];
+    let mut parts = Vec::new();
+    for (ty, m) in [(100u32, 700usize), (8, 300)] {
+        let (w, wv) = random_dense(rng, ty, m, k);
+        let (bw, bo) = (g.buf(&w), g.zeros(m * 4));
+        args.extend([
+            t(bw, 0, ty, 0, [k as u64, m as u64, 1, 1]),
+            t(bo, 0, types::F32, 0, [m as u64, 1, 1, 1]),
+        ]);
+        held.extend([bw, bo]);
+        parts.push((ty, m, wv, bo));
+    }
+    let before = g.counters();
+    g.op(ops::MATMUL_MULTI, &args);
+    let quantised_once = g
+        .counters()
+        .get("quantize_q8_1.device")
+        .copied()
+        .unwrap_or(0)
+        == before.get("quantize_q8_1.device").copied().unwrap_or(0) + 1;
+    for (ty, m, wv, bo) in parts {
+        let e = rel(&g.read_f32(bo, 0, m), &ref_values(&wv, m, k, &act));
+        let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
+        report(
+            format!("{name} q8 multi {k} x {m} (one quantise)"),
+            e,
+            ran(&before, want) && quantised_once,
+            want,
+        );
+    }
+    for b in held {
+        into_result((g.be.free)(b)).unwrap();
+    }
+    FORCE_Q8_DECODE.store(false, Ordering::Relaxed);
     all_ok
 }
 

@@ -15,7 +15,9 @@ use std::{
 
 use cudarc::driver::{result as cu, sys};
 use moe_gpu_common::ops::{self as plan, bytes_of, check_placement, Launch};
-pub use moe_gpu_common::ops::{FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID, TYPE_Q2_0_ROCMFP2};
+pub use moe_gpu_common::ops::{
+    FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID, TYPE_Q2_0_ROCMFP2,
+};
 use moe_plugin_api::{ops, OpParams, TensorRef};
 
 use crate::{

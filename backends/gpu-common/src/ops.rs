@@ -545,6 +545,32 @@ pub fn matmul_dense(
     }))
 }
 
+/// Forces 8-bit activations on the decode products (`matvec_dense_q8_multi`) as
+/// `MOE_GPU_Q8_DECODE=1` does (device tests; off by default).
+pub static FORCE_Q8_DECODE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Whether one column's Q8_0 / ROCmFP4 products (the ones `matvec_dense_rows` would run)
+/// take q8_1 activations, quantised once per input, on `matvec_dense_q8_multi`:
+/// `MOE_GPU_Q8_DECODE=1` (read once) or [`FORCE_Q8_DECODE`]. Off by default: f32
+/// activations in decode until measured end to end.
+pub fn q8_decode() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    FORCE_Q8_DECODE.load(std::sync::atomic::Ordering::Relaxed)
+        || *ON.get_or_init(|| std::env::var("MOE_GPU_Q8_DECODE").is_ok_and(|v| v == "1"))
+}
+
+/// Rows a block of `matvec_dense_q8_multi` for a product of `m` rows: two from 4096 rows,
+/// else one (the bench's 8-bit candidate, 14:29: one row was fastest up to 2048 rows,
+/// two on `wo_b`).
+pub fn q8_rows(m: u64) -> i32 {
+    if m >= 4096 {
+        2
+    } else {
+        1
+    }
+}
+
 /// Most products one `matvec_dense_rows_multi` launch takes (DENSE_MULTI_MAX in
 /// kernels/gpu/rocmfpx.cu).
 pub const DENSE_MULTI_MAX: usize = 8;
@@ -566,13 +592,15 @@ pub struct DenseMulti {
 #[derive(Debug, PartialEq)]
 pub enum MultiStep {
     /// The products `pairs` (indices among the op's pairs) in one
-    /// `matvec_dense_rows_multi` launch.
+    /// `matvec_dense_rows_multi` launch, or with `q8` one `matvec_dense_q8_multi` launch
+    /// on the op's one q8_1 quantisation of x.
     Fused {
         p: Box<DenseMulti>,
         row_bytes: i64,
         ty: i32,
         k: i32,
         x: u64,
+        q8: bool,
         pairs: Vec<usize>,
         launch: Launch,
     },
@@ -584,10 +612,12 @@ pub enum MultiStep {
 /// checks it; those that would run `matvec_dense_rows` with the same type, k and row
 /// length share `matvec_dense_rows_multi` launches (at most DENSE_MULTI_MAX each, each
 /// product with the rows a block its own MATMUL takes: the same sums), the rest run
-/// alone.
+/// alone. With `q8` ([`q8_decode`]) those products all take `matvec_dense_q8_multi`
+/// instead, a lone one too, on one quantisation of x ([`q8_rows`] rows a block).
 pub fn matmul_multi(
     args: &[TensorRef],
     mmq: &str,
+    q8: bool,
     mut ptr: impl FnMut(&TensorRef, u64) -> Result<u64, String>,
 ) -> Result<Vec<MultiStep>, String> {
     if args.len() < 3 || args.len().is_multiple_of(2) {
@@ -617,7 +647,7 @@ pub fn matmul_multi(
     }
     for ((ty, k, row_bytes), members) in groups {
         for chunk in members.chunks(DENSE_MULTI_MAX) {
-            if let [(i, _)] = chunk {
+            if let ([(i, _)], false) = (chunk, q8) {
                 steps.push(MultiStep::Single(*i));
                 continue;
             }
@@ -630,6 +660,7 @@ pub fn matmul_multi(
                 let DenseLayout::Rows(rows) = d.layout else {
                     unreachable!("grouped by layout")
                 };
+                let rows = if q8 { q8_rows(d.m as u64) } else { rows };
                 p.w[j] = d.w;
                 p.out[j] = d.out;
                 p.m[j] = d.m;
@@ -643,9 +674,14 @@ pub fn matmul_multi(
                 ty,
                 k,
                 x: chunk[0].1.x,
+                q8,
                 pairs: chunk.iter().map(|(i, _)| *i).collect(),
                 launch: Launch {
-                    name: "matvec_dense_rows_multi",
+                    name: if q8 {
+                        "matvec_dense_q8_multi"
+                    } else {
+                        "matvec_dense_rows_multi"
+                    },
                     grid: (to_i32(blocks, "blocks")? as u32, 1, 1),
                     block: 128,
                 },
@@ -870,33 +906,14 @@ pub fn matmul_id_multi(
         };
         plans.push(plan.filter(|p| p.sort.is_none()));
     }
-    let same = |a: &MatmulId, b: &MatmulId| {
-        (
-            a.x,
-            a.ids,
-            a.k,
-            a.m,
-            a.blocks,
-            a.pairs,
-            a.experts,
-            a.expert_bytes,
-            a.affine,
-            a.per_pair,
-            a.slots,
-        ) == (
-            b.x,
-            b.ids,
-            b.k,
-            b.m,
-            b.blocks,
-            b.pairs,
-            b.experts,
-            b.expert_bytes,
-            b.affine,
-            b.per_pair,
-            b.slots,
-        )
+    // What two products must share to run as one launch (x and ids are the op's).
+    let shape = |p: &MatmulId| {
+        let ints = [
+            p.blocks, p.m, p.pairs, p.experts, p.affine, p.per_pair, p.slots,
+        ];
+        (p.k, p.expert_bytes, ints)
     };
+    let same = |a: &MatmulId, b: &MatmulId| shape(a) == shape(b);
     let mut steps = Vec::new();
     let mut i = 0;
     while i < plans.len() {
@@ -1048,8 +1065,34 @@ pub trait Gpu {
     unsafe fn launch(&self, l: Launch, params: &[*mut c_void]) -> Result<(), String>;
 }
 
-/// Runs `op` (MATMUL, MATMUL_ID / [`OP_MATMUL_ID`], ADD, GET_ROWS and the
-/// DeepSeek-V4 glue of [`crate::ds4`]) on `gpu`; `mmq` is the MMQ kernel the device
+/// One token's MATMUL_ID (`p.sort` is None): x's q8_1 quantisation into scratch, then
+/// `mmvq_id_107` on `p.grouped`'s grid (z = 2: a second product `w_step` / `out_step`
+/// bytes on, MATMUL_ID_MULTI).
+///
+/// # Safety
+/// As [`Gpu::launch`]: `p` is a checked plan.
+unsafe fn launch_id_one_token(
+    gpu: &impl Gpu,
+    p: &MatmulId,
+    mut w_step: i64,
+    mut out_step: i64,
+) -> Result<(), String> {
+    let mut pq = gpu.scratch(p.layout.bytes)?;
+    let (q, mut n_blocks) = quantize(p.k, p.x_cols);
+    let mut px = p.x;
+    let mut planes = rf2_planes(p.grouped.name);
+    gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?;
+    let (mut pw, mut ebytes, mut nb, mut mm) = (p.w, p.expert_bytes, p.blocks, p.m);
+    let (mut ne, mut pp, mut ns, mut pi) = (p.experts, p.per_pair, p.slots, p.ids);
+    let (mut po, mut a, mut rows) = (p.out, p.affine, id_rows() as i32);
+    gpu.launch(
+        p.grouped,
+        &kargs!(pw, ebytes, nb, mm, ne, pq, pp, ns, pi, po, a, rows, w_step, out_step),
+    )
+}
+
+/// Runs `op` (MATMUL, MATMUL_ID / [`OP_MATMUL_ID`], MATMUL_MULTI, MATMUL_ID_MULTI, ADD,
+/// GET_ROWS and the DeepSeek-V4 glue of [`crate::ds4`]) on `gpu`; `mmq` is the MMQ kernel the device
 /// runs, `backend` names the backend in errors.
 pub fn run(
     gpu: &impl Gpu,
@@ -1087,6 +1130,15 @@ pub fn run(
                 let (mut pw, mut rb, mut ty, mut k, mut m) = (p.w, p.row_bytes, p.ty, p.k, p.m);
                 let (mut px, mut n, mut po) = (p.x, p.n, p.out);
                 match p.layout {
+                    // One product of the 8-bit decode: MATMUL_MULTI's path.
+                    DenseLayout::Rows(_) if q8_decode() => run(
+                        gpu,
+                        backend,
+                        mmq,
+                        ops::MATMUL_MULTI,
+                        params,
+                        &[args[1], args[0], args[2]],
+                    ),
                     DenseLayout::Rows(mut rows) => {
                         gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, po, rows))
                     }
@@ -1122,6 +1174,9 @@ pub fn run(
             }
             OP_MATMUL_ID => {
                 let p = matmul_id(args, mmq, ptr)?;
+                let Some(sort) = p.sort else {
+                    return launch_id_one_token(gpu, &p, 0, 0);
+                };
                 let base = gpu.scratch(p.layout.bytes)?;
                 let (q, mut n_blocks) = quantize(p.k, p.x_cols);
                 let (mut px, mut pq) = (p.x, base);
@@ -1133,15 +1188,6 @@ pub fn run(
                 let (mut pi, mut np, mut ne) = (p.ids, p.pairs, p.experts);
                 let (mut pw, mut ebytes, mut nb, mut mm) = (p.w, p.expert_bytes, p.blocks, p.m);
                 let (mut pp, mut ns, mut po, mut a) = (p.per_pair, p.slots, p.out, p.affine);
-                let Some(sort) = p.sort else {
-                    let (mut rows, mut w_step, mut out_step) = (id_rows() as i32, 0i64, 0i64);
-                    return gpu.launch(
-                        p.grouped,
-                        &kargs!(
-                            pw, ebytes, nb, mm, ne, pq, pp, ns, pi, po, a, rows, w_step, out_step
-                        ),
-                    );
-                };
                 gpu.launch(sort, &kargs!(pi, np, ne, poff, pact, psorted))?;
                 if p.grouped.name == "mmq_mma_id" {
                     let (mut rb, mut ty) = (p.row_bytes, p.ty);
@@ -1159,7 +1205,10 @@ pub fn run(
                 }
             }
             ops::MATMUL_MULTI => {
-                for step in matmul_multi(args, mmq, ptr)? {
+                let steps = matmul_multi(args, mmq, q8_decode(), ptr)?;
+                // The 8-bit launches share one quantisation of x.
+                let mut act = None;
+                for step in steps {
                     match step {
                         MultiStep::Fused {
                             p,
@@ -1167,11 +1216,28 @@ pub fn run(
                             mut ty,
                             mut k,
                             mut x,
+                            q8,
                             launch,
                             ..
                         } => {
                             let mut p = *p;
-                            gpu.launch(launch, &kargs!(p, row_bytes, ty, k, x))?
+                            if !q8 {
+                                gpu.launch(launch, &kargs!(p, row_bytes, ty, k, x))?;
+                                continue;
+                            }
+                            let mut pq = match act {
+                                Some(pq) => pq,
+                                None => {
+                                    let (q, mut n_blocks) = quantize(k as u64, 1);
+                                    let mut pq =
+                                        gpu.scratch(n_blocks as usize * Q8_BYTES as usize)?;
+                                    let mut planes = 0i32; // values in order
+                                    gpu.launch(q, &kargs!(x, pq, n_blocks, planes))?;
+                                    act = Some(pq);
+                                    pq
+                                }
+                            };
+                            gpu.launch(launch, &kargs!(p, row_bytes, ty, k, pq))?
                         }
                         MultiStep::Single(i) => run(
                             gpu,
@@ -1189,29 +1255,11 @@ pub fn run(
                 for step in matmul_id_multi(args, mmq, ptr)? {
                     match step {
                         IdMultiStep::Pair {
-                            plan: p,
-                            mut w_step,
-                            mut out_step,
+                            plan,
+                            w_step,
+                            out_step,
                             ..
-                        } => {
-                            let base = gpu.scratch(p.layout.bytes)?;
-                            let (q, mut n_blocks) = quantize(p.k, p.x_cols);
-                            let (mut px, mut pq) = (p.x, base);
-                            let mut planes = rf2_planes(p.grouped.name);
-                            gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?;
-                            let (mut pw, mut ebytes, mut nb, mut mm) =
-                                (p.w, p.expert_bytes, p.blocks, p.m);
-                            let (mut ne, mut pp, mut ns, mut pi) =
-                                (p.experts, p.per_pair, p.slots, p.ids);
-                            let (mut po, mut a, mut rows) = (p.out, p.affine, id_rows() as i32);
-                            gpu.launch(
-                                p.grouped,
-                                &kargs!(
-                                    pw, ebytes, nb, mm, ne, pq, pp, ns, pi, po, a, rows, w_step,
-                                    out_step
-                                ),
-                            )?
-                        }
+                        } => launch_id_one_token(gpu, &plan, w_step, out_step)?,
                         IdMultiStep::Single(i) => run(
                             gpu,
                             backend,
@@ -1284,7 +1332,7 @@ mod tests {
         ] {
             args.extend(pair(ty, m));
         }
-        let steps = matmul_multi(&args, MMQ_MMA, seq()).unwrap();
+        let steps = matmul_multi(&args, MMQ_MMA, false, seq()).unwrap();
         assert_eq!(steps[..2], [MultiStep::Single(4), MultiStep::Single(5)]);
         // Pair i's pointers: w (3i + 1) * 0x1000, x + 1, out + 2 (seq's order).
         let MultiStep::Fused {
@@ -1323,12 +1371,49 @@ mod tests {
             (&[0, 512][..], &[1024, 64][..], &[2, 1][..])
         );
         assert_eq!(steps.len(), 4);
+        // 8-bit decode: the same groups on matvec_dense_q8_multi, one row a block under
+        // 4096 rows; a lone product takes it too.
+        let steps = matmul_multi(&args, MMQ_MMA, true, seq()).unwrap();
+        let q8: Vec<_> = steps
+            .iter()
+            .filter_map(|s| match s {
+                MultiStep::Fused {
+                    p,
+                    q8: true,
+                    pairs,
+                    launch,
+                    ..
+                } => Some((
+                    launch.name,
+                    launch.grid.0,
+                    pairs.clone(),
+                    p.rows[..2].to_vec(),
+                )),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            q8,
+            [
+                ("matvec_dense_q8_multi", 1536, vec![0, 1], vec![1, 1]),
+                ("matvec_dense_q8_multi", 1088, vec![2, 3], vec![1, 1]),
+            ]
+        );
+        let lone = [
+            x,
+            t(TYPE_ROCMFP4, [4096, 8192, 1, 1]),
+            t(types::F32, [8192, 1, 1, 1]),
+        ];
+        assert!(matches!(
+            &matmul_multi(&lone, MMQ_MMA, true, seq()).unwrap()[..],
+            [MultiStep::Fused { q8: true, p, launch, .. }] if p.rows[0] == 2 && launch.grid.0 == 4096
+        ));
         // Nine of one kind: a launch of eight and one alone.
         let mut nine = vec![x];
         for _ in 0..9 {
             nine.extend(pair(TYPE_Q8_0, 256));
         }
-        let steps = matmul_multi(&nine, MMQ_MMA, seq()).unwrap();
+        let steps = matmul_multi(&nine, MMQ_MMA, false, seq()).unwrap();
         assert!(matches!(&steps[0], MultiStep::Fused { pairs, .. } if pairs.len() == 8));
         assert_eq!(steps[1], MultiStep::Single(8));
         // Two columns: nothing takes the rows kernel, so nothing is fused.
@@ -1341,18 +1426,18 @@ mod tests {
             t(types::F32, [64, 2, 1, 1]),
         ];
         assert_eq!(
-            matmul_multi(&two, MMQ_MMA, seq()).unwrap(),
+            matmul_multi(&two, MMQ_MMA, false, seq()).unwrap(),
             [MultiStep::Single(0), MultiStep::Single(1)]
         );
         // Bad arguments name the product or the count.
         let mut bad = args.clone();
         bad[4] = t(types::F32, [500, 1, 1, 1]);
-        let e = matmul_multi(&bad, MMQ_MMA, seq()).unwrap_err();
+        let e = matmul_multi(&bad, MMQ_MMA, false, seq()).unwrap_err();
         assert!(
             e.starts_with("matmul_multi, product 1: matmul: output holds 500"),
             "{e}"
         );
-        let e = matmul_multi(&args[..4], MMQ_MMA, seq()).unwrap_err();
+        let e = matmul_multi(&args[..4], MMQ_MMA, false, seq()).unwrap_err();
         assert!(e.contains("got 4 tensor arguments"), "{e}");
         // The kernel's parameter block: 16 pointers, 24 + 1 ints, padded to 8 bytes.
         assert_eq!(std::mem::size_of::<DenseMulti>(), 232);
@@ -1690,6 +1775,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.grouped.grid, (10, 4, 1));
+        // One token (6 slots): mmvq_id_107, 4 warps x id_rows() rows a block, no sort.
+        let ids1 = t(types::I32, [6, 1, 1, 1]);
+        let p = matmul_id(
+            &[
+                w40,
+                t(types::F32, [64, 1, 1, 1]),
+                ids1,
+                t(types::F32, [40, 6, 1, 1]),
+            ],
+            MMQ_MMA,
+            seq(),
+        )
+        .unwrap();
+        assert_eq!(p.grouped.name, "mmvq_id_107");
+        assert_eq!(p.grouped.grid, (40u64.div_ceil(4 * id_rows()) as u32, 6, 1));
+        assert!(p.sort.is_none());
         let p = matmul_id(
             &[w, t(types::F32, [64, 10, 1, 1]), ids, out],
             MMQ_MMA,
@@ -1828,7 +1929,7 @@ mod run_tests {
             ops::MATMUL_ID_MULTI,
             &[f(64, 1), ids1, we, f(4, 2), we, f(4, 2)],
         );
-        // Two Q8_0 products of one column in one launch; the f32 one alone.
+        // Two Q8_0 products of one column in one launch; the type-107 one alone.
         let q = t(TYPE_Q8_0, [64, 40, 1, 1]);
         go(
             ops::MATMUL_MULTI,
