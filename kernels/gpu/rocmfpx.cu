@@ -1002,6 +1002,23 @@ GPU_DEV void rows_block_store(const float (&acc)[R], float (*red)[R], int r0, in
     if (t < R && r0 + t < m) out[r0 + t] = red[0][t] + red[1][t] + red[2][t] + red[3][t];
 }
 
+// The shared memory of a dense_rows block: the ROCmFP4 tables and the row sums' warp
+// partials.
+template <int R>
+struct rows_smem {
+    float lut[16];
+    float sc[256];
+    float red[4][R];
+};
+
+// A dense_rows block's start: the ROCmFP4 tables (TY) and rows_block_start.
+template <int TY, int R>
+GPU_DEV void rows_block_begin(rows_smem<R>& sm, const unsigned char* w, long long row_bytes,
+                              int r0, int m, const unsigned char* (&rows)[R], float (&acc)[R]) {
+    if (TY == DT_ROCMFP4) fp4_tables(sm.lut, sm.sc);
+    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
+}
+
 // Decode mat-vec (one f32 column) of Q8_0 or ROCmFP4 (100) weights: a 128-thread block
 // on R rows, thread t taking the 8-value units t, t + 128, ... of each row (unit = a
 // quarter of a Q8_0 block, or 4 code bytes = 8 values of a ROCmFP4 block), so a block
@@ -1014,15 +1031,13 @@ GPU_DEV void rows_block_store(const float (&acc)[R], float (*red)[R], int r0, in
 template <int TY, int R, int U>
 GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
                         const float* __restrict__ x, float* __restrict__ out, int blk) {
-    __shared__ float lut[16];
-    __shared__ float sc[256];
-    __shared__ float red[4][R];
-    const int t = threadIdx.x;
-    if (TY == DT_ROCMFP4) fp4_tables(lut, sc);
-    const int r0 = blk * R;
+    __shared__ rows_smem<R> sm;
+    const float* lut = sm.lut;
+    const float* sc = sm.sc;
+    const int t = threadIdx.x, r0 = blk * R;
     const unsigned char* rows[R];
     float acc[R];
-    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
+    rows_block_begin<TY, R>(sm, w, row_bytes, r0, m, rows, acc);
     const int units = (k >> 5) * 4;
     // Q8_0: wa = scale, wb / wc = 8 codes; ROCmFP4: wa = 4 code bytes, wb = scale bytes.
     for (int u0 = t; u0 < units; u0 += 128 * U) {
@@ -1068,7 +1083,7 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
             for (int r = 0; r < R; ++r)
                 acc[r] += dense_unit_dot<TY>(wa[j][r], wb[j][r], wc[j][r], xa[j], xc[j], lut, sc);
     }
-    rows_block_store<R>(acc, red, r0, m, out);
+    rows_block_store<R>(acc, sm.red, r0, m, out);
 }
 
 // dense_rows for a run-time type (DT_Q8_0 or DT_ROCMFP4) and rows per block (1, 2 or 4),
@@ -1189,15 +1204,12 @@ GPU_DEV float small_int_float(int i) { return __int_as_float(0x4b400000 + i) - 1
 template <int TY, int R>
 GPU_DEV void dense_rows_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
                            const q8_1_block* __restrict__ act, float* __restrict__ out, int blk) {
-    __shared__ float lut[16];
-    __shared__ float sc[256];
-    __shared__ float red[4][R];
-    const int t = threadIdx.x;
-    if (TY == DT_ROCMFP4) fp4_tables(lut, sc);
-    const int r0 = blk * R;
+    __shared__ rows_smem<R> sm;
+    const float* sc = sm.sc;
+    const int t = threadIdx.x, r0 = blk * R;
     const unsigned char* rows[R];
     float acc[R];
-    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
+    rows_block_begin<TY, R>(sm, w, row_bytes, r0, m, rows, acc);
     const int units = (k >> 5) * 4;
     for (int u = t; u < units; u += 128) {
         const int b = u >> 2, q = u & 3;
@@ -1225,7 +1237,7 @@ GPU_DEV void dense_rows_q8(const unsigned char* __restrict__ w, long long row_by
             acc[r] += d * v;
         }
     }
-    rows_block_store<R>(acc, red, r0, m, out);
+    rows_block_store<R>(acc, sm.red, r0, m, out);
 }
 
 // matvec_dense_rows_multi with q8_1 activations (act: x quantised once for all the

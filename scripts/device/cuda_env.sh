@@ -15,3 +15,12 @@ cuda_plugins() {
     printf 'plugin_dir = "%s"\n[[plugin]]\nlibrary = "moe_backend_cuda"\n[[plugin]]\nlibrary = "moe_quant_ggml"\n[[plugin]]\nlibrary = "moe_quant_rocmfpx"\n[plugin.settings]\nfp2 = "affine"\n[[plugin]]\nlibrary = "moe_policy_basic"\n[devices]\nbackend = "cuda"\n%s' \
         "$PWD/.dev/ds4" "${2:-}" > "$1"
 }
+
+# ncu_path: Nsight Compute's ncu (PATH, /opt/nvidia/nsight-compute, the toolkit), or a
+# message and failure.
+ncu_path() {
+    local n
+    n=$(command -v ncu || { ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null || true; } | head -1)
+    [ -n "$n" ] || { echo "ncu (Nsight Compute) not found on PATH, in /opt/nvidia/nsight-compute or /usr/local/cuda/bin" >&2; return 1; }
+    echo "$n"
+}

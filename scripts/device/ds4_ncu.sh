@@ -6,6 +6,10 @@
 # (`bench`, same run). The difference is the launch gaps a graph still pays. Carry
 # .dev/ds4; needs ncu (Nsight Compute) on the device machine. $OUT gets ncu.csv and
 # ncu_steps.json.
+# DETAIL=1 instead: ncu's detail pages (throughput, occupancy, registers, warp stalls)
+# for COUNT (80) launches of the kernels matching KERNELS (a regex) after SKIP (400) of
+# them (the prompt pass and first steps), LAYERS (8) layers, op by op; $OUT gets
+# ncu_detail.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/device/cuda_env.sh
@@ -14,9 +18,22 @@ OUT=${OUT:-/tmp/ds4-ncu}
 W=${W:-${TMPDIR:-/tmp}/ds4-ncu}
 mkdir -p "$OUT" "$W"
 cuda_plugins "$W/plugins.toml"
-NCU=$(command -v ncu || { ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null || true; } | head -1)
-[ -n "$NCU" ] || { echo "ncu (Nsight Compute) not found on PATH, in /opt/nvidia/nsight-compute or /usr/local/cuda/bin" >&2; exit 1; }
+NCU=$(ncu_path)
 date -u +"run: %Y-%m-%d %H:%M UTC"
+if [ -n "${DETAIL:-}" ]; then
+    KERNELS=${KERNELS:-mmvq_id_107|matvec_fp4_runs_q8|matvec_dense_rows|matvec_dense_rows_id|matvec_dense_rows_multi|ds4_hc_pre}
+    RUST_LOG=warn MOE_DS4_NO_GRAPH=1 "$NCU" --clock-control none \
+        --kernel-name "regex:^(${KERNELS})\$" --launch-skip "${SKIP:-400}" \
+        --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --launch-count "${COUNT:-80}" \
+        .dev/ds4/moeserve --config "$W/plugins.toml" bench --synth "${TEMPLATE:-6}" \
+        --layers "${LAYERS:-8}" --depths 0 --prompt-tokens 1 --gen-tokens 4 --repetitions 1 --json \
+        > "$OUT/ncu_detail.txt" 2> "$W/ncu.err" || { tail -20 "$W/ncu.err"; exit 1; }
+    grep -E "^  [a-z_0-9]+ \(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued" \
+        "$OUT/ncu_detail.txt" | tail -60
+    exit 0
+fi
 LAYERS=${LAYERS:-43}
 STEPS=${STEPS:-2}
 # 1 prompt token + 4 decoded, warm-up and measured run: 10 single-token steps; skip the

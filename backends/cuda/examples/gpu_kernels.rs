@@ -470,8 +470,15 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         (100, 4000, 700, "matvec_dense_rows"),
         (8, 4096, 1000, "matvec_dense_rows"),
         (8, 4096, 64, "matvec_dense_rows"),
+        // MOE_GPU_Q8_DECODE=1 (forced for these): 8-bit activations, one quantisation.
+        (100, 4096, 1000, "matvec_dense_q8_multi"),
+        (8, 4096, 1000, "matvec_dense_q8_multi"),
+        (100, 8192, 4096, "matvec_dense_q8_multi"),
+        (8, 2048, 37, "matvec_dense_q8_multi"),
     ];
     for (ty, k, m, want) in cases {
+        let q8 = want == "matvec_dense_q8_multi";
+        FORCE_Q8_DECODE.store(q8, Ordering::Relaxed);
         let (w, wv) = random_dense(rng, ty, m, k);
         let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
         let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * 4));
@@ -484,7 +491,7 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                 t(bo, 0, types::F32, 0, [m as u64, 1, 1, 1]),
             ],
         );
-        let want_v = if want.ends_with("_q8") {
+        let want_v = if want.ends_with("_q8") || q8 {
             ref_values(
                 &wv,
                 m,
@@ -512,6 +519,7 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             into_result((g.be.free)(b)).unwrap();
         }
     }
+    FORCE_Q8_DECODE.store(false, Ordering::Relaxed);
     // One token's grouped product (4 slots, each its own expert and column), slot 2
     // masked; 16384 rows: the runs kernel.
     let (k, m, experts, slots) = (1024usize, 16384usize, 4usize, 4usize);
@@ -587,42 +595,11 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     for b in held {
         into_result((g.be.free)(b)).unwrap();
     }
-    // The 8-bit decode (MOE_GPU_Q8_DECODE=1, forced here): MATMUL and MATMUL_MULTI on
-    // `matvec_dense_q8_multi` against the f64 dot with the activations rounded as
-    // `BlockQ8_1::quantize` rounds them (the products themselves are exact integers).
+    // The 8-bit decode (MOE_GPU_Q8_DECODE=1, forced here): MATMUL_MULTI of two weight
+    // types on `matvec_dense_q8_multi`, one quantisation of x for both (single products:
+    // the cases above).
     FORCE_Q8_DECODE.store(true, Ordering::Relaxed);
     let want = "matvec_dense_q8_multi";
-    for (ty, k, m) in [
-        (100u32, 4096usize, 1000usize),
-        (8, 4096, 1000),
-        (100, 8192, 4096),
-        (8, 2048, 37),
-    ] {
-        let (w, wv) = random_dense(rng, ty, m, k);
-        let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
-        let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * 4));
-        let before = g.counters();
-        g.op(
-            ops::MATMUL,
-            &[
-                t(bw, 0, ty, 0, [k as u64, m as u64, 1, 1]),
-                t(bx, 0, types::F32, 0, [k as u64, 1, 1, 1]),
-                t(bo, 0, types::F32, 0, [m as u64, 1, 1, 1]),
-            ],
-        );
-        let act = [x.chunks_exact(32).map(BlockQ8_1::quantize).collect()];
-        let e = rel(&g.read_f32(bo, 0, m), &ref_values(&wv, m, k, &act));
-        let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
-        report(
-            format!("{name} q8 matmul {k} x {m}"),
-            e,
-            ran(&before, want),
-            want,
-        );
-        for b in [bw, bx, bo] {
-            into_result((g.be.free)(b)).unwrap();
-        }
-    }
     // Two types in one MATMUL_MULTI: two launches on one quantisation of x.
     let k = 4096usize;
     let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
