@@ -36,6 +36,7 @@
 #define KID_MATVEC_FP4_RUNS_Q8_ID 39
 #define KID_MATVEC_DENSE_ROWS_MULTI 40
 #define KID_MATVEC_DENSE_Q8_MULTI 41
+#define KID_MATVEC_DENSE_Q8_ID 42
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -1240,6 +1241,21 @@ GPU_DEV void dense_rows_q8(const unsigned char* __restrict__ w, long long row_by
     rows_block_store<R>(acc, sm.red, r0, m, out);
 }
 
+// dense_rows_q8 for a run-time type and rows a block (1, 2 or 4).
+GPU_DEV void dense_rows_q8_any(const unsigned char* __restrict__ w, long long row_bytes, int ty,
+                               int k, int m, const q8_1_block* __restrict__ act,
+                               float* __restrict__ out, int rows, int blk) {
+    if (ty == DT_Q8_0) {
+        if (rows == 4) dense_rows_q8<DT_Q8_0, 4>(w, row_bytes, k, m, act, out, blk);
+        else if (rows == 2) dense_rows_q8<DT_Q8_0, 2>(w, row_bytes, k, m, act, out, blk);
+        else dense_rows_q8<DT_Q8_0, 1>(w, row_bytes, k, m, act, out, blk);
+    } else {
+        if (rows == 4) dense_rows_q8<DT_ROCMFP4, 4>(w, row_bytes, k, m, act, out, blk);
+        else if (rows == 2) dense_rows_q8<DT_ROCMFP4, 2>(w, row_bytes, k, m, act, out, blk);
+        else dense_rows_q8<DT_ROCMFP4, 1>(w, row_bytes, k, m, act, out, blk);
+    }
+}
+
 // matvec_dense_rows_multi with q8_1 activations (act: x quantised once for all the
 // products): up to DENSE_MULTI_MAX products of one input, product i on blocks
 // first[i]..first[i + 1], rows[i] (1, 2 or 4) rows a block. grid = the blocks in all.
@@ -1248,15 +1264,7 @@ extern "C" __global__ void __launch_bounds__(128)
                           const q8_1_block* __restrict__ act, unsigned int* counters) {
     gpu_count_launch(counters, KID_MATVEC_DENSE_Q8_MULTI);
     const dense_part d = dense_multi_part(p);
-    if (ty == DT_Q8_0) {
-        if (d.rows == 4) dense_rows_q8<DT_Q8_0, 4>(d.w, row_bytes, k, d.m, act, d.out, d.blk);
-        else if (d.rows == 2) dense_rows_q8<DT_Q8_0, 2>(d.w, row_bytes, k, d.m, act, d.out, d.blk);
-        else dense_rows_q8<DT_Q8_0, 1>(d.w, row_bytes, k, d.m, act, d.out, d.blk);
-    } else {
-        if (d.rows == 4) dense_rows_q8<DT_ROCMFP4, 4>(d.w, row_bytes, k, d.m, act, d.out, d.blk);
-        else if (d.rows == 2) dense_rows_q8<DT_ROCMFP4, 2>(d.w, row_bytes, k, d.m, act, d.out, d.blk);
-        else dense_rows_q8<DT_ROCMFP4, 1>(d.w, row_bytes, k, d.m, act, d.out, d.blk);
-    }
+    dense_rows_q8_any(d.w, row_bytes, ty, k, d.m, act, d.out, d.rows, d.blk);
 }
 
 // Grouped matvec_dense_rows (see matvec_dense_id for pairs and ids): block row y is
@@ -1278,6 +1286,28 @@ extern "C" __global__ void __launch_bounds__(128)
     }
     dense_rows_any(w + (long long)e * expert_bytes, row_bytes, ty, k, m,
                    x + (long long)(per_pair ? p : p / n_slots) * k, o, rows, blockIdx.x);
+}
+
+// matvec_dense_rows_id with q8_1 activations (MOE_GPU_Q8_DECODE): act holds the input
+// columns quantised (k / 32 blocks each), the rest as matvec_dense_rows_id.
+// grid = (ceil(m / rows), pairs).
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_dense_q8_id(const unsigned char* __restrict__ w, long long expert_bytes,
+                       long long row_bytes, int ty, int k, int m, int n_experts,
+                       const q8_1_block* __restrict__ act, int per_pair, int n_slots,
+                       const int* __restrict__ ids, float* __restrict__ out, int rows,
+                       unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATVEC_DENSE_Q8_ID);
+    const int p = blockIdx.y, e = ids[p];
+    float* o = out + (long long)p * m;
+    if (e < 0 || e >= n_experts) {  // the same for the whole block
+        const int r = blockIdx.x * rows + threadIdx.x;
+        if (threadIdx.x < rows && r < m) o[r] = 0.0f;
+        return;
+    }
+    dense_rows_q8_any(w + (long long)e * expert_bytes, row_bytes, ty, k, m,
+                      act + (long long)(per_pair ? p : p / n_slots) * (k / 32), o, rows,
+                      blockIdx.x);
 }
 
 // ---------------------------------------------------------------------------------

@@ -520,28 +520,44 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         }
     }
     FORCE_Q8_DECODE.store(false, Ordering::Relaxed);
-    // One token's grouped product (4 slots, each its own expert and column), slot 2
-    // masked; 16384 rows: the runs kernel.
-    let (k, m, experts, slots) = (1024usize, 16384usize, 4usize, 4usize);
-    let (w, wv) = random_dense(rng, 100, experts * m, k);
-    let x: Vec<f32> = (0..slots * k).map(|_| rng.f32()).collect();
-    let ids: Vec<i32> = (0..slots as i32)
-        .map(|s| if s == 2 { -1 } else { (s * 3) % 4 })
-        .collect();
-    let act: Vec<Vec<BlockQ8_1>> = x
-        .chunks_exact(k)
-        .map(|c| c.chunks_exact(32).map(BlockQ8_1::quantize).collect())
-        .collect();
-    let (before, gr, wr, zeros) =
-        run_dense_id(g, 100, (&w, &wv), &x, &act, &ids, [k, m, experts, slots, 1]);
-    let e = if zeros { rel(&gr, &wr) } else { f64::INFINITY };
-    let want = "matvec_fp4_runs_q8_id";
-    report(
-        format!("rocmfp4 id {k} x {m}, {slots} slots"),
-        e,
-        ran(&before, want),
-        want,
-    );
+    // One token's grouped product (each slot its own expert and column), slot 2 masked:
+    // 16384 ROCmFP4 rows on the runs kernel; with MOE_GPU_Q8_DECODE (forced) the 8-bit
+    // grouped kernel (as the output projection's groups run).
+    let id_cases = [
+        (
+            100u32,
+            1024usize,
+            16384usize,
+            4usize,
+            "matvec_fp4_runs_q8_id",
+        ),
+        (100, 4096, 1024, 8, "matvec_dense_q8_id"),
+        (8, 4096, 300, 4, "matvec_dense_q8_id"),
+    ];
+    for (ty, k, m, slots, want) in id_cases {
+        FORCE_Q8_DECODE.store(want == "matvec_dense_q8_id", Ordering::Relaxed);
+        let experts = slots;
+        let (w, wv) = random_dense(rng, ty, experts * m, k);
+        let x: Vec<f32> = (0..slots * k).map(|_| rng.f32()).collect();
+        let ids: Vec<i32> = (0..slots as i32)
+            .map(|s| if s == 2 { -1 } else { (s * 3) % experts as i32 })
+            .collect();
+        let act: Vec<Vec<BlockQ8_1>> = x
+            .chunks_exact(k)
+            .map(|c| c.chunks_exact(32).map(BlockQ8_1::quantize).collect())
+            .collect();
+        let (before, gr, wr, zeros) =
+            run_dense_id(g, ty, (&w, &wv), &x, &act, &ids, [k, m, experts, slots, 1]);
+        let e = if zeros { rel(&gr, &wr) } else { f64::INFINITY };
+        let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
+        report(
+            format!("{name} id {k} x {m}, {slots} slots"),
+            e,
+            ran(&before, want),
+            want,
+        );
+    }
+    FORCE_Q8_DECODE.store(false, Ordering::Relaxed);
     // MATMUL_MULTI: four products of one input (two ROCmFP4, two Q8_0, row counts not
     // multiples of the rows a block) in two fused launches; each output must equal its
     // own MATMUL's bit for bit and the f64 dot within the tolerance above.

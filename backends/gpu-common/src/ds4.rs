@@ -4,8 +4,12 @@
 
 use moe_plugin_api::{ops, types, OpParams, TensorRef};
 
-use crate::ops::{
-    dense_align, dense_parts, dense_row_bytes, dense_rows, expect, id_input, to_i32, Gpu, Launch,
+use crate::{
+    kargs,
+    ops::{
+        dense_align, dense_parts, dense_row_bytes, dense_rows, expect, id_input, q8_decode,
+        q8_rows, quantize, to_i32, Gpu, Launch, Q8_BYTES,
+    },
 };
 
 /// Limits the kernels are written for (their shared-memory and register arrays).
@@ -552,26 +556,25 @@ unsafe fn matmul_id_dense_inner(
     let pw = gpu.ptr(&w, dense_align(w.type_id))?;
     let runs = crate::ops::fp4_runs(w.type_id, k, m, 1, pw, px);
     // The kernels take the same arguments up to their layout parameter, the runs kernel
-    // without the type.
-    let with_ty = KArgs::default().p(pw).p(row_bytes * m).p(row_bytes);
-    let common = if runs.is_some() {
-        with_ty
-    } else {
-        with_ty.i(w.type_id as i32)
-    }
-    .i(to_i32(k, "k")?)
-    .i(to_i32(m, "m")?)
-    .i(to_i32(experts, "experts")?)
-    .p(px)
-    .i(per_pair)
-    .i(to_i32(n_slots, "slots")?)
-    .p(gpu.ptr(&ids, 4)?)
-    .p(f32p(gpu, &out)?);
+    // without the type, the 8-bit one with the quantised input for x.
+    let (pi, po) = (gpu.ptr(&ids, 4)?, f32p(gpu, &out)?);
+    let common = |x: u64, with_ty: bool| -> Result<KArgs, String> {
+        let a = KArgs::default().p(pw).p(row_bytes * m).p(row_bytes);
+        let a = if with_ty { a.i(w.type_id as i32) } else { a };
+        Ok(a.i(to_i32(k, "k")?)
+            .i(to_i32(m, "m")?)
+            .i(to_i32(experts, "experts")?)
+            .p(x)
+            .i(per_pair)
+            .i(to_i32(n_slots, "slots")?)
+            .p(pi)
+            .p(po))
+    };
     // ROCmFP4 in whole runs (experts, rows and columns stay 16-byte aligned: 144 bytes per
     // run, k whole runs).
     if let Some(rows) = runs {
         let per_block = crate::ops::fp4_runs_rows_per_block(k, rows);
-        return common.i(rows as i32).launch(
+        return common(px, false)?.i(rows as i32).launch(
             gpu,
             "matvec_fp4_runs_q8_id",
             (m.div_ceil(per_block), pairs, 1),
@@ -579,9 +582,23 @@ unsafe fn matmul_id_dense_inner(
         );
     }
     // One column per pair: the decode mat-vec layout where it applies (x + col * k stays
-    // 16-byte aligned: k is whole 32-value blocks for those types).
+    // 16-byte aligned: k is whole 32-value blocks for those types); with
+    // MOE_GPU_Q8_DECODE its 8-bit form on the columns quantised once.
     match dense_rows(w.type_id, m, 1, px) {
-        Some(rows) => common.i(rows as i32).launch(
+        Some(_) if q8_decode() => {
+            let cols = if per_pair == 1 { pairs } else { n_tok };
+            let (q, mut n_blocks) = quantize(k, cols);
+            let mut pq = gpu.scratch(n_blocks as usize * Q8_BYTES as usize)?;
+            let (mut px, mut planes) = (px, 0i32); // values in order
+            gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?;
+            common(pq, true)?.i(q8_rows(m)).launch(
+                gpu,
+                "matvec_dense_q8_id",
+                (m.div_ceil(q8_rows(m) as u64), pairs, 1),
+                128,
+            )
+        }
+        Some(rows) => common(px, true)?.i(rows as i32).launch(
             gpu,
             "matvec_dense_rows_id",
             (m.div_ceil(rows), pairs, 1),
@@ -589,7 +606,7 @@ unsafe fn matmul_id_dense_inner(
         ),
         None => {
             let parts = dense_parts(m * pairs, k);
-            common.i(parts as i32).launch(
+            common(px, true)?.i(parts as i32).launch(
                 gpu,
                 "matvec_dense_id",
                 (m.div_ceil(8 / parts), pairs, 1),

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 42] = [
+pub const KERNELS: [&str; 43] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -52,9 +52,10 @@ pub const KERNELS: [&str; 42] = [
     "matvec_fp4_runs_q8_id",
     "matvec_dense_rows_multi",
     "matvec_dense_q8_multi",
+    "matvec_dense_q8_id",
 ];
 /// Device-side launch counters (u32 each) the kernels bump.
-pub const COUNTER_SLOTS: usize = 42;
+pub const COUNTER_SLOTS: usize = 43;
 
 /// The full translation unit: the `units` in order, the first one's
 /// `#include "common.cuh"` replaced by `common_cuh` (less its `#pragma once`), the
