@@ -1088,18 +1088,32 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
 }
 
 // dense_rows for a run-time type (DT_Q8_0 or DT_ROCMFP4) and rows per block (1, 2 or 4),
-// one unit in flight.
+// one unit in flight; with X = q8_1_block (activations quantised), dense_rows_q8.
+template <int TY, int R>
+GPU_DEV void dense_rows_x(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                          const float* __restrict__ x, float* __restrict__ out, int blk) {
+    dense_rows<TY, R, 1>(w, row_bytes, k, m, x, out, blk);
+}
+template <int TY, int R>
+GPU_DEV void dense_rows_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                           const q8_1_block* __restrict__ act, float* __restrict__ out, int blk);
+template <int TY, int R>
+GPU_DEV void dense_rows_x(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                          const q8_1_block* __restrict__ act, float* __restrict__ out, int blk) {
+    dense_rows_q8<TY, R>(w, row_bytes, k, m, act, out, blk);
+}
+template <typename X>
 GPU_DEV void dense_rows_any(const unsigned char* __restrict__ w, long long row_bytes, int ty,
-                            int k, int m, const float* __restrict__ x, float* __restrict__ out,
+                            int k, int m, const X* __restrict__ x, float* __restrict__ out,
                             int rows, int blk) {
     if (ty == DT_Q8_0) {
-        if (rows == 4) dense_rows<DT_Q8_0, 4, 1>(w, row_bytes, k, m, x, out, blk);
-        else if (rows == 2) dense_rows<DT_Q8_0, 2, 1>(w, row_bytes, k, m, x, out, blk);
-        else dense_rows<DT_Q8_0, 1, 1>(w, row_bytes, k, m, x, out, blk);
+        if (rows == 4) dense_rows_x<DT_Q8_0, 4>(w, row_bytes, k, m, x, out, blk);
+        else if (rows == 2) dense_rows_x<DT_Q8_0, 2>(w, row_bytes, k, m, x, out, blk);
+        else dense_rows_x<DT_Q8_0, 1>(w, row_bytes, k, m, x, out, blk);
     } else {
-        if (rows == 4) dense_rows<DT_ROCMFP4, 4, 1>(w, row_bytes, k, m, x, out, blk);
-        else if (rows == 2) dense_rows<DT_ROCMFP4, 2, 1>(w, row_bytes, k, m, x, out, blk);
-        else dense_rows<DT_ROCMFP4, 1, 1>(w, row_bytes, k, m, x, out, blk);
+        if (rows == 4) dense_rows_x<DT_ROCMFP4, 4>(w, row_bytes, k, m, x, out, blk);
+        else if (rows == 2) dense_rows_x<DT_ROCMFP4, 2>(w, row_bytes, k, m, x, out, blk);
+        else dense_rows_x<DT_ROCMFP4, 1>(w, row_bytes, k, m, x, out, blk);
     }
 }
 
@@ -1241,21 +1255,6 @@ GPU_DEV void dense_rows_q8(const unsigned char* __restrict__ w, long long row_by
     rows_block_store<R>(acc, sm.red, r0, m, out);
 }
 
-// dense_rows_q8 for a run-time type and rows a block (1, 2 or 4).
-GPU_DEV void dense_rows_q8_any(const unsigned char* __restrict__ w, long long row_bytes, int ty,
-                               int k, int m, const q8_1_block* __restrict__ act,
-                               float* __restrict__ out, int rows, int blk) {
-    if (ty == DT_Q8_0) {
-        if (rows == 4) dense_rows_q8<DT_Q8_0, 4>(w, row_bytes, k, m, act, out, blk);
-        else if (rows == 2) dense_rows_q8<DT_Q8_0, 2>(w, row_bytes, k, m, act, out, blk);
-        else dense_rows_q8<DT_Q8_0, 1>(w, row_bytes, k, m, act, out, blk);
-    } else {
-        if (rows == 4) dense_rows_q8<DT_ROCMFP4, 4>(w, row_bytes, k, m, act, out, blk);
-        else if (rows == 2) dense_rows_q8<DT_ROCMFP4, 2>(w, row_bytes, k, m, act, out, blk);
-        else dense_rows_q8<DT_ROCMFP4, 1>(w, row_bytes, k, m, act, out, blk);
-    }
-}
-
 // matvec_dense_rows_multi with q8_1 activations (act: x quantised once for all the
 // products): up to DENSE_MULTI_MAX products of one input, product i on blocks
 // first[i]..first[i + 1], rows[i] (1, 2 or 4) rows a block. grid = the blocks in all.
@@ -1264,19 +1263,18 @@ extern "C" __global__ void __launch_bounds__(128)
                           const q8_1_block* __restrict__ act, unsigned int* counters) {
     gpu_count_launch(counters, KID_MATVEC_DENSE_Q8_MULTI);
     const dense_part d = dense_multi_part(p);
-    dense_rows_q8_any(d.w, row_bytes, ty, k, d.m, act, d.out, d.rows, d.blk);
+    dense_rows_any(d.w, row_bytes, ty, k, d.m, act, d.out, d.rows, d.blk);
 }
 
 // Grouped matvec_dense_rows (see matvec_dense_id for pairs and ids): block row y is
 // pair p = y, with expert ids[p]'s rows and activation column p (per_pair) or
-// p / n_slots; ids outside 0..E give zeros. grid = (ceil(m / rows), pairs).
-extern "C" __global__ void __launch_bounds__(128)
-    matvec_dense_rows_id(const unsigned char* __restrict__ w, long long expert_bytes,
-                         long long row_bytes, int ty, int k, int m, int n_experts,
-                         const float* __restrict__ x, int per_pair, int n_slots,
-                         const int* __restrict__ ids, float* __restrict__ out, int rows,
-                         unsigned int* counters) {
-    gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS_ID);
+// p / n_slots (x: f32 columns of k values, or q8_1 ones of k / 32 blocks); ids outside
+// 0..E give zeros. grid = (ceil(m / rows), pairs).
+template <typename X>
+GPU_DEV void dense_rows_id(const unsigned char* __restrict__ w, long long expert_bytes,
+                           long long row_bytes, int ty, int k, int m, int n_experts,
+                           const X* __restrict__ x, long long x_col, int per_pair, int n_slots,
+                           const int* __restrict__ ids, float* __restrict__ out, int rows) {
     const int p = blockIdx.y, e = ids[p];
     float* o = out + (long long)p * m;
     if (e < 0 || e >= n_experts) {  // the same for the whole block
@@ -1285,12 +1283,21 @@ extern "C" __global__ void __launch_bounds__(128)
         return;
     }
     dense_rows_any(w + (long long)e * expert_bytes, row_bytes, ty, k, m,
-                   x + (long long)(per_pair ? p : p / n_slots) * k, o, rows, blockIdx.x);
+                   x + (per_pair ? p : p / n_slots) * x_col, o, rows, blockIdx.x);
 }
 
-// matvec_dense_rows_id with q8_1 activations (MOE_GPU_Q8_DECODE): act holds the input
-// columns quantised (k / 32 blocks each), the rest as matvec_dense_rows_id.
-// grid = (ceil(m / rows), pairs).
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_dense_rows_id(const unsigned char* __restrict__ w, long long expert_bytes,
+                         long long row_bytes, int ty, int k, int m, int n_experts,
+                         const float* __restrict__ x, int per_pair, int n_slots,
+                         const int* __restrict__ ids, float* __restrict__ out, int rows,
+                         unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS_ID);
+    dense_rows_id(w, expert_bytes, row_bytes, ty, k, m, n_experts, x, k, per_pair, n_slots, ids,
+                  out, rows);
+}
+
+// The same with q8_1 activations (MOE_GPU_Q8_DECODE).
 extern "C" __global__ void __launch_bounds__(128)
     matvec_dense_q8_id(const unsigned char* __restrict__ w, long long expert_bytes,
                        long long row_bytes, int ty, int k, int m, int n_experts,
@@ -1298,16 +1305,8 @@ extern "C" __global__ void __launch_bounds__(128)
                        const int* __restrict__ ids, float* __restrict__ out, int rows,
                        unsigned int* counters) {
     gpu_count_launch(counters, KID_MATVEC_DENSE_Q8_ID);
-    const int p = blockIdx.y, e = ids[p];
-    float* o = out + (long long)p * m;
-    if (e < 0 || e >= n_experts) {  // the same for the whole block
-        const int r = blockIdx.x * rows + threadIdx.x;
-        if (threadIdx.x < rows && r < m) o[r] = 0.0f;
-        return;
-    }
-    dense_rows_q8_any(w + (long long)e * expert_bytes, row_bytes, ty, k, m,
-                      act + (long long)(per_pair ? p : p / n_slots) * (k / 32), o, rows,
-                      blockIdx.x);
+    dense_rows_id(w, expert_bytes, row_bytes, ty, k, m, n_experts, act, k / 32, per_pair,
+                  n_slots, ids, out, rows);
 }
 
 // ---------------------------------------------------------------------------------
