@@ -888,9 +888,18 @@ impl GpuPath {
     }
 }
 
+/// Whether `run` (one tiny op, then a sync) succeeds: the backend has the op. `lacks`
+/// says what falls back when it does not (debug log).
+fn probe_op(dev: &Arc<Device>, lacks: &str, run: impl FnOnce() -> Result<()>) -> bool {
+    run()
+        .and_then(|()| dev.sync())
+        .inspect_err(|e| tracing::debug!("deepseek4: {lacks}: {e:#}"))
+        .is_ok()
+}
+
 /// Whether the backend runs the glue ops: one tiny NORM_ROPE.
 fn probe(dev: &Arc<Device>) -> bool {
-    let run = || -> Result<()> {
+    probe_op(dev, "the backend does not run the glue ops", || {
         let (x, w, inv) = (
             dev.f32([2, 1, 1, 1])?,
             dev.f32([2, 1, 1, 1])?,
@@ -901,28 +910,20 @@ fn probe(dev: &Arc<Device>) -> bool {
             ops::NORM_ROPE,
             pr(&[1e-6, 1.0], &[1, 0, 0]),
             &[x.r, w.r, inv.r, pos.r, x.r],
-        )?;
-        dev.sync()
-    };
-    run()
-        .inspect_err(|e| tracing::debug!("deepseek4: the backend does not run the glue ops: {e:#}"))
-        .is_ok()
+        )
+    })
 }
 
 /// Whether the backend runs MATMUL_MULTI (ABI 1.2): one tiny f32 product through it.
 fn probe_multi(dev: &Arc<Device>) -> bool {
-    let run = || -> Result<()> {
+    probe_op(dev, "one MATMUL per product", || {
         let (x, w, out) = (
             dev.f32([2, 1, 1, 1])?,
             dev.f32([2, 1, 1, 1])?,
             dev.f32([1, 1, 1, 1])?,
         );
-        dev.op(ops::MATMUL_MULTI, OpParams::default(), &[x.r, w.r, out.r])?;
-        dev.sync()
-    };
-    run()
-        .inspect_err(|e| tracing::debug!("deepseek4: one MATMUL per product: {e:#}"))
-        .is_ok()
+        dev.op(ops::MATMUL_MULTI, OpParams::default(), &[x.r, w.r, out.r])
+    })
 }
 
 /// Sizes the device path handles (the kernels' limits); the host glue runs otherwise.
