@@ -54,13 +54,17 @@ struct __attribute__((aligned(8))) rf_int2 {
     int x, y;
 };
 
-// UE4M3 scale byte; invalid bytes (0x7F, bit 7 set) decode to 0.
+// UE4M3 scale byte; invalid bytes (0x7F, bit 7 set) decode to 0. Normal bytes (e >= 1)
+// are the byte shifted into a float's exponent / mantissa plus a bias (exponent e + 119);
+// with bias 120 a subnormal byte (e = 0) is 2^-7 (1 + m / 8), and less 2^-7 exactly
+// m 2^-10. Selects, not branches: the decode sits in the MMVQ kernels' inner loops
+// (their SASS had a branch and a reconvergence pair per call).
 GPU_DEV float ue4m3(unsigned int b) {
     b &= 0xffu;
-    if (b >= 0x7fu) return 0.0f;
-    const unsigned int e = (b >> 3) & 15u, m = b & 7u;
-    if (e == 0) return (float)m * 0.0009765625f;
-    return __int_as_float((int)(((e + 119u) << 23) | (m << 20)));
+    const bool sub = b < 8u;
+    const float f = __int_as_float((int)((b << 20) + (sub ? 120u << 23 : 119u << 23)));
+    const float v = sub ? f - 0.0078125f : f;
+    return b >= 0x7fu ? 0.0f : v;
 }
 
 // Four 2-bit codes (one byte) to four bytes 0..3.
@@ -138,6 +142,36 @@ GPU_DEV void rf2_half(const unsigned int (&w)[R], const float (&A)[R], const flo
     }
 }
 
+// Both halves of block blk (code words w0, w1) for R rows, affine scales (A = S, B = O
+// for the whole block): one integer sum over the block's 32 codes against the block's
+// sum of q, so one scale step a block instead of one a half.
+template <int NC, int R>
+GPU_DEV void rf2_block_affine(const unsigned int (&w0)[R], const unsigned int (&w1)[R],
+                              const float (&A)[R], const float (&B)[R], int blk,
+                              const q8_1_block* const (&cols)[NC], float (&acc)[R][NC]) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        const q8_1_block* qb = cols[c] + blk;
+        const rf_int2* q = (const rf_int2*)qb->qs;
+        const rf_int2 q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3];
+        const float d = qb->d;
+        const int sq = qb->hsum[0] + qb->hsum[1];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            int cq = gpu_dp4a((int)(w0[r] & 0x03030303u), q0.x, 0);
+            cq = gpu_dp4a((int)((w0[r] >> 2) & 0x03030303u), q0.y, cq);
+            cq = gpu_dp4a((int)((w0[r] >> 4) & 0x03030303u), q1.x, cq);
+            cq = gpu_dp4a((int)((w0[r] >> 6) & 0x03030303u), q1.y, cq);
+            cq = gpu_dp4a((int)(w1[r] & 0x03030303u), q2.x, cq);
+            cq = gpu_dp4a((int)((w1[r] >> 2) & 0x03030303u), q2.y, cq);
+            cq = gpu_dp4a((int)((w1[r] >> 4) & 0x03030303u), q3.x, cq);
+            cq = gpu_dp4a((int)((w1[r] >> 6) & 0x03030303u), q3.y, cq);
+            const float t = gpu_sub(gpu_mul(A[r], (float)cq), gpu_mul(B[r], (float)sq));
+            acc[r][c] = gpu_add(acc[r][c], gpu_mul(d, t));
+        }
+    }
+}
+
 // The A / B scales of half h of a block with scale bytes e (two-scale: A = B = E[h];
 // affine: A = S = E[0], B = O = E[1] for both halves).
 template <int R>
@@ -156,24 +190,45 @@ GPU_DEV void rf2_pair(const unsigned int (&v)[R][5], int p, const q8_1_block* co
                       int affine, float (&acc)[R][NC]) {
     unsigned int w[R], e[R];
     float A[R], B[R];
+    if (affine) {
+        unsigned int w1[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            w[r] = v[r][0];
+            w1[r] = v[r][1];
+            e[r] = v[r][2] & 0xffffu;
+        }
+        rf2_scales<R>(e, 0, 1, A, B);
+        rf2_block_affine<NC, R>(w, w1, A, B, 2 * p, cols, acc);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            w[r] = (v[r][2] >> 16) | (v[r][3] << 16);
+            w1[r] = (v[r][3] >> 16) | (v[r][4] << 16);
+            e[r] = v[r][4] >> 16;
+        }
+        rf2_scales<R>(e, 0, 1, A, B);
+        rf2_block_affine<NC, R>(w, w1, A, B, 2 * p + 1, cols, acc);
+        return;
+    }
+    // Two-scale: a scale a half.
 #pragma unroll
     for (int r = 0; r < R; ++r) { w[r] = v[r][0]; e[r] = v[r][2] & 0xffffu; }
-    rf2_scales<R>(e, 0, affine, A, B);
+    rf2_scales<R>(e, 0, 0, A, B);
     rf2_half<NC, R>(w, A, B, 2 * p, 0, cols, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) w[r] = v[r][1];
-    if (!affine) rf2_scales<R>(e, 1, affine, A, B);
+    rf2_scales<R>(e, 1, 0, A, B);
     rf2_half<NC, R>(w, A, B, 2 * p, 1, cols, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         w[r] = (v[r][2] >> 16) | (v[r][3] << 16);
         e[r] = v[r][4] >> 16;
     }
-    rf2_scales<R>(e, 0, affine, A, B);
+    rf2_scales<R>(e, 0, 0, A, B);
     rf2_half<NC, R>(w, A, B, 2 * p + 1, 0, cols, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) w[r] = (v[r][3] >> 16) | (v[r][4] << 16);
-    if (!affine) rf2_scales<R>(e, 1, affine, A, B);
+    rf2_scales<R>(e, 1, 0, A, B);
     rf2_half<NC, R>(w, A, B, 2 * p + 1, 1, cols, acc);
 }
 
@@ -937,28 +992,34 @@ GPU_DEV float half_scale(unsigned int h) {
 }
 
 // One 8-value unit of a Q8_0 / ROCmFP4 row against activations a (values 0..3 of the
-// unit) and c (4..7): Q8_0: wa = f16 scale, wb / wc = the 8 codes; ROCmFP4: wa = 4 code
-// bytes (low nibbles: values 0..3 of the block's first half, high: the same of its
-// second half), wb = the two scale bytes; lut / sc: the shared tables of dense_rows.
+// unit) and c (4..7), added to acc: Q8_0: wa = f16 scale, wb / wc = the 8 codes;
+// ROCmFP4: wa = 4 code bytes (low nibbles: values 0..3 of the block's first half, high:
+// the same of its second half), wb = the two scale bytes; lut / sc: the shared tables of
+// dense_rows. Every multiply-add is an explicit fmaf: the compiler may not contract
+// differently where this is inlined, so every kernel using it gets the same bits.
 template <int TY>
 GPU_DEV float dense_unit_dot(unsigned int wa, unsigned int wb, unsigned int wc, gpu_f4 a,
-                             gpu_f4 c, const float* lut, const float* sc) {
+                             gpu_f4 c, const float* lut, const float* sc, float acc) {
     if (TY == DT_Q8_0) {
-        float s = (float)(signed char)(wb & 0xffu) * a.x;
-        s += (float)(signed char)((wb >> 8) & 0xffu) * a.y;
-        s += (float)(signed char)((wb >> 16) & 0xffu) * a.z;
-        s += (float)(signed char)(wb >> 24) * a.w;
-        s += (float)(signed char)(wc & 0xffu) * c.x;
-        s += (float)(signed char)((wc >> 8) & 0xffu) * c.y;
-        s += (float)(signed char)((wc >> 16) & 0xffu) * c.z;
-        s += (float)(signed char)(wc >> 24) * c.w;
-        return half_scale(wa) * s;
+        float s = gpu_mul((float)(signed char)(wb & 0xffu), a.x);
+        s = fmaf((float)(signed char)((wb >> 8) & 0xffu), a.y, s);
+        s = fmaf((float)(signed char)((wb >> 16) & 0xffu), a.z, s);
+        s = fmaf((float)(signed char)(wb >> 24), a.w, s);
+        s = fmaf((float)(signed char)(wc & 0xffu), c.x, s);
+        s = fmaf((float)(signed char)((wc >> 8) & 0xffu), c.y, s);
+        s = fmaf((float)(signed char)((wc >> 16) & 0xffu), c.z, s);
+        s = fmaf((float)(signed char)(wc >> 24), c.w, s);
+        return fmaf(half_scale(wa), s, acc);
     }
-    const float lo = lut[wa & 15u] * a.x + lut[(wa >> 8) & 15u] * a.y +
-                     lut[(wa >> 16) & 15u] * a.z + lut[(wa >> 24) & 15u] * a.w;
-    const float hi = lut[(wa >> 4) & 15u] * c.x + lut[(wa >> 12) & 15u] * c.y +
-                     lut[(wa >> 20) & 15u] * c.z + lut[(wa >> 28) & 15u] * c.w;
-    return sc[wb & 255u] * lo + sc[wb >> 8] * hi;
+    float lo = gpu_mul(lut[wa & 15u], a.x);
+    lo = fmaf(lut[(wa >> 8) & 15u], a.y, lo);
+    lo = fmaf(lut[(wa >> 16) & 15u], a.z, lo);
+    lo = fmaf(lut[(wa >> 24) & 15u], a.w, lo);
+    float hi = gpu_mul(lut[(wa >> 4) & 15u], c.x);
+    hi = fmaf(lut[(wa >> 12) & 15u], c.y, hi);
+    hi = fmaf(lut[(wa >> 20) & 15u], c.z, hi);
+    hi = fmaf(lut[(wa >> 28) & 15u], c.w, hi);
+    return fmaf(sc[wb >> 8], hi, fmaf(sc[wb & 255u], lo, acc));
 }
 
 // The shared tables of the ROCmFP4 decode: lut = the 16 codes' signed magnitudes,
@@ -1082,7 +1143,7 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
         for (int j = 0; j < U; ++j)
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                acc[r] += dense_unit_dot<TY>(wa[j][r], wb[j][r], wc[j][r], xa[j], xc[j], lut, sc);
+                acc[r] = dense_unit_dot<TY>(wa[j][r], wb[j][r], wc[j][r], xa[j], xc[j], lut, sc, acc[r]);
     }
     rows_block_store<R>(acc, sm.red, r0, m, out);
 }
@@ -1240,16 +1301,16 @@ GPU_DEV void dense_rows_q8(const unsigned char* __restrict__ w, long long row_by
                 const unsigned char* blk8 = rows[r] + b * 34;
                 const int s = gpu_dp4a((int)gpu_load_u32_a2(blk8 + 2 + 8 * q), xa,
                                        gpu_dp4a((int)gpu_load_u32_a2(blk8 + 6 + 8 * q), xc, 0));
-                v = half_scale(gpu_load_u16(blk8)) * small_int_float(s);
+                v = gpu_mul(half_scale(gpu_load_u16(blk8)), small_int_float(s));
             } else {
                 const unsigned char* blk4 = rows[r] + b * 18;
                 unsigned int lo, hi;
                 fp4_values8(gpu_load_u32_a2(blk4 + 4 * q), lo, hi);
                 const unsigned int e = gpu_load_u16(blk4 + 16);
-                v = sc[e & 255u] * small_int_float(gpu_dp4a((int)lo, xa, 0)) +
-                    sc[e >> 8] * small_int_float(gpu_dp4a((int)hi, xc, 0));
+                v = fmaf(sc[e >> 8], small_int_float(gpu_dp4a((int)hi, xc, 0)),
+                         gpu_mul(sc[e & 255u], small_int_float(gpu_dp4a((int)lo, xa, 0))));
             }
-            acc[r] += d * v;
+            acc[r] = fmaf(d, v, acc[r]);  // explicit: the same bits in every kernel
         }
     }
     rows_block_store<R>(acc, sm.red, r0, m, out);

@@ -10,10 +10,11 @@ fi
 export LD_LIBRARY_PATH
 
 # cuda_plugins FILE [EXTRA]: a plugins.toml selecting the CUDA backend with the plugins
-# carried in .dev/ds4 (ggml and ROCmFPx quants, basic placement); EXTRA is appended.
+# carried in $DS4_DIR (default .dev/ds4: ggml and ROCmFPx quants, basic placement);
+# EXTRA is appended.
 cuda_plugins() {
     printf 'plugin_dir = "%s"\n[[plugin]]\nlibrary = "moe_backend_cuda"\n[[plugin]]\nlibrary = "moe_quant_ggml"\n[[plugin]]\nlibrary = "moe_quant_rocmfpx"\n[plugin.settings]\nfp2 = "affine"\n[[plugin]]\nlibrary = "moe_policy_basic"\n[devices]\nbackend = "cuda"\n%s' \
-        "$PWD/.dev/ds4" "${2:-}" > "$1"
+        "$PWD/${DS4_DIR:-.dev/ds4}" "${2:-}" > "$1"
 }
 
 # ncu_path: Nsight Compute's ncu (PATH, /opt/nvidia/nsight-compute, the toolkit), or a

@@ -72,11 +72,11 @@ __device__ void dense_staged(const unsigned char* __restrict__ w, long long row_
             for (int r = 0; r < R; ++r) {
                 const unsigned char* blk = stage + r * span + b * BB;
                 if (TY == DT_Q8_0)
-                    acc[r] += dense_unit_dot<TY>(gpu_load_u16(blk), gpu_load_u32_a2(blk + 2 + 8 * q),
-                                                 gpu_load_u32_a2(blk + 6 + 8 * q), a, c, lut, sc);
+                    acc[r] = dense_unit_dot<TY>(gpu_load_u16(blk), gpu_load_u32_a2(blk + 2 + 8 * q),
+                                                gpu_load_u32_a2(blk + 6 + 8 * q), a, c, lut, sc, acc[r]);
                 else
-                    acc[r] += dense_unit_dot<TY>(gpu_load_u32_a2(blk + 4 * q), gpu_load_u16(blk + 16),
-                                                 0u, a, c, lut, sc);
+                    acc[r] = dense_unit_dot<TY>(gpu_load_u32_a2(blk + 4 * q), gpu_load_u16(blk + 16),
+                                                0u, a, c, lut, sc, acc[r]);
             }
         }
     }

@@ -3,7 +3,9 @@
 # memory, `bench --synth`): pp / tg at DEPTHS (0) once per setting, all in one run.
 # Settings are arguments: "base" (the defaults) or VAR=VALUE[,VAR=VALUE...], e.g.
 #   bash scripts/device/ds4_ab.sh base MOE_GPU_FP4_RUNS=0 MOE_GPU_PDL_EARLY=1
-# Carry .dev/ds4. $OUT gets ab_<n>.json per setting; prints a markdown table.
+# DS4_DIR=DIR in a setting runs the build carried in DIR instead of .dev/ds4 (two builds
+# side by side: DS4_DIR=.dev/ds4_old). Carry .dev/ds4 (and any such DIR). $OUT gets
+# ab_<n>.json per setting; prints a markdown table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/device/cuda_env.sh
@@ -11,7 +13,6 @@ export MOE_KERNEL_CACHE=${MOE_KERNEL_CACHE:-/tmp/moe-kernel-cache}
 OUT=${OUT:-/tmp/ds4-ab}
 W=${W:-${TMPDIR:-/tmp}/ds4-ab}
 mkdir -p "$OUT" "$W"
-cuda_plugins "$W/plugins.toml"
 date -u +"run: %Y-%m-%d %H:%M UTC"
 [ $# -gt 0 ] || set -- base
 i=0
@@ -19,8 +20,11 @@ for s in "$@"; do
     i=$((i + 1))
     envs=()
     [ "$s" = base ] || IFS=, read -r -a envs <<< "$s"
+    dir=.dev/ds4
+    for e in "${envs[@]}"; do [ "${e%%=*}" = DS4_DIR ] && dir=${e#*=}; done
+    DS4_DIR=$dir cuda_plugins "$W/plugins.toml"
     t0=$(date +%s)
-    env "${envs[@]}" RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench \
+    env "${envs[@]}" RUST_LOG=warn "$dir/moeserve" --config "$W/plugins.toml" bench \
         --synth "${TEMPLATE:-6}" --layers "${LAYERS:-43}" --depths "${DEPTHS:-0}" \
         --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" --repetitions "${REPS:-1}" \
         --json > "$OUT/ab_$i.json"

@@ -587,7 +587,22 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         g.counters().get(key).copied().unwrap_or(0) == before.get(key).copied().unwrap_or(0) + 2;
     for (ty, m, wv, bo, bs) in parts {
         let got = g.read_f32(bo, 0, m);
-        let same = got == g.read_f32(bs, 0, m);
+        let single = g.read_f32(bs, 0, m);
+        let same = got == single;
+        if !same {
+            // Which rows differ, and by how much: a layout bug moves whole rows, a
+            // rounding difference (the compiler contracting differently) moves last bits.
+            let diff: Vec<(usize, f32)> = (0..m)
+                .filter(|&r| got[r] != single[r])
+                .map(|r| (r, (got[r] - single[r]).abs() / single[r].abs().max(1e-30)))
+                .collect();
+            let worst = diff.iter().map(|d| d.1).fold(0f32, f32::max);
+            eprintln!(
+                "  multi vs matmul: {} of {m} rows differ (first {:?}), worst relative {worst:.2e}",
+                diff.len(),
+                diff.first().map(|d| d.0)
+            );
+        }
         let want_v = par_rows(m, 1, |r| {
             vec![wv[r * k..(r + 1) * k]
                 .iter()
