@@ -1431,8 +1431,8 @@ GPU_DEV void fp4_runs_store(float (&acc)[R], int L, int j, int r0, int m, float*
 
 // A masked pair of a grouped runs kernel: zeros for this block's rows.
 GPU_DEV void fp4_runs_zero(float* __restrict__ o, int m, int k, int rows) {
-    const int per_block = rows * 128 / fp4_runs_lanes(k);
-    for (int i = threadIdx.x; i < per_block; i += 128) {
+    const int nt = blockDim.x, per_block = rows * nt / fp4_runs_lanes(k);
+    for (int i = threadIdx.x; i < per_block; i += nt) {
         const int r = blockIdx.x * per_block + i;
         if (r < m) o[r] = 0.0f;
     }
@@ -1452,7 +1452,7 @@ struct fp4_q8_smem {
 // Quantise x[0..k) into the shared layout: thread t handles 4 values at a time (8
 // threads a block of 32, adjacent lanes).
 GPU_DEV void fp4_q8_stage(const float* __restrict__ x, int k, fp4_q8_smem& sm) {
-    for (int c = threadIdx.x; c < k / 4; c += 128) {
+    for (int c = threadIdx.x; c < k / 4; c += blockDim.x) {
         const gpu_f4 v = ((const gpu_f4*)x)[c];
         float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
@@ -1519,7 +1519,7 @@ GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_byte
                          const float* __restrict__ x, float* __restrict__ out, bool wait,
                          unsigned int* counters, int kid, fp4_q8_smem& sm) {
     const int L = fp4_runs_lanes(k), runs = k >> 8, t = threadIdx.x, j = t & (L - 1);
-    const int r0 = (blockIdx.x * (128 / L) + t / L) * R;
+    const int r0 = (blockIdx.x * ((int)blockDim.x / L) + t / L) * R;
     const unsigned char* rows[R];
     float acc[R];
     rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
@@ -1527,8 +1527,7 @@ GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_byte
     fp4_run_load<R>(rows, j, run);
     if (wait) gpu_count_launch(counters, kid);
     fp4_q8_stage(x, k, sm);
-    sm.sc[t] = ue4m3(t);
-    sm.sc[t + 128] = ue4m3(t + 128);
+    for (int i = t; i < 256; i += blockDim.x) sm.sc[i] = ue4m3(i);
     __syncthreads();
     for (int g = j; g < runs; g += L) {
         if (g != j) fp4_run_load<R>(rows, g, run);
@@ -1539,12 +1538,14 @@ GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_byte
 
 // One f32 column of ROCmFP4 weights, rows = R in 1, 2 rows per thread. Needs k % 256
 // == 0, k <= FP4_RUNS_MAX_K, w and row_bytes 16-byte aligned, x 16-byte aligned.
-// grid = ceil(m / (R 128 / L)). A kernel's registers are those of its largest path:
-// with a 4-row path too it took 247 a thread, two blocks an SM (ncu, 18:00 UTC), so
-// two rows at most and at least four blocks an SM (CUDA's reading of the bound; HIP
-// reads the second number as waves per execution unit, not tuned on AMD yet).
-#define FP4_RUNS_MIN_BLOCKS 4
-extern "C" __global__ void __launch_bounds__(128, FP4_RUNS_MIN_BLOCKS)
+// Block = NT in 128, 256, 512 threads, grid = ceil(m / (R NT / L)): every block
+// quantises all of x, so wider blocks spread that over more rows. A kernel's registers
+// are those of its largest path: with a 4-row path too it took 247 a thread, two
+// blocks an SM (ncu, 18:00 UTC), so two rows at most and 128 registers (512 threads an
+// SM; CUDA's reading of the bound; HIP reads the second number as waves per execution
+// unit, not tuned on AMD yet).
+#define FP4_RUNS_MAX_THREADS 512
+extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     matvec_fp4_runs_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
                        const float* __restrict__ x, float* __restrict__ out, int rows,
                        unsigned int* counters) {
@@ -1556,8 +1557,8 @@ extern "C" __global__ void __launch_bounds__(128, FP4_RUNS_MIN_BLOCKS)
 
 // The grouped form (pairs and ids as matvec_dense_rows_id): block row y is pair p, with
 // expert ids[p]'s rows and activation column p (per_pair) or p / n_slots; ids outside
-// 0..E give zeros. grid = (ceil(m / (rows 128 / L)), pairs).
-extern "C" __global__ void __launch_bounds__(128, FP4_RUNS_MIN_BLOCKS)
+// 0..E give zeros. grid = (ceil(m / (rows NT / L)), pairs).
+extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     matvec_fp4_runs_q8_id(const unsigned char* __restrict__ w, long long expert_bytes,
                           long long row_bytes, int k, int m, int n_experts,
                           const float* __restrict__ x, int per_pair, int n_slots,

@@ -370,15 +370,18 @@ int main(int argc, char** argv) {
             while (2 * L <= s.k / 256 && L < 32) L *= 2;
             cudaFuncAttributes fa;
             CK(cudaFuncGetAttributes(&fa, matvec_fp4_runs_q8));
-            for (int R : {1, 2}) {
-                const int per_block = R * 128 / L;
-                char nm[64];
-                snprintf(nm, sizeof nm, "matvec_fp4_runs_q8 R=%d (8-bit act., %d regs)", R, fa.numRegs);
-                row(nm, [&] {
-                    matvec_fp4_runs_q8<<<(s.m + per_block - 1) / per_block, 128>>>(dw, row_bytes, s.k, s.m,
-                                                                                   dx, dout, R, nullptr);
-                }, true);
-            }
+            // Every block quantises all of x: wider blocks spread that over more rows.
+            for (int nt : {128, 256, 512})
+                for (int R : {1, 2}) {
+                    const int per_block = R * nt / L;
+                    char nm[80];
+                    snprintf(nm, sizeof nm, "matvec_fp4_runs_q8 R=%d, %d threads (8-bit act., %d regs)", R,
+                             nt, fa.numRegs);
+                    row(nm, [&] {
+                        matvec_fp4_runs_q8<<<(s.m + per_block - 1) / per_block, nt>>>(dw, row_bytes, s.k, s.m,
+                                                                                      dx, dout, R, nullptr);
+                    }, true);
+                }
         }
         CK(cudaFree(wbase));
         CK(cudaFree(dx));

@@ -466,6 +466,10 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         (100u32, 1024usize, 32768usize, "matvec_fp4_runs_q8"),
         (100, 2048, 16400, "matvec_fp4_runs_q8"),
         (100, 8192, 16384, "matvec_fp4_runs_q8"),
+        // wo_b (512-thread blocks) and the shared expert's down (one row a thread), rows
+        // not a multiple of the block's.
+        (100, 8192, 4100, "matvec_fp4_runs_q8"),
+        (100, 2048, 4096, "matvec_fp4_runs_q8"),
         (100, 4096, 1000, "matvec_dense_rows"),
         (100, 4000, 700, "matvec_dense_rows"),
         (8, 4096, 1000, "matvec_dense_rows"),
@@ -473,7 +477,7 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         // MOE_GPU_Q8_DECODE=1 (forced for these): 8-bit activations, one quantisation.
         (100, 4096, 1000, "matvec_dense_q8_multi"),
         (8, 4096, 1000, "matvec_dense_q8_multi"),
-        (100, 8192, 4096, "matvec_dense_q8_multi"),
+        (100, 4096, 2048, "matvec_dense_q8_multi"),
         (8, 2048, 37, "matvec_dense_q8_multi"),
     ];
     for (ty, k, m, want) in cases {

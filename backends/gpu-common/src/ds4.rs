@@ -572,13 +572,13 @@ unsafe fn matmul_id_dense_inner(
     };
     // ROCmFP4 in whole runs (experts, rows and columns stay 16-byte aligned: 144 bytes per
     // run, k whole runs).
-    if let Some(rows) = runs {
-        let per_block = crate::ops::fp4_runs_rows_per_block(k, rows);
-        return common(px, false)?.i(rows as i32).launch(
+    if let Some(plan) = runs {
+        let per_block = crate::ops::fp4_runs_rows_per_block(k, plan);
+        return common(px, false)?.i(plan.rows as i32).launch(
             gpu,
             "matvec_fp4_runs_q8_id",
             (m.div_ceil(per_block), pairs, 1),
-            128,
+            plan.threads as u32,
         );
     }
     // One column per pair: the decode mat-vec layout where it applies (x + col * k stays

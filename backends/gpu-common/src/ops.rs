@@ -335,8 +335,9 @@ pub enum DenseLayout {
     Warps(i32),
     /// `matvec_dense_rows`, this many rows per block (see [`dense_rows`]).
     Rows(i32),
-    /// `matvec_fp4_runs_q8`, this many rows per thread (see [`fp4_runs`]).
-    Fp4Runs(i32),
+    /// `matvec_fp4_runs_q8`, this many rows per thread and threads per block (see
+    /// [`fp4_runs`]).
+    Fp4Runs(RunsPlan),
     /// `matvec_f32_wide`: a 1024-thread block per row (see [`f32_wide`]).
     F32Wide,
     /// `quantize_q8_1` of the input into scratch, then `mmq_mma_dense` (see [`mmq_type`]).
@@ -392,34 +393,51 @@ fn fp4_runs_off() -> bool {
 /// Largest k `matvec_fp4_runs_q8` stages (FP4_RUNS_MAX_K in kernels/gpu/rocmfpx.cu).
 pub const FP4_RUNS_MAX_K: u64 = 8192;
 
-/// Rows per thread of `matvec_fp4_runs_q8` (8-bit activations, dp4a) for one column of
+/// How `matvec_fp4_runs_q8` runs a product: rows per thread and threads per block.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub struct RunsPlan {
+    pub rows: u64,
+    pub threads: u64,
+}
+
+/// [`RunsPlan`] of `matvec_fp4_runs_q8` (8-bit activations, dp4a) for one column of
 /// ROCmFP4 weights `[k, m]` at `w` with activations at `x`, or None where
 /// `matvec_dense_rows` (f32 activations) runs: k not whole 256-value runs or over
-/// FP4_RUNS_MAX_K, weights or activations not 16-byte aligned, or under 16384 rows.
-/// Measured on the V4-Flash shapes (scripts/device/dense_matvec_bench.sh, 15:56): the
-/// runs kernel takes `wq_b` (1024 x 32768) from 17.9 to 12.1 us at two rows a thread,
-/// and is slower than the rows layout on every smaller product (its in-kernel
-/// quantisation and longer block setup).
-pub fn fp4_runs(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<u64> {
+/// FP4_RUNS_MAX_K, weights or activations not 16-byte aligned, under 4096 rows, or
+/// under 16384 rows with k under 2048.
+/// Every block quantises all of x, so wide blocks pay where k is long. Measured on the
+/// V4-Flash shapes (scripts/device/dense_matvec_bench.sh, 20:16 UTC, graph-replayed us,
+/// rows layout in brackets): `wq_b` (1024 x 32768) 11.0 at 2 rows x 256 threads
+/// (17.1); `wo_b` (8192 x 4096) 13.1 at 2 x 512 (16.9); the shared expert's down
+/// (2048 x 4096) 5.0 at 1 x 256 (6.0). Under 4096 rows (the shared expert's gate / up,
+/// `wq_a`, `wkv`, the output projection's groups) the rows layout was as fast or faster.
+pub fn fp4_runs(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<RunsPlan> {
     let fits = !fp4_runs_off()
         && ty == TYPE_ROCMFP4
         && n == 1
-        && m >= 16384
+        && m >= 4096
+        && (m >= 16384 || k >= 2048)
         && k.is_multiple_of(256)
         && k <= FP4_RUNS_MAX_K
         && w.is_multiple_of(16)
         && x.is_multiple_of(16);
-    fits.then_some(2)
+    let (rows, threads) = match (m, k) {
+        (16384.., _) => (2, 256),
+        (_, FP4_RUNS_MAX_K) => (2, 512),
+        _ => (1, 256),
+    };
+    fits.then_some(RunsPlan { rows, threads })
 }
 
 /// Threads of `matvec_fp4_runs_q8` sharing a row: the largest power of two <= min(k / 256,
-/// 32) (fp4_runs_lanes in the kernel); a 128-thread block covers rows * 128 / that rows.
-pub fn fp4_runs_rows_per_block(k: u64, rows: u64) -> u64 {
+/// 32) (fp4_runs_lanes in the kernel); a block of `threads` covers rows * threads / that
+/// rows.
+pub fn fp4_runs_rows_per_block(k: u64, plan: RunsPlan) -> u64 {
     let mut l = 1;
     while 2 * l <= k / 256 && l < 32 {
         l *= 2;
     }
-    rows * 128 / l
+    plan.rows * plan.threads / l
 }
 
 /// Rows per 128-thread block of `matvec_dense_rows` for one column of `ty` weights with
@@ -484,7 +502,7 @@ pub fn matmul_dense(
     );
     let layout = match one_col {
         _ if n >= MMQ_MIN_COLS && mmq_type(w.type_id, k, mmq) => DenseLayout::Mmq,
-        (Some(r), _) => DenseLayout::Fp4Runs(r as i32),
+        (Some(r), _) => DenseLayout::Fp4Runs(r),
         (None, Some(r)) => DenseLayout::Rows(r as i32),
         (None, None) if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
         (None, None) => DenseLayout::Warps(parts as i32),
@@ -498,11 +516,11 @@ pub fn matmul_dense(
         DenseLayout::Fp4Runs(r) => Launch {
             name: "matvec_fp4_runs_q8",
             grid: (
-                to_i32(m.div_ceil(fp4_runs_rows_per_block(k, r as u64)), "m")? as u32,
+                to_i32(m.div_ceil(fp4_runs_rows_per_block(k, r)), "m")? as u32,
                 1,
                 1,
             ),
-            block: 128,
+            block: r.threads as u32,
         },
         DenseLayout::F32Wide => Launch {
             name: "matvec_f32_wide",
@@ -1142,7 +1160,8 @@ pub fn run(
                     DenseLayout::Rows(mut rows) => {
                         gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, po, rows))
                     }
-                    DenseLayout::Fp4Runs(mut rows) => {
+                    DenseLayout::Fp4Runs(r) => {
+                        let mut rows = r.rows as i32;
                         gpu.launch(p.launch, &kargs!(pw, rb, k, m, px, po, rows))
                     }
                     DenseLayout::F32Wide => gpu.launch(p.launch, &kargs!(pw, k, m, px, po)),
@@ -1401,7 +1420,7 @@ mod tests {
         );
         let lone = [
             x,
-            t(TYPE_ROCMFP4, [4096, 8192, 1, 1]),
+            t(TYPE_Q8_0, [4096, 8192, 1, 1]),
             t(types::F32, [8192, 1, 1, 1]),
         ];
         assert!(matches!(
@@ -1644,11 +1663,30 @@ mod tests {
             one(TYPE_Q8_0, 4096, 129280, 1, 0x2000),
             ("matvec_dense_rows", 32320, 128, DenseLayout::Rows(4))
         );
-        // ROCmFP4 in whole 256-value runs, 16384 rows or more: 4 threads a row, 2 rows a
-        // thread, 64 rows a block; fewer rows: the rows layout.
+        // ROCmFP4 in whole 256-value runs (fp4_runs): wq_b, 4 threads a row, 2 rows a
+        // thread, 256 threads: 128 rows a block; wo_b (k = 8192: 32 threads a row) 2 rows a
+        // thread, 512 threads: 32 rows a block; the shared expert's down (k = 2048: 8
+        // threads a row) 1 row, 256 threads; under 4096 rows: the rows layout.
+        let runs = |rows, threads| DenseLayout::Fp4Runs(RunsPlan { rows, threads });
+        assert_eq!(
+            one(TYPE_ROCMFP4, 8192, 4096, 1, 0x2000),
+            ("matvec_fp4_runs_q8", 128, 512, runs(2, 512))
+        );
+        assert_eq!(
+            one(TYPE_ROCMFP4, 2048, 4096, 1, 0x2000),
+            ("matvec_fp4_runs_q8", 128, 256, runs(1, 256))
+        );
+        assert_eq!(
+            one(TYPE_ROCMFP4, 4096, 2048, 1, 0x2000),
+            ("matvec_dense_rows", 1024, 128, DenseLayout::Rows(2))
+        );
+        assert_eq!(
+            one(TYPE_ROCMFP4, 1024, 8192, 1, 0x2000).0,
+            "matvec_dense_rows"
+        );
         assert_eq!(
             one(TYPE_ROCMFP4, 1024, 32768, 1, 0x2000),
-            ("matvec_fp4_runs_q8", 512, 128, DenseLayout::Fp4Runs(2))
+            ("matvec_fp4_runs_q8", 256, 256, runs(2, 256))
         );
         assert_eq!(
             one(TYPE_ROCMFP4, 4096, 1023, 1, 0x2000),

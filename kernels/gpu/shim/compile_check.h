@@ -29,6 +29,11 @@ struct rf_shim_bid {
 };
 static __device__ const rf_shim_tid threadIdx;
 static __device__ const rf_shim_bid blockIdx;
+struct rf_shim_bdim {
+    __device__ unsigned int get_x() const { return __builtin_amdgcn_workgroup_size_x(); }
+    __declspec(property(get = get_x)) unsigned int x;
+};
+static __device__ const rf_shim_bdim blockDim;
 
 static __device__ inline void __syncthreads() {
     __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
