@@ -535,7 +535,9 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             4usize,
             "matvec_fp4_runs_q8_id",
         ),
-        (100, 4096, 1024, 8, "matvec_dense_q8_id"),
+        // The output projection's 8 groups: the runs kernel, 512-thread blocks.
+        (100, 4096, 1024, 8, "matvec_fp4_runs_q8_id"),
+        (100, 4096, 256, 8, "matvec_dense_q8_id"),
         (8, 4096, 300, 4, "matvec_dense_q8_id"),
     ];
     for (ty, k, m, slots, want) in id_cases {

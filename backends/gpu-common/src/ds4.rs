@@ -528,8 +528,10 @@ unsafe fn transpose12(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
 }
 
 /// MATMUL_ID with dense weights ([k, m, experts] of f32 / f16 / bf16 / q8_0 / mxfp4 /
-/// ROCmFP4): Q8_0 / ROCmFP4 with 256 rows or more on `matvec_dense_rows_id` (a 128-thread
-/// block on 2-4 rows of a pair), the rest on `matvec_dense_id` (warps per (row, pair)).
+/// ROCmFP4): ROCmFP4 in whole runs on `matvec_fp4_runs_q8_id` where
+/// [`crate::ops::fp4_runs_id`] takes it, Q8_0 / ROCmFP4 with 256 rows or more on
+/// `matvec_dense_rows_id` (a 128-thread block on 2-4 rows of a pair), the rest on
+/// `matvec_dense_id` (warps per (row, pair)).
 /// None when the weights are not a dense type.
 pub fn matmul_id_dense(gpu: &impl Gpu, a: &[TensorRef]) -> Option<Result<(), String>> {
     let w = a.first()?;
@@ -554,7 +556,7 @@ unsafe fn matmul_id_dense_inner(
     holds(&out, types::F32, m * pairs, "matmul_id output")?;
     let px = f32p(gpu, &x)?;
     let pw = gpu.ptr(&w, dense_align(w.type_id))?;
-    let runs = crate::ops::fp4_runs(w.type_id, k, m, 1, pw, px);
+    let runs = crate::ops::fp4_runs_id(w.type_id, k, m, pairs, pw, px);
     // The kernels take the same arguments up to their layout parameter, the runs kernel
     // without the type, the 8-bit one with the quantised input for x.
     let (pi, po) = (gpu.ptr(&ids, 4)?, f32p(gpu, &out)?);
@@ -854,6 +856,24 @@ mod tests {
         assert_eq!(
             (name, grid, block),
             ("matvec_dense_rows_id", (256, 6, 1), 128)
+        );
+        assert_eq!(Some(&(np + 1)), signatures().get(name));
+        // The output projection's 8 ROCmFP4 groups of 4096 x 1024, one token (a column
+        // per pair): the runs kernel, 2 rows x 512 threads = 64 rows a block.
+        let w = TensorRef {
+            type_id: 100,
+            ..f([4096, 1024, 8, 1])
+        };
+        matmul_id_dense(
+            &g,
+            &[w, f([4096, 8, 1, 1]), i([8, 1, 1, 1]), f([1024, 8, 1, 1])],
+        )
+        .unwrap()
+        .unwrap();
+        let (name, grid, block, np) = g.0.borrow()[2];
+        assert_eq!(
+            (name, grid, block),
+            ("matvec_fp4_runs_q8_id", (16, 8, 1), 512)
         );
         assert_eq!(Some(&(np + 1)), signatures().get(name));
     }

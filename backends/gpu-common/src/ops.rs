@@ -429,6 +429,26 @@ pub fn fp4_runs(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<RunsP
     fits.then_some(RunsPlan { rows, threads })
 }
 
+/// [`RunsPlan`] of `matvec_fp4_runs_q8_id` for one token's grouped product of `pairs`
+/// products of `[k, m]` ROCmFP4 weights each (the output projection's groups), from the
+/// rows of all the pairs; None as [`fp4_runs`]. Under 16384 rows in all, two rows a
+/// thread and 512 threads: on the output projection (8 groups of 4096 x 1024;
+/// scripts/device/dense_matvec_bench.sh, 20:36 UTC) 12.3 us against 17.2 on
+/// `matvec_dense_rows_id` (15.1 at four rows a block) and 15.1 at one row, 256 threads.
+pub fn fp4_runs_id(ty: u32, k: u64, m: u64, pairs: u64, w: u64, x: u64) -> Option<RunsPlan> {
+    let all = m * pairs;
+    fp4_runs(ty, k, all, 1, w, x).map(|p| {
+        if all < 16384 {
+            RunsPlan {
+                rows: 2,
+                threads: 512,
+            }
+        } else {
+            p
+        }
+    })
+}
+
 /// Threads of `matvec_fp4_runs_q8` sharing a row: the largest power of two <= min(k / 256,
 /// 32) (fp4_runs_lanes in the kernel); a block of `threads` covers rows * threads / that
 /// rows.
