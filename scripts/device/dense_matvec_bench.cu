@@ -155,6 +155,80 @@ struct Shape {
     int ty, k, m;
 };
 
+// The output projection's groups as one decode step runs them: 8 groups (experts 0..7 of
+// the weight copies, rotated between launches), each with its own input column, in one
+// grouped launch: the committed matvec_dense_rows_id against matvec_fp4_runs_q8_id at
+// (rows a thread, threads a block). Graph-replayed us; bytes = the 8 groups' weights.
+void grouped_wo_a(const Shape& s, unsigned char* wbase, long long stride, int copies, long long row_bytes,
+                  const std::vector<float>& hx, const std::vector<double>& ref, double refmax, int reps) {
+    const int G = 8, sets = copies / G;
+    float *x8, *out8;
+    int* ids;
+    CK(cudaMalloc(&x8, (size_t)G * s.k * 4));
+    CK(cudaMalloc(&out8, (size_t)G * s.m * 4));
+    CK(cudaMalloc(&ids, G * 4));
+    const int hid[G] = {0, 1, 2, 3, 4, 5, 6, 7};
+    CK(cudaMemcpy(ids, hid, sizeof hid, cudaMemcpyHostToDevice));
+    for (int g = 0; g < G; ++g) CK(cudaMemcpy(x8 + (size_t)g * s.k, hx.data(), s.k * 4, cudaMemcpyHostToDevice));
+    int L = 1;
+    while (2 * L <= s.k / 256 && L < 32) L *= 2;
+    auto timed = [&](const char* name, auto launch) {
+        int turn = 0;
+        auto set = [&] { return wbase + (long long)(turn++ % sets) * G * stride; };
+        CK(cudaMemset(out8, 0, (size_t)G * s.m * 4));
+        launch(set());
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        std::vector<float> got((size_t)G * s.m);
+        CK(cudaMemcpy(got.data(), out8, got.size() * 4, cudaMemcpyDeviceToHost));
+        double err = 0;
+        for (int g = 0; g < G; ++g)
+            for (int r = 0; r < s.m; ++r) err = fmax(err, fabs(got[(size_t)g * s.m + r] - ref[r]) / refmax);
+        cudaGraph_t gr;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal));
+        for (int i = 0; i < reps; ++i) launch(set());
+        CK(cudaStreamEndCapture(cudaStreamPerThread, &gr));
+        CK(cudaGraphInstantiate(&ge, gr, 0));
+        CK(cudaGraphLaunch(ge, cudaStreamPerThread));
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        CK(cudaEventRecord(e0, cudaStreamPerThread));
+        CK(cudaGraphLaunch(ge, cudaStreamPerThread));
+        CK(cudaEventRecord(e1, cudaStreamPerThread));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(gr));
+        const double us = 1e3 * ms / reps, bytes = (double)G * row_bytes * s.m;
+        printf("| wo_a, 8 groups in one launch | %d x %d x 8 | %.1f | %s | | %.2f | %.0f | | %.1e |\n", s.k, s.m,
+               bytes / 1e6, name, us, bytes / us / 1e3, err);
+    };
+    for (int R : {2, 4}) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "matvec_dense_rows_id R=%d", R);
+        timed(nm, [&](unsigned char* w) {
+            matvec_dense_rows_id<<<dim3((s.m + R - 1) / R, G), 128>>>(w, stride, row_bytes, s.ty, s.k, s.m, G, x8, 1,
+                                                                       G, ids, out8, R, nullptr);
+        });
+    }
+    for (int nt : {128, 256, 512})
+        for (int R : {1, 2}) {
+            const int per_block = R * nt / L;
+            char nm[64];
+            snprintf(nm, sizeof nm, "matvec_fp4_runs_q8_id R=%d, %d threads", R, nt);
+            timed(nm, [&](unsigned char* w) {
+                matvec_fp4_runs_q8_id<<<dim3((s.m + per_block - 1) / per_block, G), nt>>>(
+                    w, stride, row_bytes, s.k, s.m, G, x8, 1, G, ids, out8, R, nullptr);
+            });
+        }
+    CK(cudaFree(x8));
+    CK(cudaFree(out8));
+    CK(cudaFree(ids));
+}
+
 int main(int argc, char** argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
     const Shape shapes[] = {
@@ -383,6 +457,8 @@ int main(int argc, char** argv) {
                     }, true);
                 }
         }
+        if (s.ty == DT_ROCMFP4 && strstr(s.what, "wo_a") && copies >= 16) grouped_wo_a(s, wbase, stride, copies,
+                                                                                        row_bytes, hx, ref, refmax, reps);
         CK(cudaFree(wbase));
         CK(cudaFree(dx));
         CK(cudaFree(dout));
