@@ -177,26 +177,31 @@ GPU_DEV void ds4_sinkhorn_warp(const float* M, const float* B, float scale, int 
 // [pre, post, comb] (site) or [pre] (head) per token. One block of 1024 threads per
 // token (a decode step runs one token: the block's width is the parallelism), the
 // Sinkhorn on warp 0 (HC <= 5) or thread 0. allow_fast = 0 keeps the general path (A/B
-// runs). grid = n, block = DS4_HC_THREADS.
+// runs). split = 1 (site mode, grid y = 2): on the fast path block (t, 1) runs the
+// Sinkhorn (20 serial rounds, the longest chain) while block (t, 0) collapses and norms;
+// both take the streams' RMS (the same sums, so the same bits). grid = (n, 1 + split),
+// block = DS4_HC_THREADS.
 #define DS4_HC_THREADS 1024
 extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
     ds4_hc_pre(const float* __restrict__ streams, const float* __restrict__ mix,
                const float* __restrict__ scale, const float* __restrict__ base,
                const float* __restrict__ norm_w, int d, int hc, int iters, float eps,
                float hc_eps, int head_mode, float* __restrict__ out, float* __restrict__ wts,
-               int allow_fast, unsigned int* counters) {
+               int allow_fast, int split, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_HC_PRE);
     __shared__ float sh[32];
     __shared__ float W[2 * DS4_HC_MAX + DS4_HC_MAX * DS4_HC_MAX];
-    const int t = blockIdx.x, tid = threadIdx.x;
+    const int t = blockIdx.x, tid = threadIdx.x, role = blockIdx.y;
     const float* s = streams + (long long)t * hc * d;
     float* o = out + (long long)t * d;
     // Fast path (V4-Flash: d = 4096, 4 streams): thread i holds values 4i..4i+3 of every
     // stream in registers from one round of 16-byte loads, so nothing is read twice,
-    // and warp 0's Sinkhorn overlaps the other warps' collapse.
+    // and the Sinkhorn (warp 0, or the second block with split) overlaps the collapse.
     const bool fast = allow_fast && hc <= 4 && (d & 3) == 0 && d <= 4 * DS4_HC_THREADS &&
                       ((((unsigned long long)s) | ((unsigned long long)o) |
                         ((unsigned long long)norm_w)) & 15ull) == 0;
+    const bool two = split && fast && !head_mode;
+    if (role == 1 && !two) return;  // the whole block: before any barrier
     gpu_f4 v[4];
     const bool mine = fast && 4 * tid < d;
     float acc = 0.0f;
@@ -225,11 +230,13 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
     }
     if (tid < (head_mode ? 1 : 3)) S[tid] = scale[tid];
     __syncthreads();
-    if (tid < hc) W[tid] = ds4_sigmoid(M[tid] * S[0] + B[tid]) + hc_eps;
-    if (!head_mode && tid >= 32 && tid < 32 + hc)
-        W[hc + tid - 32] = 2.0f * ds4_sigmoid(M[tid - 32 + hc] * S[1] + B[tid - 32 + hc]);
-    if (fast) __syncthreads();  // W[0..hc) is all the collapse needs
-    if (!head_mode) {
+    if (role == 0) {
+        if (tid < hc) W[tid] = ds4_sigmoid(M[tid] * S[0] + B[tid]) + hc_eps;
+        if (!head_mode && tid >= 32 && tid < 32 + hc)
+            W[hc + tid - 32] = 2.0f * ds4_sigmoid(M[tid - 32 + hc] * S[1] + B[tid - 32 + hc]);
+    }
+    if (fast && role == 0) __syncthreads();  // W[0..hc) is all the collapse needs
+    if (!head_mode && (!two || role == 1)) {
         if (tid < 32) {
             switch (hc) {
             case 1: ds4_sinkhorn_warp<1>(M, B, S[2], iters, hc_eps, W + 2); break;
@@ -247,6 +254,11 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
             }
         }
     }
+    if (role == 1) {  // split: this block's part of wts is the Sinkhorn's
+        __syncthreads();
+        if (tid < hc * hc) wts[(long long)t * nm + 2 * hc + tid] = W[2 * hc + tid];
+        return;
+    }
     if (fast) {
         gpu_f4 c = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -260,7 +272,8 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
             }
         float ss = mine ? c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w : 0.0f;
         ss = ds4_block_sum(ss, sh, DS4_HC_THREADS);  // its barriers also publish the Sinkhorn
-        for (int i = tid; i < nm; i += DS4_HC_THREADS) wts[(long long)t * nm + i] = W[i];
+        const int mine_w = two ? 2 * hc : nm;  // with split, block (t, 1) writes the rest
+        for (int i = tid; i < mine_w; i += DS4_HC_THREADS) wts[(long long)t * nm + i] = W[i];
         const float rr = 1.0f / sqrtf(ss / (float)d + eps);
         if (mine) {
             const gpu_f4 nw = *(const gpu_f4*)(norm_w + 4 * tid);
