@@ -271,7 +271,9 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
                 c.w += wh * v[h].w;
             }
         float ss = mine ? c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w : 0.0f;
-        ss = ds4_block_sum(ss, sh, DS4_HC_THREADS);  // its barriers also publish the Sinkhorn
+        // Its barriers also publish warp 0's Sinkhorn (without split: with it, block
+        // (t, 1) has the Sinkhorn and writes its part of wts).
+        ss = ds4_block_sum(ss, sh, DS4_HC_THREADS);
         const int mine_w = two ? 2 * hc : nm;  // with split, block (t, 1) writes the rest
         for (int i = tid; i < mine_w; i += DS4_HC_THREADS) wts[(long long)t * nm + i] = W[i];
         const float rr = 1.0f / sqrtf(ss / (float)d + eps);

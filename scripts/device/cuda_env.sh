@@ -14,7 +14,7 @@ export LD_LIBRARY_PATH
 # EXTRA is appended.
 cuda_plugins() {
     printf 'plugin_dir = "%s"\n[[plugin]]\nlibrary = "moe_backend_cuda"\n[[plugin]]\nlibrary = "moe_quant_ggml"\n[[plugin]]\nlibrary = "moe_quant_rocmfpx"\n[plugin.settings]\nfp2 = "affine"\n[[plugin]]\nlibrary = "moe_policy_basic"\n[devices]\nbackend = "cuda"\n%s' \
-        "$PWD/${DS4_DIR:-.dev/ds4}" "${2:-}" > "$1"
+        "$(cd "${DS4_DIR:-.dev/ds4}" && pwd)" "${2:-}" > "$1"
 }
 
 # ncu_path: Nsight Compute's ncu (PATH, /opt/nvidia/nsight-compute, the toolkit), or a

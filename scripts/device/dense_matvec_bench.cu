@@ -107,6 +107,49 @@ __global__ void __launch_bounds__(128) fp4_q8_variant(const unsigned char* __res
     dense_rows_q8<DT_ROCMFP4, R>(w, row_bytes, k, m, act, out, blockIdx.x);
 }
 
+// ---- candidate (not measured yet): Q8_0 without int-to-float conversions --------------
+// The committed Q8_0 rows loop spends 32 I2F (a quarter-rate conversion) on 32 weights a
+// thread (SASS, 20:01 UTC: 198 instructions, docs/notes/dense-matvec-h200.md round 8).
+// Here each code byte is sign-extended by a byte permute and becomes a float through the
+// 1.5 * 2^23 bias (small_int_float: an integer add and a float subtract, full rate);
+// the sums are the committed kernel's, in the same order (so the same bits).
+template <int R>
+__global__ void __launch_bounds__(128) q8_magic_variant(const unsigned char* __restrict__ w, long long row_bytes,
+                                                        int k, int m, const float* __restrict__ x,
+                                                        float* __restrict__ out) {
+    __shared__ rows_smem<R> sm;
+    const int t = threadIdx.x, r0 = blockIdx.x * R;
+    const unsigned char* rows[R];
+    float acc[R];
+    rows_block_begin<DT_Q8_0, R>(sm, w, row_bytes, r0, m, rows, acc);
+    const int units = (k >> 5) * 4;
+    // Byte i of a word, sign-extended to 32 bits: permute selector (8|i)(8|i)(8|i)i.
+    auto sx = [](unsigned int v, unsigned int i) {
+        return small_int_float((int)gpu_perm(v, 0u, ((8u | i) * 0x1110u) | i));
+    };
+    for (int u = t; u < units; u += 128) {
+        const int b = u >> 2, q = u & 3;
+        const float* xb = x + b * 32;
+        const gpu_f4 a = *(const gpu_f4*)(xb + 8 * q), c = *(const gpu_f4*)(xb + 8 * q + 4);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const unsigned char* blk = rows[r] + b * 34;
+            const unsigned int wa = gpu_load_u16(blk), wb = gpu_load_u32_a2(blk + 2 + 8 * q),
+                               wc = gpu_load_u32_a2(blk + 6 + 8 * q);
+            float s = gpu_mul(sx(wb, 0), a.x);
+            s = fmaf(sx(wb, 1), a.y, s);
+            s = fmaf(sx(wb, 2), a.z, s);
+            s = fmaf(sx(wb, 3), a.w, s);
+            s = fmaf(sx(wc, 0), c.x, s);
+            s = fmaf(sx(wc, 1), c.y, s);
+            s = fmaf(sx(wc, 2), c.z, s);
+            s = fmaf(sx(wc, 3), c.w, s);
+            acc[r] = fmaf(half_scale(wa), s, acc[r]);
+        }
+    }
+    rows_block_store<R>(acc, sm.red, r0, m, out);
+}
+
 // ---- ceiling: read the same bytes with 16-byte loads ----------------------------------
 __global__ void __launch_bounds__(256) stream_read(const gpu_f4* __restrict__ p, long long n,
                                                   float* __restrict__ out) {
@@ -202,6 +245,8 @@ void grouped_wo_a(const Shape& s, unsigned char* wbase, long long stride, int co
         CK(cudaEventElapsedTime(&ms, e0, e1));
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(gr));
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
         const double us = 1e3 * ms / reps, bytes = (double)G * row_bytes * s.m;
         printf("| wo_a, 8 groups in one launch | %d x %d x 8 | %.1f | %s | | %.2f | %.0f | | %.1e |\n", s.k, s.m,
                bytes / 1e6, name, us, bytes / us / 1e3, err);
@@ -404,6 +449,16 @@ int main(int argc, char** argv) {
             else staged_variant<DT_ROCMFP4, R><<<(s.m + R - 1) / R, 128>>>(dw, row_bytes, s.k, s.m, dx, dout); \
         }, true);                                                                            \
     }
+        if (s.ty == DT_Q8_0)
+            for (int R : {1, 2, 4}) {
+                char nm[64];
+                snprintf(nm, sizeof nm, "Q8_0 rows without I2F, R=%d (candidate)", R);
+                row(nm, [&] {
+                    if (R == 4) q8_magic_variant<4><<<(s.m + 3) / 4, 128>>>(dw, row_bytes, s.k, s.m, dx, dout);
+                    else if (R == 2) q8_magic_variant<2><<<(s.m + 1) / 2, 128>>>(dw, row_bytes, s.k, s.m, dx, dout);
+                    else q8_magic_variant<1><<<s.m, 128>>>(dw, row_bytes, s.k, s.m, dx, dout);
+                }, true);
+            }
         if (getenv("OLD_VARIANTS")) {  // the candidates of rounds 3-5
             V_ROW(2, 1)
             V_ROW(4, 1)

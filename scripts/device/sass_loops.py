@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The loops of chosen kernels in a `cuobjdump -sass` listing: for each kernel whose name
-holds one of the given words, every backward branch's body (target .. branch) with its
-instruction count and opcode histogram, largest first. Shows where a kernel's
+holds one of the given words, the four largest backward-branch bodies (target .. branch)
+with their instruction counts and opcode histograms. Shows where a kernel's
 instructions go (address arithmetic, conversions, loads) without Nsight Compute.
 
     cuobjdump -sass kernels.cubin | python3 sass_loops.py matvec_dense_rows mmvq_id_107

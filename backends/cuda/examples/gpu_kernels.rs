@@ -432,7 +432,8 @@ fn id_multi(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 
 /// Decode products (one f32 column) of Q8_0 / ROCmFP4 weights vs the f64 dot of the
 /// same weights and activations (max error / max |ref| <= 1e-5), with the kernel that
-/// ran: ROCmFP4 in whole 256-value runs with 16384+ rows on `matvec_fp4_runs_q8` (its
+/// ran: ROCmFP4 in whole 256-value runs with 4096+ rows (k >= 2048 under 16384 rows;
+/// see `ops::fp4_runs`) on `matvec_fp4_runs_q8` (its
 /// activations rounded to q8_1 in the kernel, so the reference takes them as
 /// `BlockQ8_1::quantize` rounds them; `_id` for one token's grouped product, a masked
 /// slot giving exact zeros), the rest on `matvec_dense_rows` (f32 activations).
@@ -466,8 +467,8 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         (100u32, 1024usize, 32768usize, "matvec_fp4_runs_q8"),
         (100, 2048, 16400, "matvec_fp4_runs_q8"),
         (100, 8192, 16384, "matvec_fp4_runs_q8"),
-        // wo_b (512-thread blocks) and the shared expert's down (one row a thread), rows
-        // not a multiple of the block's.
+        // wo_b (512-thread blocks; 4100 rows: not a multiple of the block's 32) and the
+        // shared expert's down (one row a thread, 256 threads).
         (100, 8192, 4100, "matvec_fp4_runs_q8"),
         (100, 2048, 4096, "matvec_fp4_runs_q8"),
         (100, 4096, 1000, "matvec_dense_rows"),
@@ -525,8 +526,9 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     }
     FORCE_Q8_DECODE.store(false, Ordering::Relaxed);
     // One token's grouped product (each slot its own expert and column), slot 2 masked:
-    // 16384 ROCmFP4 rows on the runs kernel; with MOE_GPU_Q8_DECODE (forced) the 8-bit
-    // grouped kernel (as the output projection's groups run).
+    // 16384 ROCmFP4 rows a slot, and the output projection's 8 groups, on the runs
+    // kernel; under 4096 rows in all, with MOE_GPU_Q8_DECODE (forced), the 8-bit grouped
+    // rows kernel.
     let id_cases = [
         (
             100u32,

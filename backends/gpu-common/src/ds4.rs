@@ -176,11 +176,12 @@ unsafe fn hc_pre(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), St
     holds(&out, types::F32, d * n, "hc_pre output")?;
     holds(&wts, types::F32, nm * n, "hc_pre weights")?;
     // Site mode, a decode step's few tokens: a second block per token runs the Sinkhorn
-    // (where the kernel's fast path applies; otherwise that block returns at once). 20:20
-    // UTC, 43 layers, depth 0: tg32 122.1 / 121.4 vs 119.2 / 118.8 tok/s without; a
-    // prefill pass (512 tokens) was ~1% slower with it (each extra block repeats the
-    // streams' reduction), so it keeps one block a token.
-    let split = !head && n <= 4 && !hc_split_off();
+    // (where the kernel's fast path applies: up to 4 streams, not MOE_GPU_HC_FAST=0;
+    // otherwise that block would return at once). 20:19 UTC, 43 layers, depth 0: tg32
+    // 122.1 / 121.4 vs 119.2 / 118.8 tok/s without; a prefill pass (512 tokens) was ~1%
+    // slower with it (each extra block repeats the streams' reduction), so it keeps one
+    // block a token.
+    let split = !head && n <= 4 && hc <= 4 && !hc_fast_off() && !hc_split_off();
     KArgs::default()
         .p(f32p(gpu, &s)?)
         .p(f32p(gpu, &mix)?)
@@ -569,7 +570,7 @@ unsafe fn matmul_id_dense_inner(
     holds(&out, types::F32, m * pairs, "matmul_id output")?;
     let px = f32p(gpu, &x)?;
     let pw = gpu.ptr(&w, dense_align(w.type_id))?;
-    let runs = crate::ops::fp4_runs_id(w.type_id, k, m, pairs, pw, px);
+    let runs = crate::ops::fp4_runs_id(w.type_id, k, m, pairs, n_tok, pw, px);
     // The kernels take the same arguments up to their layout parameter, the runs kernel
     // without the type, the 8-bit one with the quantised input for x.
     let (pi, po) = (gpu.ptr(&ids, 4)?, f32p(gpu, &out)?);
@@ -890,6 +891,18 @@ mod tests {
             ("matvec_fp4_runs_q8_id", (16, 8, 1), 512)
         );
         assert_eq!(Some(&(np + 1)), signatures().get(name));
+        // Two tokens (a prefill that does not take MMQ): f32 activations, the rows kernel.
+        matmul_id_dense(
+            &g,
+            &[w, f([4096, 16, 1, 1]), i([8, 2, 1, 1]), f([1024, 16, 1, 1])],
+        )
+        .unwrap()
+        .unwrap();
+        let (name, grid, block, _) = g.0.borrow()[3];
+        assert_eq!(
+            (name, grid, block),
+            ("matvec_dense_rows_id", (512, 16, 1), 128)
+        );
     }
 
     #[test]

@@ -406,11 +406,12 @@ pub struct RunsPlan {
 /// FP4_RUNS_MAX_K, weights or activations not 16-byte aligned, under 4096 rows, or
 /// under 16384 rows with k under 2048.
 /// Every block quantises all of x, so wide blocks pay where k is long. Measured on the
-/// V4-Flash shapes (scripts/device/dense_matvec_bench.sh, 20:16 UTC, graph-replayed us,
+/// V4-Flash shapes (scripts/device/dense_matvec_bench.sh, 20:01 UTC, graph-replayed us,
 /// rows layout in brackets): `wq_b` (1024 x 32768) 11.0 at 2 rows x 256 threads
 /// (17.1); `wo_b` (8192 x 4096) 13.1 at 2 x 512 (16.9); the shared expert's down
 /// (2048 x 4096) 5.0 at 1 x 256 (6.0). Under 4096 rows (the shared expert's gate / up,
-/// `wq_a`, `wkv`, the output projection's groups) the rows layout was as fast or faster.
+/// `wq_a`, `wkv`, one of the output projection's groups alone) the rows layout was as
+/// fast or faster.
 pub fn fp4_runs(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<RunsPlan> {
     let fits = !fp4_runs_off()
         && ty == TYPE_ROCMFP4
@@ -429,15 +430,24 @@ pub fn fp4_runs(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<RunsP
     fits.then_some(RunsPlan { rows, threads })
 }
 
-/// [`RunsPlan`] of `matvec_fp4_runs_q8_id` for one token's grouped product of `pairs`
-/// products of `[k, m]` ROCmFP4 weights each (the output projection's groups), from the
-/// rows of all the pairs; None as [`fp4_runs`]. Under 16384 rows in all, two rows a
-/// thread and 512 threads: on the output projection (8 groups of 4096 x 1024;
-/// scripts/device/dense_matvec_bench.sh, 20:36 UTC) 12.3 us against 17.2 on
+/// [`RunsPlan`] of `matvec_fp4_runs_q8_id` for one token's grouped product (`tokens` ==
+/// 1; more go to MMQ or, with `MOE_GPU_EXACT_PREFILL=1`, keep f32 activations) of
+/// `pairs` products of `[k, m]` ROCmFP4 weights each (the output projection's groups),
+/// from the rows of all the pairs; None as [`fp4_runs`]. Under 16384 rows in all, two
+/// rows a thread and 512 threads: on the output projection (8 groups of 4096 x 1024;
+/// scripts/device/dense_matvec_bench.sh, 20:09 UTC) 12.3 us against 17.2 on
 /// `matvec_dense_rows_id` (15.1 at four rows a block) and 15.1 at one row, 256 threads.
-pub fn fp4_runs_id(ty: u32, k: u64, m: u64, pairs: u64, w: u64, x: u64) -> Option<RunsPlan> {
+pub fn fp4_runs_id(
+    ty: u32,
+    k: u64,
+    m: u64,
+    pairs: u64,
+    tokens: u64,
+    w: u64,
+    x: u64,
+) -> Option<RunsPlan> {
     let all = m * pairs;
-    fp4_runs(ty, k, all, 1, w, x).map(|p| {
+    fp4_runs(ty, k, all, tokens, w, x).map(|p| {
         if all < 16384 {
             RunsPlan {
                 rows: 2,
