@@ -227,27 +227,8 @@ void grouped_wo_a(const Shape& s, unsigned char* wbase, long long stride, int co
         double err = 0;
         for (int g = 0; g < G; ++g)
             for (int r = 0; r < s.m; ++r) err = fmax(err, fabs(got[(size_t)g * s.m + r] - ref[r]) / refmax);
-        cudaGraph_t gr;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal));
-        for (int i = 0; i < reps; ++i) launch(set());
-        CK(cudaStreamEndCapture(cudaStreamPerThread, &gr));
-        CK(cudaGraphInstantiate(&ge, gr, 0));
-        CK(cudaGraphLaunch(ge, cudaStreamPerThread));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        CK(cudaEventRecord(e0, cudaStreamPerThread));
-        CK(cudaGraphLaunch(ge, cudaStreamPerThread));
-        CK(cudaEventRecord(e1, cudaStreamPerThread));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(gr));
-        CK(cudaEventDestroy(e0));
-        CK(cudaEventDestroy(e1));
-        const double us = 1e3 * ms / reps, bytes = (double)G * row_bytes * s.m;
+        const double us = graph_us(cudaStreamPerThread, reps, [&] { launch(set()); });
+        const double bytes = (double)G * row_bytes * s.m;
         printf("| wo_a, 8 groups in one launch | %d x %d x 8 | %.1f | %s | | %.2f | %.0f | | %.1e |\n", s.k, s.m,
                bytes / 1e6, name, us, bytes / us / 1e3, err);
     };
@@ -363,21 +344,7 @@ int main(int argc, char** argv) {
             CK(cudaEventElapsedTime(&ms, e0, e1));
             const double us_stream = 1e3 * ms / reps;
             // The same launches replayed from a CUDA graph (as decode runs them).
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal));
-            for (int i = 0; i < reps; ++i) next(), launch();
-            CK(cudaStreamEndCapture(cudaStreamPerThread, &g));
-            CK(cudaGraphInstantiate(&ge, g, 0));
-            CK(cudaGraphLaunch(ge, cudaStreamPerThread));
-            CK(cudaEventRecord(e0, cudaStreamPerThread));
-            CK(cudaGraphLaunch(ge, cudaStreamPerThread));
-            CK(cudaEventRecord(e1, cudaStreamPerThread));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
-            const double us = 1e3 * ms / reps;
+            const double us = graph_us(cudaStreamPerThread, reps, [&] { next(), launch(); });
             printf("| %s | %d x %d | %.1f | %s | %.2f | %.2f | %.0f | ", s.what, s.k, s.m, bytes / 1e6, name,
                    us_stream, us, bytes / us / 1e3);
             return std::make_pair(us, err);

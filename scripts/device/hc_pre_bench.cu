@@ -31,6 +31,20 @@ __global__ void sinkhorn_only(const float* m, const float* b, float scale, int i
     if (threadIdx.x < HC * HC) out[threadIdx.x] = W[threadIdx.x];
 }
 
+// n values from N(0, sd^2), and a device copy of a vector.
+static std::vector<float> rand_vec(std::mt19937& rng, size_t n, float sd) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> v(n);
+    for (auto& x : v) x = sd * nd(rng);
+    return v;
+}
+static float* upload(const std::vector<float>& v) {
+    float* p;
+    CK(cudaMalloc(&p, v.size() * 4));
+    CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return p;
+}
+
 // ds4_hc_pre with its Sinkhorn on the collapsing block (split = 0) and on a second block
 // per token (split = 1, the decode default in site mode) on the same random inputs: n
 // tokens of hc streams of d (site mode: head mode has no Sinkhorn and one block either
@@ -38,55 +52,42 @@ __global__ void sinkhorn_only(const float* m, const float* b, float scale, int i
 void compare_split() {
     bool same = true;
     std::mt19937 rng(7);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
     printf("\n| d | hc | tokens | mode | max diff out | max diff wts |\n|---|---|---|---|---|---|\n");
     for (int d : {32, 64, 4096})
         for (int hc : {2, 4})
-            for (int n : {1, 40})
-                {
-                    const int head = 0, nm = 2 * hc + hc * hc;
-                    auto randv = [&](size_t k, float sd) {
-                        std::vector<float> v(k);
-                        for (auto& x : v) x = sd * nd(rng);
-                        return v;
-                    };
-                    auto up = [&](const std::vector<float>& v) {
-                        float* p;
-                        CK(cudaMalloc(&p, v.size() * 4));
-                        CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-                        return p;
-                    };
-                    float* streams = up(randv((size_t)n * hc * d, 1.0f));
-                    float* mix = up(randv((size_t)n * nm, 3.0f));
-                    float* scale = up({0.5f, 0.5f, 0.5f});
-                    float* base = up(randv(nm, 0.5f));
-                    float* norm_w = up(randv(d, 1.0f));
-                    float *o[2], *w[2];
-                    for (int i = 0; i < 2; ++i) {
-                        CK(cudaMalloc(&o[i], (size_t)n * d * 4));
-                        CK(cudaMalloc(&w[i], (size_t)n * nm * 4));
-                        CK(cudaMemset(o[i], 0, (size_t)n * d * 4));
-                        CK(cudaMemset(w[i], 0, (size_t)n * nm * 4));
-                    }
-                    for (int split = 0; split < 2; ++split)
-                        ds4_hc_pre<<<dim3(n, 1 + split), DS4_HC_THREADS>>>(streams, mix, scale, base, norm_w, d,
-                                                                            hc, 20, 1e-6f, 1e-6f, head, o[split],
-                                                                            w[split], 1, split, nullptr);
-                    CK(cudaDeviceSynchronize());
-                    std::vector<float> ho[2], hw[2];
-                    for (int i = 0; i < 2; ++i) {
-                        ho[i].resize((size_t)n * d);
-                        hw[i].resize((size_t)n * nm);
-                        CK(cudaMemcpy(ho[i].data(), o[i], ho[i].size() * 4, cudaMemcpyDeviceToHost));
-                        CK(cudaMemcpy(hw[i].data(), w[i], hw[i].size() * 4, cudaMemcpyDeviceToHost));
-                    }
-                    float dout = 0, dw = 0;
-                    for (size_t i = 0; i < ho[0].size(); ++i) dout = fmaxf(dout, fabsf(ho[0][i] - ho[1][i]));
-                    for (size_t i = 0; i < hw[0].size(); ++i) dw = fmaxf(dw, fabsf(hw[0][i] - hw[1][i]));
-                    printf("| %d | %d | %d | %s | %.3g | %.3g |\n", d, hc, n, head ? "head" : "site", dout, dw);
-                    same = same && dout == 0.0f && dw == 0.0f;
-                    for (float* p : {streams, mix, scale, base, norm_w, o[0], o[1], w[0], w[1]}) CK(cudaFree(p));
+            for (int n : {1, 40}) {
+                const int head = 0, nm = 2 * hc + hc * hc;
+                float* streams = upload(rand_vec(rng, (size_t)n * hc * d, 1.0f));
+                float* mix = upload(rand_vec(rng, (size_t)n * nm, 3.0f));
+                float* scale = upload({0.5f, 0.5f, 0.5f});
+                float* base = upload(rand_vec(rng, nm, 0.5f));
+                float* norm_w = upload(rand_vec(rng, d, 1.0f));
+                float *o[2], *w[2];
+                for (int i = 0; i < 2; ++i) {
+                    CK(cudaMalloc(&o[i], (size_t)n * d * 4));
+                    CK(cudaMalloc(&w[i], (size_t)n * nm * 4));
+                    CK(cudaMemset(o[i], 0, (size_t)n * d * 4));
+                    CK(cudaMemset(w[i], 0, (size_t)n * nm * 4));
                 }
+                for (int split = 0; split < 2; ++split)
+                    ds4_hc_pre<<<dim3(n, 1 + split), DS4_HC_THREADS>>>(streams, mix, scale, base, norm_w, d,
+                                                                        hc, 20, 1e-6f, 1e-6f, head, o[split],
+                                                                        w[split], 1, split, nullptr);
+                CK(cudaDeviceSynchronize());
+                std::vector<float> ho[2], hw[2];
+                for (int i = 0; i < 2; ++i) {
+                    ho[i].resize((size_t)n * d);
+                    hw[i].resize((size_t)n * nm);
+                    CK(cudaMemcpy(ho[i].data(), o[i], ho[i].size() * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(hw[i].data(), w[i], hw[i].size() * 4, cudaMemcpyDeviceToHost));
+                }
+                float dout = 0, dw = 0;
+                for (size_t i = 0; i < ho[0].size(); ++i) dout = fmaxf(dout, fabsf(ho[0][i] - ho[1][i]));
+                for (size_t i = 0; i < hw[0].size(); ++i) dw = fmaxf(dw, fabsf(hw[0][i] - hw[1][i]));
+                printf("| %d | %d | %d | %s | %.3g | %.3g |\n", d, hc, n, head ? "head" : "site", dout, dw);
+                same = same && dout == 0.0f && dw == 0.0f;
+                for (float* p : {streams, mix, scale, base, norm_w, o[0], o[1], w[0], w[1]}) CK(cudaFree(p));
+            }
     printf("\nsplit vs one block: %s\n", same ? "bit-identical on every shape" : "DIFFERENT");
 }
 
@@ -94,50 +95,18 @@ int main(int argc, char** argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 200;
     const int d = 4096, hc = 4, nm = 2 * hc + hc * hc;
     std::mt19937 rng(20261130);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    auto randv = [&](int n, float s) {
-        std::vector<float> v(n);
-        for (auto& x : v) x = s * nd(rng);
-        return v;
-    };
-    auto up = [&](const std::vector<float>& v) {
-        float* p;
-        CK(cudaMalloc(&p, v.size() * 4));
-        CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-        return p;
-    };
-    float* streams = up(randv(hc * d, 1.0f));
-    float* mix = up(randv(nm, 30.0f));
-    float* scale = up({0.1f, 0.1f, 0.1f});
-    float* base = up(randv(nm, 0.5f));
-    float* norm_w = up(randv(d, 1.0f));
+    float* streams = upload(rand_vec(rng, hc * d, 1.0f));
+    float* mix = upload(rand_vec(rng, nm, 30.0f));
+    float* scale = upload({0.1f, 0.1f, 0.1f});
+    float* base = upload(rand_vec(rng, nm, 0.5f));
+    float* norm_w = upload(rand_vec(rng, d, 1.0f));
     float *out, *wts, *sk;
     CK(cudaMalloc(&out, d * 4));
     CK(cudaMalloc(&wts, nm * 4));
     CK(cudaMalloc(&sk, 2 * hc * hc * 4));
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    auto time = [&](auto launch) {
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        for (int i = 0; i < reps; ++i) launch();
-        CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
-        return 1e3 * ms / reps;
-    };
+    auto time = [&](auto launch) { return graph_us(st, reps, launch); };
     printf("| what | us per launch (graph, %d back to back) |\n|---|---|\n", reps);
     printf("| empty kernel (launch floor) | %.2f |\n", time([&] { empty_kernel<<<1, 32, 0, st>>>(nullptr); }));
     for (int split = 1; split >= 0; --split)
