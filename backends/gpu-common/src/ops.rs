@@ -1698,36 +1698,20 @@ mod tests {
         // thread, 512 threads: 32 rows a block; the shared expert's down (k = 2048: 8
         // threads a row) 1 row, 256 threads; under 4096 rows: the rows layout.
         let runs = |rows, threads| DenseLayout::Fp4Runs(RunsPlan { rows, threads });
-        assert_eq!(
-            one(TYPE_ROCMFP4, 8192, 4096, 1, 0x2000),
-            ("matvec_fp4_runs_q8", 128, 512, runs(2, 512))
-        );
-        assert_eq!(
-            one(TYPE_ROCMFP4, 2048, 4096, 1, 0x2000),
-            ("matvec_fp4_runs_q8", 128, 256, runs(1, 256))
-        );
-        assert_eq!(
-            one(TYPE_ROCMFP4, 4096, 2048, 1, 0x2000),
-            ("matvec_dense_rows", 1024, 128, DenseLayout::Rows(2))
-        );
-        assert_eq!(
-            one(TYPE_ROCMFP4, 1024, 8192, 1, 0x2000).0,
-            "matvec_dense_rows"
-        );
-        assert_eq!(
-            one(TYPE_ROCMFP4, 1024, 32768, 1, 0x2000),
-            ("matvec_fp4_runs_q8", 256, 256, runs(2, 256))
-        );
-        assert_eq!(
-            one(TYPE_ROCMFP4, 4096, 1023, 1, 0x2000),
-            ("matvec_dense_rows", 512, 128, DenseLayout::Rows(2))
-        );
-        // Not whole runs, over the staged k, or misaligned activations: the rows layout
-        // (or matvec_dense), however many rows.
-        assert_eq!(
-            one(TYPE_ROCMFP4, 4000, 32768, 1, 0x2000),
-            ("matvec_dense_rows", 8192, 128, DenseLayout::Rows(4))
-        );
+        let rows = DenseLayout::Rows;
+        // Not whole runs (k = 4000) or over the staged k (below): the rows layout (or
+        // matvec_dense), however many rows.
+        for (k, m, want) in [
+            (8192, 4096, ("matvec_fp4_runs_q8", 128, 512, runs(2, 512))),
+            (2048, 4096, ("matvec_fp4_runs_q8", 128, 256, runs(1, 256))),
+            (1024, 32768, ("matvec_fp4_runs_q8", 256, 256, runs(2, 256))),
+            (4096, 2048, ("matvec_dense_rows", 1024, 128, rows(2))),
+            (1024, 8192, ("matvec_dense_rows", 2048, 128, rows(4))),
+            (4096, 1023, ("matvec_dense_rows", 512, 128, rows(2))),
+            (4000, 32768, ("matvec_dense_rows", 8192, 128, rows(4))),
+        ] {
+            assert_eq!(one(TYPE_ROCMFP4, k, m, 1, 0x2000), want, "{k} x {m}");
+        }
         assert_eq!(
             one(TYPE_ROCMFP4, 8448, 32768, 1, 0x2000).0,
             "matvec_dense_rows"
