@@ -18,6 +18,8 @@
 #define GPU_FULL_MASK 0xffffffffu
 
 #define GPU_DEV static __device__ __forceinline__
+// The same for member functions (which cannot be static).
+#define GPU_MEMBER __device__ __forceinline__
 
 // Four floats loaded in one 16-byte access (the vector types differ between toolchains).
 struct __attribute__((aligned(16))) gpu_f4 {
@@ -102,6 +104,17 @@ GPU_DEV float gpu_warp_max(float v) {
 #pragma unroll
     for (int m = GPU_WARP / 2; m > 0; m >>= 1) v = fmaxf(v, gpu_shfl_xor(v, m));
     return v;
+}
+
+// DeepSeek-V4's clamped SwiGLU of one gate / up pair: silu(min(g, lim)) * clamp(u, -lim,
+// lim) (no clamp when lim <= 0). One definition for ds4_swiglu and the products that
+// compute it from their inputs (the same bits either way).
+GPU_DEV float gpu_swiglu(float a, float b, float lim) {
+    if (lim > 0.0f) {
+        a = fminf(a, lim);
+        b = fminf(fmaxf(b, -lim), lim);
+    }
+    return a * (1.0f / (1.0f + expf(-a))) * b;
 }
 
 // Float multiply/add that the compiler never fuses into an FMA: kernels that must

@@ -789,12 +789,7 @@ extern "C" __global__ void __launch_bounds__(256)
     gpu_count_launch(counters, KID_DS4_SWIGLU);
     const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
     if (i >= n) return;
-    float a = g[i], b = u[i];
-    if (lim > 0.0f) {
-        a = fminf(a, lim);
-        b = fminf(fmaxf(b, -lim), lim);
-    }
-    out[i] = a * ds4_sigmoid(a) * b;
+    out[i] = gpu_swiglu(g[i], u[i], lim);
 }
 
 // out[t] = sum_j w[t][j] * y[t*k + j] (+ shared[t]). grid = (ceil(d / 256), n).

@@ -1388,6 +1388,7 @@ extern "C" __global__ void __launch_bounds__(128)
 // positive and negative codes' magnitudes come from two permutes (the second of the
 // word with every bit 3 flipped) into two sums.
 #define FP4_RUNS_MAX_K 8192
+#define FP4_RUNS_MAX_THREADS 512  // threads a block (see matvec_fp4_runs_q8)
 
 // Threads sharing a row: the largest power of two <= min(k / 256, 32).
 GPU_DEV int fp4_runs_lanes(int k) {
@@ -1449,11 +1450,56 @@ struct fp4_q8_smem {
     float sc[256];
 };
 
-// Quantise x[0..k) into the shared layout: thread t handles 4 values at a time (8
-// threads a block of 32, adjacent lanes).
-GPU_DEV void fp4_q8_stage(const float* __restrict__ x, int k, fp4_q8_smem& sm) {
+// Where the runs kernel's activations come from, 4 values (chunk c) at a time: x itself
+// (fp4_src_x), or a transform the kernel computes while it quantises, so the transform
+// needs no launch of its own: the clamped SwiGLU of a gate and an up vector
+// (fp4_src_swiglu, the same bits as ds4_swiglu), or x RMS-normed times w
+// (fp4_src_norm, its sum of squares taken by the block in begin). All 16-byte aligned.
+struct fp4_src_x {
+    const float* x;
+    GPU_MEMBER void begin(int) {}
+    GPU_MEMBER gpu_f4 at(int c) const { return ((const gpu_f4*)x)[c]; }
+};
+struct fp4_src_swiglu {
+    const float *g, *u;
+    float lim;
+    GPU_MEMBER void begin(int) {}
+    GPU_MEMBER gpu_f4 at(int c) const {
+        const gpu_f4 a = ((const gpu_f4*)g)[c], b = ((const gpu_f4*)u)[c];
+        return gpu_f4{gpu_swiglu(a.x, b.x, lim), gpu_swiglu(a.y, b.y, lim), gpu_swiglu(a.z, b.z, lim),
+                      gpu_swiglu(a.w, b.w, lim)};
+    }
+};
+struct fp4_src_norm {
+    const float *x, *w;
+    float eps, r;
+    // r = 1 / sqrt(mean(x^2) + eps) over x[0..k), the whole block taking part.
+    GPU_MEMBER void begin(int k) {
+        __shared__ float part[FP4_RUNS_MAX_THREADS / 32];
+        float s = 0.0f;
+        for (int c = threadIdx.x; c < k / 4; c += blockDim.x) {
+            const gpu_f4 v = ((const gpu_f4*)x)[c];
+            s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        s = gpu_warp_sum(s);
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+        __syncthreads();
+        float t = 0.0f;
+        for (int i = 0; i < (int)blockDim.x / 32; ++i) t += part[i];
+        r = 1.0f / sqrtf(t / (float)k + eps);
+    }
+    GPU_MEMBER gpu_f4 at(int c) const {
+        const gpu_f4 v = ((const gpu_f4*)x)[c], s = ((const gpu_f4*)w)[c];
+        return gpu_f4{s.x * (v.x * r), s.y * (v.y * r), s.z * (v.z * r), s.w * (v.w * r)};
+    }
+};
+
+// Quantise the source's k values into the shared layout: thread t handles 4 values at a
+// time (8 threads a block of 32, adjacent lanes).
+template <typename SRC>
+GPU_DEV void fp4_q8_stage(const SRC& src, int k, fp4_q8_smem& sm) {
     for (int c = threadIdx.x; c < k / 4; c += blockDim.x) {
-        const gpu_f4 v = ((const gpu_f4*)x)[c];
+        const gpu_f4 v = src.at(c);
         float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
         for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, gpu_shfl_xor(amax, o));
@@ -1514,10 +1560,10 @@ GPU_DEV void fp4_run_dot_q8(const fp4_run<R>& run, int g, const fp4_q8_smem& sm,
     }
 }
 
-template <int R>
+template <int R, typename SRC>
 GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
-                         const float* __restrict__ x, float* __restrict__ out, bool wait,
-                         unsigned int* counters, int kid, fp4_q8_smem& sm) {
+                         SRC src, float* __restrict__ out, bool wait, unsigned int* counters,
+                         int kid, fp4_q8_smem& sm) {
     const int L = fp4_runs_lanes(k), runs = k >> 8, t = threadIdx.x, j = t & (L - 1);
     const int r0 = (blockIdx.x * ((int)blockDim.x / L) + t / L) * R;
     const unsigned char* rows[R];
@@ -1526,7 +1572,8 @@ GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_byte
     fp4_run<R> run;
     fp4_run_load<R>(rows, j, run);
     if (wait) gpu_count_launch(counters, kid);
-    fp4_q8_stage(x, k, sm);
+    src.begin(k);  // after the wait: the source is the previous kernel's output
+    fp4_q8_stage(src, k, sm);
     for (int i = t; i < 256; i += blockDim.x) sm.sc[i] = ue4m3(i);
     __syncthreads();
     for (int g = j; g < runs; g += L) {
@@ -1544,15 +1591,15 @@ GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_byte
 // blocks an SM (ncu, 18:00 UTC), so two rows at most and 128 registers (512 threads an
 // SM; CUDA's reading of the bound; HIP reads the second number as waves per execution
 // unit, not tuned on AMD yet).
-#define FP4_RUNS_MAX_THREADS 512
 extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     matvec_fp4_runs_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
                        const float* __restrict__ x, float* __restrict__ out, int rows,
                        unsigned int* counters) {
     __shared__ fp4_q8_smem sm;
     const int kid = KID_MATVEC_FP4_RUNS_Q8;
-    if (rows == 2) fp4_runs_q8<2>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
-    else fp4_runs_q8<1>(w, row_bytes, k, m, x, out, true, counters, kid, sm);
+    const fp4_src_x src = {x};
+    if (rows == 2) fp4_runs_q8<2>(w, row_bytes, k, m, src, out, true, counters, kid, sm);
+    else fp4_runs_q8<1>(w, row_bytes, k, m, src, out, true, counters, kid, sm);
 }
 
 // The grouped form (pairs and ids as matvec_dense_rows_id): block row y is pair p, with
@@ -1574,8 +1621,9 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     }
     const unsigned char* we = w + (long long)e * expert_bytes;
     const float* xe = x + (long long)(per_pair ? p : p / n_slots) * k;
-    if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
-    else fp4_runs_q8<1>(we, row_bytes, k, m, xe, o, false, counters, 0, sm);
+    const fp4_src_x src = {xe};
+    if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
+    else fp4_runs_q8<1>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
 }
 
 // Decode mat-vec of f32 weights with few rows (the mHC mixes: 24 rows of 16384; the

@@ -198,6 +198,161 @@ struct Shape {
     int ty, k, m;
 };
 
+// `bytes` of random Q8_0 or ROCmFP4 blocks with scales in a sane range.
+static std::vector<unsigned char> random_blocks(std::mt19937& rng, int ty, long long bytes) {
+    const int bpb = ty == DT_Q8_0 ? 34 : 18;
+    std::vector<unsigned char> hw(bytes);
+    for (long long bi = 0; bi < bytes / bpb; ++bi) {
+        unsigned char* b = hw.data() + bi * bpb;
+        for (int j = 0; j < bpb; ++j) b[j] = rng() & 0xff;
+        if (ty == DT_Q8_0) {
+            const unsigned short h = 0x1c00 + (rng() % 0x800);  // ~2^-8 .. 2^-6
+            memcpy(b, &h, 2);
+        } else {
+            b[16] = 0x20 + rng() % 0x20;
+            b[17] = 0x20 + rng() % 0x20;
+        }
+    }
+    return hw;
+}
+
+// ---- candidates (not measured yet): products that compute their input -----------------
+// A decode step runs the shared expert's SwiGLU, the routed experts' SwiGLU and wq_b's
+// RMS norm as launches of their own (~2-3.5 us each, ncu 20:16 UTC) right before the
+// product that reads their output. The runs kernel quantises its input itself, so it can
+// compute it there (fp4_src_swiglu / fp4_src_norm in rocmfpx.cu); the routed experts'
+// quantisation can take the SwiGLU the same way. Each pair below: the two launches as a
+// step runs them now, against one.
+template <int R, typename SRC>
+__global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
+    runs_src_variant(const unsigned char* __restrict__ w, long long row_bytes, int k, int m, SRC src,
+                     float* __restrict__ out) {
+    __shared__ fp4_q8_smem sm;
+    fp4_runs_q8<R>(w, row_bytes, k, m, src, out, true, nullptr, 0, sm);
+}
+__global__ void swiglu_kernel(const float* g, const float* u, float* out, int n, float lim) {
+    const int i = blockIdx.x * 256 + threadIdx.x;
+    if (i < n) out[i] = gpu_swiglu(g[i], u[i], lim);
+}
+// RMS norm times w of one k-vector on one 256-thread block (ds4_norm_rope's norm = 2).
+__global__ void __launch_bounds__(256) norm_kernel(const float* x, const float* w, float eps, int k, float* out) {
+    __shared__ float part[8];
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < k; i += 256) s += x[i] * x[i];
+    s = gpu_warp_sum(s);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < 8; ++i) t += part[i];
+    const float r = 1.0f / sqrtf(t / (float)k + eps);
+    for (int i = threadIdx.x; i < k; i += 256) out[i] = w[i] * (x[i] * r);
+}
+// quantize_q8_1 of swiglu(g, u): one warp per 32 values.
+__global__ void quantize_swiglu_kernel(const float* g, const float* u, float lim, q8_1_block* out,
+                                       long long n_blocks) {
+    const int lane = threadIdx.x & 31;
+    const long long b = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (b >= n_blocks) return;
+    const float v = gpu_swiglu(g[b * 32 + lane], u[b * 32 + lane], lim);
+    const float d = gpu_warp_max(fabsf(v)) / 127.0f;
+    const int q = (int)roundf(v * (d > 0.0f ? 1.0f / d : 0.0f));
+    out[b].qs[lane] = (signed char)q;
+    int hs = q;
+    for (int o = 8; o > 0; o >>= 1) hs += (int)gpu_shfl_xor((float)hs, o);
+    if ((lane & 15) == 0) out[b].hsum[lane >> 4] = (short)hs;
+    if (lane == 0) out[b].d = d;
+}
+
+void fused_inputs(int reps) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto dev = [&](size_t n, float sd) {
+        std::vector<float> h(n);
+        for (auto& v : h) v = sd * nd(rng);
+        float* p;
+        CK(cudaMalloc(&p, n * 4));
+        CK(cudaMemcpy(p, h.data(), n * 4, cudaMemcpyHostToDevice));
+        return p;
+    };
+    auto max_rel = [](const float* a, const float* b, size_t n) {
+        std::vector<float> ha(n), hb(n);
+        CK(cudaMemcpy(ha.data(), a, n * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hb.data(), b, n * 4, cudaMemcpyDeviceToHost));
+        double d = 0, mx = 0;
+        for (size_t i = 0; i < n; ++i) d = fmax(d, fabs(ha[i] - hb[i])), mx = fmax(mx, fabs(hb[i]));
+        return d / mx;
+    };
+    printf("\n| input computed by the product | shape | two launches (us) | one launch (us) | max rel diff |\n");
+    printf("|---|---|---|---|---|\n");
+    // (what, k, m, rows a thread, threads, swiglu (else norm))
+    struct Case {
+        const char* what;
+        int k, m, R, nt;
+        bool swiglu;
+    };
+    for (const Case c : {Case{"shared expert down: SwiGLU", 2048, 4096, 1, 256, true},
+                         Case{"wq_b: RMS norm x weight", 1024, 32768, 2, 256, false}}) {
+        const long long row_bytes = (long long)c.k / 32 * 18, bytes = row_bytes * c.m;
+        const int copies = (int)std::max<long long>(2, 256000000LL / bytes);
+        const std::vector<unsigned char> hw = random_blocks(rng, DT_ROCMFP4, bytes);
+        unsigned char* wbase;
+        CK(cudaMalloc(&wbase, bytes * copies));
+        for (int i = 0; i < copies; ++i) CK(cudaMemcpy(wbase + i * bytes, hw.data(), bytes, cudaMemcpyHostToDevice));
+        float *a = dev(c.k, 2.0f), *b = dev(c.k, 1.0f), *x, *o1, *o2;
+        CK(cudaMalloc(&x, c.k * 4));
+        CK(cudaMalloc(&o1, c.m * 4));
+        CK(cudaMalloc(&o2, c.m * 4));
+        int L = 1;
+        while (2 * L <= c.k / 256 && L < 32) L *= 2;
+        const int grid = (c.m + c.R * c.nt / L - 1) / (c.R * c.nt / L);
+        int turn = 0;
+        auto wnext = [&] { return wbase + (turn++ % copies) * bytes; };
+        auto runs = [&](auto src, float* out) {
+            if (c.R == 2) runs_src_variant<2><<<grid, c.nt>>>(wnext(), row_bytes, c.k, c.m, src, out);
+            else runs_src_variant<1><<<grid, c.nt>>>(wnext(), row_bytes, c.k, c.m, src, out);
+        };
+        auto two = [&] {
+            if (c.swiglu) swiglu_kernel<<<(c.k + 255) / 256, 256>>>(a, b, x, c.k, 10.0f);
+            else norm_kernel<<<1, 256>>>(a, b, 1e-6f, c.k, x);
+            runs(fp4_src_x{x}, o1);
+        };
+        auto one = [&] {
+            if (c.swiglu) runs(fp4_src_swiglu{a, b, 10.0f}, o2);
+            else runs(fp4_src_norm{a, b, 1e-6f, 0.0f}, o2);
+        };
+        two();
+        one();
+        CK(cudaDeviceSynchronize());
+        const double d = max_rel(o2, o1, c.m);
+        const double t2 = graph_us(cudaStreamPerThread, reps, two), t1 = graph_us(cudaStreamPerThread, reps, one);
+        printf("| %s | %d x %d | %.2f | %.2f | %.1e |\n", c.what, c.k, c.m, t2, t1, d);
+        for (void* p : {(void*)wbase, (void*)a, (void*)b, (void*)x, (void*)o1, (void*)o2}) CK(cudaFree(p));
+    }
+    // The routed experts' down input: 6 x 2048 SwiGLU values quantised to q8_1.
+    const long long n = 6 * 2048, nb = n / 32;
+    float *g = dev(n, 2.0f), *u = dev(n, 1.0f), *x;
+    q8_1_block *q1, *q2;
+    CK(cudaMalloc(&x, n * 4));
+    CK(cudaMalloc(&q1, nb * sizeof(q8_1_block)));
+    CK(cudaMalloc(&q2, nb * sizeof(q8_1_block)));
+    auto two = [&] {
+        swiglu_kernel<<<(n + 255) / 256, 256>>>(g, u, x, (int)n, 10.0f);
+        quantize_q8_1<<<(nb + 7) / 8, 256>>>(x, q1, nb, 0, nullptr);
+    };
+    auto one = [&] { quantize_swiglu_kernel<<<(nb + 7) / 8, 256>>>(g, u, 10.0f, q2, nb); };
+    two();
+    one();
+    CK(cudaDeviceSynchronize());
+    std::vector<q8_1_block> h1(nb), h2(nb);
+    CK(cudaMemcpy(h1.data(), q1, nb * sizeof(q8_1_block), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h2.data(), q2, nb * sizeof(q8_1_block), cudaMemcpyDeviceToHost));
+    const bool same = memcmp(h1.data(), h2.data(), nb * sizeof(q8_1_block)) == 0;
+    const double t2 = graph_us(cudaStreamPerThread, reps, two), t1 = graph_us(cudaStreamPerThread, reps, one);
+    printf("| routed down input: SwiGLU + quantise | 6 x 2048 | %.2f | %.2f | %s |\n", t2, t1,
+           same ? "same bytes" : "DIFFERENT bytes");
+    for (void* p : {(void*)g, (void*)u, (void*)x, (void*)q1, (void*)q2}) CK(cudaFree(p));
+}
+
 // The output projection's groups as one decode step runs them: 8 groups (experts 0..7 of
 // the weight copies, rotated between launches), each with its own input column, in one
 // grouped launch: the committed matvec_dense_rows_id against matvec_fp4_runs_q8_id at
@@ -282,18 +437,7 @@ int main(int argc, char** argv) {
         if (only && !strstr(s.what, only)) continue;
         const int bpb = s.ty == DT_Q8_0 ? 34 : 18;
         const long long row_bytes = (long long)s.k / 32 * bpb, bytes = row_bytes * s.m;
-        std::vector<unsigned char> hw(bytes);
-        for (long long bi = 0; bi < bytes / bpb; ++bi) {
-            unsigned char* b = hw.data() + bi * bpb;
-            for (int j = 0; j < bpb; ++j) b[j] = rng() & 0xff;
-            if (s.ty == DT_Q8_0) {
-                const unsigned short h = 0x1c00 + (rng() % 0x800);  // ~2^-8 .. 2^-6
-                memcpy(b, &h, 2);
-            } else {
-                b[16] = 0x20 + rng() % 0x20;
-                b[17] = 0x20 + rng() % 0x20;
-            }
-        }
+        const std::vector<unsigned char> hw = random_blocks(rng, s.ty, bytes);
         std::vector<float> hx(s.k);
         std::normal_distribution<float> nd(0.0f, 1.0f);
         for (auto& v : hx) v = nd(rng);
@@ -485,5 +629,6 @@ int main(int argc, char** argv) {
         CK(cudaFree(dx));
         CK(cudaFree(dout));
     }
+    if (!only || strstr("fused", only)) fused_inputs(reps);
     return 0;
 }
