@@ -2,8 +2,8 @@
 //
 // One dialect for NVIDIA (nvcc, NVRTC, clang -x cuda) and AMD (hipcc, hiprtc,
 // clang -x hip). Kernels use only the names below plus the small common subset of
-// the CUDA/HIP device APIs (threadIdx, blockIdx, __syncthreads, atomicAdd,
-// __int_as_float, roundf, fabsf, fmaxf, fmaf). Assumptions:
+// the CUDA/HIP device APIs (threadIdx, blockIdx, blockDim, __syncthreads, atomicAdd,
+// __int_as_float, roundf, fabsf, fmaxf, fminf, fmaf, expf, sqrtf). Assumptions:
 // * 32-lane warps (NVIDIA warps; RDNA3/3.5 wave32, the HIP default on gfx11);
 // * blocks are launched with the sizes the kernels name in __launch_bounds__.
 #pragma once

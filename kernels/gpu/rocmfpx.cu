@@ -1456,7 +1456,7 @@ struct fp4_q8_smem {
 // (fp4_src_swiglu, the same bits as ds4_swiglu), or x RMS-normed times w
 // (fp4_src_norm, its sum of squares taken by the block in begin). All 16-byte aligned.
 struct fp4_src_x {
-    const float* x;
+    const float* __restrict__ x;
     GPU_MEMBER void begin(int) {}
     GPU_MEMBER gpu_f4 at(int c) const { return ((const gpu_f4*)x)[c]; }
 };

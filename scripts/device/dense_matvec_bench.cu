@@ -222,7 +222,9 @@ static std::vector<unsigned char> random_blocks(std::mt19937& rng, int ty, long 
 // product that reads their output. The runs kernel quantises its input itself, so it can
 // compute it there (fp4_src_swiglu / fp4_src_norm in rocmfpx.cu); the routed experts'
 // quantisation can take the SwiGLU the same way. Each pair below: the two launches as a
-// step runs them now, against one.
+// step runs them now, against one. The SwiGLU pairs compute the same values (max diff 0
+// expected); the norm's sum of squares is taken in another order than the stand-in
+// norm_kernel's (and ds4_norm_rope's), so that row differs in the last bits.
 template <int R, typename SRC>
 __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     runs_src_variant(const unsigned char* __restrict__ w, long long row_bytes, int k, int m, SRC src,
@@ -320,8 +322,11 @@ void fused_inputs(int reps) {
             if (c.swiglu) runs(fp4_src_swiglu{a, b, 10.0f}, o2);
             else runs(fp4_src_norm{a, b, 1e-6f, 0.0f}, o2);
         };
+        CK(cudaMemset(o1, 0, c.m * 4));
+        CK(cudaMemset(o2, 0xff, c.m * 4));  // NaN unless the fused launch writes it
         two();
         one();
+        CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
         const double d = max_rel(o2, o1, c.m);
         const double t2 = graph_us(cudaStreamPerThread, reps, two), t1 = graph_us(cudaStreamPerThread, reps, one);
@@ -340,8 +345,11 @@ void fused_inputs(int reps) {
         quantize_q8_1<<<(nb + 7) / 8, 256>>>(x, q1, nb, 0, nullptr);
     };
     auto one = [&] { quantize_swiglu_kernel<<<(nb + 7) / 8, 256>>>(g, u, 10.0f, q2, nb); };
+    CK(cudaMemset(q1, 0, nb * sizeof(q8_1_block)));
+    CK(cudaMemset(q2, 0xff, nb * sizeof(q8_1_block)));
     two();
     one();
+    CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<q8_1_block> h1(nb), h2(nb);
     CK(cudaMemcpy(h1.data(), q1, nb * sizeof(q8_1_block), cudaMemcpyDeviceToHost));
