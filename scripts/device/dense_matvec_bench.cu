@@ -418,6 +418,110 @@ void grouped_wo_a(const Shape& s, unsigned char* wbase, long long stride, int co
     CK(cudaFree(ids));
 }
 
+// Busy-waits `ns` nanoseconds on one block: stands in for the glue kernels that run
+// between two products (few SMs, little memory traffic).
+__global__ void spin_ns(long long ns) {
+    long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
+}
+
+// Starts filling L2 with the bytes [p, p + n) (16-byte aligned inwards): each thread
+// issues bulk prefetches of 32 KiB pieces (sm_90). The kernel lasts until the memory
+// system has taken them all, i.e. about as long as reading the range.
+__global__ void __launch_bounds__(32) l2_prefetch(const unsigned char* p, long long n) {
+    const unsigned long long a = ((unsigned long long)p + 15) & ~15ull;
+    const unsigned long long e = ((unsigned long long)p + (unsigned long long)n) & ~15ull;
+    const unsigned long long lane = blockIdx.x * 32 + threadIdx.x, lanes = gridDim.x * 32ull, chunk = 32768;
+    for (unsigned long long o = a + lane * chunk; o < e; o += lanes * chunk) {
+        const unsigned int len = (unsigned int)(e - o < chunk ? e - o : chunk);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(o), "r"(len) : "memory");
+    }
+}
+
+// Does an L2 prefetch of a product's weights, issued while glue runs, make the product
+// faster? wq_b's shape (ROCmFP4 1024 x 32768, 18.9 MB) on the runs kernel; weights
+// rotated over 256 MB so each iteration starts cold. Event-timed loops of `reps`
+// iterations on one stream, the prefetch either inline or on a second stream forked
+// with events (joined at the iteration's end). (Measured 2026-11-30 21:50 UTC: no gain,
+// see docs/notes/ds4-gpu-h200.md; the engine does not prefetch.)
+void prefetch_l2(int reps) {
+    const int k = 1024, m = 32768;
+    const long long row_bytes = k / 32 * 18, bytes = row_bytes * m, stride = (bytes + 255) / 256 * 256;
+    const int copies = 14;
+    unsigned char* wbase;
+    CK(cudaMalloc(&wbase, stride * copies));
+    std::mt19937 rng(7);
+    const std::vector<unsigned char> hw = random_blocks(rng, DT_ROCMFP4, bytes);
+    for (int c = 0; c < copies; ++c) CK(cudaMemcpy(wbase + c * stride, hw.data(), bytes, cudaMemcpyHostToDevice));
+    float *dx, *dout;
+    CK(cudaMalloc(&dx, k * 4));
+    CK(cudaMalloc(&dout, m * 4));
+    CK(cudaMemset(dx, 0, k * 4));
+    cudaStream_t s1, s2;
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1, fork, join;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    int turn = 0;
+    auto w_at = [&](int c) { return wbase + (long long)(c % copies) * stride; };
+    auto consume = [&](const unsigned char* w, cudaStream_t st) {
+        // The engine's plan for wq_b: 2 rows a thread group, 256 threads, 4 lanes a row.
+        matvec_fp4_runs_q8<<<(m + 127) / 128, 256, 0, st>>>(w, row_bytes, k, m, dx, dout, 2, nullptr);
+    };
+    auto pf = [&](const unsigned char* w, cudaStream_t st, int blocks) {
+        l2_prefetch<<<blocks, 32, 0, st>>>(w, bytes);
+    };
+    auto timed = [&](const char* what, auto body) {
+        for (int i = 0; i < 4; ++i) body(w_at(turn++));
+        CK(cudaEventRecord(e0, s1));
+        for (int i = 0; i < reps; ++i) body(w_at(turn++));
+        CK(cudaEventRecord(e1, s1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        printf("| %s | %.2f |\n", what, 1e3 * ms / reps);
+    };
+    printf("\n| wq_b (runs kernel, 18.9 MB) after a glue stand-in | us an iteration |\n|---|---|\n");
+    timed("product alone (cold)", [&](const unsigned char* w) { consume(w, s1); });
+    timed("product twice on the same weights (the second from L2)", [&](const unsigned char* w) {
+        consume(w, s1), consume(w, s1);
+    });
+    for (int blocks : {16, 64}) {
+        char nm[96];
+        snprintf(nm, sizeof nm, "prefetch alone, %d blocks", blocks);
+        timed(nm, [&](const unsigned char* w) { pf(w, s1, blocks); });
+    }
+    for (long long glue : {0LL, 10000LL, 20000LL}) {
+        char nm[128];
+        snprintf(nm, sizeof nm, "glue %lld us, product", glue / 1000);
+        timed(nm, [&](const unsigned char* w) { spin_ns<<<1, 32, 0, s1>>>(glue), consume(w, s1); });
+        for (int blocks : {16, 64}) {
+            snprintf(nm, sizeof nm, "prefetch inline (%d blocks), glue %lld us, product", blocks, glue / 1000);
+            timed(nm, [&](const unsigned char* w) {
+                pf(w, s1, blocks), spin_ns<<<1, 32, 0, s1>>>(glue), consume(w, s1);
+            });
+            snprintf(nm, sizeof nm, "prefetch on a side stream (%d blocks), glue %lld us, product", blocks,
+                     glue / 1000);
+            timed(nm, [&](const unsigned char* w) {
+                CK(cudaEventRecord(fork, s1));
+                CK(cudaStreamWaitEvent(s2, fork));
+                pf(w, s2, blocks);
+                CK(cudaEventRecord(join, s2));
+                spin_ns<<<1, 32, 0, s1>>>(glue), consume(w, s1);
+                CK(cudaStreamWaitEvent(s1, join));
+            });
+        }
+    }
+    CK(cudaFree(wbase));
+    CK(cudaFree(dx));
+    CK(cudaFree(dout));
+}
+
 int main(int argc, char** argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
     const Shape shapes[] = {
@@ -638,5 +742,6 @@ int main(int argc, char** argv) {
         CK(cudaFree(dout));
     }
     if (!only || strstr("fused", only)) fused_inputs(reps);
+    if (!only || strstr("prefetch", only)) prefetch_l2(reps);
     return 0;
 }

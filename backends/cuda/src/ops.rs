@@ -49,7 +49,7 @@ fn ptr(t: &TensorRef, device: u32, align: u64) -> Result<sys::CUdeviceptr, Strin
 /// order, so one region per stream is enough.
 static SCRATCH: OnceLock<Mutex<HashMap<u64, (sys::CUdeviceptr, usize)>>> = OnceLock::new();
 
-fn scratch(stream: u64, raw: sys::CUstream, bytes: usize) -> Result<sys::CUdeviceptr, String> {
+fn scratch(stream: u64, bytes: usize) -> Result<sys::CUdeviceptr, String> {
     let mut map = SCRATCH
         .get_or_init(Default::default)
         .lock()
@@ -58,12 +58,13 @@ fn scratch(stream: u64, raw: sys::CUstream, bytes: usize) -> Result<sys::CUdevic
         if len >= bytes {
             return Ok(p);
         }
-        // SAFETY: wait for queued work that may still read the old region.
+        // SAFETY: wait for queued work that may still read the old region: any stream's
+        // of the device (a graph of another stream may hold a branch that ran on this one).
         unsafe {
-            cu::stream::synchronize(raw).map_err(|e| err("cuStreamSynchronize", e))?;
+            cu::ctx::synchronize().map_err(|e| err("cuCtxSynchronize", e))?;
             let _ = cu::free_sync(p);
         }
-        drop_graphs(stream);
+        drop_graphs();
         map.remove(&stream);
     }
     let len = plan::scratch_len(bytes);
@@ -87,7 +88,7 @@ impl plan::Gpu for Stream<'_> {
     }
 
     fn scratch(&self, bytes: usize) -> Result<u64, String> {
-        scratch(self.id, self.raw, bytes)
+        scratch(self.id, bytes)
     }
 
     unsafe fn launch(&self, l: Launch, params: &[*mut c_void]) -> Result<(), String> {
@@ -106,16 +107,14 @@ fn graphs() -> std::sync::MutexGuard<'static, BTreeMap<(u64, i64), Exec>> {
     GRAPHS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Forgets the graphs recorded on `stream` (they hold pointers into its old scratch).
-fn drop_graphs(stream: u64) {
-    let mut g = graphs();
-    let keys: Vec<_> = g.keys().filter(|k| k.0 == stream).copied().collect();
-    for k in keys {
-        if let Some(e) = g.remove(&k) {
-            // SAFETY: no launch of it is queued past the synchronisation before this.
-            unsafe {
-                let _ = cu::graph::exec_destroy(e.0);
-            }
+/// Forgets every recorded graph: one may hold pointers into a stream's old scratch,
+/// its own or a branch's it forked to another stream (a graph still running is freed
+/// when it completes).
+fn drop_graphs() {
+    for (_, e) in std::mem::take(&mut *graphs()) {
+        // SAFETY: the handle is no longer reachable; the driver defers an in-flight one.
+        unsafe {
+            let _ = cu::graph::exec_destroy(e.0);
         }
     }
 }

@@ -56,13 +56,14 @@ fn scratch(c: &Ctx, stream: u64, bytes: usize) -> Result<DevPtr, String> {
         if len >= bytes {
             return Ok(p as u64);
         }
-        // SAFETY: wait for queued work that may still read the old region.
+        // SAFETY: wait for queued work that may still read the old region: any stream's
+        // (a graph of another stream may hold a branch that ran on this one).
         unsafe {
             c.hip
-                .check("hipStreamSynchronize", (c.hip.stream_synchronize)(c.raw))?;
+                .check("hipDeviceSynchronize", (c.hip.device_synchronize)())?;
             let _ = (c.hip.free)(p as Ptr);
         }
-        drop_graphs(c.hip, stream);
+        drop_graphs(c.hip);
         map.remove(&stream);
     }
     let len = plan::scratch_len(bytes);
@@ -86,16 +87,14 @@ fn graphs() -> std::sync::MutexGuard<'static, BTreeMap<(u64, i64), Exec>> {
 }
 
 /// Forgets the graphs recorded on `stream` (they hold pointers into its old scratch).
-fn drop_graphs(hip: &Hip, stream: u64) {
+/// Drops every stream's graphs: one may have recorded another stream's scratch (a
+/// branch forked to it), so a scratch region moving invalidates them all.
+fn drop_graphs(hip: &Hip) {
     let Some(g) = &hip.graph else { return };
-    let mut map = graphs();
-    let keys: Vec<_> = map.keys().filter(|k| k.0 == stream).copied().collect();
-    for k in keys {
-        if let Some(e) = map.remove(&k) {
-            // SAFETY: no launch of it is queued past the synchronisation before this.
-            unsafe {
-                let _ = (g.exec_destroy)(e.0);
-            }
+    for (_, e) in std::mem::take(&mut *graphs()) {
+        // SAFETY: no launch of it is queued past the synchronisation before this.
+        unsafe {
+            let _ = (g.exec_destroy)(e.0);
         }
     }
 }

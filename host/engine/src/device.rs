@@ -58,6 +58,21 @@ impl Device {
             .map_err(|e| anyhow!("{} op {op}: {e}", self.name()))
     }
 
+    /// Another stream on this device: its ops run concurrently with this one's, ordered
+    /// against them only by [`Device::wait_for`].
+    pub fn another_stream(&self) -> Result<Arc<Device>> {
+        Device::open(&self.be, self.index)
+    }
+
+    /// Ops queued on this stream from now on wait for every op queued so far on
+    /// `other` (a fork or a join of two streams; recorded into a graph under capture).
+    pub fn wait_for(&self, other: &Device) -> Result<()> {
+        let ev = into_result((self.be.event_record)(other.stream))
+            .map_err(|e| anyhow!("{}: recording an event: {e}", other.name()))?;
+        into_result((self.be.stream_wait_event)(self.stream, ev))
+            .map_err(|e| anyhow!("{}: waiting for an event: {e}", self.name()))
+    }
+
     pub fn sync(&self) -> Result<()> {
         into_result((self.be.synchronize)(self.stream)).map_err(|e| anyhow!("{}: {e}", self.name()))
     }

@@ -125,6 +125,11 @@ pub(super) struct GpuPath {
     /// The backend runs MATMUL_MULTI and MATMUL_ID_MULTI (ABI 1.2; probed with the
     /// first): one op for the products of one input.
     multi: bool,
+    /// A second stream for the branches of a layer that do not depend on each other
+    /// (the compressors and the indexer next to the queries; the shared expert next to
+    /// the routed ones): their kernels, each too small to fill the device, overlap.
+    /// None: every op on the main stream (`MOE_DS4_BRANCHES=0`, or no second stream).
+    side: Option<Arc<Device>>,
 }
 
 fn upload(dev: &Arc<Device>, v: &[f32]) -> Result<Tensor> {
@@ -239,6 +244,13 @@ impl GpuPath {
                 t
             },
             multi: probe_multi(dev),
+            side: if std::env::var_os("MOE_DS4_BRANCHES").is_some_and(|v| v == "0") {
+                None
+            } else {
+                dev.another_stream()
+                    .inspect_err(|e| tracing::debug!("deepseek4: one stream: {e:#}"))
+                    .ok()
+            },
         }))
     }
 
@@ -578,14 +590,29 @@ impl GpuPath {
         .context("output projection")
     }
 
+    /// The stream for a branch: the side stream, made to wait for everything queued on
+    /// `main` so far, or `main` itself when there is no side stream.
+    fn fork<'a>(&'a self, main: &'a Device) -> Result<&'a Device> {
+        match &self.side {
+            Some(s) => {
+                s.wait_for(main).context("forking a branch")?;
+                Ok(s)
+            }
+            None => Ok(main),
+        }
+    }
+
+    /// `main` waits for the side stream's branch (nothing without one).
+    fn join(&self, main: &Device) -> Result<()> {
+        match &self.side {
+            Some(s) => main.wait_for(s).context("joining a branch"),
+            None => Ok(()),
+        }
+    }
+
     /// out_i = w_i x for each (w_i, out_i): one MATMUL_MULTI (the backend fuses what its
     /// kernels can), or one MATMUL each where the backend lacks it.
-    fn mm_multi(
-        &self,
-        dev: &Arc<Device>,
-        x: TensorRef,
-        pairs: &[(TensorRef, TensorRef)],
-    ) -> Result<()> {
+    fn mm_multi(&self, dev: &Device, x: TensorRef, pairs: &[(TensorRef, TensorRef)]) -> Result<()> {
         if self.multi {
             let mut args = vec![x];
             for (w, out) in pairs {
@@ -627,48 +654,37 @@ impl GpuPath {
         let (cinv, cms) = &self.inv_comp;
         let pairs = (p.rope_dim / 2) as i64;
         let q_res = v(&w.q_res, [p.q_lora, n, 1, 1]);
-        // Every product of x first, in one op: wq_a, wkv, the compressors' kv and gate,
-        // the indexer's weights.
         let width = |c: &CompWeights| if c.overlap { 2 * c.dim } else { c.dim };
         let comp_views = |c: &CompWeights, kvb: &Tensor, gb: &Tensor| {
             (v(kvb, [width(c), n, 1, 1]), v(gb, [width(c), n, 1, 1]))
         };
+        // The compressors' and the indexer's products of x branch off to the side stream:
+        // nothing on the query path reads what they write before the attention.
         let mut of_x = vec![
             (wv(&lay.q_a), q_res),
             (wv(&lay.kv), v(&w.kv, [hd, n, 1, 1])),
         ];
+        let mut branch_x = Vec::new();
         if let (Some(c), Some(_)) = (&lay.comp, &st.comp) {
             let (kvr, gr) = comp_views(c, &w.ck, &w.cg);
-            of_x.extend([(wv(&c.kv), kvr), (wv(&c.gate), gr)]);
+            branch_x.extend([(wv(&c.kv), kvr), (wv(&c.gate), gr)]);
         }
         if let (Some(ix), Some(_)) = (&lay.indexer, &st.idx) {
             let (kvr, gr) = comp_views(&ix.comp, &w.ik, &w.ig);
-            of_x.extend([
+            branch_x.extend([
                 (wv(&ix.comp.kv), kvr),
                 (wv(&ix.comp.gate), gr),
                 (wv(&ix.proj), v(&w.iw, [p.idx_heads, n, 1, 1])),
             ]);
         }
+        let branch = !branch_x.is_empty();
+        let sd = if branch { self.fork(dev)? } else { &**dev };
+        if self.side.is_some() && branch {
+            self.mm_multi(sd, x, &branch_x)?;
+        } else {
+            of_x.append(&mut branch_x);
+        }
         self.mm_multi(dev, x, &of_x)?;
-        let qr3 = v(&w.q_res, [p.q_lora, 1, n, 1]);
-        op(
-            ops::NORM_ROPE,
-            pr(&[p.eps, 1.0], &[2, 0, 0]),
-            &[qr3, dl.q_a_norm.r, inv.r, pos, qr3],
-        )?;
-        mm(wv(&lay.q_b), q_res, v(&w.q, [nh * hd, n, 1, 1]))?;
-        let q = v(&w.q, [hd, nh, n, 1]);
-        op(
-            ops::NORM_ROPE,
-            pr(&[p.eps, *ms], &[1, pairs, 0]),
-            &[q, dl.q_a_norm.r, inv.r, pos, q],
-        )?;
-        let kv3 = v(&w.kv, [hd, 1, n, 1]);
-        op(
-            ops::NORM_ROPE,
-            pr(&[p.eps, *ms], &[2, pairs, 0]),
-            &[kv3, dl.kv_norm.r, inv.r, pos, kv3],
-        )?;
         let compress = |c: &CompWeights,
                         dc: &DevComp,
                         cs: &CompState,
@@ -676,7 +692,7 @@ impl GpuPath {
                         gb: &Tensor|
          -> Result<()> {
             let (kvr, gr) = comp_views(c, kvb, gb);
-            op(
+            sd.op(
                 ops::COMPRESS,
                 pr(&[p.eps, *cms], &[c.ratio as i64, c.overlap as i64, pairs]),
                 &[
@@ -695,20 +711,39 @@ impl GpuPath {
         if let (Some(c), Some(dc), Some(cs)) = (&lay.comp, &dl.comp, &st.comp) {
             compress(c, dc, cs, &w.ck, &w.cg).context("compressor")?;
         }
+        let idx = match (&lay.indexer, &dl.idx, &st.idx) {
+            (Some(ix), Some(dc), Some(cs)) => {
+                compress(&ix.comp, dc, cs, &w.ik, &w.ig).context("indexer compressor")?;
+                Some((ix, cs))
+            }
+            _ => None,
+        };
+        let qr3 = v(&w.q_res, [p.q_lora, 1, n, 1]);
+        op(
+            ops::NORM_ROPE,
+            pr(&[p.eps, 1.0], &[2, 0, 0]),
+            &[qr3, dl.q_a_norm.r, inv.r, pos, qr3],
+        )?;
         let mut mode = if lay.comp.is_some() { 1 } else { 0 };
-        if let (Some(ix), Some(dc), Some(cs)) = (&lay.indexer, &dl.idx, &st.idx) {
-            compress(&ix.comp, dc, cs, &w.ik, &w.ig).context("indexer compressor")?;
+        if let Some((ix, cs)) = idx {
+            // The indexer's queries come from the normed q_res: the side stream waits
+            // for it, then scores and selects while the main stream runs wq_b.
+            let sd = self.fork(dev)?;
             let (ih, id) = (p.idx_heads, p.idx_dim);
             let iq = v(&w.iq, [id, ih, n, 1]);
-            mm(wv(&ix.q_b), q_res, v(&w.iq, [id * ih, n, 1, 1]))?;
-            op(
+            sd.op(
+                ops::MATMUL,
+                OpParams::default(),
+                &[wv(&ix.q_b), q_res, v(&w.iq, [id * ih, n, 1, 1])],
+            )?;
+            sd.op(
                 ops::NORM_ROPE,
                 pr(&[p.eps, *cms], &[0, pairs, 0]),
                 &[iq, dl.q_a_norm.r, cinv.r, pos, iq],
             )?;
             let cap = cs.rows.r.dims[1] as usize;
             let scores = v(&w.scores, [cap, n, 1, 1]);
-            op(
+            sd.op(
                 ops::INDEX_SCORES,
                 pr(
                     &[(id as f32).powf(-0.5), (ih as f32).powf(-0.5)],
@@ -716,12 +751,28 @@ impl GpuPath {
                 ),
                 &[iq, v(&w.iw, [ih, n, 1, 1]), cs.rows.r, pos, scores],
             )?;
-            op(
+            sd.op(
                 ops::TOPK_ROWS,
                 pr(&[], &[ix.comp.ratio as i64]),
                 &[scores, pos, v(&w.sel, [p.idx_topk, n, 1, 1])],
             )?;
             mode = 2;
+        }
+        mm(wv(&lay.q_b), q_res, v(&w.q, [nh * hd, n, 1, 1]))?;
+        let q = v(&w.q, [hd, nh, n, 1]);
+        op(
+            ops::NORM_ROPE,
+            pr(&[p.eps, *ms], &[1, pairs, 0]),
+            &[q, dl.q_a_norm.r, inv.r, pos, q],
+        )?;
+        let kv3 = v(&w.kv, [hd, 1, n, 1]);
+        op(
+            ops::NORM_ROPE,
+            pr(&[p.eps, *ms], &[2, pairs, 0]),
+            &[kv3, dl.kv_norm.r, inv.r, pos, kv3],
+        )?;
+        if branch {
+            self.join(dev)?;
         }
         // Without compressed rows (mode 0) any tensor other than the ring stands in.
         let rows = st
@@ -826,9 +877,23 @@ impl GpuPath {
             v(&w.sa, [sf, n, 1, 1]),
         );
         let mut of_x = vec![(wv(&lay.router), rl)];
-        if let Some((g, u, _)) = &lay.shexp {
-            of_x.extend([(wv(g), sg), (wv(u), su)]);
-        }
+        let sy = v(&w.sy, [d, n, 1, 1]);
+        // The shared expert branches off to the side stream (it reads only x), or
+        // shares the router's op without one.
+        let branched = match (&lay.shexp, &self.side) {
+            (Some((g, u, dn)), Some(_)) => {
+                let sd = self.fork(dev)?;
+                self.mm_multi(sd, x, &[(wv(g), sg), (wv(u), su)])?;
+                sd.op(ops::SWIGLU, pr(&[p.clamp_shexp[l]], &[]), &[sg, su, sa])?;
+                sd.op(ops::MATMUL, OpParams::default(), &[wv(dn), sa, sy])?;
+                true
+            }
+            (Some((g, u, _)), None) => {
+                of_x.extend([(wv(g), sg), (wv(u), su)]);
+                false
+            }
+            (None, _) => false,
+        };
         self.mm_multi(dev, x, &of_x)?;
         let (mode, bias, table) = match (&dl.tid2eid, &dl.bias) {
             (Some(t), _) => (2, rl, t.r),
@@ -878,9 +943,12 @@ impl GpuPath {
         let y = v(&w.ey, [d, k, n, 1]);
         match &lay.shexp {
             Some((_, _, dn)) => {
-                op(ops::SWIGLU, pr(&[p.clamp_shexp[l]], &[]), &[sg, su, sa])?;
-                let sy = v(&w.sy, [d, n, 1, 1]);
-                op(ops::MATMUL, OpParams::default(), &[wv(dn), sa, sy])?;
+                if branched {
+                    self.join(dev)?;
+                } else {
+                    op(ops::SWIGLU, pr(&[p.clamp_shexp[l]], &[]), &[sg, su, sa])?;
+                    op(ops::MATMUL, OpParams::default(), &[wv(dn), sa, sy])?;
+                }
                 op(ops::MOE_COMBINE, OpParams::default(), &[y, rw, out, sy])
             }
             None => op(ops::MOE_COMBINE, OpParams::default(), &[y, rw, out]),
