@@ -125,12 +125,19 @@ pub(super) struct GpuPath {
     /// The backend runs MATMUL_MULTI and MATMUL_ID_MULTI (ABI 1.2; probed with the
     /// first): one op for the products of one input.
     multi: bool,
-    /// A second stream for the branches of a layer that do not depend on each other
-    /// (the compressors and the indexer next to the queries; the shared expert next to
-    /// the routed ones): their kernels, each too small to fill the device, overlap.
-    /// None: every op on the main stream (`MOE_DS4_BRANCHES=0`, or no second stream).
-    side: Option<Arc<Device>>,
+    /// Streams for the branches of a layer that do not depend on each other (the
+    /// compressor, and the indexer, next to the queries; the shared expert next to the
+    /// routed ones): their kernels, each too small to fill the device, overlap. Empty:
+    /// every op on the main stream (`MOE_DS4_BRANCHES=0`, or no more streams).
+    sides: Vec<Arc<Device>>,
 }
+
+/// Side streams of [`GpuPath`] (`MOE_DS4_BRANCHES=N`: N of them, at most 2).
+const SIDES: usize = 2;
+/// The compressor's branch, and the shared expert's.
+const SIDE_COMP: usize = 0;
+/// The indexer's branch.
+const SIDE_IDX: usize = 1;
 
 fn upload(dev: &Arc<Device>, v: &[f32]) -> Result<Tensor> {
     let t = dev.f32([v.len().max(1) as u64, 1, 1, 1])?;
@@ -244,12 +251,22 @@ impl GpuPath {
                 t
             },
             multi: probe_multi(dev),
-            side: if std::env::var_os("MOE_DS4_BRANCHES").is_some_and(|v| v == "0") {
-                None
-            } else {
-                dev.another_stream()
-                    .inspect_err(|e| tracing::debug!("deepseek4: one stream: {e:#}"))
-                    .ok()
+            sides: {
+                let want = match std::env::var("MOE_DS4_BRANCHES") {
+                    Ok(v) => v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|&n| n <= SIDES)
+                        .ok_or_else(|| anyhow!("MOE_DS4_BRANCHES={v}: expected 0 to {SIDES}"))?,
+                    Err(_) => SIDES,
+                };
+                (0..want)
+                    .map_while(|_| {
+                        dev.another_stream()
+                            .inspect_err(|e| tracing::debug!("deepseek4: fewer streams: {e:#}"))
+                            .ok()
+                    })
+                    .collect()
             },
         }))
     }
@@ -590,10 +607,15 @@ impl GpuPath {
         .context("output projection")
     }
 
-    /// The stream for a branch: the side stream, made to wait for everything queued on
-    /// `main` so far, or `main` itself when there is no side stream.
-    fn fork<'a>(&'a self, main: &'a Device) -> Result<&'a Device> {
-        match &self.side {
+    /// Side stream `i` (the last one when there are fewer), or None without any.
+    fn side(&self, i: usize) -> Option<&Device> {
+        self.sides.get(i).or(self.sides.last()).map(|s| &**s)
+    }
+
+    /// The stream for branch `i`: its side stream, made to wait for everything queued
+    /// on `main` so far, or `main` itself without side streams.
+    fn fork<'a>(&'a self, main: &'a Device, i: usize) -> Result<&'a Device> {
+        match self.side(i) {
             Some(s) => {
                 s.wait_for(main).context("forking a branch")?;
                 Ok(s)
@@ -602,12 +624,32 @@ impl GpuPath {
         }
     }
 
-    /// `main` waits for the side stream's branch (nothing without one).
-    fn join(&self, main: &Device) -> Result<()> {
-        match &self.side {
+    /// `main` waits for branch `i` (nothing without side streams).
+    fn join(&self, main: &Device, i: usize) -> Result<()> {
+        match self.side(i) {
             Some(s) => main.wait_for(s).context("joining a branch"),
             None => Ok(()),
         }
+    }
+
+    /// Products of x for branch `i`: on its side stream (forked here, `forked[i]` set),
+    /// or added to the main stream's `main_x` without side streams.
+    fn branch_x(
+        &self,
+        main: &Device,
+        i: usize,
+        forked: &mut [bool; SIDES],
+        x: TensorRef,
+        main_x: &mut Vec<(TensorRef, TensorRef)>,
+        pairs: &[(TensorRef, TensorRef)],
+    ) -> Result<()> {
+        if self.sides.is_empty() {
+            main_x.extend_from_slice(pairs);
+            return Ok(());
+        }
+        let s = self.fork(main, i)?;
+        forked[i] = true;
+        self.mm_multi(s, x, pairs)
     }
 
     /// out_i = w_i x for each (w_i, out_i): one MATMUL_MULTI (the backend fuses what its
@@ -658,41 +700,50 @@ impl GpuPath {
         let comp_views = |c: &CompWeights, kvb: &Tensor, gb: &Tensor| {
             (v(kvb, [width(c), n, 1, 1]), v(gb, [width(c), n, 1, 1]))
         };
-        // The compressors' and the indexer's products of x branch off to the side stream:
+        // The compressor's and the indexer's products of x branch off to side streams:
         // nothing on the query path reads what they write before the attention.
         let mut of_x = vec![
             (wv(&lay.q_a), q_res),
             (wv(&lay.kv), v(&w.kv, [hd, n, 1, 1])),
         ];
-        let mut branch_x = Vec::new();
+        let mut forked = [false; SIDES];
         if let (Some(c), Some(_)) = (&lay.comp, &st.comp) {
             let (kvr, gr) = comp_views(c, &w.ck, &w.cg);
-            branch_x.extend([(wv(&c.kv), kvr), (wv(&c.gate), gr)]);
+            self.branch_x(
+                dev,
+                SIDE_COMP,
+                &mut forked,
+                x,
+                &mut of_x,
+                &[(wv(&c.kv), kvr), (wv(&c.gate), gr)],
+            )?;
         }
         if let (Some(ix), Some(_)) = (&lay.indexer, &st.idx) {
             let (kvr, gr) = comp_views(&ix.comp, &w.ik, &w.ig);
-            branch_x.extend([
+            let idx_x = [
                 (wv(&ix.comp.kv), kvr),
                 (wv(&ix.comp.gate), gr),
                 (wv(&ix.proj), v(&w.iw, [p.idx_heads, n, 1, 1])),
-            ]);
-        }
-        let branch = !branch_x.is_empty();
-        let sd = if branch { self.fork(dev)? } else { &**dev };
-        if self.side.is_some() && branch {
-            self.mm_multi(sd, x, &branch_x)?;
-        } else {
-            of_x.append(&mut branch_x);
+            ];
+            self.branch_x(dev, SIDE_IDX, &mut forked, x, &mut of_x, &idx_x)?;
         }
         self.mm_multi(dev, x, &of_x)?;
-        let compress = |c: &CompWeights,
+        let stream = |i: usize| {
+            if forked[i] {
+                self.side(i).unwrap_or(dev)
+            } else {
+                &**dev
+            }
+        };
+        let compress = |on: &Device,
+                        c: &CompWeights,
                         dc: &DevComp,
                         cs: &CompState,
                         kvb: &Tensor,
                         gb: &Tensor|
          -> Result<()> {
             let (kvr, gr) = comp_views(c, kvb, gb);
-            sd.op(
+            on.op(
                 ops::COMPRESS,
                 pr(&[p.eps, *cms], &[c.ratio as i64, c.overlap as i64, pairs]),
                 &[
@@ -709,11 +760,12 @@ impl GpuPath {
             )
         };
         if let (Some(c), Some(dc), Some(cs)) = (&lay.comp, &dl.comp, &st.comp) {
-            compress(c, dc, cs, &w.ck, &w.cg).context("compressor")?;
+            compress(stream(SIDE_COMP), c, dc, cs, &w.ck, &w.cg).context("compressor")?;
         }
         let idx = match (&lay.indexer, &dl.idx, &st.idx) {
             (Some(ix), Some(dc), Some(cs)) => {
-                compress(&ix.comp, dc, cs, &w.ik, &w.ig).context("indexer compressor")?;
+                compress(stream(SIDE_IDX), &ix.comp, dc, cs, &w.ik, &w.ig)
+                    .context("indexer compressor")?;
                 Some((ix, cs))
             }
             _ => None,
@@ -726,9 +778,10 @@ impl GpuPath {
         )?;
         let mut mode = if lay.comp.is_some() { 1 } else { 0 };
         if let Some((ix, cs)) = idx {
-            // The indexer's queries come from the normed q_res: the side stream waits
-            // for it, then scores and selects while the main stream runs wq_b.
-            let sd = self.fork(dev)?;
+            // The indexer's queries come from the normed q_res: its stream waits for it,
+            // then scores and selects while the main stream runs wq_b.
+            let sd = self.fork(dev, SIDE_IDX)?;
+            forked[SIDE_IDX] = true;
             let (ih, id) = (p.idx_heads, p.idx_dim);
             let iq = v(&w.iq, [id, ih, n, 1]);
             sd.op(
@@ -771,8 +824,8 @@ impl GpuPath {
             pr(&[p.eps, *ms], &[2, pairs, 0]),
             &[kv3, dl.kv_norm.r, inv.r, pos, kv3],
         )?;
-        if branch {
-            self.join(dev)?;
+        for (i, _) in forked.iter().enumerate().filter(|f| *f.1) {
+            self.join(dev, i)?;
         }
         // Without compressed rows (mode 0) any tensor other than the ring stands in.
         let rows = st
@@ -880,15 +933,15 @@ impl GpuPath {
         let sy = v(&w.sy, [d, n, 1, 1]);
         // The shared expert branches off to the side stream (it reads only x), or
         // shares the router's op without one.
-        let branched = match (&lay.shexp, &self.side) {
-            (Some((g, u, dn)), Some(_)) => {
-                let sd = self.fork(dev)?;
+        let branched = match (&lay.shexp, self.sides.is_empty()) {
+            (Some((g, u, dn)), false) => {
+                let sd = self.fork(dev, SIDE_COMP)?;
                 self.mm_multi(sd, x, &[(wv(g), sg), (wv(u), su)])?;
                 sd.op(ops::SWIGLU, pr(&[p.clamp_shexp[l]], &[]), &[sg, su, sa])?;
                 sd.op(ops::MATMUL, OpParams::default(), &[wv(dn), sa, sy])?;
                 true
             }
-            (Some((g, u, _)), None) => {
+            (Some((g, u, _)), true) => {
                 of_x.extend([(wv(g), sg), (wv(u), su)]);
                 false
             }
@@ -944,7 +997,7 @@ impl GpuPath {
         match &lay.shexp {
             Some((_, _, dn)) => {
                 if branched {
-                    self.join(dev)?;
+                    self.join(dev, SIDE_COMP)?;
                 } else {
                     op(ops::SWIGLU, pr(&[p.clamp_shexp[l]], &[]), &[sg, su, sa])?;
                     op(ops::MATMUL, OpParams::default(), &[wv(dn), sa, sy])?;
