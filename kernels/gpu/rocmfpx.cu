@@ -37,6 +37,7 @@
 #define KID_MATVEC_DENSE_ROWS_MULTI 40
 #define KID_MATVEC_DENSE_Q8_MULTI 41
 #define KID_MATVEC_DENSE_Q8_ID 42
+#define KID_QUANTIZE_Q8_1_SWIGLU 43
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -78,14 +79,8 @@ GPU_DEV int rf2_expand4(unsigned int byte) {
 // ---------------------------------------------------------------------------------
 // Activations: one warp per 32 values. d = amax/127, q = round(x/d), the halves' sums
 // of q; planes = 1 stores each half plane-ordered (for the type-107 mat-vec kernels).
-extern "C" __global__ void __launch_bounds__(256)
-    quantize_q8_1(const float* __restrict__ x, q8_1_block* __restrict__ out, long long n_blocks,
-                  int planes, unsigned int* counters) {
-    gpu_count_launch(counters, KID_QUANTIZE_Q8_1);
-    const int lane = threadIdx.x & 31;
-    const long long b = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (b >= n_blocks) return;
-    const float v = x[b * 32 + lane];
+// q8_1_store: block b from its warp, lane l holding value l.
+GPU_DEV void q8_1_store(float v, long long b, int lane, q8_1_block* __restrict__ out, int planes) {
     const float amax = gpu_warp_max(fabsf(v));
     const float d = amax / 127.0f;
     const float inv = d > 0.0f ? 1.0f / d : 0.0f;
@@ -98,6 +93,29 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int o = 8; o > 0; o >>= 1) hs += (int)gpu_shfl_xor((float)hs, o);
     if ((lane & 15) == 0) out[b].hsum[lane >> 4] = (short)hs;
     if (lane == 0) out[b].d = d;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    quantize_q8_1(const float* __restrict__ x, q8_1_block* __restrict__ out, long long n_blocks,
+                  int planes, unsigned int* counters) {
+    gpu_count_launch(counters, KID_QUANTIZE_Q8_1);
+    const int lane = threadIdx.x & 31;
+    const long long b = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (b >= n_blocks) return;
+    q8_1_store(x[b * 32 + lane], b, lane, out, planes);
+}
+
+// The same of the clamped SwiGLU of g and u (as ds4_swiglu computes it, the same bits):
+// the routed experts' down product quantises its input without a SwiGLU launch.
+extern "C" __global__ void __launch_bounds__(256)
+    quantize_q8_1_swiglu(const float* __restrict__ g, const float* __restrict__ u, float lim,
+                         q8_1_block* __restrict__ out, long long n_blocks, int planes,
+                         unsigned int* counters) {
+    gpu_count_launch(counters, KID_QUANTIZE_Q8_1_SWIGLU);
+    const int lane = threadIdx.x & 31;
+    const long long b = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (b >= n_blocks) return;
+    q8_1_store(gpu_swiglu(g[b * 32 + lane], u[b * 32 + lane], lim), b, lane, out, planes);
 }
 
 // ---------------------------------------------------------------------------------

@@ -154,6 +154,12 @@ pub mod ops {
     /// then pairs w_i ([k, m, experts]), out_i; at least one. A backend that runs
     /// MATMUL_MULTI runs this too.
     pub const MATMUL_ID_MULTI: u32 = 30;
+    /// MATMUL_ID of SWIGLU(gate, up) (ABI 1.3; f[0] as SWIGLU's): the routed experts'
+    /// down product from their gate and up outputs, the SwiGLU computed where the
+    /// backend can fuse it. args: w ([k, m, experts]), gate, up (F32 [k, pairs]), ids,
+    /// out (F32 [m, pairs]), act (F32 [k, pairs]: the backend may store the SwiGLU
+    /// values there, or leave it as it was).
+    pub const SWIGLU_MATMUL_ID: u32 = 31;
 }
 
 /// MOE_COMBINE's arguments: (y, w, out, optional shared expert output).

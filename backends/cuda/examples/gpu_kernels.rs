@@ -714,13 +714,11 @@ impl Gpu {
             .collect()
     }
     fn op(&self, op: u32, args: &[TensorRef]) {
-        into_result((self.be.run_op)(
-            self.stream,
-            op,
-            OpParams::default(),
-            args.into(),
-        ))
-        .unwrap();
+        self.op_with(op, OpParams::default(), args)
+    }
+
+    fn op_with(&self, op: u32, params: OpParams, args: &[TensorRef]) {
+        into_result((self.be.run_op)(self.stream, op, params, args.into())).unwrap();
     }
     fn counters(&self) -> std::collections::BTreeMap<String, u64> {
         (self.be.kernel_counters)()
@@ -753,6 +751,72 @@ fn t(buffer: u64, offset: u64, type_id: u32, variant: u64, dims: [u64; 4]) -> Te
 /// MATMUL_ID's tensors on buffers [w, x, ids, out]: weights of (type, variant) [k, m,
 /// experts], `cols` input columns, ids [slots, tokens], out [m, slots, tokens];
 /// shape = [k, m, experts, slots, tokens, cols].
+/// SWIGLU_MATMUL_ID for one token (the routed experts' down product from their gate
+/// and up outputs, a slot masked) must equal SWIGLU then MATMUL_ID bit for bit, with
+/// the SwiGLU computed by the quantisation (no ds4_swiglu launch).
+fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== SWIGLU_MATMUL_ID (one token) vs SWIGLU + MATMUL_ID ==");
+    let (k, m, experts, slots) = (2048usize, 4096usize, 16usize, 6usize);
+    let w = random_weights(rng, experts * m, k);
+    // Gate and up of 6 pairs, scaled so the clamp at 7 cuts some of them.
+    let gate: Vec<f32> = (0..k * slots).map(|_| 12.0 * rng.f32()).collect();
+    let up: Vec<f32> = (0..k * slots).map(|_| 12.0 * rng.f32()).collect();
+    let ids: Vec<i32> = [5, -1, 9, 0, 15, 2].to_vec();
+    let (bw, bg, bu) = (g.buf(&w), g.buf(&f32_bytes(&gate)), g.buf(&f32_bytes(&up)));
+    let bi = g.buf(
+        &ids.iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    );
+    let nan = f32_bytes(&vec![f32::NAN; k.max(m) * slots]);
+    let bufs: Vec<u64> = (0..4).map(|_| g.buf(&nan)).collect();
+    let (act1, out1, act2, out2) = (bufs[0], bufs[1], bufs[2], bufs[3]);
+    let shape = [k, m, experts, slots, 1, slots];
+    let f = |b| t(b, 0, types::F32, 0, [k as u64, slots as u64, 1, 1]);
+    let mut lim = OpParams::default();
+    lim.f[0] = 7.0;
+    g.op_with(ops::SWIGLU, lim, &[f(bg), f(bu), f(act1)]);
+    g.op(
+        OP_MATMUL_ID,
+        &id_args([bw, act1, bi, out1], (107, FP2_AFFINE), shape),
+    );
+    let [wr, _, ir, or] = id_args([bw, act2, bi, out2], (107, FP2_AFFINE), shape);
+    let before = g.counters();
+    g.op_with(
+        ops::SWIGLU_MATMUL_ID,
+        lim,
+        &[wr, f(bg), f(bu), ir, or, f(act2)],
+    );
+    let after = g.counters();
+    let delta = |n: &str| {
+        let key = format!("{n}.device");
+        after.get(&key).copied().unwrap_or(0) - before.get(&key).copied().unwrap_or(0)
+    };
+    let launches = (
+        delta("quantize_q8_1_swiglu"),
+        delta("ds4_swiglu"),
+        delta("mmvq_id_107"),
+    );
+    let (a, b) = (
+        g.read_f32(out1, 0, m * slots),
+        g.read_f32(out2, 0, m * slots),
+    );
+    let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+    let ok = same && launches == (1, 0, 1);
+    println!(
+        "affine {k} x {m}, {slots} slots, clamp 7: bit-identical {same}, launches (fused quantise, swiglu, grouped) {launches:?} {}",
+        if ok { "ok" } else { "FAIL" }
+    );
+    json.push(format!(
+        "{{\"test\":\"swiglu_id\",\"bit_identical\":{same},\"launches\":[{},{},{}],\"ok\":{ok}}}",
+        launches.0, launches.1, launches.2
+    ));
+    for b in [bw, bg, bu, bi].into_iter().chain(bufs) {
+        into_result((g.be.free)(b)).unwrap();
+    }
+    ok
+}
+
 fn id_args(b: [u64; 4], (ty, variant): (u32, u64), shape: [usize; 6]) -> [TensorRef; 4] {
     let [k, m, experts, slots, n_tok, cols] = shape.map(|v| v as u64);
     [
@@ -1091,6 +1155,7 @@ fn main() {
         }
     }
     all_ok &= id_multi(&g, &mut rng, &mut json);
+    all_ok &= swiglu_id(&g, &mut rng, &mut json);
     all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);
     all_ok &= dense_decode(&g, &mut rng, &mut json);
     if quick {

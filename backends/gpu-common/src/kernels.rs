@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 43] = [
+pub const KERNELS: [&str; 44] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -53,9 +53,10 @@ pub const KERNELS: [&str; 43] = [
     "matvec_dense_rows_multi",
     "matvec_dense_q8_multi",
     "matvec_dense_q8_id",
+    "quantize_q8_1_swiglu",
 ];
 /// Device-side launch counters (u32 each) the kernels bump.
-pub const COUNTER_SLOTS: usize = 43;
+pub const COUNTER_SLOTS: usize = 44;
 
 /// The full translation unit: the `units` in order, the first one's
 /// `#include "common.cuh"` replaced by `common_cuh` (less its `#pragma once`), the

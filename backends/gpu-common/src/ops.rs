@@ -1124,12 +1124,23 @@ unsafe fn launch_id_one_token(
     p: &MatmulId,
     mut w_step: i64,
     mut out_step: i64,
+    swiglu: Option<(u64, f32)>,
 ) -> Result<(), String> {
     let mut pq = gpu.scratch(p.layout.bytes)?;
     let (q, mut n_blocks) = quantize(p.k, p.x_cols);
     let mut px = p.x;
     let mut planes = rf2_planes(p.grouped.name);
-    gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?;
+    match swiglu {
+        // x is the gate: the input is SwiGLU(x, up), computed as it is quantised.
+        Some((mut up, mut lim)) => gpu.launch(
+            Launch {
+                name: "quantize_q8_1_swiglu",
+                ..q
+            },
+            &kargs!(px, up, lim, pq, n_blocks, planes),
+        )?,
+        None => gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?,
+    }
     let (mut pw, mut ebytes, mut nb, mut mm) = (p.w, p.expert_bytes, p.blocks, p.m);
     let (mut ne, mut pp, mut ns, mut pi) = (p.experts, p.per_pair, p.slots, p.ids);
     let (mut po, mut a, mut rows) = (p.out, p.affine, id_rows() as i32);
@@ -1224,7 +1235,7 @@ pub fn run(
             OP_MATMUL_ID => {
                 let p = matmul_id(args, mmq, ptr)?;
                 let Some(sort) = p.sort else {
-                    return launch_id_one_token(gpu, &p, 0, 0);
+                    return launch_id_one_token(gpu, &p, 0, 0, None);
                 };
                 let base = gpu.scratch(p.layout.bytes)?;
                 let (q, mut n_blocks) = quantize(p.k, p.x_cols);
@@ -1251,6 +1262,41 @@ pub fn run(
                         p.grouped,
                         &kargs!(pw, ebytes, nb, mm, ne, pq, pp, ns, poff, pact, psorted, po, a),
                     )
+                }
+            }
+            ops::SWIGLU_MATMUL_ID => {
+                let [w, g, u, ids, out, act] = args else {
+                    return Err(format!(
+                        "swiglu_matmul_id: expected 6 tensor arguments, got {}",
+                        args.len()
+                    ));
+                };
+                if u.dims != g.dims || act.dims != g.dims {
+                    return Err("swiglu_matmul_id: gate, up and act differ in shape".into());
+                }
+                let fused = if w.type_id == TYPE_Q2_0_ROCMFP2 {
+                    Some(matmul_id(&[*w, *g, *ids, *out], mmq, ptr)?).filter(|p| p.sort.is_none())
+                } else {
+                    None
+                };
+                match fused {
+                    Some(p) => {
+                        let up = ptr(u, 4)?;
+                        launch_id_one_token(gpu, &p, 0, 0, Some((up, params.f[0])))
+                    }
+                    // Elsewhere the two ops it stands for.
+                    None => {
+                        run(gpu, backend, mmq, ops::SWIGLU, params, &[*g, *u, *act])?;
+                        let d = OpParams::default();
+                        run(
+                            gpu,
+                            backend,
+                            mmq,
+                            ops::MATMUL_ID,
+                            &d,
+                            &[*w, *act, *ids, *out],
+                        )
+                    }
                 }
             }
             ops::MATMUL_MULTI => {
@@ -1308,7 +1354,7 @@ pub fn run(
                             w_step,
                             out_step,
                             ..
-                        } => launch_id_one_token(gpu, &plan, w_step, out_step)?,
+                        } => launch_id_one_token(gpu, &plan, w_step, out_step, None)?,
                         IdMultiStep::Single(i) => run(
                             gpu,
                             backend,
@@ -1987,6 +2033,14 @@ mod run_tests {
             ops::MATMUL_MULTI,
             &[f(64, 1), q, f(40, 1), w, f(4, 1), q, f(40, 1)],
         );
+        // The down product of SwiGLU(gate, up): one token of type 107 quantises the
+        // SwiGLU itself; Q8_0 experts run SWIGLU, then their MATMUL_ID.
+        let swiglu_id = |w, m| [w, f(64, 2), f(64, 2), ids1, f(m, 2), f(64, 2)];
+        go(ops::SWIGLU_MATMUL_ID, &swiglu_id(we, 4));
+        go(
+            ops::SWIGLU_MATMUL_ID,
+            &swiglu_id(t(TYPE_Q8_0, [64, 40, 3, 1]), 40),
+        );
         let names: Vec<_> = g.launches.borrow().iter().map(|l| (l.0, l.2)).collect();
         assert_eq!(
             names,
@@ -2009,8 +2063,22 @@ mod run_tests {
                 ("quantize_q8_1", 4),
                 ("mmvq_107_n1", 6),
                 ("matvec_dense_rows_multi", 5),
+                ("quantize_q8_1_swiglu", 6),
+                ("mmvq_id_107", 14),
+                ("ds4_swiglu", 5),
+                ("matvec_dense_rows_id", 13),
             ]
         );
+        let bad = [we, f(64, 2), f(32, 2), ids1, f(4, 2), f(64, 2)];
+        let e = run(
+            &g,
+            "test",
+            MMQ_MMA,
+            ops::SWIGLU_MATMUL_ID,
+            &OpParams::default(),
+            &bad,
+        );
+        assert!(e.unwrap_err().contains("differ in shape"));
         assert_eq!(g.scratch.borrow()[..2], [2 * 2 * 40, 9 * 2 * 40]);
         let e = run(&g, "test", MMQ_MMA, 99, &OpParams::default(), &[]).unwrap_err();
         assert_eq!(e, "op 99 is not supported by the test backend");

@@ -125,6 +125,9 @@ pub(super) struct GpuPath {
     /// The backend runs MATMUL_MULTI and MATMUL_ID_MULTI (ABI 1.2; probed with the
     /// first): one op for the products of one input.
     multi: bool,
+    /// The backend runs SWIGLU_MATMUL_ID (ABI 1.3): the routed experts' down product
+    /// takes their gate and up outputs, the SwiGLU fused where the backend can.
+    swiglu_id: bool,
     /// Streams for the branches of a layer that do not depend on each other (the
     /// compressor, and the indexer, next to the queries; the shared expert next to the
     /// routed ones): their kernels, each too small to fill the device, overlap. Empty:
@@ -251,6 +254,7 @@ impl GpuPath {
                 t
             },
             multi: probe_multi(dev),
+            swiglu_id: probe_swiglu_id(dev),
             sides: {
                 let want = match std::env::var("MOE_DS4_BRANCHES") {
                     Ok(v) => v
@@ -986,12 +990,18 @@ impl GpuPath {
                 &[lay.up_exps.r, x, ids, eu],
             )?;
         }
-        op(ops::SWIGLU, pr(&[p.clamp_exp[l]], &[]), &[eg, eu, ea])?;
-        op(
-            ops::MATMUL_ID,
-            OpParams::default(),
-            &[lay.down_exps.r, ea, ids, ey],
-        )?;
+        let clamp = pr(&[p.clamp_exp[l]], &[]);
+        if self.swiglu_id {
+            let args = [lay.down_exps.r, eg, eu, ids, ey, ea];
+            op(ops::SWIGLU_MATMUL_ID, clamp, &args)?;
+        } else {
+            op(ops::SWIGLU, clamp, &[eg, eu, ea])?;
+            op(
+                ops::MATMUL_ID,
+                OpParams::default(),
+                &[lay.down_exps.r, ea, ids, ey],
+            )?;
+        }
         let out = v(&w.mo, [d, n, 1, 1]);
         let y = v(&w.ey, [d, k, n, 1]);
         match &lay.shexp {
@@ -1044,6 +1054,20 @@ fn probe_multi(dev: &Arc<Device>) -> bool {
             dev.f32([1, 1, 1, 1])?,
         );
         dev.op(ops::MATMUL_MULTI, OpParams::default(), &[x.r, w.r, out.r])
+    })
+}
+
+/// Whether the backend runs SWIGLU_MATMUL_ID (ABI 1.3): one tiny f32 grouped product.
+fn probe_swiglu_id(dev: &Arc<Device>) -> bool {
+    if std::env::var_os("MOE_DS4_SWIGLU_ID").is_some_and(|v| v == "0") {
+        return false; // A/B runs: SWIGLU, then MATMUL_ID
+    }
+    probe_op(dev, "SWIGLU, then MATMUL_ID", || {
+        let f = |k| dev.f32([k, 1, 1, 1]);
+        let (w, g, u, act, out) = (f(2)?, f(2)?, f(2)?, f(2)?, f(1)?);
+        let ids = dev.i32(1)?;
+        let args = [w.r, g.r, u.r, ids.r, out.r, act.r];
+        dev.op(ops::SWIGLU_MATMUL_ID, OpParams::default(), &args)
     })
 }
 
