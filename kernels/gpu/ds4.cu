@@ -298,11 +298,26 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
     for (int i = tid; i < d; i += DS4_HC_THREADS) o[i] = norm_w[i] * (o[i] * rr);
 }
 
-// mHC post, in place: new_k = post_k * block + sum_j comb[j][k] * old_j.
+// The MoE's output: sum_j w[t][j] * y[t*k + j] (+ shared[t]), value i of token t. One
+// definition for ds4_moe_combine and the mHC post that takes the MoE's outputs.
+GPU_DEV float ds4_combine(const float* __restrict__ y, const float* __restrict__ w,
+                          const float* __restrict__ shared, int d, int k, int t, int i) {
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j)
+        acc = fmaf(w[(long long)t * k + j], y[((long long)t * k + j) * d + i], acc);
+    if (shared) acc += shared[(long long)t * d + i];
+    return acc;
+}
+
+// mHC post, in place: new_k = post_k * block + sum_j comb[j][k] * old_j. With y set,
+// block is the MoE's output combined here (ds4_combine of y, rw, shared; k experts a
+// token), so the MoE needs no combine launch of its own.
 // grid = (ceil(d / 256), n), block = 256.
 extern "C" __global__ void __launch_bounds__(256)
     ds4_hc_post(float* __restrict__ streams, const float* __restrict__ block,
-                const float* __restrict__ wts, int d, int hc, unsigned int* counters) {
+                const float* __restrict__ wts, int d, int hc, const float* __restrict__ y,
+                const float* __restrict__ rw, int k, const float* __restrict__ shared,
+                unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_HC_POST);
     const int i = blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
     if (i >= d) return;
@@ -311,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(256)
     float old[DS4_HC_MAX];
 #pragma unroll
     for (int j = 0; j < DS4_HC_MAX; ++j) old[j] = j < hc ? s[(long long)j * d + i] : 0.0f;
-    const float b = block[(long long)t * d + i];
+    const float b = y ? ds4_combine(y, rw, shared, d, k, t, i) : block[(long long)t * d + i];
 #pragma unroll
     for (int k = 0; k < DS4_HC_MAX; ++k) {
         if (k >= hc) break;
@@ -800,11 +815,7 @@ extern "C" __global__ void __launch_bounds__(256)
     gpu_count_launch(counters, KID_DS4_MOE_COMBINE);
     const int i = blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
     if (i >= d) return;
-    float acc = 0.0f;
-    for (int j = 0; j < k; ++j)
-        acc += w[(long long)t * k + j] * y[((long long)t * k + j) * d + i];
-    if (shared) acc += shared[(long long)t * d + i];
-    out[(long long)t * d + i] = acc;
+    out[(long long)t * d + i] = ds4_combine(y, w, shared, d, k, t, i);
 }
 
 // out[a, c, b] = x[a, b, c] (innermost first). grid = (ceil(a / 256), b, c).

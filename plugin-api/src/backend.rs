@@ -101,7 +101,9 @@ pub mod ops {
     /// ([d, n]), weights out ([nm, n]); nm = 2hc + hc^2 (hc for the head).
     pub const HC_PRE: u32 = 17;
     /// mHC post, in place: stream_k = post_k * block + sum_j comb[j][k] * stream_j.
-    /// args: streams (F32 [d, hc, n]), block ([d, n]), weights ([nm, n]).
+    /// args: streams (F32 [d, hc, n]), block ([d, n]), weights ([nm, n]). From ABI 1.3
+    /// also: streams, y ([d, k, n]), weights, w ([k, n]), optional shared ([d, n]):
+    /// block is then MOE_COMBINE's output of (y, w, shared), not stored.
     pub const HC_POST: u32 = 18;
     /// A learned compressor: pools each window of i[0] positions that closes in this
     /// chunk (i[1] = 1: overlapping windows, inputs 2*dim wide) into rows[window],

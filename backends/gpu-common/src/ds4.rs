@@ -219,17 +219,53 @@ fn hc_fast_off() -> bool {
 }
 
 unsafe fn hc_post(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
-    let [s, block, wts] = args(a, "hc_post")?;
+    let (s, block, wts) = match a {
+        [s, block, wts] | [s, block, wts, _] | [s, block, wts, _, _] => (*s, *block, *wts),
+        _ => {
+            return Err(format!(
+                "hc_post: expected 3 to 5 tensor arguments, got {}",
+                a.len()
+            ))
+        }
+    };
     let (d, hc, n, nm) = hc_dims(&s, false)?;
     holds(&s, types::F32, 0, "hc_post streams")?;
-    holds(&block, types::F32, d * n, "hc_post block output")?;
     holds(&wts, types::F32, nm * n, "hc_post weights")?;
+    // With 4 or 5 arguments the block output is the MoE's: y [d, k, n], its routing
+    // weights [k, n] and the optional shared expert's [d, n], combined by the kernel.
+    let (pb, py, prw, k, pshared) = if a.len() == 3 {
+        holds(&block, types::F32, d * n, "hc_post block output")?;
+        (f32p(gpu, &block)?, 0, 0, 0, 0)
+    } else {
+        let (y, rw) = (block, a[3]);
+        let k = y.dims[1];
+        if y.dims[0] != d || y.dims[2] * y.dims[3] != n {
+            return Err(format!(
+                "hc_post: expert outputs {:?} do not match streams of {d} x {n}",
+                y.dims
+            ));
+        }
+        holds(&y, types::F32, d * k * n, "hc_post expert outputs")?;
+        holds(&rw, types::F32, k * n, "hc_post routing weights")?;
+        let ps = match a.get(4) {
+            Some(sh) => {
+                holds(sh, types::F32, d * n, "hc_post shared expert")?;
+                f32p(gpu, sh)?
+            }
+            None => 0,
+        };
+        (0, f32p(gpu, &y)?, f32p(gpu, &rw)?, to_i32(k, "k")?, ps)
+    };
     KArgs::default()
         .p(f32p(gpu, &s)?)
-        .p(f32p(gpu, &block)?)
+        .p(pb)
         .p(f32p(gpu, &wts)?)
         .i(to_i32(d, "d")?)
         .i(hc as i32)
+        .p(py)
+        .p(prw)
+        .i(k)
+        .p(pshared)
         .launch(gpu, "ds4_hc_post", (d.div_ceil(256), n, 1), 256)
 }
 
@@ -752,6 +788,19 @@ mod tests {
             &[f([d, hc, n, 1]), f([d, n, 1, 1]), f([nm, n, 1, 1])],
         );
         assert_eq!(l[0].1, (1, 3, 1));
+        // The MoE's outputs combined by mHC post: 6 experts a token, with and without
+        // the shared expert.
+        let moe = [
+            f([d, hc, n, 1]),
+            f([d, 6, n, 1]),
+            f([nm, n, 1, 1]),
+            f([6, n, 1, 1]),
+            f([d, n, 1, 1]),
+        ];
+        for args in [&moe[..], &moe[..4]] {
+            let l = run_ok(ops::HC_POST, OpParams::default(), args);
+            assert_eq!((l.len(), l[0].0, l[0].1), (1, "ds4_hc_post", (1, 3, 1)));
+        }
         // A chunk of 9 tokens closes at most 3 windows of 4; the rings keep 2 x 4 positions.
         let (dim, ratio) = (32, 4);
         let l = run_ok(
@@ -917,6 +966,21 @@ mod tests {
             &[f([8, 9, 1, 1]), f([8, 1, 1, 1]), f([99, 1, 1, 1])],
         );
         assert!(e.contains("9 streams"), "{e}");
+        let (s, wts) = (f([8, 2, 1, 1]), f([8, 1, 1, 1]));
+        let e = err(
+            ops::HC_POST,
+            OpParams::default(),
+            &[s, f([7, 6, 1, 1]), wts, f([6, 1, 1, 1])],
+        );
+        assert!(e.contains("do not match streams of 8 x 1"), "{e}");
+        let e = err(
+            ops::HC_POST,
+            OpParams::default(),
+            &[s, f([8, 6, 1, 1]), wts, f([5, 1, 1, 1])],
+        );
+        assert!(e.contains("hc_post routing weights"), "{e}");
+        let e = err(ops::HC_POST, OpParams::default(), &[s; 6]);
+        assert!(e.contains("3 to 5 tensor arguments"), "{e}");
         let e = err(
             ops::SPARSE_ATTENTION,
             prm(&[], &[0, 1]),

@@ -128,6 +128,9 @@ pub(super) struct GpuPath {
     /// The backend runs SWIGLU_MATMUL_ID (ABI 1.3): the routed experts' down product
     /// takes their gate and up outputs, the SwiGLU fused where the backend can.
     swiglu_id: bool,
+    /// The backend's HC_POST combines the MoE's outputs itself (ABI 1.3): no
+    /// MOE_COMBINE op.
+    post_combine: bool,
     /// Streams for the branches of a layer that do not depend on each other (the
     /// compressor, and the indexer, next to the queries; the shared expert next to the
     /// routed ones): their kernels, each too small to fill the device, overlap. Empty:
@@ -255,6 +258,7 @@ impl GpuPath {
             },
             multi: probe_multi(dev),
             swiglu_id: probe_swiglu_id(dev),
+            post_combine: probe_post_combine(dev),
             sides: {
                 let want = match std::env::var("MOE_DS4_BRANCHES") {
                     Ok(v) => v
@@ -437,7 +441,16 @@ impl GpuPath {
             GraphState::Off
         };
         let key = pr(&[], &[slot as i64]);
-        let step = |w: &Work| self.enqueue(m, st, w, n, want.len(), single);
+        // A step joins each branch it forks; after an op failed mid-branch, every side
+        // stream joins the main one here, so a graph capture ends with no branch open.
+        let step = |w: &Work| {
+            self.enqueue(m, st, w, n, want.len(), single)
+                .inspect_err(|_| {
+                    for i in 0..self.sides.len() {
+                        let _ = self.join(dev, i);
+                    }
+                })
+        };
         let next = match state {
             GraphState::Recorded => {
                 if dev.op(ops::GRAPH_LAUNCH, key, &[]).is_ok() {
@@ -556,11 +569,21 @@ impl GpuPath {
                 .with_context(|| format!("layer {l}: mHC before the MoE"))?;
             self.moe(m, l, lay, dl, w, n)
                 .with_context(|| format!("layer {l}: MoE"))?;
-            op(
-                ops::HC_POST,
-                OpParams::default(),
-                &[streams, v(&w.mo, [d, n, 1, 1]), wts],
-            )?;
+            if self.post_combine {
+                // The MoE's outputs go to mHC post uncombined: it combines them itself.
+                let k = p.n_used;
+                let mut args = vec![streams, v(&w.ey, [d, k, n, 1]), wts, v(&w.rw, [k, n, 1, 1])];
+                if lay.shexp.is_some() {
+                    args.push(v(&w.sy, [d, n, 1, 1]));
+                }
+                op(ops::HC_POST, OpParams::default(), &args)?;
+            } else {
+                op(
+                    ops::HC_POST,
+                    OpParams::default(),
+                    &[streams, v(&w.mo, [d, n, 1, 1]), wts],
+                )?;
+            }
         }
         if n_want == 0 {
             return Ok(());
@@ -1004,7 +1027,7 @@ impl GpuPath {
         }
         let out = v(&w.mo, [d, n, 1, 1]);
         let y = v(&w.ey, [d, k, n, 1]);
-        match &lay.shexp {
+        let shared = match &lay.shexp {
             Some((_, _, dn)) => {
                 if branched {
                     self.join(dev, SIDE_COMP)?;
@@ -1012,8 +1035,15 @@ impl GpuPath {
                     op(ops::SWIGLU, pr(&[p.clamp_shexp[l]], &[]), &[sg, su, sa])?;
                     op(ops::MATMUL, OpParams::default(), &[wv(dn), sa, sy])?;
                 }
-                op(ops::MOE_COMBINE, OpParams::default(), &[y, rw, out, sy])
+                Some(sy)
             }
+            None => None,
+        };
+        if self.post_combine {
+            return Ok(()); // mHC post combines y, rw and sy
+        }
+        match shared {
+            Some(sy) => op(ops::MOE_COMBINE, OpParams::default(), &[y, rw, out, sy]),
             None => op(ops::MOE_COMBINE, OpParams::default(), &[y, rw, out]),
         }
     }
@@ -1068,6 +1098,19 @@ fn probe_swiglu_id(dev: &Arc<Device>) -> bool {
         let ids = dev.i32(1)?;
         let args = [w.r, g.r, u.r, ids.r, out.r, act.r];
         dev.op(ops::SWIGLU_MATMUL_ID, OpParams::default(), &args)
+    })
+}
+
+/// Whether the backend's HC_POST takes the MoE's outputs (ABI 1.3): one tiny call.
+fn probe_post_combine(dev: &Arc<Device>) -> bool {
+    if std::env::var_os("MOE_DS4_POST_COMBINE").is_some_and(|v| v == "0") {
+        return false; // A/B runs: MOE_COMBINE, then HC_POST
+    }
+    probe_op(dev, "MOE_COMBINE, then HC_POST", || {
+        let f = |k| dev.f32([k, 1, 1, 1]);
+        // d = 2, one stream (3 mix weights), one expert a token.
+        let (s, y, wts, rw) = (f(2)?, f(2)?, f(3)?, f(1)?);
+        dev.op(ops::HC_POST, OpParams::default(), &[s.r, y.r, wts.r, rw.r])
     })
 }
 
