@@ -328,13 +328,13 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int j = 0; j < DS4_HC_MAX; ++j) old[j] = j < hc ? s[(long long)j * d + i] : 0.0f;
     const float b = y ? ds4_combine(y, rw, shared, d, k, t, i) : block[(long long)t * d + i];
 #pragma unroll
-    for (int k = 0; k < DS4_HC_MAX; ++k) {
-        if (k >= hc) break;
-        float acc = W[hc + k] * b;
+    for (int o = 0; o < DS4_HC_MAX; ++o) {
+        if (o >= hc) break;
+        float acc = W[hc + o] * b;
 #pragma unroll
         for (int j = 0; j < DS4_HC_MAX; ++j)
-            if (j < hc) acc += W[2 * hc + j * hc + k] * old[j];
-        s[(long long)k * d + i] = acc;
+            if (j < hc) acc += W[2 * hc + j * hc + o] * old[j];
+        s[(long long)o * d + i] = acc;
     }
 }
 

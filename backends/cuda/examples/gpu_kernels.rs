@@ -748,9 +748,6 @@ fn t(buffer: u64, offset: u64, type_id: u32, variant: u64, dims: [u64; 4]) -> Te
     }
 }
 
-/// MATMUL_ID's tensors on buffers [w, x, ids, out]: weights of (type, variant) [k, m,
-/// experts], `cols` input columns, ids [slots, tokens], out [m, slots, tokens];
-/// shape = [k, m, experts, slots, tokens, cols].
 /// SWIGLU_MATMUL_ID for one token (the routed experts' down product from their gate
 /// and up outputs, a slot masked) must equal SWIGLU then MATMUL_ID bit for bit, with
 /// the SwiGLU computed by the quantisation (no ds4_swiglu launch).
@@ -817,6 +814,9 @@ fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     ok
 }
 
+/// MATMUL_ID's tensors on buffers [w, x, ids, out]: weights of (type, variant) [k, m,
+/// experts], `cols` input columns, ids [slots, tokens], out [m, slots, tokens];
+/// shape = [k, m, experts, slots, tokens, cols].
 fn id_args(b: [u64; 4], (ty, variant): (u32, u64), shape: [usize; 6]) -> [TensorRef; 4] {
     let [k, m, experts, slots, n_tok, cols] = shape.map(|v| v as u64);
     [

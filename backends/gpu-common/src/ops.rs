@@ -1274,6 +1274,9 @@ pub fn run(
                 if u.dims != g.dims || act.dims != g.dims {
                     return Err("swiglu_matmul_id: gate, up and act differ in shape".into());
                 }
+                if [g, u, act].iter().any(|t| t.type_id != types::F32) {
+                    return Err("swiglu_matmul_id: gate, up and act must be F32".into());
+                }
                 let fused = if w.type_id == TYPE_Q2_0_ROCMFP2 {
                     Some(matmul_id(&[*w, *g, *ids, *out], mmq, ptr)?).filter(|p| p.sort.is_none())
                 } else {
@@ -2079,6 +2082,17 @@ mod run_tests {
             &bad,
         );
         assert!(e.unwrap_err().contains("differ in shape"));
+        let half_up = t(types::F16, [64, 2, 1, 1]);
+        let bad = [we, f(64, 2), half_up, ids1, f(4, 2), f(64, 2)];
+        let e = run(
+            &g,
+            "test",
+            MMQ_MMA,
+            ops::SWIGLU_MATMUL_ID,
+            &OpParams::default(),
+            &bad,
+        );
+        assert!(e.unwrap_err().contains("must be F32"));
         assert_eq!(g.scratch.borrow()[..2], [2 * 2 * 40, 9 * 2 * 40]);
         let e = run(&g, "test", MMQ_MMA, 99, &OpParams::default(), &[]).unwrap_err();
         assert_eq!(e, "op 99 is not supported by the test backend");

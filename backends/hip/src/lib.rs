@@ -84,6 +84,7 @@ pub struct Hip {
     device_synchronize: unsafe extern "C" fn() -> Err,
     stream_wait_event: unsafe extern "C" fn(Ptr, Ptr, c_uint) -> Err,
     event_create: unsafe extern "C" fn(*mut Ptr) -> Err,
+    event_destroy: unsafe extern "C" fn(Ptr) -> Err,
     event_record: unsafe extern "C" fn(Ptr, Ptr) -> Err,
     get_error_string: unsafe extern "C" fn(Err) -> *const c_char,
     memset: unsafe extern "C" fn(Ptr, c_int, usize) -> Err,
@@ -152,6 +153,7 @@ impl Hip {
             device_synchronize: sym!("hipDeviceSynchronize"),
             stream_wait_event: sym!("hipStreamWaitEvent"),
             event_create: sym!("hipEventCreate"),
+            event_destroy: sym!("hipEventDestroy"),
             event_record: sym!("hipEventRecord"),
             get_error_string: sym!("hipGetErrorString"),
             memset: sym!("hipMemset"),
@@ -317,6 +319,12 @@ static NEXT: AtomicU64 = AtomicU64::new(1);
 static BUFFERS: Mutex<Option<HashMap<u64, Handle>>> = Mutex::new(None);
 static STREAMS: Mutex<Option<HashMap<u64, Handle>>> = Mutex::new(None);
 static EVENTS: Mutex<Option<HashMap<u64, Handle>>> = Mutex::new(None);
+/// Event ids oldest first: an event is destroyed (its id forgotten) after the next
+/// `EVENT_KEEP` records, ample for the forks and joins of a step (the CUDA backend's
+/// rule), so recording one per fork does not grow without bound.
+static EVENT_ORDER: Mutex<std::collections::VecDeque<u64>> =
+    Mutex::new(std::collections::VecDeque::new());
+const EVENT_KEEP: usize = 4096;
 
 fn put(table: &Mutex<Option<HashMap<u64, Handle>>>, h: Handle) -> u64 {
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -521,14 +529,36 @@ extern "C" fn event_record(stream: u64) -> RResult<u64, RString> {
             hip.check("hipEventCreate", (hip.event_create)(&mut e))?;
             hip.check("hipEventRecord", (hip.event_record)(e, s.ptr as Ptr))?;
         }
-        Ok(put(
+        let id = put(
             &EVENTS,
             Handle {
                 device: s.device,
                 ptr: e as usize,
                 len: 0,
             },
-        ))
+        );
+        let old = {
+            let mut order = EVENT_ORDER.lock().unwrap_or_else(|e| e.into_inner());
+            order.push_back(id);
+            if order.len() > EVENT_KEEP {
+                order.pop_front()
+            } else {
+                None
+            }
+        };
+        let old = old.and_then(|o| {
+            EVENTS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut()
+                .and_then(|t| t.remove(&o))
+        });
+        if let Some(old) = old {
+            // SAFETY: no longer reachable by id; the runtime defers destroying an event
+            // a stream still waits for.
+            let _ = unsafe { (hip.event_destroy)(old.ptr as Ptr) };
+        }
+        Ok(id)
     })
 }
 

@@ -86,13 +86,14 @@ fn graphs() -> std::sync::MutexGuard<'static, BTreeMap<(u64, i64), Exec>> {
     GRAPHS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Forgets the graphs recorded on `stream` (they hold pointers into its old scratch).
 /// Drops every stream's graphs: one may have recorded another stream's scratch (a
 /// branch forked to it), so a scratch region moving invalidates them all.
 fn drop_graphs(hip: &Hip) {
     let Some(g) = &hip.graph else { return };
     for (_, e) in std::mem::take(&mut *graphs()) {
-        // SAFETY: no launch of it is queued past the synchronisation before this.
+        // SAFETY: no launch of it on this device is queued past the synchronisation
+        // before this (graphs of other devices may still run: multi-device steps are
+        // refused today).
         unsafe {
             let _ = (g.exec_destroy)(e.0);
         }

@@ -136,6 +136,8 @@ pub(super) struct GpuPath {
     /// routed ones): their kernels, each too small to fill the device, overlap. Empty:
     /// every op on the main stream (`MOE_DS4_BRANCHES=0`, or no more streams).
     sides: Vec<Arc<Device>>,
+    /// Bit i: branch i is forked and not joined yet (a failed step joins these).
+    open: std::cell::Cell<u8>,
 }
 
 /// Side streams of [`GpuPath`] (`MOE_DS4_BRANCHES=N`: N of them, at most 2).
@@ -276,6 +278,7 @@ impl GpuPath {
                     })
                     .collect()
             },
+            open: Default::default(),
         }))
     }
 
@@ -441,13 +444,15 @@ impl GpuPath {
             GraphState::Off
         };
         let key = pr(&[], &[slot as i64]);
-        // A step joins each branch it forks; after an op failed mid-branch, every side
-        // stream joins the main one here, so a graph capture ends with no branch open.
+        // A step joins each branch it forks; after an op failed mid-branch, the branches
+        // still open join the main stream here, so a graph capture ends with none open.
         let step = |w: &Work| {
             self.enqueue(m, st, w, n, want.len(), single)
                 .inspect_err(|_| {
-                    for i in 0..self.sides.len() {
-                        let _ = self.join(dev, i);
+                    for i in 0..SIDES {
+                        if self.open.get() & (1 << i) != 0 {
+                            let _ = self.join(dev, i);
+                        }
                     }
                 })
         };
@@ -645,6 +650,7 @@ impl GpuPath {
         match self.side(i) {
             Some(s) => {
                 s.wait_for(main).context("forking a branch")?;
+                self.open.set(self.open.get() | 1 << i);
                 Ok(s)
             }
             None => Ok(main),
@@ -654,7 +660,11 @@ impl GpuPath {
     /// `main` waits for branch `i` (nothing without side streams).
     fn join(&self, main: &Device, i: usize) -> Result<()> {
         match self.side(i) {
-            Some(s) => main.wait_for(s).context("joining a branch"),
+            Some(s) => {
+                main.wait_for(s).context("joining a branch")?;
+                self.open.set(self.open.get() & !(1 << i));
+                Ok(())
+            }
             None => Ok(()),
         }
     }
@@ -946,7 +956,8 @@ impl GpuPath {
         let op = |code: u32, prm: OpParams, args: &[TensorRef]| dev.op(code, prm, args);
         let x = v(&w.x, [d, n, 1, 1]);
         let rl = v(&w.rl, [e, n, 1, 1]);
-        // The router's and the shared expert's products of x in one op.
+        // The router's product of x (with the shared expert's in the same op when there
+        // are no side streams).
         let sf = lay
             .shexp
             .as_ref()
