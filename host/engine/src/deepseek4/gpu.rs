@@ -807,6 +807,16 @@ impl GpuPath {
             }
             _ => None,
         };
+        // The kv norm and rotary wait only for the main stream's kv product: on side
+        // stream 0, after the compressor's work (the query path is the longer one).
+        let kv3 = v(&w.kv, [hd, 1, n, 1]);
+        let ks = self.fork(dev, SIDE_COMP)?;
+        forked[SIDE_COMP] |= !self.sides.is_empty();
+        ks.op(
+            ops::NORM_ROPE,
+            pr(&[p.eps, *ms], &[2, pairs, 0]),
+            &[kv3, dl.kv_norm.r, inv.r, pos, kv3],
+        )?;
         let qr3 = v(&w.q_res, [p.q_lora, 1, n, 1]);
         op(
             ops::NORM_ROPE,
@@ -854,12 +864,6 @@ impl GpuPath {
             ops::NORM_ROPE,
             pr(&[p.eps, *ms], &[1, pairs, 0]),
             &[q, dl.q_a_norm.r, inv.r, pos, q],
-        )?;
-        let kv3 = v(&w.kv, [hd, 1, n, 1]);
-        op(
-            ops::NORM_ROPE,
-            pr(&[p.eps, *ms], &[2, pairs, 0]),
-            &[kv3, dl.kv_norm.r, inv.r, pos, kv3],
         )?;
         for (i, _) in forked.iter().enumerate().filter(|f| *f.1) {
             self.join(dev, i)?;
