@@ -2072,27 +2072,16 @@ mod run_tests {
                 ("matvec_dense_rows_id", 13),
             ]
         );
-        let bad = [we, f(64, 2), f(32, 2), ids1, f(4, 2), f(64, 2)];
-        let e = run(
-            &g,
-            "test",
-            MMQ_MMA,
-            ops::SWIGLU_MATMUL_ID,
-            &OpParams::default(),
-            &bad,
-        );
-        assert!(e.unwrap_err().contains("differ in shape"));
-        let half_up = t(types::F16, [64, 2, 1, 1]);
-        let bad = [we, f(64, 2), half_up, ids1, f(4, 2), f(64, 2)];
-        let e = run(
-            &g,
-            "test",
-            MMQ_MMA,
-            ops::SWIGLU_MATMUL_ID,
-            &OpParams::default(),
-            &bad,
-        );
-        assert!(e.unwrap_err().contains("must be F32"));
+        // Refused: an up of another shape, or not F32.
+        for (up, why) in [
+            (f(32, 2), "differ in shape"),
+            (t(types::F16, [64, 2, 1, 1]), "must be F32"),
+        ] {
+            let bad = [we, f(64, 2), up, ids1, f(4, 2), f(64, 2)];
+            let p = OpParams::default();
+            let e = run(&g, "test", MMQ_MMA, ops::SWIGLU_MATMUL_ID, &p, &bad).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
         assert_eq!(g.scratch.borrow()[..2], [2 * 2 * 40, 9 * 2 * 40]);
         let e = run(&g, "test", MMQ_MMA, 99, &OpParams::default(), &[]).unwrap_err();
         assert_eq!(e, "op 99 is not supported by the test backend");
