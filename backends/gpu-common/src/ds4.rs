@@ -905,51 +905,35 @@ mod tests {
         assert_eq!((name, grid), ("matvec_dense_id", (2, 6, 1)));
         assert_eq!(Some(&(np + 1)), signatures().get(name));
         assert!(matmul_id_dense(&g, &[TensorRef { type_id: 107, ..w }]).is_none());
+        // The launch a grouped product makes, its parameters checked against the kernel.
+        let grouped = |a: [TensorRef; 4]| {
+            matmul_id_dense(&g, &a).unwrap().unwrap();
+            let (name, grid, block, np) = *g.0.borrow().last().unwrap();
+            assert_eq!(Some(&(np + 1)), signatures().get(name));
+            (name, grid, block)
+        };
         // 512 rows: a block on two rows per pair.
         let w = TensorRef {
             type_id: types::Q8_0,
             ..f([64, 512, 4, 1])
         };
-        matmul_id_dense(
-            &g,
-            &[w, f([64, 3, 1, 1]), i([2, 3, 1, 1]), f([512, 6, 1, 1])],
-        )
-        .unwrap()
-        .unwrap();
-        let (name, grid, block, np) = g.0.borrow()[1];
         assert_eq!(
-            (name, grid, block),
+            grouped([w, f([64, 3, 1, 1]), i([2, 3, 1, 1]), f([512, 6, 1, 1])]),
             ("matvec_dense_rows_id", (256, 6, 1), 128)
         );
-        assert_eq!(Some(&(np + 1)), signatures().get(name));
         // The output projection's 8 ROCmFP4 groups of 4096 x 1024, one token (a column
         // per pair): the runs kernel, 2 rows x 512 threads = 64 rows a block.
         let w = TensorRef {
             type_id: 100,
             ..f([4096, 1024, 8, 1])
         };
-        matmul_id_dense(
-            &g,
-            &[w, f([4096, 8, 1, 1]), i([8, 1, 1, 1]), f([1024, 8, 1, 1])],
-        )
-        .unwrap()
-        .unwrap();
-        let (name, grid, block, np) = g.0.borrow()[2];
         assert_eq!(
-            (name, grid, block),
+            grouped([w, f([4096, 8, 1, 1]), i([8, 1, 1, 1]), f([1024, 8, 1, 1])]),
             ("matvec_fp4_runs_q8_id", (16, 8, 1), 512)
         );
-        assert_eq!(Some(&(np + 1)), signatures().get(name));
         // Two tokens (a prefill that does not take MMQ): f32 activations, the rows kernel.
-        matmul_id_dense(
-            &g,
-            &[w, f([4096, 16, 1, 1]), i([8, 2, 1, 1]), f([1024, 16, 1, 1])],
-        )
-        .unwrap()
-        .unwrap();
-        let (name, grid, block, _) = g.0.borrow()[3];
         assert_eq!(
-            (name, grid, block),
+            grouped([w, f([4096, 16, 1, 1]), i([8, 2, 1, 1]), f([1024, 16, 1, 1])]),
             ("matvec_dense_rows_id", (512, 16, 1), 128)
         );
     }
