@@ -449,11 +449,7 @@ impl GpuPath {
         let step = |w: &Work| {
             self.enqueue(m, st, w, n, want.len(), single)
                 .inspect_err(|_| {
-                    for i in 0..SIDES {
-                        if self.open.get() & (1 << i) != 0 {
-                            let _ = self.join(dev, i);
-                        }
-                    }
+                    let _ = self.join_open(dev);
                 })
         };
         let next = match state {
@@ -669,13 +665,24 @@ impl GpuPath {
         }
     }
 
-    /// Products of x for branch `i`: on its side stream (forked here, `forked[i]` set),
-    /// or added to the main stream's `main_x` without side streams.
+    /// Whether branch `i` is forked and not joined yet.
+    fn is_open(&self, i: usize) -> bool {
+        self.open.get() & (1 << i) != 0
+    }
+
+    /// `main` waits for every branch still open.
+    fn join_open(&self, main: &Device) -> Result<()> {
+        (0..SIDES)
+            .filter(|&i| self.is_open(i))
+            .try_for_each(|i| self.join(main, i))
+    }
+
+    /// Products of x for branch `i`: on its side stream (forked here), or added to the
+    /// main stream's `main_x` without side streams.
     fn branch_x(
         &self,
         main: &Device,
         i: usize,
-        forked: &mut [bool; SIDES],
         x: TensorRef,
         main_x: &mut Vec<(TensorRef, TensorRef)>,
         pairs: &[(TensorRef, TensorRef)],
@@ -685,7 +692,6 @@ impl GpuPath {
             return Ok(());
         }
         let s = self.fork(main, i)?;
-        forked[i] = true;
         self.mm_multi(s, x, pairs)
     }
 
@@ -743,13 +749,11 @@ impl GpuPath {
             (wv(&lay.q_a), q_res),
             (wv(&lay.kv), v(&w.kv, [hd, n, 1, 1])),
         ];
-        let mut forked = [false; SIDES];
         if let (Some(c), Some(_)) = (&lay.comp, &st.comp) {
             let (kvr, gr) = comp_views(c, &w.ck, &w.cg);
             self.branch_x(
                 dev,
                 SIDE_COMP,
-                &mut forked,
                 x,
                 &mut of_x,
                 &[(wv(&c.kv), kvr), (wv(&c.gate), gr)],
@@ -762,11 +766,11 @@ impl GpuPath {
                 (wv(&ix.comp.gate), gr),
                 (wv(&ix.proj), v(&w.iw, [p.idx_heads, n, 1, 1])),
             ];
-            self.branch_x(dev, SIDE_IDX, &mut forked, x, &mut of_x, &idx_x)?;
+            self.branch_x(dev, SIDE_IDX, x, &mut of_x, &idx_x)?;
         }
         self.mm_multi(dev, x, &of_x)?;
         let stream = |i: usize| {
-            if forked[i] {
+            if self.is_open(i) {
                 self.side(i).unwrap_or(dev)
             } else {
                 &**dev
@@ -811,7 +815,6 @@ impl GpuPath {
         // stream 0, after the compressor's work (the query path is the longer one).
         let kv3 = v(&w.kv, [hd, 1, n, 1]);
         let ks = self.fork(dev, SIDE_COMP)?;
-        forked[SIDE_COMP] |= !self.sides.is_empty();
         ks.op(
             ops::NORM_ROPE,
             pr(&[p.eps, *ms], &[2, pairs, 0]),
@@ -828,7 +831,6 @@ impl GpuPath {
             // The indexer's queries come from the normed q_res: its stream waits for it,
             // then scores and selects while the main stream runs wq_b.
             let sd = self.fork(dev, SIDE_IDX)?;
-            forked[SIDE_IDX] = true;
             let (ih, id) = (p.idx_heads, p.idx_dim);
             let iq = v(&w.iq, [id, ih, n, 1]);
             sd.op(
@@ -865,9 +867,7 @@ impl GpuPath {
             pr(&[p.eps, *ms], &[1, pairs, 0]),
             &[q, dl.q_a_norm.r, inv.r, pos, q],
         )?;
-        for (i, _) in forked.iter().enumerate().filter(|f| *f.1) {
-            self.join(dev, i)?;
-        }
+        self.join_open(dev)?;
         // Without compressed rows (mode 0) any tensor other than the ring stands in.
         let rows = st
             .comp
