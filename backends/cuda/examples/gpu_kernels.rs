@@ -403,10 +403,7 @@ fn id_multi(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     let before = g.counters();
     g.op(ops::MATMUL_ID_MULTI, &[x1, i1, a1, o1, a2, o2]);
     let after = g.counters();
-    let delta = |n: &str| {
-        let key = format!("{n}.device");
-        after.get(&key).copied().unwrap_or(0) - before.get(&key).copied().unwrap_or(0)
-    };
+    let delta = |n: &str| device_launches(&before, &after, n);
     let launches = (delta("quantize_q8_1"), delta("mmvq_id_107"));
     let same = (0..2).all(|i| {
         let (a, b) = (
@@ -785,10 +782,7 @@ fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         &[wr, f(bg), f(bu), ir, or, f(act2)],
     );
     let after = g.counters();
-    let delta = |n: &str| {
-        let key = format!("{n}.device");
-        after.get(&key).copied().unwrap_or(0) - before.get(&key).copied().unwrap_or(0)
-    };
+    let delta = |n: &str| device_launches(&before, &after, n);
     let launches = (
         delta("quantize_q8_1_swiglu"),
         delta("ds4_swiglu"),
@@ -825,6 +819,16 @@ fn id_args(b: [u64; 4], (ty, variant): (u32, u64), shape: [usize; 6]) -> [Tensor
         t(b[2], 0, types::I32, 0, [slots, n_tok, 1, 1]),
         t(b[3], 0, types::F32, 0, [m, slots, n_tok, 1]),
     ]
+}
+
+/// Launches of kernel `name` on the device between two [`Gpu::counters`] readings.
+fn device_launches(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+    name: &str,
+) -> u64 {
+    let key = format!("{name}.device");
+    after.get(&key).copied().unwrap_or(0) - before.get(&key).copied().unwrap_or(0)
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
