@@ -2,8 +2,9 @@
 //
 // One dialect for NVIDIA (nvcc, NVRTC, clang -x cuda) and AMD (hipcc, hiprtc,
 // clang -x hip). Kernels use only the names below plus the small common subset of
-// the CUDA/HIP device APIs (threadIdx, blockIdx, blockDim, __syncthreads, atomicAdd,
-// __int_as_float, roundf, fabsf, fmaxf, fminf, fmaf, expf, sqrtf). Assumptions:
+// the CUDA/HIP device APIs (threadIdx, blockIdx, blockDim, gridDim, __syncthreads,
+// __threadfence, __threadfence_block, atomicAdd, __int_as_float, roundf, fabsf, fmaxf,
+// fminf, fmaf, expf, sqrtf). Assumptions:
 // * 32-lane warps (NVIDIA warps; RDNA3/3.5 wave32, the HIP default on gfx11);
 // * blocks are launched with the sizes the kernels name in __launch_bounds__.
 #pragma once
@@ -152,6 +153,40 @@ GPU_DEV void gpu_grid_wait() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Device-scope release + acquire fence: a block publishes its results before it counts
+// itself done, and the block that counts last orders its reads of theirs after it.
+GPU_DEV void gpu_fence() {
+#if defined(GPU_CUDA)
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#else
+    __threadfence();
+#endif
+}
+
+// Loads of data other blocks of the running kernel wrote (after gpu_fence): from L2,
+// past this SM's L1, which other SMs' stores do not update. p 16-byte aligned (f4).
+GPU_DEV float gpu_load_l2(const float* p) {
+#if defined(GPU_CUDA)
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+#else
+    return *(const volatile float*)p;
+#endif
+}
+GPU_DEV gpu_f4 gpu_load_l2_f4(const float* p) {
+#if defined(GPU_CUDA)
+    gpu_f4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p));
+    return v;
+#else
+    const volatile float* q = p;
+    return gpu_f4{q[0], q[1], q[2], q[3]};
 #endif
 }
 

@@ -23,6 +23,8 @@
 #define KID_DS4_SWIGLU 28
 #define KID_DS4_MOE_COMBINE 29
 #define KID_TRANSPOSE12 31
+#define KID_DS4_HC_POST_PRE 44
+#define KID_DS4_HC_SINKHORN 45
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -108,14 +110,19 @@ GPU_DEV void ds4_norm_lines(float* c, float eps) {
     }
 }
 
-// Softmax rows (+eps), then Sinkhorn: a column normalisation, then iters - 1 rounds of
-// rows and columns (each sum + eps). In registers: HC is a compile-time size.
+// The logits of the comb matrix (Sinkhorn's input) at entry i: mixes M, bases B.
+GPU_DEV float ds4_comb_logit(const float* M, const float* B, float scale, int hc, int i) {
+    return M[2 * hc + i] * scale + B[2 * hc + i];
+}
+
+// Softmax rows (+eps) of the logits L, then Sinkhorn: a column normalisation, then
+// iters - 1 rounds of rows and columns (each sum + eps). In registers: HC is a
+// compile-time size; out may be L.
 template <int HC>
-GPU_DEV void ds4_sinkhorn(const float* M, const float* B, float scale, int iters, float eps,
-                          float* out) {
+GPU_DEV void ds4_sinkhorn_logits(const float* L, int iters, float eps, float* out) {
     float c[HC * HC];
 #pragma unroll
-    for (int i = 0; i < HC * HC; ++i) c[i] = M[2 * HC + i] * scale + B[2 * HC + i];
+    for (int i = 0; i < HC * HC; ++i) c[i] = L[i];
 #pragma unroll
     for (int i = 0; i < HC; ++i) {
         float mx = DS4_NEG_INF, sum = 0.0f;
@@ -137,16 +144,24 @@ GPU_DEV void ds4_sinkhorn(const float* M, const float* B, float scale, int iters
     for (int i = 0; i < HC * HC; ++i) out[i] = c[i];
 }
 
+template <int HC>
+GPU_DEV void ds4_sinkhorn(const float* M, const float* B, float scale, int iters, float eps,
+                          float* out) {
+    float l[HC * HC];
+#pragma unroll
+    for (int i = 0; i < HC * HC; ++i) l[i] = ds4_comb_logit(M, B, scale, HC, i);
+    ds4_sinkhorn_logits<HC>(l, iters, eps, out);
+}
+
 // ds4_sinkhorn on one warp, lane i * HC + j holding entry (i, j) (HC * HC <= 32): every
 // row / column sum is taken in the same order as the serial version, so the result is
 // the same bit for bit, with 2 * iters divisions per lane instead of HC^2 per round.
+// Lane L brings logit c of entry L (lanes HC * HC.. any value).
 template <int HC>
-GPU_DEV void ds4_sinkhorn_warp(const float* M, const float* B, float scale, int iters, float eps,
-                               float* out) {
+GPU_DEV void ds4_sinkhorn_warp_c(float c, int iters, float eps, float* out) {
     const int L = threadIdx.x & 31;
     const bool on = L < HC * HC;
     const int i = on ? L / HC : 0, j = on ? L % HC : 0;
-    float c = on ? M[2 * HC + L] * scale + B[2 * HC + L] : 0.0f;
     float mx = DS4_NEG_INF, sum = 0.0f;
 #pragma unroll
     for (int jj = 0; jj < HC; ++jj) mx = fmaxf(mx, gpu_shfl(c, i * HC + jj));
@@ -169,6 +184,63 @@ GPU_DEV void ds4_sinkhorn_warp(const float* M, const float* B, float scale, int 
     if (on) out[L] = c;
 }
 
+template <int HC>
+GPU_DEV void ds4_sinkhorn_warp(const float* M, const float* B, float scale, int iters, float eps,
+                               float* out) {
+    const int L = threadIdx.x & 31;
+    ds4_sinkhorn_warp_c<HC>(L < HC * HC ? ds4_comb_logit(M, B, scale, HC, L) : 0.0f, iters, eps, out);
+}
+
+// The Sinkhorn for hc streams into out (hc * hc values), called by a whole warp: the
+// warp form up to 5 streams, lane 0 alone above.
+GPU_DEV void ds4_sinkhorn_hc(int hc, const float* M, const float* B, float scale, int iters,
+                             float eps, float* out) {
+    switch (hc) {
+    case 1: ds4_sinkhorn_warp<1>(M, B, scale, iters, eps, out); break;
+    case 2: ds4_sinkhorn_warp<2>(M, B, scale, iters, eps, out); break;
+    case 3: ds4_sinkhorn_warp<3>(M, B, scale, iters, eps, out); break;
+    case 4: ds4_sinkhorn_warp<4>(M, B, scale, iters, eps, out); break;
+    case 5: ds4_sinkhorn_warp<5>(M, B, scale, iters, eps, out); break;
+    default:
+        if ((threadIdx.x & 31) == 0) {
+            if (hc == 6) ds4_sinkhorn<6>(M, B, scale, iters, eps, out);
+            else if (hc == 7) ds4_sinkhorn<7>(M, B, scale, iters, eps, out);
+            else ds4_sinkhorn<8>(M, B, scale, iters, eps, out);
+        }
+        break;
+    }
+}
+
+// ds4_sinkhorn_hc from the logits, in place (L: hc * hc values), called by a whole warp.
+GPU_DEV void ds4_sinkhorn_hc_logits(int hc, float* L, int iters, float eps) {
+    const int lane = threadIdx.x & 31;
+    const float c = lane < hc * hc ? L[lane] : 0.0f;
+    switch (hc) {
+    case 1: ds4_sinkhorn_warp_c<1>(c, iters, eps, L); break;
+    case 2: ds4_sinkhorn_warp_c<2>(c, iters, eps, L); break;
+    case 3: ds4_sinkhorn_warp_c<3>(c, iters, eps, L); break;
+    case 4: ds4_sinkhorn_warp_c<4>(c, iters, eps, L); break;
+    case 5: ds4_sinkhorn_warp_c<5>(c, iters, eps, L); break;
+    default:
+        if (lane == 0) {
+            if (hc == 6) ds4_sinkhorn_logits<6>(L, iters, eps, L);
+            else if (hc == 7) ds4_sinkhorn_logits<7>(L, iters, eps, L);
+            else ds4_sinkhorn_logits<8>(L, iters, eps, L);
+        }
+        break;
+    }
+}
+
+// The comb matrices HC_PRE / HC_POST_PRE left as logits (defer = 1), finished in place:
+// wts is [nm, n] (nm = 2hc + hc^2), the logits at 2hc... grid = n, block = 32.
+extern "C" __global__ void __launch_bounds__(32)
+    ds4_hc_sinkhorn(float* __restrict__ wts, int hc, int iters, float eps,
+                    unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_HC_SINKHORN);
+    ds4_sinkhorn_hc_logits(hc, wts + (long long)blockIdx.x * (2 * hc + hc * hc) + 2 * hc, iters,
+                           eps);
+}
+
 // ---------------------------------------------------------------------------------
 // mHC pre: `mix` holds W * streams (the un-normalised streams; the RMS factor of the
 // streams is applied here, which equals projecting the normalised streams). Site mode:
@@ -179,15 +251,16 @@ GPU_DEV void ds4_sinkhorn_warp(const float* M, const float* B, float scale, int 
 // Sinkhorn on warp 0 (HC <= 5) or thread 0. allow_fast = 0 keeps the general path (A/B
 // runs). split = 1 (site mode, grid y = 2): on the fast path block (t, 1) runs the
 // Sinkhorn (20 serial rounds, the longest chain) while block (t, 0) collapses and norms;
-// both take the streams' RMS (the same sums, so the same bits). grid = (n, 1 + split),
-// block = DS4_HC_THREADS.
+// both take the streams' RMS (the same sums, so the same bits). defer = 1: the comb
+// matrix is left as the Sinkhorn's logits, for ds4_hc_sinkhorn to finish off the
+// critical path. grid = (n, 1 + split), block = DS4_HC_THREADS.
 #define DS4_HC_THREADS 1024
 extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
     ds4_hc_pre(const float* __restrict__ streams, const float* __restrict__ mix,
                const float* __restrict__ scale, const float* __restrict__ base,
                const float* __restrict__ norm_w, int d, int hc, int iters, float eps,
                float hc_eps, int head_mode, float* __restrict__ out, float* __restrict__ wts,
-               int allow_fast, int split, unsigned int* counters) {
+               int allow_fast, int split, int defer, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_HC_PRE);
     __shared__ float sh[32];
     __shared__ float W[2 * DS4_HC_MAX + DS4_HC_MAX * DS4_HC_MAX];
@@ -237,21 +310,10 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
     }
     if (fast && role == 0) __syncthreads();  // W[0..hc) is all the collapse needs
     if (!head_mode && (!two || role == 1)) {
-        if (tid < 32) {
-            switch (hc) {
-            case 1: ds4_sinkhorn_warp<1>(M, B, S[2], iters, hc_eps, W + 2); break;
-            case 2: ds4_sinkhorn_warp<2>(M, B, S[2], iters, hc_eps, W + 4); break;
-            case 3: ds4_sinkhorn_warp<3>(M, B, S[2], iters, hc_eps, W + 6); break;
-            case 4: ds4_sinkhorn_warp<4>(M, B, S[2], iters, hc_eps, W + 8); break;
-            case 5: ds4_sinkhorn_warp<5>(M, B, S[2], iters, hc_eps, W + 10); break;
-            default:
-                if (tid == 0) {
-                    if (hc == 6) ds4_sinkhorn<6>(M, B, S[2], iters, hc_eps, W + 12);
-                    else if (hc == 7) ds4_sinkhorn<7>(M, B, S[2], iters, hc_eps, W + 14);
-                    else ds4_sinkhorn<8>(M, B, S[2], iters, hc_eps, W + 16);
-                }
-                break;
-            }
+        if (defer) {
+            if (tid < hc * hc) W[2 * hc + tid] = ds4_comb_logit(M, B, S[2], hc, tid);
+        } else if (tid < 32) {
+            ds4_sinkhorn_hc(hc, M, B, S[2], iters, hc_eps, W + 2 * hc);
         }
     }
     if (role == 1) {  // split: this block's part of wts is the Sinkhorn's
@@ -309,6 +371,16 @@ GPU_DEV float ds4_combine(const float* __restrict__ y, const float* __restrict__
     return acc;
 }
 
+// Stream o's new value at one column: post_o * b + sum_j comb[j][o] * old_j (W: one
+// token's [pre, post, comb]). One definition for ds4_hc_post and ds4_hc_post_pre.
+GPU_DEV float ds4_post_value(const float* W, int hc, int o, float b, const float* old) {
+    float acc = W[hc + o] * b;
+#pragma unroll
+    for (int j = 0; j < DS4_HC_MAX; ++j)
+        if (j < hc) acc += W[2 * hc + j * hc + o] * old[j];
+    return acc;
+}
+
 // mHC post, in place: new_k = post_k * block + sum_j comb[j][k] * old_j. With y set,
 // block is the MoE's output combined here (ds4_combine of y, rw, shared; k experts a
 // token), so the MoE needs no combine launch of its own.
@@ -330,11 +402,202 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int o = 0; o < DS4_HC_MAX; ++o) {
         if (o >= hc) break;
-        float acc = W[hc + o] * b;
+        s[(long long)o * d + i] = ds4_post_value(W, hc, o, b, old);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// mHC post, then the next site's mixes and mHC pre, in one launch: a decode step's
+// post, mix product and pre (three dependent launches, the pre on one block) become
+// one, with the mix product spread over the device. Block b of token t owns columns
+// [b C, b C + C) of every stream (C = DS4_HCF_THREADS / hcp, hcp = hc rounded up to a
+// power of two, hc <= 4): it applies the post (ds4_post_value, the bits of
+// ds4_hc_post; post_mode 1: of `block`, 2: of the MoE's y / rw / shared, 0: none),
+// then writes its share of the mixes (fn's rows against its new stream values) and of
+// the streams' sum of squares to part[t][b][0..nm]. The token's last block to finish
+// (the count in sync[t], which it puts back to zero) sums the shares in block order
+// (the same bits whichever block is last) and runs mHC pre as ds4_hc_pre does: warp 0
+// the Sinkhorn (defer = 1: its logits, for ds4_hc_sinkhorn), the other warps the
+// collapse and norm. The constants (fn, base, scale, norm_w) are loaded before the
+// dependent-launch wait. wts: the previous site's weights are read (post), this
+// site's are written (nm a token; with head_mode only for one token, as the head's
+// weights are packed tighter). Needs hc <= 4, d % 4 == 0,
+// d <= DS4_HCF_MAX_D, streams / out / norm_w 16-byte aligned.
+// grid = (ceil(d / C), n), block = DS4_HCF_THREADS.
+#define DS4_HCF_THREADS 512
+#define DS4_HCF_WARPS (DS4_HCF_THREADS / 32)
+#define DS4_HCF_ROWS 2  // mix rows a warp (nm <= 24 <= 2 * DS4_HCF_WARPS)
+#define DS4_HCF_VALS (DS4_HCF_THREADS / 32)
+#define DS4_HCF_X4 5        // collapse float4s a thread of warps 1..
+#define DS4_HCF_MAX_D 8192  // <= 4 * (DS4_HCF_THREADS - 32) * DS4_HCF_X4
+extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
+    ds4_hc_post_pre(float* streams, const float* __restrict__ fn, const float* __restrict__ scale,
+                    const float* __restrict__ base, const float* __restrict__ norm_w, int d, int hc,
+                    int iters, float eps, float hc_eps, int head_mode, float* __restrict__ out,
+                    float* __restrict__ wts, float* part, unsigned int* __restrict__ sync,
+                    int post_mode, const float* __restrict__ block, const float* __restrict__ y,
+                    const float* __restrict__ rw, int k, const float* __restrict__ shared,
+                    int defer, unsigned int* counters) {
+    __shared__ float sv[DS4_HCF_THREADS];
+    __shared__ float sh[32];
+    __shared__ float mix[32];
+    __shared__ float M[24], B[24], Wn[24], S[3];
+    __shared__ float wss[DS4_HCF_WARPS];
+    __shared__ unsigned int last, arrived;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int t = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
+    const int hcp = hc <= 1 ? 1 : (hc <= 2 ? 2 : 4), C = DS4_HCF_THREADS / hcp;
+    const int nm = head_mode ? hc : 2 * hc + hc * hc, site_nm = 2 * hc + hc * hc;
+    const long long hd = (long long)hc * d;
+    // This lane's fn values: rows warp + DS4_HCF_WARPS q, block value v = lane + 32 u
+    // (stream v / C, column b C + v % C), the layout of sv below.
+    float wv[DS4_HCF_ROWS][DS4_HCF_VALS];
 #pragma unroll
-        for (int j = 0; j < DS4_HC_MAX; ++j)
-            if (j < hc) acc += W[2 * hc + j * hc + o] * old[j];
-        s[(long long)o * d + i] = acc;
+    for (int q = 0; q < DS4_HCF_ROWS; ++q) {
+        const int r = warp + DS4_HCF_WARPS * q;
+#pragma unroll
+        for (int u = 0; u < DS4_HCF_VALS; ++u) {
+            const int v = lane + 32 * u, hv = v / C, iv = b * C + v % C;
+            wv[q][u] = (r < nm && hv < hc && iv < d) ? fn[r * hd + (long long)hv * d + iv] : 0.0f;
+        }
+    }
+    // The last block's constants: base and scale (threads < nm), this thread's norm
+    // weights for the collapse (warps 1..).
+    const int ct = tid - 32, nct = DS4_HCF_THREADS - 32, d4 = d / 4;
+    const float base_t = tid < nm ? base[tid] : 0.0f;
+    const float scale_t = tid < (head_mode ? 1 : 3) ? scale[tid] : 0.0f;
+    gpu_f4 nw[DS4_HCF_X4];
+#pragma unroll
+    for (int u = 0; u < DS4_HCF_X4; ++u) {
+        const int c = ct + u * nct;
+        nw[u] = (ct >= 0 && c < d4) ? ((const gpu_f4*)norm_w)[c] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
+    gpu_count_launch(counters, KID_DS4_HC_POST_PRE);
+    float* s = streams + (long long)t * hd;
+    const int h = tid / C, i = b * C + tid % C;
+    const bool on = h < hc && i < d;
+    float nv = 0.0f;
+    if (post_mode) {
+        const float* W = wts + (long long)t * site_nm;
+        float old[DS4_HC_MAX];
+#pragma unroll
+        for (int j = 0; j < DS4_HC_MAX; ++j) old[j] = (on && j < hc) ? s[(long long)j * d + i] : 0.0f;
+        if (on) {
+            const float bv =
+                post_mode == 2 ? ds4_combine(y, rw, shared, d, k, t, i) : block[(long long)t * d + i];
+            nv = ds4_post_value(W, hc, h, bv, old);
+        }
+        __syncthreads();  // every old value read before any is replaced
+        if (on) s[(long long)h * d + i] = nv;
+    } else if (on) {
+        nv = s[(long long)h * d + i];
+    }
+    sv[tid] = nv;
+    __syncthreads();
+    float* mine = part + ((long long)t * nb + b) * (nm + 1);
+#pragma unroll
+    for (int q = 0; q < DS4_HCF_ROWS; ++q) {
+        const int r = warp + DS4_HCF_WARPS * q;
+        if (r >= nm) break;  // the same for the whole warp
+        float a = 0.0f;
+#pragma unroll
+        for (int u = 0; u < DS4_HCF_VALS; ++u) a += wv[q][u] * sv[lane + 32 * u];
+        a = gpu_warp_sum(a);
+        if (lane == 0) mine[r] = a;
+    }
+    const float ssq = ds4_block_sum(nv * nv, sh, DS4_HCF_THREADS);
+    if (tid == 0) mine[nm] = ssq;
+    // Count this block done once its streams and shares are out (the barrier orders
+    // every thread's stores before thread 0's fence); the last one goes on.
+    __syncthreads();
+    if (tid == 0) {
+        gpu_fence();
+        last = atomicAdd(sync + t, 1u) == (unsigned int)(nb - 1);
+        if (last) {
+            gpu_fence();
+            sync[t] = 0;  // ready for the next launch (graph replays)
+        }
+        arrived = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    const float* tp = part + (long long)t * nb * (nm + 1);
+    for (int r = warp; r <= nm; r += DS4_HCF_WARPS) {
+        float a = 0.0f;
+        for (int j = lane; j < nb; j += 32) a += gpu_load_l2(tp + (long long)j * (nm + 1) + r);
+        a = gpu_warp_sum(a);
+        if (lane == 0) mix[r] = a;
+    }
+    __syncthreads();
+    // ds4_hc_pre from here: the streams' RMS factor on the mixes, pre and post.
+    const float rs = 1.0f / sqrtf(mix[nm] / (float)hd + eps);
+    if (tid < nm) {
+        M[tid] = mix[tid] * rs;
+        B[tid] = base_t;
+    }
+    if (tid < (head_mode ? 1 : 3)) S[tid] = scale_t;
+    __syncthreads();
+    if (tid < hc) Wn[tid] = ds4_sigmoid(M[tid] * S[0] + B[tid]) + hc_eps;
+    if (!head_mode && tid >= 32 && tid < 32 + hc)
+        Wn[hc + tid - 32] = 2.0f * ds4_sigmoid(M[tid - 32 + hc] * S[1] + B[tid - 32 + hc]);
+    __syncthreads();
+    float* wo = wts + (long long)t * nm;
+    if (warp == 0) {
+        // The Sinkhorn (only the next post reads it) next to the collapse, or its logits
+        // for ds4_hc_sinkhorn (defer).
+        if (lane < (head_mode ? hc : 2 * hc)) wo[lane] = Wn[lane];
+        if (!head_mode && defer) {
+            if (lane < hc * hc) wo[2 * hc + lane] = ds4_comb_logit(M, B, S[2], hc, lane);
+        } else if (!head_mode) {
+            ds4_sinkhorn_hc(hc, M, B, S[2], iters, hc_eps, Wn + 2 * hc);
+            if (lane < hc * hc) wo[2 * hc + lane] = Wn[2 * hc + lane];
+        }
+        return;
+    }
+    // Warps 1..: x = sum_h pre_h stream_h (the other blocks' columns from L2), its RMS
+    // over these warps without a block barrier (warp 0 has left): each warp's sum in
+    // wss, the count in `arrived`, then every thread adds wss in warp order.
+    gpu_f4 xv[DS4_HCF_X4];
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < DS4_HCF_X4; ++u) {
+        const int c = ct + u * nct;
+        gpu_f4 x = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (c < d4) {
+#pragma unroll
+            for (int hh = 0; hh < 4; ++hh)
+                if (hh < hc) {
+                    const gpu_f4 v = gpu_load_l2_f4(s + (long long)hh * d + 4 * c);
+                    const float wh = Wn[hh];
+                    x.x += wh * v.x;
+                    x.y += wh * v.y;
+                    x.z += wh * v.z;
+                    x.w += wh * v.w;
+                }
+        }
+        xv[u] = x;
+        ss += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+    }
+    ss = gpu_warp_sum(ss);
+    if (lane == 0) {
+        wss[warp] = ss;
+        __threadfence_block();
+        atomicAdd(&arrived, 1u);
+    }
+    while (*(volatile unsigned int*)&arrived < (unsigned int)(DS4_HCF_WARPS - 1)) {
+    }
+    __threadfence_block();
+    float tot = 0.0f;
+    for (int w = 1; w < DS4_HCF_WARPS; ++w) tot += ((volatile float*)wss)[w];
+    const float rr = 1.0f / sqrtf(tot / (float)d + eps);
+    gpu_f4* o = (gpu_f4*)(out + (long long)t * d);
+#pragma unroll
+    for (int u = 0; u < DS4_HCF_X4; ++u) {
+        const int c = ct + u * nct;
+        if (c < d4) {
+            const gpu_f4 x = xv[u], g = nw[u];
+            o[c] = gpu_f4{g.x * (x.x * rr), g.y * (x.y * rr), g.z * (x.z * rr), g.w * (x.w * rr)};
+        }
     }
 }
 

@@ -98,7 +98,9 @@ pub mod ops {
     /// (i[0] iterations, f[1] = eps of the weights; i[1] = 1: the head, pre only), then
     /// x = sum pre_h * stream_h, RMS-normed (f[0]) times norm. args: streams (F32
     /// [d, hc, n]), mix ([nm, n]), scale ([3] or [1]), base ([nm]), norm ([d]), out
-    /// ([d, n]), weights out ([nm, n]); nm = 2hc + hc^2 (hc for the head).
+    /// ([d, n]), weights out ([nm, n]); nm = 2hc + hc^2 (hc for the head). From ABI
+    /// 1.4, i[2] = 1 (site mode): comb is left as the Sinkhorn's input (the logits
+    /// mix * scale + base) for HC_SINKHORN to finish.
     pub const HC_PRE: u32 = 17;
     /// mHC post, in place: stream_k = post_k * block + sum_j comb[j][k] * stream_j.
     /// args: streams (F32 [d, hc, n]), block ([d, n]), weights ([nm, n]). From ABI 1.3
@@ -162,6 +164,20 @@ pub mod ops {
     /// out (F32 [m, pairs]), act (F32 [k, pairs]: the backend may store the SwiGLU
     /// values there, or leave it as it was).
     pub const SWIGLU_MATMUL_ID: u32 = 31;
+    /// mHC post, then the next site's mixes and mHC pre, as one op (ABI 1.4): HC_POST
+    /// (when post inputs are given), mixes = MATMUL(fn, streams as [hc d, n]), then
+    /// HC_PRE (its params). args: streams, fn ([hc d, nm]), scale, base, norm, out (as
+    /// HC_PRE's), weights ([max(nm, 2hc + hc^2), n]: the previous site's post / comb are
+    /// read where post inputs are given, this site's written, nm a token), mix (F32 [nm,
+    /// n]: the backend may store the mixes there), sync (I32 [n]: zero before the first
+    /// call, left zero by each; the backend may count blocks there), then the post
+    /// inputs as HC_POST takes them after the streams: none, block ([d, n]), or y, w
+    /// [, shared]. i[2] = 1 as HC_PRE's.
+    pub const HC_POST_PRE: u32 = 32;
+    /// The Sinkhorn of the comb matrices HC_PRE / HC_POST_PRE left as logits (ABI 1.4),
+    /// in place: i[0] iterations, i[1] = hc, f[1] = eps (HC_PRE's). args: weights (F32
+    /// [2hc + hc^2, n]).
+    pub const HC_SINKHORN: u32 = 33;
 }
 
 /// MOE_COMBINE's arguments: (y, w, out, optional shared expert output).

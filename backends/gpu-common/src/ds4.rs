@@ -100,6 +100,7 @@ pub fn run(gpu: &impl Gpu, op: u32, p: &OpParams, a: &[TensorRef]) -> Option<Res
             ops::NORM_ROPE => norm_rope(gpu, p, a),
             ops::HC_PRE => hc_pre(gpu, p, a),
             ops::HC_POST => hc_post(gpu, a),
+            ops::HC_SINKHORN => hc_sinkhorn(gpu, p, a),
             ops::COMPRESS => compress(gpu, p, a),
             ops::INDEX_SCORES => index_scores(gpu, p, a),
             ops::TOPK_ROWS => topk_rows(gpu, p, a),
@@ -181,7 +182,8 @@ unsafe fn hc_pre(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), St
     // 122.1 / 121.4 vs 119.2 / 118.8 tok/s without; a prefill pass (512 tokens) was ~1%
     // slower with it (each extra block repeats the streams' reduction), so it keeps one
     // block a token.
-    let split = !head && n <= 4 && hc <= 4 && !hc_fast_off() && !hc_split_off();
+    let defer = !head && p.i[2] != 0;
+    let split = !head && !defer && n <= 4 && hc <= 4 && !hc_fast_off() && !hc_split_off();
     KArgs::default()
         .p(f32p(gpu, &s)?)
         .p(f32p(gpu, &mix)?)
@@ -198,6 +200,7 @@ unsafe fn hc_pre(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), St
         .p(f32p(gpu, &wts)?)
         .i(!hc_fast_off() as i32)
         .i(split as i32)
+        .i(defer as i32)
         .launch(gpu, "ds4_hc_pre", (n, 1 + split as u64, 1), 1024)
 }
 
@@ -267,6 +270,168 @@ unsafe fn hc_post(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
         .i(k)
         .p(pshared)
         .launch(gpu, "ds4_hc_post", (d.div_ceil(256), n, 1), 256)
+}
+
+unsafe fn hc_sinkhorn(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    let [wts] = args(a, "hc_sinkhorn")?;
+    let hc = p.i[1];
+    if !(1..=HC_MAX as i64).contains(&hc) {
+        return Err(format!("hc_sinkhorn: {hc} streams (1..={HC_MAX})"));
+    }
+    let nm = (2 * hc + hc * hc) as u64;
+    let n = wts.numel() / nm;
+    holds(&wts, types::F32, nm * n, "hc_sinkhorn weights")?;
+    if n * nm != wts.numel() {
+        return Err(format!(
+            "hc_sinkhorn: {} weights are not whole tokens of {nm}",
+            wts.numel()
+        ));
+    }
+    KArgs::default()
+        .p(f32p(gpu, &wts)?)
+        .i(hc as i32)
+        .i(p.i[0] as i32)
+        .f(p.f[1])
+        .launch(gpu, "ds4_hc_sinkhorn", (n, 1, 1), 32)
+}
+
+/// Most tokens HC_POST_PRE's kernel takes (decode steps; longer chunks run its parts).
+const HCF_MAX_TOKENS: u64 = 16;
+/// Widest stream `ds4_hc_post_pre` takes (DS4_HCF_MAX_D).
+const HCF_MAX_D: u64 = 8192;
+/// Threads of a `ds4_hc_post_pre` block (DS4_HCF_THREADS).
+const HCF_THREADS: u64 = 512;
+
+/// The ops HC_POST_PRE stands for, where its kernel does not apply: HC_POST (when it
+/// has post inputs), MATMUL (the mixes) and HC_PRE, in that order.
+pub struct PostPreParts {
+    pub post: Option<Vec<TensorRef>>,
+    pub mix: [TensorRef; 3],
+    pub pre: [TensorRef; 7],
+}
+
+/// HC_POST_PRE (ABI 1.4): checks its tensors, then launches `ds4_hc_post_pre`, or
+/// returns the ops it stands for (more than 4 streams or HCF_MAX_TOKENS tokens, mixes
+/// not F32, streams not whole float4s or not 16-byte aligned, the head's weights for
+/// more than one token, `MOE_GPU_HC_FAST=0`).
+///
+/// # Safety
+/// As [`Gpu::launch`].
+pub unsafe fn hc_post_pre(
+    gpu: &impl Gpu,
+    p: &OpParams,
+    a: &[TensorRef],
+) -> Result<Option<PostPreParts>, String> {
+    if a.len() < 9 || a.len() > 12 {
+        return Err(format!(
+            "hc_post_pre: expected 9 to 12 tensor arguments, got {}",
+            a.len()
+        ));
+    }
+    let [s, fnw, scale, base, norm_w, out, wts, mix, sync] = args::<9>(&a[..9], "hc_post_pre")?;
+    let post = &a[9..];
+    let head = p.i[1] != 0;
+    let (d, hc, n, nm) = hc_dims(&s, head)?;
+    let site_nm = 2 * hc + hc * hc;
+    holds(&s, types::F32, d * hc * n, "hc_post_pre streams")?;
+    if fnw.dims[0] != hc * d || fnw.dims[1] * fnw.dims[2] * fnw.dims[3] != nm {
+        return Err(format!(
+            "hc_post_pre: mix weights {:?}, expected [{}, {nm}]",
+            fnw.dims,
+            hc * d
+        ));
+    }
+    holds(
+        &scale,
+        types::F32,
+        if head { 1 } else { 3 },
+        "hc_post_pre scale",
+    )?;
+    holds(&base, types::F32, nm, "hc_post_pre base")?;
+    holds(&norm_w, types::F32, d, "hc_post_pre norm")?;
+    holds(&out, types::F32, d * n, "hc_post_pre output")?;
+    let w_len = if post.is_empty() { nm } else { nm.max(site_nm) };
+    holds(&wts, types::F32, w_len * n, "hc_post_pre weights")?;
+    holds(&mix, types::F32, nm * n, "hc_post_pre mixes")?;
+    holds(&sync, types::I32, n, "hc_post_pre counters")?;
+    // The post inputs: none, the block's output, or the MoE's (as HC_POST takes them).
+    let (mode, pb, py, prw, k, pshared) = match post {
+        [] => (0, 0, 0, 0, 0, 0),
+        [block] => {
+            holds(block, types::F32, d * n, "hc_post_pre block output")?;
+            (1, f32p(gpu, block)?, 0, 0, 0, 0)
+        }
+        [y, rw, rest @ ..] => {
+            let k = y.dims[1];
+            if y.dims[0] != d || y.dims[2] * y.dims[3] != n {
+                return Err(format!(
+                    "hc_post_pre: expert outputs {:?} do not match streams of {d} x {n}",
+                    y.dims
+                ));
+            }
+            holds(y, types::F32, d * k * n, "hc_post_pre expert outputs")?;
+            holds(rw, types::F32, k * n, "hc_post_pre routing weights")?;
+            let ps = match rest.first() {
+                Some(sh) => {
+                    holds(sh, types::F32, d * n, "hc_post_pre shared expert")?;
+                    f32p(gpu, sh)?
+                }
+                None => 0,
+            };
+            (2, 0, f32p(gpu, y)?, f32p(gpu, rw)?, to_i32(k, "k")?, ps)
+        }
+    };
+    let (ps, pout, pnorm) = (f32p(gpu, &s)?, f32p(gpu, &out)?, f32p(gpu, &norm_w)?);
+    let fused = fnw.type_id == types::F32
+        && hc <= 4
+        && d <= HCF_MAX_D
+        && d.is_multiple_of(4)
+        && [ps, pout, pnorm].iter().all(|p| p.is_multiple_of(16))
+        && (1..=HCF_MAX_TOKENS).contains(&n)
+        && (!head || n == 1)
+        && !hc_fast_off();
+    if !fused {
+        let view = |t: &TensorRef, dims: [u64; 4]| TensorRef { dims, ..*t };
+        let flat = view(&s, [hc * d, n, 1, 1]);
+        let mix = view(&mix, [nm, n, 1, 1]);
+        return Ok(Some(PostPreParts {
+            post: (!post.is_empty()).then(|| {
+                let mut v = vec![s, post[0], view(&wts, [site_nm, n, 1, 1])];
+                v.extend_from_slice(&post[1..]);
+                v
+            }),
+            mix: [fnw, flat, mix],
+            pre: [s, mix, scale, base, norm_w, out, view(&wts, [nm, n, 1, 1])],
+        }));
+    }
+    let hcp = hc.next_power_of_two();
+    let nb = d.div_ceil(HCF_THREADS / hcp);
+    let part = gpu.scratch((nb * n * (nm + 1) * 4) as usize)?;
+    KArgs::default()
+        .p(ps)
+        .p(f32p(gpu, &fnw)?)
+        .p(f32p(gpu, &scale)?)
+        .p(f32p(gpu, &base)?)
+        .p(pnorm)
+        .i(to_i32(d, "d")?)
+        .i(hc as i32)
+        .i(p.i[0] as i32)
+        .f(p.f[0])
+        .f(p.f[1])
+        .i(head as i32)
+        .p(pout)
+        .p(f32p(gpu, &wts)?)
+        .p(part)
+        .p(gpu.ptr(&sync, 4)?)
+        .i(mode)
+        .p(pb)
+        .p(py)
+        .p(prw)
+        .i(k)
+        .p(pshared)
+        .i((!head && p.i[2] != 0) as i32)
+        .launch(gpu, "ds4_hc_post_pre", (nb, n, 1), HCF_THREADS as u32)?;
+    Ok(None)
 }
 
 unsafe fn compress(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
@@ -670,7 +835,7 @@ unsafe fn matmul_id_dense_inner(
 
 #[cfg(test)]
 mod tests {
-    use std::{cell::RefCell, collections::HashMap, ffi::c_void};
+    use std::{cell::RefCell, ffi::c_void};
 
     use super::*;
 
@@ -717,23 +882,7 @@ mod tests {
         p
     }
 
-    /// Parameter count of each `__global__` kernel in the sources (the backend appends
-    /// the counters pointer, the last parameter).
-    fn signatures() -> HashMap<String, usize> {
-        let src = [
-            include_str!("../../../kernels/gpu/ds4.cu"),
-            include_str!("../../../kernels/gpu/rocmfpx.cu"),
-        ]
-        .concat();
-        let mut out = HashMap::new();
-        for part in src.split("__global__ void __launch_bounds__(").skip(1) {
-            let rest = &part[part.find(')').unwrap() + 1..];
-            let (name, args) = rest.split_once('(').unwrap();
-            let args = &args[..args.find(')').unwrap()];
-            out.insert(name.trim().to_string(), args.split(',').count());
-        }
-        out
-    }
+    use crate::kernels::signatures;
 
     fn run_ok(op: u32, p: OpParams, a: &[TensorRef]) -> Vec<Launched> {
         let g = Rec::default();
@@ -782,6 +931,30 @@ mod tests {
         );
         // Site mode: a second block per token runs the Sinkhorn.
         assert_eq!(l[0].1, (3, 2, 1));
+        // ... unless it is deferred to HC_SINKHORN: a warp per token.
+        let pre = [
+            f([d, hc, n, 1]),
+            f([nm, n, 1, 1]),
+            f([3, 1, 1, 1]),
+            f([nm, 1, 1, 1]),
+            f([d, 1, 1, 1]),
+            f([d, n, 1, 1]),
+            f([nm, n, 1, 1]),
+        ];
+        let l = run_ok(ops::HC_PRE, prm(&[1e-6, 1e-6], &[20, 0, 1]), &pre);
+        assert_eq!(l[0].1, (3, 1, 1));
+        let sk = prm(&[0.0, 1e-6], &[20, hc as i64]);
+        let l = run_ok(ops::HC_SINKHORN, sk, &[f([nm, n, 1, 1])]);
+        assert_eq!((l[0].0, l[0].1, l[0].2), ("ds4_hc_sinkhorn", (3, 1, 1), 32));
+        for (a, bad, why) in [
+            (f([nm, n, 1, 1]), prm(&[], &[20, 0]), "0 streams"),
+            (f([nm + 1, n, 1, 1]), sk, "not whole tokens"),
+        ] {
+            let e = run(&Rec::default(), ops::HC_SINKHORN, &bad, &[a])
+                .unwrap()
+                .unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
         let l = run_ok(
             ops::HC_POST,
             OpParams::default(),

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 44] = [
+pub const KERNELS: [&str; 46] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -54,9 +54,30 @@ pub const KERNELS: [&str; 44] = [
     "matvec_dense_q8_multi",
     "matvec_dense_q8_id",
     "quantize_q8_1_swiglu",
+    "ds4_hc_post_pre",
+    "ds4_hc_sinkhorn",
 ];
 /// Device-side launch counters (u32 each) the kernels bump.
-pub const COUNTER_SLOTS: usize = 44;
+pub const COUNTER_SLOTS: usize = 46;
+
+/// Parameter count of each `__global__` kernel in the sources (the backend appends
+/// the counters pointer, the last parameter): tests check launches against it.
+#[cfg(test)]
+pub(crate) fn signatures() -> std::collections::HashMap<String, usize> {
+    let src = [
+        include_str!("../../../kernels/gpu/ds4.cu"),
+        include_str!("../../../kernels/gpu/rocmfpx.cu"),
+    ]
+    .concat();
+    let mut out = std::collections::HashMap::new();
+    for part in src.split("__global__ void __launch_bounds__(").skip(1) {
+        let rest = &part[part.find(')').unwrap() + 1..];
+        let (name, args) = rest.split_once('(').unwrap();
+        let args = &args[..args.find(')').unwrap()];
+        out.insert(name.trim().to_string(), args.split(',').count());
+    }
+    out
+}
 
 /// The full translation unit: the `units` in order, the first one's
 /// `#include "common.cuh"` replaced by `common_cuh` (less its `#pragma once`), the

@@ -1349,6 +1349,17 @@ pub fn run(
                 }
                 Ok(())
             }
+            ops::HC_POST_PRE => {
+                let Some(parts) = crate::ds4::hc_post_pre(gpu, params, args)? else {
+                    return Ok(()); // one launch
+                };
+                if let Some(post) = &parts.post {
+                    run(gpu, backend, mmq, ops::HC_POST, params, post)?;
+                }
+                let d = OpParams::default();
+                run(gpu, backend, mmq, ops::MATMUL, &d, &parts.mix)?;
+                run(gpu, backend, mmq, ops::HC_PRE, params, &parts.pre)
+            }
             ops::MATMUL_ID_MULTI => {
                 for step in matmul_id_multi(args, mmq, ptr)? {
                     match step {
@@ -2085,5 +2096,77 @@ mod run_tests {
         assert_eq!(g.scratch.borrow()[..2], [2 * 2 * 40, 9 * 2 * 40]);
         let e = run(&g, "test", MMQ_MMA, 99, &OpParams::default(), &[]).unwrap_err();
         assert_eq!(e, "op 99 is not supported by the test backend");
+    }
+
+    /// HC_POST_PRE's tensors for d = 4096, 4 streams, n tokens (`head`: the head's pre
+    /// only), then `post` inputs.
+    fn post_pre_args(n: u64, head: bool, post: &[TensorRef]) -> Vec<TensorRef> {
+        let (d, hc) = (4096, 4);
+        let nm = if head { hc } else { 2 * hc + hc * hc };
+        let f = |a: u64, b: u64, c: u64| t(types::F32, [a, b, c, 1]);
+        let mut a = vec![
+            f(d, hc, n),
+            f(hc * d, nm, 1),
+            f(if head { 1 } else { 3 }, 1, 1),
+            f(nm, 1, 1),
+            f(d, 1, 1),
+            f(d, n, 1),
+            f(24, n, 1),
+            f(nm, n, 1),
+            t(types::I32, [n, 1, 1, 1]),
+        ];
+        a.extend_from_slice(post);
+        a
+    }
+
+    #[test]
+    fn hc_post_pre_fuses_decode_steps_and_runs_its_parts_otherwise() {
+        let f = |a: u64, b: u64, c: u64| t(types::F32, [a, b, c, 1]);
+        let site = OpParams {
+            f: [1e-6, 1e-6, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            ..Default::default()
+        };
+        let mut head = site;
+        head.i[1] = 1;
+        let sig = crate::kernels::signatures();
+        let names = |p: &OpParams, a: &[TensorRef]| {
+            let g = Rec::default();
+            run(&g, "test", MMQ_MMA, ops::HC_POST_PRE, p, a).unwrap();
+            let l = g.launches.into_inner();
+            for (name, _, np) in &l {
+                assert_eq!(sig.get(*name), Some(&(np + 1)), "{name}'s parameters");
+            }
+            (l, g.scratch.into_inner())
+        };
+        // One token, each kind of post input: one launch, 4096 / (512 / 4) = 32 blocks,
+        // each with 25 partial sums in scratch.
+        let moe = [f(4096, 6, 1), f(6, 1, 1), f(4096, 1, 1)];
+        for post in [&[][..], &moe[..1], &moe[..2], &moe[..]] {
+            let (l, sc) = names(&site, &post_pre_args(1, false, post));
+            assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 22)]);
+            assert_eq!(sc, [32 * 25 * 4]);
+        }
+        let (l, _) = names(&head, &post_pre_args(1, true, &moe[..1]));
+        assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 22)]);
+        // Longer chunks, and the head's weights for 2 tokens: HC_POST, the mixes, HC_PRE.
+        let (l, _) = names(&site, &post_pre_args(17, false, &[f(4096, 17, 1)]));
+        let l: Vec<_> = l.iter().map(|x| x.0).collect();
+        assert_eq!(l, ["ds4_hc_post", "matvec_dense", "ds4_hc_pre"]);
+        let (l, _) = names(&head, &post_pre_args(2, true, &[]));
+        let l: Vec<_> = l.iter().map(|x| x.0).collect();
+        assert_eq!(l, ["matvec_dense", "ds4_hc_pre"]);
+        // Refused: too few tensors, counters not I32, mix weights of another shape.
+        let g = Rec::default();
+        let mut bad = post_pre_args(1, false, &[]);
+        let e = run(&g, "test", MMQ_MMA, ops::HC_POST_PRE, &site, &bad[..8]).unwrap_err();
+        assert!(e.contains("expected 9 to 12"), "{e}");
+        bad[8] = f(1, 1, 1);
+        let e = run(&g, "test", MMQ_MMA, ops::HC_POST_PRE, &site, &bad).unwrap_err();
+        assert!(e.contains("hc_post_pre counters"), "{e}");
+        let mut bad = post_pre_args(1, false, &[]);
+        bad[1] = f(4096, 24, 1);
+        let e = run(&g, "test", MMQ_MMA, ops::HC_POST_PRE, &site, &bad).unwrap_err();
+        assert!(e.contains("mix weights"), "{e}");
+        assert!(g.launches.borrow().is_empty());
     }
 }

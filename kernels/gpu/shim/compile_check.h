@@ -34,6 +34,11 @@ struct rf_shim_bdim {
     __declspec(property(get = get_x)) unsigned int x;
 };
 static __device__ const rf_shim_bdim blockDim;
+struct rf_shim_gdim {
+    __device__ unsigned int get_x() const { return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x(); }
+    __declspec(property(get = get_x)) unsigned int x;
+};
+static __device__ const rf_shim_gdim gridDim;
 
 static __device__ inline void __syncthreads() {
     __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
@@ -75,6 +80,15 @@ static __device__ inline float __fadd_rn(float a, float b) { return __nvvm_add_r
 static __device__ inline float __fsub_rn(float a, float b) { return __nvvm_add_rn_f(a, -b); }
 #endif
 
+#if defined(__HIP__)
+static __device__ inline void __threadfence() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
+static __device__ inline void __threadfence_block() {
+    __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "workgroup");
+}
+#else
+static __device__ inline void __threadfence() { __nvvm_membar_gl(); }
+static __device__ inline void __threadfence_block() { __nvvm_membar_cta(); }
+#endif
 static __device__ inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
     return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }

@@ -68,6 +68,8 @@ struct Work {
     pos: Tensor,
     want: Tensor,
     streams: Tensor,
+    /// mHC post + pre's block counts (HC_POST_PRE), zero between ops.
+    hc_sync: Tensor,
     mix: Tensor,
     wts: Tensor,
     x: Tensor,
@@ -131,6 +133,12 @@ pub(super) struct GpuPath {
     /// The backend's HC_POST combines the MoE's outputs itself (ABI 1.3): no
     /// MOE_COMBINE op.
     post_combine: bool,
+    /// The backend runs HC_POST_PRE (ABI 1.4): mHC post, the next site's mixes and
+    /// mHC pre as one op.
+    hc_fused: bool,
+    /// A site's Sinkhorn (HC_SINKHORN, ABI 1.4) runs on side stream 0, off the main
+    /// stream's path: only the next site's post reads the comb matrix.
+    hc_defer: bool,
     /// Streams for the branches of a layer that do not depend on each other (the
     /// compressor, and the indexer, next to the queries; the shared expert next to the
     /// routed ones): their kernels, each too small to fill the device, overlap. Empty:
@@ -261,6 +269,8 @@ impl GpuPath {
             multi: probe_multi(dev),
             swiglu_id: probe_swiglu_id(dev),
             post_combine: probe_post_combine(dev),
+            hc_fused: probe_hc_fused(dev),
+            hc_defer: false, // needs side streams: set below
             sides: {
                 let want = match std::env::var("MOE_DS4_BRANCHES") {
                     Ok(v) => v
@@ -279,6 +289,10 @@ impl GpuPath {
                     .collect()
             },
             open: Default::default(),
+        })
+        .map(|mut g| {
+            g.hc_defer = !g.sides.is_empty() && probe_hc_sinkhorn(dev);
+            g
         }))
     }
 
@@ -329,6 +343,11 @@ impl GpuPath {
             pos: dev.i32(n)?,
             want: dev.i32(n)?,
             streams: f(d * hc * n)?,
+            hc_sync: {
+                let t = dev.i32(n)?;
+                t.upload_i32(&vec![0; n])?;
+                t
+            },
             mix: f(nm * n)?,
             wts: f(nm * n)?,
             x: f(d * n)?,
@@ -532,84 +551,90 @@ impl GpuPath {
         let streams = v(&w.streams, [d, hc, n, 1]);
         let x = v(&w.x, [d, n, 1, 1]);
         let wts = v(&w.wts, [nm, n, 1, 1]);
-        for (l, (lay, dl)) in m.layers.iter().zip(&self.layers).enumerate() {
-            let site = |fnw: &Tensor, sb: &(Tensor, Tensor), norm: &Tensor| -> Result<()> {
-                op(
-                    ops::MATMUL,
-                    OpParams::default(),
-                    &[
-                        wv(fnw),
-                        v(&w.streams, [hc * d, n, 1, 1]),
-                        v(&w.mix, [nm, n, 1, 1]),
-                    ],
-                )?;
+        // An mHC site: the post of the block before it (`post`: its inputs as HC_POST
+        // takes them after the streams; none before the first layer), the site's mixes
+        // and pre (the head's: pre only) into `out`. One HC_POST_PRE where the backend
+        // has it.
+        let site = |post: &[TensorRef],
+                    fnw: &Tensor,
+                    sb: &(Tensor, Tensor),
+                    norm: &Tensor,
+                    head: bool,
+                    out: TensorRef|
+         -> Result<()> {
+            let here = if head { hc } else { nm };
+            let iters = if head { 0 } else { p.hc_iters as i64 };
+            let defer = self.hc_defer && !head;
+            let prm = pr(&[p.eps, p.hc_eps], &[iters, head as i64, defer as i64]);
+            let mix = v(&w.mix, [here, n, 1, 1]);
+            let (scale, base) = (sb.0.r, sb.1.r);
+            // The post reads the last site's comb matrix: its Sinkhorn branch joins.
+            if !post.is_empty() {
+                self.join_open(dev)?;
+            }
+            if self.hc_fused {
+                let sync = v(&w.hc_sync, [n, 1, 1, 1]);
+                let mut a = vec![streams, wv(fnw), scale, base, norm.r, out, wts, mix, sync];
+                a.extend_from_slice(post);
+                op(ops::HC_POST_PRE, prm, &a)?;
+            } else {
+                if let Some((first, rest)) = post.split_first() {
+                    let mut a = vec![streams, *first, wts];
+                    a.extend_from_slice(rest);
+                    op(ops::HC_POST, OpParams::default(), &a)?;
+                }
+                let flat = v(&w.streams, [hc * d, n, 1, 1]);
+                op(ops::MATMUL, OpParams::default(), &[wv(fnw), flat, mix])?;
+                let wh = v(&w.wts, [here, n, 1, 1]);
                 op(
                     ops::HC_PRE,
-                    pr(&[p.eps, p.hc_eps], &[p.hc_iters as i64, 0]),
-                    &[
-                        streams,
-                        v(&w.mix, [nm, n, 1, 1]),
-                        sb.0.r,
-                        sb.1.r,
-                        norm.r,
-                        x,
-                        wts,
-                    ],
-                )
-            };
-            site(&lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm)
+                    prm,
+                    &[streams, mix, scale, base, norm.r, out, wh],
+                )?;
+            }
+            if defer {
+                // The comb matrix's Sinkhorn next to the block that follows.
+                let sd = self.fork(dev, SIDE_COMP)?;
+                let prm = pr(&[0.0, p.hc_eps], &[iters, hc as i64]);
+                sd.op(ops::HC_SINKHORN, prm, &[wts])?;
+            }
+            Ok(())
+        };
+        let mut post: Vec<TensorRef> = Vec::new();
+        for (l, (lay, dl)) in m.layers.iter().zip(&self.layers).enumerate() {
+            site(&post, &lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm, false, x)
                 .with_context(|| format!("layer {l}: mHC before attention"))?;
             self.attention(m, l, lay, dl, &st[l], w, n)
                 .with_context(|| format!("layer {l}: attention"))?;
-            op(
-                ops::HC_POST,
-                OpParams::default(),
-                &[streams, v(&w.ao, [d, n, 1, 1]), wts],
-            )?;
-            site(&lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm)
+            post = vec![v(&w.ao, [d, n, 1, 1])];
+            site(&post, &lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm, false, x)
                 .with_context(|| format!("layer {l}: mHC before the MoE"))?;
             self.moe(m, l, lay, dl, w, n)
                 .with_context(|| format!("layer {l}: MoE"))?;
-            if self.post_combine {
+            post = if self.post_combine {
                 // The MoE's outputs go to mHC post uncombined: it combines them itself.
                 let k = p.n_used;
-                let mut args = vec![streams, v(&w.ey, [d, k, n, 1]), wts, v(&w.rw, [k, n, 1, 1])];
+                let mut a = vec![v(&w.ey, [d, k, n, 1]), v(&w.rw, [k, n, 1, 1])];
                 if lay.shexp.is_some() {
-                    args.push(v(&w.sy, [d, n, 1, 1]));
+                    a.push(v(&w.sy, [d, n, 1, 1]));
                 }
-                op(ops::HC_POST, OpParams::default(), &args)?;
+                a
             } else {
-                op(
-                    ops::HC_POST,
-                    OpParams::default(),
-                    &[streams, v(&w.mo, [d, n, 1, 1]), wts],
-                )?;
-            }
+                vec![v(&w.mo, [d, n, 1, 1])]
+            };
         }
         if n_want == 0 {
-            return Ok(());
+            // Nothing reads the last layer's streams; the Sinkhorn branch joins.
+            return self.join_open(dev);
         }
-        op(
-            ops::MATMUL,
-            OpParams::default(),
-            &[
-                wv(&m.hc_head.0),
-                v(&w.streams, [hc * d, n, 1, 1]),
-                v(&w.mix, [hc, n, 1, 1]),
-            ],
-        )?;
-        op(
-            ops::HC_PRE,
-            pr(&[p.eps, p.hc_eps], &[0, 1]),
-            &[
-                streams,
-                v(&w.mix, [hc, n, 1, 1]),
-                self.head.0.r,
-                self.head.1.r,
-                self.out_norm.r,
-                v(&w.hidden, [d, n, 1, 1]),
-                v(&w.wts, [hc, n, 1, 1]),
-            ],
+        let hidden = v(&w.hidden, [d, n, 1, 1]);
+        site(
+            &post,
+            &m.hc_head.0,
+            &self.head,
+            &self.out_norm,
+            true,
+            hidden,
         )
         .context("output head")?;
         let hsel = if single || n_want == n {
@@ -1126,6 +1151,41 @@ fn probe_post_combine(dev: &Arc<Device>) -> bool {
         // d = 2, one stream (3 mix weights), one expert a token.
         let (s, y, wts, rw) = (f(2)?, f(2)?, f(3)?, f(1)?);
         dev.op(ops::HC_POST, OpParams::default(), &[s.r, y.r, wts.r, rw.r])
+    })
+}
+
+/// Whether the backend runs HC_POST_PRE (ABI 1.4): one tiny call (one stream of 4).
+fn probe_hc_fused(dev: &Arc<Device>) -> bool {
+    if std::env::var_os("MOE_DS4_HC_FUSED").is_some_and(|v| v == "0") {
+        return false; // A/B runs: HC_POST, MATMUL, HC_PRE
+    }
+    probe_op(dev, "HC_POST, MATMUL, HC_PRE", || {
+        let f = |k: u64, m: u64| -> Result<Tensor> {
+            let t = dev.f32([k, m, 1, 1])?;
+            t.upload_f32(&vec![0.5; (k * m) as usize])?;
+            Ok(t)
+        };
+        // d = 4, one stream (3 mix weights), one token.
+        let (s, fnw, scale, base) = (f(4, 1)?, f(4, 3)?, f(3, 1)?, f(3, 1)?);
+        let (norm, out, wts, mix) = (f(4, 1)?, f(4, 1)?, f(3, 1)?, f(3, 1)?);
+        let sync = dev.i32(1)?;
+        sync.upload_i32(&[0])?;
+        let args = [
+            s.r, fnw.r, scale.r, base.r, norm.r, out.r, wts.r, mix.r, sync.r,
+        ];
+        dev.op(ops::HC_POST_PRE, pr(&[1e-6, 1e-6], &[2, 0]), &args)
+    })
+}
+
+/// Whether the backend runs HC_SINKHORN (ABI 1.4): one tiny call (one stream).
+fn probe_hc_sinkhorn(dev: &Arc<Device>) -> bool {
+    if std::env::var_os("MOE_DS4_HC_DEFER").is_some_and(|v| v == "0") {
+        return false; // A/B runs: the Sinkhorn inside mHC pre
+    }
+    probe_op(dev, "the Sinkhorn inside mHC pre", || {
+        let wts = dev.f32([3, 1, 1, 1])?;
+        wts.upload_f32(&[0.5; 3])?;
+        dev.op(ops::HC_SINKHORN, pr(&[0.0, 1e-6], &[2, 1]), &[wts.r])
     })
 }
 
