@@ -899,8 +899,11 @@ extern "C" __global__ void __launch_bounds__(256)
 // window (positions pos-window+1 .. pos; older than this chunk from the ring at
 // q % window) then compressed rows: none (mode 0), all visible (1: (pos+1)/ratio) or
 // the indexer's selection (2). One warp per key with an online softmax, warps merged
-// at the end. grid = (heads, n), block = 32 * nw: nw = 8, or 16 (DS4_ATT_MAX_WARPS)
-// when few tokens (a decode step's 64 blocks) must keep more keys in flight per block.
+// at the end. With inv_freq set, q is first RMS-normed (plain, eps) and rotated on its
+// trailing 2 n_pairs values, and the output inverse-rotated (ds4_norm_rope's (1, n_pairs,
+// 0) and (0, n_pairs, 1), the output's bits the same): no launch of their own.
+// grid = (heads, n), block = 32 * nw: nw = 8, or 16 (DS4_ATT_MAX_WARPS) when few tokens
+// (a decode step's 64 blocks) must keep more keys in flight per block.
 #define DS4_ATT_MAX_WARPS 16
 extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
     ds4_attention(const float* __restrict__ q, const float* __restrict__ kv,
@@ -908,6 +911,7 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
                   const int* __restrict__ sel, const float* __restrict__ sinks,
                   const int* __restrict__ pos, int heads, int hd, int window, int ratio,
                   int mode, int k_sel, int cap, float scale, float* __restrict__ out, int nw,
+                  const float* __restrict__ inv_freq, int n_pairs, float eps, float mscale,
                   unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_ATTENTION);
     __shared__ float wm[DS4_ATT_MAX_WARPS], wl[DS4_ATT_MAX_WARPS];
@@ -922,6 +926,24 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
         const int i = j * 32 + lane;
         qr[j] = i < hd ? qh[i] : 0.0f;
         acc[j] = 0.0f;
+    }
+    const int tail = hd - 2 * n_pairs;
+    if (inv_freq) {
+        // Every warp norms and rotates the head's whole query; pair (i, i + 1) sits in
+        // lanes (i, i + 1) of one register, the partner a shuffle away.
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) ss += qr[j] * qr[j];
+        const float r = 1.0f / sqrtf(gpu_warp_sum(ss) / (float)hd + eps);
+#pragma unroll
+        for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) {
+            const int i = j * 32 + lane;
+            const float mine = qr[j] * r, other = gpu_shfl_xor(mine, 1);
+            float a = lane & 1 ? other : mine, b = lane & 1 ? mine : other;
+            if (i < hd && i >= tail)
+                ds4_rotate(a, b, (float)p, inv_freq[(i - tail) / 2], mscale, 0);
+            qr[j] = lane & 1 ? b : a;
+        }
     }
     const int first = p - window + 1 > 0 ? p - window + 1 : 0;
     const int n_win = p - first + 1;
@@ -973,10 +995,17 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
     float den = expf(sink - mx);
     for (int w = 0; w < nw; ++w) den += wl[w] * expf(wm[w] - mx);
     float* o = out + ((long long)t * heads + h) * hd;
-    for (int i = threadIdx.x; i < hd; i += 32 * nw) {
-        float v = 0.0f;
-        for (int w = 0; w < nw; ++w) v += wacc[w * DS4_HEAD_MAX + i] * expf(wm[w] - mx);
-        o[i] = v / den;
+    for (int i = 2 * threadIdx.x; i < hd; i += 64 * nw) {
+        float v0 = 0.0f, v1 = 0.0f;
+        for (int w = 0; w < nw; ++w) {
+            const float e = expf(wm[w] - mx);
+            v0 += wacc[w * DS4_HEAD_MAX + i] * e;
+            v1 += wacc[w * DS4_HEAD_MAX + i + 1] * e;
+        }
+        float a = v0 / den, b = v1 / den;
+        if (inv_freq && i >= tail) ds4_rotate(a, b, (float)p, inv_freq[(i - tail) / 2], mscale, 1);
+        o[i] = a;
+        o[i + 1] = b;
     }
 }
 

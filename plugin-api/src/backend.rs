@@ -127,7 +127,9 @@ pub mod ops {
     /// after) plus compressed rows (i[1]: 0 none, 1 the (pos+1)/i[0] visible, 2 the
     /// selected), scale f[0]. args: q (F32 [hd, heads, n]), kv ([hd, n]), ring ([hd,
     /// window]), rows ([hd, capacity]), sel (I32 [k, n]), sinks ([heads]), pos, out
-    /// (like q).
+    /// (like q). From ABI 1.4 a 9th, inv_freq ([i[2]]): q is first NORM_ROPE'd as (plain
+    /// norm, f[1] = eps, i[2] pairs, scale f[2]) and the output inverse-rotated as
+    /// NORM_ROPE (no norm, i[2] pairs, scale f[2], inverse) would; q is left as it was.
     pub const SPARSE_ATTENTION: u32 = 22;
     /// Router: scores sigmoid (i[0] = 2) or sqrt(softplus) (4); experts = the k best
     /// (i[2] = 0), the k best of score + bias (1) or the token's hash-table row (2);

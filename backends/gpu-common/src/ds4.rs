@@ -569,6 +569,12 @@ unsafe fn topk_rows(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(),
 }
 
 unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    // From ABI 1.4 a 9th tensor, inv_freq: q's norm + rotary and the output's inverse
+    // rotary happen in the kernel.
+    let (a, inv) = match a {
+        [head @ .., inv] if a.len() == 9 => (head, Some(*inv)),
+        _ => (a, None),
+    };
     let [q, kv, ring, rows, sel, sinks, pos, out] = args(a, "sparse_attention")?;
     let (hd, heads, n) = (q.dims[0], q.dims[1], q.dims[2] * q.dims[3]);
     let window = ring.numel() / hd.max(1);
@@ -576,6 +582,7 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     let cap = rows.numel() / hd.max(1);
     if hd == 0
         || hd > HEAD_MAX
+        || !hd.is_multiple_of(2)
         || window == 0
         || !(0..=2).contains(&mode)
         || (mode > 0 && ratio == 0)
@@ -593,6 +600,23 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     holds(&sinks, types::F32, heads, "sparse_attention sinks")?;
     holds(&pos, types::I32, n, "sparse_attention positions")?;
     holds(&out, types::F32, q.numel(), "sparse_attention output")?;
+    let pairs = if inv.is_some() {
+        p.i[2].max(0) as u64
+    } else {
+        0
+    };
+    if 2 * pairs > hd {
+        return Err(format!(
+            "sparse_attention: {pairs} rotated pairs in heads of {hd}"
+        ));
+    }
+    let pinv = match &inv {
+        Some(t) => {
+            holds(t, types::F32, pairs, "sparse_attention frequencies")?;
+            f32p(gpu, t)?
+        }
+        None => 0,
+    };
     let (pkv, pp, pr) = (f32p(gpu, &kv)?, gpu.ptr(&pos, 4)?, f32p(gpu, &ring)?);
     let (hdi, wi) = (hd as i32, to_i32(window, "window")?);
     let att = KArgs::default()
@@ -615,6 +639,10 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     // 16 warps per block when the grid is small (decode), else 8 (DS4_ATT_MAX_WARPS).
     let warps = if heads * n < 512 { 16 } else { 8 };
     att.i(warps)
+        .p(pinv)
+        .i(pairs as i32)
+        .f(p.f[1])
+        .f(p.f[2])
         .launch(gpu, "ds4_attention", (heads, n, 1), 32 * warps as u32)?;
     KArgs::default()
         .p(pkv)
@@ -1033,6 +1061,29 @@ mod tests {
                 ("ds4_window_store", (1, 3, 1)),
             ]
         );
+        // With inv_freq (q's norm + rotary, the output's inverse rotary in the kernel):
+        // the same launches; more pairs than the head holds are refused.
+        let att = |pairs: i64| {
+            let mut a = vec![
+                f([d, 8, n, 1]),
+                f([d, n, 1, 1]),
+                f([d, 16, 1, 1]),
+                f([d, 40, 1, 1]),
+                i([8, n, 1, 1]),
+                f([8, 1, 1, 1]),
+                i([n, 1, 1, 1]),
+                f([d, 8, n, 1]),
+            ];
+            a.push(f([pairs.max(1) as u64, 1, 1, 1]));
+            (prm(&[0.1, 1e-6, 1.0], &[4, 2, pairs]), a)
+        };
+        let (pa, a) = att(16);
+        assert_eq!(run_ok(ops::SPARSE_ATTENTION, pa, &a).len(), 2);
+        let (pa, a) = att(d as i64 / 2 + 1);
+        let e = run(&Rec::default(), ops::SPARSE_ATTENTION, &pa, &a)
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("rotated pairs"), "{e}");
         run_ok(
             ops::ROUTER,
             prm(&[1.5], &[4, 1, 1]),

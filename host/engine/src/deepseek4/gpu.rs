@@ -139,6 +139,9 @@ pub(super) struct GpuPath {
     /// A site's Sinkhorn (HC_SINKHORN, ABI 1.4) runs on side stream 0, off the main
     /// stream's path: only the next site's post reads the comb matrix.
     hc_defer: bool,
+    /// The backend's SPARSE_ATTENTION takes inv_freq (ABI 1.4): q's norm and rotary,
+    /// and the output's inverse rotary, happen in the attention kernel.
+    att_rope: bool,
     /// Streams for the branches of a layer that do not depend on each other (the
     /// compressor, and the indexer, next to the queries; the shared expert next to the
     /// routed ones): their kernels, each too small to fill the device, overlap. Empty:
@@ -271,6 +274,7 @@ impl GpuPath {
             post_combine: probe_post_combine(dev),
             hc_fused: probe_hc_fused(dev),
             hc_defer: false, // needs side streams: set below
+            att_rope: probe_att_rope(dev),
             sides: {
                 let want = match std::env::var("MOE_DS4_BRANCHES") {
                     Ok(v) => v
@@ -887,11 +891,13 @@ impl GpuPath {
         }
         mm(wv(&lay.q_b), q_res, v(&w.q, [nh * hd, n, 1, 1]))?;
         let q = v(&w.q, [hd, nh, n, 1]);
-        op(
-            ops::NORM_ROPE,
-            pr(&[p.eps, *ms], &[1, pairs, 0]),
-            &[q, dl.q_a_norm.r, inv.r, pos, q],
-        )?;
+        if !self.att_rope {
+            op(
+                ops::NORM_ROPE,
+                pr(&[p.eps, *ms], &[1, pairs, 0]),
+                &[q, dl.q_a_norm.r, inv.r, pos, q],
+            )?;
+        }
         self.join_open(dev)?;
         // Without compressed rows (mode 0) any tensor other than the ring stands in.
         let rows = st
@@ -904,25 +910,26 @@ impl GpuPath {
             pos
         };
         let att = v(&w.att, [hd, nh, n, 1]);
-        op(
-            ops::SPARSE_ATTENTION,
-            pr(&[(hd as f32).powf(-0.5)], &[ratio as i64, mode]),
-            &[
-                q,
-                v(&w.kv, [hd, n, 1, 1]),
-                st.ring.r,
-                rows,
-                sel,
-                dl.sinks.r,
-                pos,
-                att,
-            ],
-        )?;
-        op(
-            ops::NORM_ROPE,
-            pr(&[p.eps, *ms], &[0, pairs, 1]),
-            &[att, dl.sinks.r, inv.r, pos, att],
-        )?;
+        let kv = v(&w.kv, [hd, n, 1, 1]);
+        let mut a = vec![q, kv, st.ring.r, rows, sel, dl.sinks.r, pos, att];
+        let scale = (hd as f32).powf(-0.5);
+        if self.att_rope {
+            // q's norm + rotary and the output's inverse rotary in the attention op.
+            a.push(inv.r);
+            let prm = pr(&[scale, p.eps, *ms], &[ratio as i64, mode, pairs]);
+            op(ops::SPARSE_ATTENTION, prm, &a)?;
+        } else {
+            op(
+                ops::SPARSE_ATTENTION,
+                pr(&[scale], &[ratio as i64, mode]),
+                &a,
+            )?;
+            op(
+                ops::NORM_ROPE,
+                pr(&[p.eps, *ms], &[0, pairs, 1]),
+                &[att, dl.sinks.r, inv.r, pos, att],
+            )?;
+        }
         // Grouped output projection: group g's heads through its own block of rows.
         let (g_n, gw, gr) = (p.o_groups, nh * hd / p.o_groups, p.o_lora);
         let per_group = lay.out_a.bytes / g_n as u64;
@@ -1186,6 +1193,30 @@ fn probe_hc_sinkhorn(dev: &Arc<Device>) -> bool {
         let wts = dev.f32([3, 1, 1, 1])?;
         wts.upload_f32(&[0.5; 3])?;
         dev.op(ops::HC_SINKHORN, pr(&[0.0, 1e-6], &[2, 1]), &[wts.r])
+    })
+}
+
+/// Whether the backend's SPARSE_ATTENTION takes inv_freq (ABI 1.4): one tiny call.
+fn probe_att_rope(dev: &Arc<Device>) -> bool {
+    if std::env::var_os("MOE_DS4_ATT_ROPE").is_some_and(|v| v == "0") {
+        return false; // A/B runs: NORM_ROPE before and after the attention
+    }
+    probe_op(dev, "NORM_ROPE around the attention", || {
+        let f = |k: u64| -> Result<Tensor> {
+            let t = dev.f32([k, 1, 1, 1])?;
+            t.upload_f32(&vec![0.5; k as usize])?;
+            Ok(t)
+        };
+        // One head of 2, a window of 1, no compressed rows, the one pair rotated.
+        let (q, kv, ring, rows, sinks, out, inv) =
+            (f(2)?, f(2)?, f(2)?, f(2)?, f(1)?, f(2)?, f(1)?);
+        let (sel, pos) = (dev.i32(1)?, dev.i32(1)?);
+        sel.upload_i32(&[0])?;
+        pos.upload_i32(&[0])?;
+        let a = [
+            q.r, kv.r, ring.r, rows.r, sel.r, sinks.r, pos.r, out.r, inv.r,
+        ];
+        dev.op(ops::SPARSE_ATTENTION, pr(&[1.0, 1e-6, 1.0], &[0, 0, 1]), &a)
     })
 }
 
