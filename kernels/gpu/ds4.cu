@@ -691,68 +691,88 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // ---------------------------------------------------------------------------------
 // Lightning indexer: score[t][s] = sum_h relu(q_th . row_s) * sm * (w_th * ws) for the
-// rows visible to token t ((pos+1)/ratio). grid = (ceil(cap / DS4_IDX_ROWS), n), block =
-// 256, the token's queries staged in shared memory. Fast path (id % 4 == 0, 16-byte
-// aligned q and rows): warp w takes head group w % 4 (heads 16g.. 16g+15, + 64, ...) of
-// rows r0 + 32 (w / 4) + lane, each lane a whole row, the 16 heads' sums in registers
-// and every query value a broadcast read; the four groups' parts add up in shared
-// memory. (One warp per row with a warp sum per head spent ~30x the FMA time at 32K
-// rows.) Otherwise 8 warps x 8 rows at a time, a warp per row.
-#define DS4_IDX_ROWS 64
-#define DS4_IDX_HEADS_AT_ONCE 16
+// rows visible to token t ((pos+1)/ratio). grid = (ceil(cap / (256 / groups)), n),
+// block = 256, the token's queries staged in shared memory. Fast path (id % 4 == 0,
+// 16-byte aligned q and rows): warp w takes head group g = w % groups (heads
+// 64 / groups at a time: g * 64 / groups .., + 64, ...) of rows r0 + 32 (w / groups) +
+// lane, each lane a whole row, the group's sums in registers and every query value a
+// broadcast read; the groups' parts add up in shared memory, in group order. groups = 4
+// (64 rows a block) or 8 (32 rows a block, half the serial work a lane: more blocks
+// and shorter ones while few rows are visible). (One warp per row with a warp sum per
+// head spent ~30x the FMA time at 32K rows.) Otherwise 8 warps x 8 rows at a time, a
+// warp per row. With inv_freq set, each head's query is rotated on its trailing
+// 2 n_pairs values (scale mscale) as it is staged (ds4_norm_rope's (0, n_pairs, 0), the
+// same bits), so the rotary needs no launch of its own.
+template <int HAT>
+GPU_DEV float ds4_index_group(const float* qs, const float* wh, const float* row, int g,
+                              int groups, int ih, int id, float sm) {
+    float score = 0.0f;
+    for (int h0 = HAT * g; h0 < ih; h0 += groups * HAT) {
+        float acc[HAT];
+#pragma unroll
+        for (int h = 0; h < HAT; ++h) acc[h] = 0.0f;
+        const int nh = ih - h0 < HAT ? ih - h0 : HAT;
+        for (int i = 0; i < id; i += 4) {
+            const gpu_f4 v = *(const gpu_f4*)(row + i);
+#pragma unroll
+            for (int h = 0; h < HAT; ++h) {
+                // Heads past the end read head h0's values (in bounds) and are dropped.
+                const gpu_f4 a = *(const gpu_f4*)(qs + (h0 + (h < nh ? h : 0)) * id + i);
+                acc[h] += a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < HAT; ++h)
+            if (h < nh) score += fmaxf(acc[h], 0.0f) * sm * wh[h0 + h];
+    }
+    return score;
+}
+
 extern "C" __global__ void __launch_bounds__(256)
     ds4_index_scores(const float* __restrict__ q, const float* __restrict__ wproj,
                      const float* __restrict__ rows, const int* __restrict__ pos, int ih, int id,
                      int ratio, int cap, float sm, float ws, float* __restrict__ scores,
+                     int groups, const float* __restrict__ inv_freq, int n_pairs, float mscale,
                      unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_INDEX_SCORES);
     __shared__ __attribute__((aligned(16))) float qs[DS4_IDX_Q_MAX];
     __shared__ float wh[DS4_IDX_Q_MAX / 32];
     __shared__ float gpart[256];
-    const int t = blockIdx.y;
+    const int t = blockIdx.y, per_block = 256 / groups;
     int visible = (pos[t] + 1) / ratio;
     if (visible > cap) visible = cap;
-    const int r0 = blockIdx.x * DS4_IDX_ROWS;
+    const int r0 = blockIdx.x * per_block;
     if (r0 >= visible) return;
     const float* qt = q + (long long)t * ih * id;
-    for (int i = threadIdx.x; i < ih * id; i += 256) qs[i] = qt[i];
+    const int tail = id - 2 * n_pairs;
+    const float pt = (float)pos[t];
+    for (int i = 2 * threadIdx.x; i < ih * id; i += 512) {
+        float a = qt[i], b = qt[i + 1];
+        const int c = i % id;  // id is even: a pair never straddles two heads
+        if (inv_freq && c >= tail) ds4_rotate(a, b, pt, inv_freq[(c - tail) / 2], mscale, 0);
+        qs[i] = a;
+        qs[i + 1] = b;
+    }
     for (int h = threadIdx.x; h < ih; h += 256) wh[h] = wproj[(long long)t * ih + h] * ws;
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool fast =
         (id & 3) == 0 && ((((unsigned long long)rows) | ((unsigned long long)qt)) & 15ull) == 0;
     if (fast) {
-        const int g = warp & 3, r = r0 + 32 * (warp >> 2) + lane;
+        const int g = warp % groups, half = warp / groups, r = r0 + 32 * half + lane;
         const float* row = rows + (long long)(r < visible ? r : 0) * id;
-        float score = 0.0f;
-        for (int h0 = DS4_IDX_HEADS_AT_ONCE * g; h0 < ih; h0 += 4 * DS4_IDX_HEADS_AT_ONCE) {
-            float acc[DS4_IDX_HEADS_AT_ONCE];
-#pragma unroll
-            for (int h = 0; h < DS4_IDX_HEADS_AT_ONCE; ++h) acc[h] = 0.0f;
-            const int nh = ih - h0 < DS4_IDX_HEADS_AT_ONCE ? ih - h0 : DS4_IDX_HEADS_AT_ONCE;
-            for (int i = 0; i < id; i += 4) {
-                const gpu_f4 v = *(const gpu_f4*)(row + i);
-#pragma unroll
-                for (int h = 0; h < DS4_IDX_HEADS_AT_ONCE; ++h) {
-                    // Heads past the end read head h0's values (in bounds) and are dropped.
-                    const gpu_f4 a = *(const gpu_f4*)(qs + (h0 + (h < nh ? h : 0)) * id + i);
-                    acc[h] += a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
-                }
-            }
-#pragma unroll
-            for (int h = 0; h < DS4_IDX_HEADS_AT_ONCE; ++h)
-                if (h < nh) score += fmaxf(acc[h], 0.0f) * sm * wh[h0 + h];
-        }
-        gpart[threadIdx.x] = score;
+        gpart[threadIdx.x] = groups == 8 ? ds4_index_group<8>(qs, wh, row, g, 8, ih, id, sm)
+                                         : ds4_index_group<16>(qs, wh, row, g, 4, ih, id, sm);
         __syncthreads();
         if (g == 0 && r < visible) {
-            const int b = threadIdx.x;  // warps 0 and 4: the four groups sit 32 apart
-            scores[(long long)t * cap + r] =
-                ((gpart[b] + gpart[b + 32]) + gpart[b + 64]) + gpart[b + 96];
+            // This row's groups sit 32 apart from this thread's slot.
+            float sum = gpart[threadIdx.x];
+            for (int k = 1; k < groups; ++k) sum += gpart[threadIdx.x + 32 * k];
+            scores[(long long)t * cap + r] = sum;
         }
         return;
     }
-    for (int k = 0; k < DS4_IDX_ROWS / 8; ++k) {
+    for (int k = 0; k < per_block / 8; ++k) {
         const int r = r0 + k * 8 + warp;
         if (r >= visible) break;
         float kr[DS4_IDX_DIM_MAX / 32];

@@ -44,7 +44,7 @@ pub const ABI_MAJOR: u32 = 1;
 /// 2: MATMUL_MULTI and MATMUL_ID_MULTI (`backend::ops` 29, 30).
 /// 3: SWIGLU_MATMUL_ID (`backend::ops` 31), HC_POST of the MoE's outputs (4 or 5 args).
 /// 4: HC_POST_PRE and HC_SINKHORN (`backend::ops` 32, 33), HC_PRE's deferred Sinkhorn,
-///    SPARSE_ATTENTION's rotaries (a 9th argument).
+///    the rotaries inside SPARSE_ATTENTION (a 9th argument) and INDEX_SCORES (a 6th).
 pub const ABI_MINOR: u32 = 4;
 
 /// Explicit ABI version carried by every root module.

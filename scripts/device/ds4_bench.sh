@@ -9,8 +9,8 @@
 # written, then decodes 8 tokens of the full-width file twice (bit-identical?) and with
 # each kernel A/B switch (MOE_GPU_DENSE_ROWS=0, MOE_GPU_HC_FAST=0, MOE_GPU_HC_SPLIT=0,
 # MOE_GPU_ID_NOSORT=0, MOE_GPU_FP4_RUNS=0, MOE_DS4_BRANCHES=0, MOE_DS4_SWIGLU_ID=0,
-# MOE_DS4_POST_COMBINE=0, MOE_DS4_HC_FUSED=0, MOE_DS4_HC_DEFER=0, MOE_DS4_ATT_ROPE=0)
-# and compares (NO_FULLWIDTH=1 skips that part). PROFILE=1 adds the per-kernel tables of a decode step (at depth PROFILE_AT, 0)
+# MOE_DS4_POST_COMBINE=0, MOE_DS4_HC_FUSED=0, MOE_DS4_HC_DEFER=0, MOE_DS4_ATT_ROPE=0,
+# MOE_DS4_IDX_ROPE=0, MOE_GPU_IDX_GROUPS=4) and compares (NO_FULLWIDTH=1 skips that part). PROFILE=1 adds the per-kernel tables of a decode step (at depth PROFILE_AT, 0)
 # and of a prefill pass (PROFILE_ONLY=1 stops there); PDL_AB=1 reruns depth 0 with
 # MOE_GPU_PDL=0; REUSE=1 keeps a synth file a warm machine still has; NOFILE=1 writes
 # none (each bench builds the layers in memory: `bench --synth`). Carry .dev/ds4. $OUT gets bench.json
@@ -56,11 +56,14 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # pre as three ops, not HC_POST_PRE): summation order only; MOE_DS4_HC_DEFER=0 (the
     # Sinkhorn inside mHC pre, not HC_SINKHORN on side stream 0): bit-identical;
     # MOE_DS4_ATT_ROPE=0 (q's norm + rotary and the output's inverse rotary as NORM_ROPE
-    # ops): summation order only (q's norm).
+    # ops): summation order only (q's norm); MOE_DS4_IDX_ROPE=0 (the indexer queries'
+    # rotary as a NORM_ROPE op): bit-identical; MOE_GPU_IDX_GROUPS=4 (the scores' heads in
+    # 4 groups, not 8): summation order only.
     toks=5,17,301,4000,77,129000,42,9
     for v in base repeat MOE_GPU_DENSE_ROWS=0 MOE_GPU_HC_FAST=0 MOE_GPU_HC_SPLIT=0 MOE_GPU_ID_NOSORT=0 \
         MOE_GPU_FP4_RUNS=0 MOE_DS4_BRANCHES=0 MOE_DS4_SWIGLU_ID=0 MOE_DS4_POST_COMBINE=0 \
-        MOE_DS4_HC_FUSED=0 MOE_DS4_HC_DEFER=0 MOE_DS4_ATT_ROPE=0; do
+        MOE_DS4_HC_FUSED=0 MOE_DS4_HC_DEFER=0 MOE_DS4_ATT_ROPE=0 MOE_DS4_IDX_ROPE=0 \
+        MOE_GPU_IDX_GROUPS=4; do
         env $([[ $v == *=* ]] && echo "$v") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
             logits --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_${v%%=*}.npy"
     done
@@ -70,7 +73,8 @@ w = sys.argv[1]
 a = np.load(f"{w}/full_base.npy")
 for v in ("repeat", "MOE_GPU_DENSE_ROWS", "MOE_GPU_HC_FAST", "MOE_GPU_HC_SPLIT", "MOE_GPU_ID_NOSORT",
           "MOE_GPU_FP4_RUNS", "MOE_DS4_BRANCHES", "MOE_DS4_SWIGLU_ID", "MOE_DS4_POST_COMBINE",
-          "MOE_DS4_HC_FUSED", "MOE_DS4_HC_DEFER", "MOE_DS4_ATT_ROPE"):
+          "MOE_DS4_HC_FUSED", "MOE_DS4_HC_DEFER", "MOE_DS4_ATT_ROPE", "MOE_DS4_IDX_ROPE",
+          "MOE_GPU_IDX_GROUPS"):
     b = np.load(f"{w}/full_{v}.npy")
     rel = float((np.abs(a - b).max(1) / np.abs(b).max()).max())
     top = float((a.argmax(1) == b.argmax(1)).mean())

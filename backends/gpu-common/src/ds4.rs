@@ -505,12 +505,18 @@ unsafe fn compress(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), 
 }
 
 unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    // From ABI 1.4 a 6th tensor, inv_freq: the queries' rotary happens in the kernel.
+    let (a, inv) = match a {
+        [head @ .., inv] if a.len() == 6 => (head, Some(*inv)),
+        _ => (a, None),
+    };
     let [q, w, rows, pos, scores] = args(a, "index_scores")?;
     let (id, ih, n) = (q.dims[0], q.dims[1], q.dims[2] * q.dims[3]);
     let cap = rows.numel() / id.max(1);
     let ratio = p.i[0].max(0) as u64;
     if id == 0
         || id > IDX_DIM_MAX
+        || !id.is_multiple_of(2)
         || id * ih > IDX_Q_MAX
         || ih > IDX_Q_MAX / 32
         || rows.dims[0] != id
@@ -526,6 +532,23 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
     holds(&rows, types::F32, 0, "index_scores rows")?;
     holds(&pos, types::I32, n, "index_scores positions")?;
     holds(&scores, types::F32, cap * n, "index_scores output")?;
+    let pairs = if inv.is_some() {
+        p.i[1].max(0) as u64
+    } else {
+        0
+    };
+    if 2 * pairs > id {
+        return Err(format!(
+            "index_scores: {pairs} rotated pairs in heads of {id}"
+        ));
+    }
+    let pinv = match &inv {
+        Some(t) => {
+            holds(t, types::F32, pairs, "index_scores frequencies")?;
+            f32p(gpu, t)?
+        }
+        None => 0,
+    };
     KArgs::default()
         .p(f32p(gpu, &q)?)
         .p(f32p(gpu, &w)?)
@@ -538,8 +561,29 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         .f(p.f[0])
         .f(p.f[1])
         .p(f32p(gpu, &scores)?)
-        // DS4_IDX_ROWS (64) rows per block.
-        .launch(gpu, "ds4_index_scores", (cap.div_ceil(64), n, 1), 256)
+        .i(idx_groups() as i32)
+        .p(pinv)
+        .i(pairs as i32)
+        .f(p.f[2])
+        .launch(
+            gpu,
+            "ds4_index_scores",
+            (cap.div_ceil(256 / idx_groups()), n, 1),
+            256,
+        )
+}
+
+/// Head groups of `ds4_index_scores` (its warps' split of the heads; 256 / groups rows a
+/// block): `MOE_GPU_IDX_GROUPS` (4 or 8, for A/B runs; read once), else 8.
+fn idx_groups() -> u64 {
+    static G: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *G.get_or_init(|| {
+        std::env::var("MOE_GPU_IDX_GROUPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|g| matches!(g, 4 | 8))
+            .unwrap_or(8)
+    })
 }
 
 unsafe fn topk_rows(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
@@ -1034,7 +1078,27 @@ mod tests {
                 f([300, n, 1, 1]),
             ],
         );
-        assert_eq!(l[0].1, (5, 3, 1)); // 64 rows per block
+        assert_eq!(l[0].1, (10, 3, 1)); // 32 rows per block
+                                        // With inv_freq the queries' rotary happens in the kernel; more pairs than a head
+                                        // holds are refused.
+        let idx = |pairs: i64| {
+            let a = [
+                f([16, 4, n, 1]),
+                f([4, n, 1, 1]),
+                f([16, 300, 1, 1]),
+                i([n, 1, 1, 1]),
+                f([300, n, 1, 1]),
+                f([8, 1, 1, 1]),
+            ];
+            (prm(&[0.1, 0.5, 1.0], &[4, pairs]), a)
+        };
+        let (pi, a) = idx(4);
+        assert_eq!(run_ok(ops::INDEX_SCORES, pi, &a)[0].1, (10, 3, 1));
+        let (pi, a) = idx(9);
+        let e = run(&Rec::default(), ops::INDEX_SCORES, &pi, &a)
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("rotated pairs"), "{e}");
         run_ok(
             ops::TOPK_ROWS,
             prm(&[], &[4]),

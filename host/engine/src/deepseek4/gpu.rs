@@ -142,6 +142,9 @@ pub(super) struct GpuPath {
     /// The backend's SPARSE_ATTENTION takes inv_freq (ABI 1.4): q's norm and rotary,
     /// and the output's inverse rotary, happen in the attention kernel.
     att_rope: bool,
+    /// The backend's INDEX_SCORES takes inv_freq (ABI 1.4): the indexer queries' rotary
+    /// happens in the scoring kernel.
+    idx_rope: bool,
     /// Streams for the branches of a layer that do not depend on each other (the
     /// compressor, and the indexer, next to the queries; the shared expert next to the
     /// routed ones): their kernels, each too small to fill the device, overlap. Empty:
@@ -275,6 +278,7 @@ impl GpuPath {
             hc_fused: probe_hc_fused(dev),
             hc_defer: false, // needs side streams: set below
             att_rope: probe_att_rope(dev),
+            idx_rope: probe_idx_rope(dev),
             sides: {
                 let want = match std::env::var("MOE_DS4_BRANCHES") {
                     Ok(v) => v
@@ -867,21 +871,23 @@ impl GpuPath {
                 OpParams::default(),
                 &[wv(&ix.q_b), q_res, v(&w.iq, [id * ih, n, 1, 1])],
             )?;
-            sd.op(
-                ops::NORM_ROPE,
-                pr(&[p.eps, *cms], &[0, pairs, 0]),
-                &[iq, dl.q_a_norm.r, cinv.r, pos, iq],
-            )?;
             let cap = cs.rows.r.dims[1] as usize;
             let scores = v(&w.scores, [cap, n, 1, 1]);
-            sd.op(
-                ops::INDEX_SCORES,
-                pr(
-                    &[(id as f32).powf(-0.5), (ih as f32).powf(-0.5)],
-                    &[ix.comp.ratio as i64],
-                ),
-                &[iq, v(&w.iw, [ih, n, 1, 1]), cs.rows.r, pos, scores],
-            )?;
+            let mut a = vec![iq, v(&w.iw, [ih, n, 1, 1]), cs.rows.r, pos, scores];
+            let (sm, ws) = ((id as f32).powf(-0.5), (ih as f32).powf(-0.5));
+            let ratio = ix.comp.ratio as i64;
+            if self.idx_rope {
+                // The queries' rotary inside the scoring op.
+                a.push(cinv.r);
+                sd.op(ops::INDEX_SCORES, pr(&[sm, ws, *cms], &[ratio, pairs]), &a)?;
+            } else {
+                sd.op(
+                    ops::NORM_ROPE,
+                    pr(&[p.eps, *cms], &[0, pairs, 0]),
+                    &[iq, dl.q_a_norm.r, cinv.r, pos, iq],
+                )?;
+                sd.op(ops::INDEX_SCORES, pr(&[sm, ws], &[ratio]), &a)?;
+            }
             sd.op(
                 ops::TOPK_ROWS,
                 pr(&[], &[ix.comp.ratio as i64]),
@@ -1217,6 +1223,26 @@ fn probe_att_rope(dev: &Arc<Device>) -> bool {
             q.r, kv.r, ring.r, rows.r, sel.r, sinks.r, pos.r, out.r, inv.r,
         ];
         dev.op(ops::SPARSE_ATTENTION, pr(&[1.0, 1e-6, 1.0], &[0, 0, 1]), &a)
+    })
+}
+
+/// Whether the backend's INDEX_SCORES takes inv_freq (ABI 1.4): one tiny call.
+fn probe_idx_rope(dev: &Arc<Device>) -> bool {
+    if std::env::var_os("MOE_DS4_IDX_ROPE").is_some_and(|v| v == "0") {
+        return false; // A/B runs: NORM_ROPE before the scores
+    }
+    probe_op(dev, "NORM_ROPE before the indexer's scores", || {
+        let f = |k: u64| -> Result<Tensor> {
+            let t = dev.f32([k, 1, 1, 1])?;
+            t.upload_f32(&vec![0.5; k as usize])?;
+            Ok(t)
+        };
+        // One head of 2, one row, the one pair rotated.
+        let (q, wh, rows, out, inv) = (f(2)?, f(1)?, f(2)?, f(1)?, f(1)?);
+        let pos = dev.i32(1)?;
+        pos.upload_i32(&[0])?;
+        let a = [q.r, wh.r, rows.r, pos.r, out.r, inv.r];
+        dev.op(ops::INDEX_SCORES, pr(&[1.0, 1.0, 1.0], &[1, 1]), &a)
     })
 }
 
