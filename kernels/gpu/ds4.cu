@@ -691,8 +691,10 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // ---------------------------------------------------------------------------------
 // Lightning indexer: score[t][s] = sum_h relu(q_th . row_s) * sm * (w_th * ws) for the
-// rows visible to token t ((pos+1)/ratio). grid = (ceil(cap / (256 / groups)), n),
-// block = 256, the token's queries staged in shared memory. Fast path (id % 4 == 0,
+// rows visible to token t ((pos+1)/ratio). grid = (blocks, n), block = 256, the
+// token's queries staged in shared memory once per block, which then takes chunks of
+// 256 / groups rows b, b + blocks, ... (few blocks amortise the staging at long
+// context; at short context each block has one chunk). Fast path (id % 4 == 0,
 // 16-byte aligned q and rows): warp w takes head group g = w % groups (heads
 // 64 / groups at a time: g * 64 / groups .., + 64, ...) of rows r0 + 32 (w / groups) +
 // lane, each lane a whole row, the group's sums in registers and every query value a
@@ -741,8 +743,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const int t = blockIdx.y, per_block = 256 / groups;
     int visible = (pos[t] + 1) / ratio;
     if (visible > cap) visible = cap;
-    const int r0 = blockIdx.x * per_block;
-    if (r0 >= visible) return;
+    if ((int)blockIdx.x * per_block >= visible) return;
     const float* qt = q + (long long)t * ih * id;
     const int tail = id - 2 * n_pairs;
     const float pt = (float)pos[t];
@@ -758,22 +759,29 @@ extern "C" __global__ void __launch_bounds__(256)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool fast =
         (id & 3) == 0 && ((((unsigned long long)rows) | ((unsigned long long)qt)) & 15ull) == 0;
+    const int step = (int)gridDim.x * per_block;
     if (fast) {
-        const int g = warp % groups, half = warp / groups, r = r0 + 32 * half + lane;
-        const float* row = rows + (long long)(r < visible ? r : 0) * id;
-        gpart[threadIdx.x] = groups == 8 ? ds4_index_group<8>(qs, wh, row, g, 8, ih, id, sm)
-                                         : ds4_index_group<16>(qs, wh, row, g, 4, ih, id, sm);
-        __syncthreads();
-        if (g == 0 && r < visible) {
-            // This row's groups sit 32 apart from this thread's slot.
-            float sum = gpart[threadIdx.x];
-            for (int k = 1; k < groups; ++k) sum += gpart[threadIdx.x + 32 * k];
-            scores[(long long)t * cap + r] = sum;
+        const int g = warp % groups, half = warp / groups;
+        for (int r0 = blockIdx.x * per_block; r0 < visible; r0 += step) {
+            const int r = r0 + 32 * half + lane;
+            const float* row = rows + (long long)(r < visible ? r : 0) * id;
+            gpart[threadIdx.x] = groups == 8
+                                     ? ds4_index_group<8>(qs, wh, row, g, 8, ih, id, sm)
+                                     : ds4_index_group<16>(qs, wh, row, g, 4, ih, id, sm);
+            __syncthreads();
+            if (g == 0 && r < visible) {
+                // This row's groups sit 32 apart from this thread's slot.
+                float sum = gpart[threadIdx.x];
+                for (int k = 1; k < groups; ++k) sum += gpart[threadIdx.x + 32 * k];
+                scores[(long long)t * cap + r] = sum;
+            }
+            __syncthreads();  // gpart is free again
         }
         return;
     }
-    for (int k = 0; k < per_block / 8; ++k) {
-        const int r = r0 + k * 8 + warp;
+    for (int k = 0; k < per_block / 8 * ((visible + step - 1) / step); ++k) {
+        const int r = (int)blockIdx.x * per_block + (k / (per_block / 8)) * step +
+                      (k % (per_block / 8)) * 8 + warp;
         if (r >= visible) break;
         float kr[DS4_IDX_DIM_MAX / 32];
 #pragma unroll

@@ -568,10 +568,15 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         .launch(
             gpu,
             "ds4_index_scores",
-            (cap.div_ceil(256 / idx_groups()), n, 1),
+            (cap.div_ceil(256 / idx_groups()).min(IDX_MAX_BLOCKS), n, 1),
             256,
         )
 }
+
+/// Most blocks a token of `ds4_index_scores` runs (each stages the token's queries once,
+/// then takes every this-many'th chunk of rows): a decode step's blocks fill a large GPU
+/// about twice at long context, without staging the queries once per chunk.
+const IDX_MAX_BLOCKS: u64 = 256;
 
 /// Head groups of `ds4_index_scores` (its warps' split of the heads; 256 / groups rows a
 /// block): `MOE_GPU_IDX_GROUPS` (4 or 8, for A/B runs; read once), else 8.
@@ -1094,6 +1099,11 @@ mod tests {
         };
         let (pi, a) = idx(4);
         assert_eq!(run_ok(ops::INDEX_SCORES, pi, &a)[0].1, (10, 3, 1));
+        // Long context: at most IDX_MAX_BLOCKS blocks a token, each taking several chunks.
+        let (pi, mut a) = idx(4);
+        a[2] = f([16, 20000, 1, 1]);
+        a[4] = f([20000, n, 1, 1]);
+        assert_eq!(run_ok(ops::INDEX_SCORES, pi, &a)[0].1, (256, 3, 1));
         let (pi, a) = idx(9);
         let e = run(&Rec::default(), ops::INDEX_SCORES, &pi, &a)
             .unwrap()

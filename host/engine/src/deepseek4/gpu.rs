@@ -897,7 +897,10 @@ impl GpuPath {
         }
         mm(wv(&lay.q_b), q_res, v(&w.q, [nh * hd, n, 1, 1]))?;
         let q = v(&w.q, [hd, nh, n, 1]);
-        if !self.att_rope {
+        // Decode steps: the rotaries inside the attention (a prefill chunk's many blocks
+        // would each repeat q's norm; its separate launches cost little there).
+        let att_rope = self.att_rope && n <= 16;
+        if !att_rope {
             op(
                 ops::NORM_ROPE,
                 pr(&[p.eps, *ms], &[1, pairs, 0]),
@@ -919,7 +922,7 @@ impl GpuPath {
         let kv = v(&w.kv, [hd, n, 1, 1]);
         let mut a = vec![q, kv, st.ring.r, rows, sel, dl.sinks.r, pos, att];
         let scale = (hd as f32).powf(-0.5);
-        if self.att_rope {
+        if att_rope {
             // q's norm + rotary and the output's inverse rotary in the attention op.
             a.push(inv.r);
             let prm = pr(&[scale, p.eps, *ms], &[ratio as i64, mode, pairs]);
