@@ -700,11 +700,13 @@ extern "C" __global__ void __launch_bounds__(256)
 // lane, each lane a whole row, the group's sums in registers and every query value a
 // broadcast read; the groups' parts add up in shared memory, in group order. groups = 4
 // (64 rows a block) or 8 (32 rows a block, half the serial work a lane: more blocks
-// and shorter ones while few rows are visible). (One warp per row with a warp sum per
+// and shorter ones), or 0: 8 while no more than DS4_IDX_FEW rows are visible (the GPU
+// is not full), else 4 (each block's staging serves more rows). (One warp per row with a warp sum per
 // head spent ~30x the FMA time at 32K rows.) Otherwise 8 warps x 8 rows at a time, a
 // warp per row. With inv_freq set, each head's query is rotated on its trailing
 // 2 n_pairs values (scale mscale) as it is staged (ds4_norm_rope's (0, n_pairs, 0), the
 // same bits), so the rotary needs no launch of its own.
+#define DS4_IDX_FEW 8192
 template <int HAT>
 GPU_DEV float ds4_index_group(const float* qs, const float* wh, const float* row, int g,
                               int groups, int ih, int id, float sm) {
@@ -734,15 +736,17 @@ extern "C" __global__ void __launch_bounds__(256)
     ds4_index_scores(const float* __restrict__ q, const float* __restrict__ wproj,
                      const float* __restrict__ rows, const int* __restrict__ pos, int ih, int id,
                      int ratio, int cap, float sm, float ws, float* __restrict__ scores,
-                     int groups, const float* __restrict__ inv_freq, int n_pairs, float mscale,
-                     unsigned int* counters) {
+                     int groups_in, const float* __restrict__ inv_freq, int n_pairs,
+                     float mscale, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_INDEX_SCORES);
     __shared__ __attribute__((aligned(16))) float qs[DS4_IDX_Q_MAX];
     __shared__ float wh[DS4_IDX_Q_MAX / 32];
     __shared__ float gpart[256];
-    const int t = blockIdx.y, per_block = 256 / groups;
+    const int t = blockIdx.y;
     int visible = (pos[t] + 1) / ratio;
     if (visible > cap) visible = cap;
+    const int groups = groups_in ? groups_in : (visible <= DS4_IDX_FEW ? 8 : 4);
+    const int per_block = 256 / groups;
     if ((int)blockIdx.x * per_block >= visible) return;
     const float* qt = q + (long long)t * ih * id;
     const int tail = id - 2 * n_pairs;

@@ -58,7 +58,7 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # MOE_DS4_ATT_ROPE=0 (q's norm + rotary and the output's inverse rotary as NORM_ROPE
     # ops): summation order only (q's norm); MOE_DS4_IDX_ROPE=0 (the indexer queries'
     # rotary as a NORM_ROPE op): bit-identical; MOE_GPU_IDX_GROUPS=4 (the scores' heads in
-    # 4 groups, not 8): summation order only.
+    # 4 groups, not 8 while few rows are visible): the same sums, bit-identical.
     toks=5,17,301,4000,77,129000,42,9
     for v in base repeat MOE_GPU_DENSE_ROWS=0 MOE_GPU_HC_FAST=0 MOE_GPU_HC_SPLIT=0 MOE_GPU_ID_NOSORT=0 \
         MOE_GPU_FP4_RUNS=0 MOE_DS4_BRANCHES=0 MOE_DS4_SWIGLU_ID=0 MOE_DS4_POST_COMBINE=0 \

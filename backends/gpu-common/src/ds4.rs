@@ -561,25 +561,19 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         .f(p.f[0])
         .f(p.f[1])
         .p(f32p(gpu, &scores)?)
-        .i(idx_groups() as i32)
+        // Decode steps choose by the rows visible (0); a prefill chunk's many tokens
+        // keep 64 rows a block (half the query staging).
+        .i(if n > 16 { 4 } else { idx_groups() as i32 })
         .p(pinv)
         .i(pairs as i32)
         .f(p.f[2])
-        .launch(
-            gpu,
-            "ds4_index_scores",
-            (cap.div_ceil(256 / idx_groups()).min(IDX_MAX_BLOCKS), n, 1),
-            256,
-        )
+        .launch(gpu, "ds4_index_scores", (cap.div_ceil(64), n, 1), 256)
 }
 
-/// Most blocks a token of `ds4_index_scores` runs (each stages the token's queries once,
-/// then takes every this-many'th chunk of rows): a decode step's blocks fill a large GPU
-/// about twice at long context, without staging the queries once per chunk.
-const IDX_MAX_BLOCKS: u64 = 256;
-
-/// Head groups of `ds4_index_scores` (its warps' split of the heads; 256 / groups rows a
-/// block): `MOE_GPU_IDX_GROUPS` (4 or 8, for A/B runs; read once), else 8.
+/// Head groups of a decode step's `ds4_index_scores` (its warps' split of the heads;
+/// 256 / groups rows a block): `MOE_GPU_IDX_GROUPS` (4 or 8, for A/B runs; read once),
+/// else 0: the kernel takes 8 while few rows are visible, else 4. The grid is sized for
+/// 4 (64 rows a block); a block takes further chunks when it has fewer.
 fn idx_groups() -> u64 {
     static G: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *G.get_or_init(|| {
@@ -587,7 +581,7 @@ fn idx_groups() -> u64 {
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|g| matches!(g, 4 | 8))
-            .unwrap_or(8)
+            .unwrap_or(0)
     })
 }
 
@@ -1083,9 +1077,9 @@ mod tests {
                 f([300, n, 1, 1]),
             ],
         );
-        assert_eq!(l[0].1, (10, 3, 1)); // 32 rows per block
-                                        // With inv_freq the queries' rotary happens in the kernel; more pairs than a head
-                                        // holds are refused.
+        assert_eq!(l[0].1, (5, 3, 1)); // sized for 64 rows a block
+                                       // With inv_freq the queries' rotary happens in the kernel; more pairs than a head
+                                       // holds are refused.
         let idx = |pairs: i64| {
             let a = [
                 f([16, 4, n, 1]),
@@ -1098,12 +1092,7 @@ mod tests {
             (prm(&[0.1, 0.5, 1.0], &[4, pairs]), a)
         };
         let (pi, a) = idx(4);
-        assert_eq!(run_ok(ops::INDEX_SCORES, pi, &a)[0].1, (10, 3, 1));
-        // Long context: at most IDX_MAX_BLOCKS blocks a token, each taking several chunks.
-        let (pi, mut a) = idx(4);
-        a[2] = f([16, 20000, 1, 1]);
-        a[4] = f([20000, n, 1, 1]);
-        assert_eq!(run_ok(ops::INDEX_SCORES, pi, &a)[0].1, (256, 3, 1));
+        assert_eq!(run_ok(ops::INDEX_SCORES, pi, &a)[0].1, (5, 3, 1));
         let (pi, a) = idx(9);
         let e = run(&Rec::default(), ops::INDEX_SCORES, &pi, &a)
             .unwrap()
