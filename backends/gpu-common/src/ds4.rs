@@ -184,24 +184,39 @@ unsafe fn hc_pre(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), St
     // block a token.
     let defer = !head && p.i[2] != 0;
     let split = !head && !defer && n <= 4 && hc <= 4 && !hc_fast_off() && !hc_split_off();
-    KArgs::default()
-        .p(f32p(gpu, &s)?)
-        .p(f32p(gpu, &mix)?)
-        .p(f32p(gpu, &scale)?)
-        .p(f32p(gpu, &base)?)
-        .p(f32p(gpu, &norm_w)?)
+    let ptrs = [s, mix, scale, base, norm_w, out, wts].map(|t| f32p(gpu, &t));
+    hc_params(ptrs, d, hc, p, head)?
+        .i(!hc_fast_off() as i32)
+        .i(split as i32)
+        .i(defer as i32)
+        .launch(gpu, "ds4_hc_pre", (n, 1 + split as u64, 1), 1024)
+}
+
+/// The leading parameters of `ds4_hc_pre` and `ds4_hc_post_pre`: the pointers of the
+/// streams, the mixes (or their weights), scale, base, norm, out and weights, around d,
+/// hc, the iterations, eps, the weights' eps and the head flag.
+fn hc_params(
+    ptrs: [Result<u64, String>; 7],
+    d: u64,
+    hc: u64,
+    p: &OpParams,
+    head: bool,
+) -> Result<KArgs, String> {
+    let [s, m, scale, base, norm, out, wts] = ptrs;
+    Ok(KArgs::default()
+        .p(s?)
+        .p(m?)
+        .p(scale?)
+        .p(base?)
+        .p(norm?)
         .i(to_i32(d, "d")?)
         .i(hc as i32)
         .i(p.i[0] as i32)
         .f(p.f[0])
         .f(p.f[1])
         .i(head as i32)
-        .p(f32p(gpu, &out)?)
-        .p(f32p(gpu, &wts)?)
-        .i(!hc_fast_off() as i32)
-        .i(split as i32)
-        .i(defer as i32)
-        .launch(gpu, "ds4_hc_pre", (n, 1 + split as u64, 1), 1024)
+        .p(out?)
+        .p(wts?))
 }
 
 /// `MOE_GPU_HC_SPLIT=0`: mHC pre's Sinkhorn stays on the collapsing block (read once).
@@ -407,30 +422,29 @@ pub unsafe fn hc_post_pre(
     let hcp = hc.next_power_of_two();
     let nb = d.div_ceil(HCF_THREADS / hcp);
     let part = gpu.scratch((nb * n * (nm + 1) * 4) as usize)?;
-    KArgs::default()
-        .p(ps)
-        .p(f32p(gpu, &fnw)?)
-        .p(f32p(gpu, &scale)?)
-        .p(f32p(gpu, &base)?)
-        .p(pnorm)
-        .i(to_i32(d, "d")?)
-        .i(hc as i32)
-        .i(p.i[0] as i32)
-        .f(p.f[0])
-        .f(p.f[1])
-        .i(head as i32)
-        .p(pout)
-        .p(f32p(gpu, &wts)?)
-        .p(part)
-        .p(gpu.ptr(&sync, 4)?)
-        .i(mode)
-        .p(pb)
-        .p(py)
-        .p(prw)
-        .i(k)
-        .p(pshared)
-        .i((!head && p.i[2] != 0) as i32)
-        .launch(gpu, "ds4_hc_post_pre", (nb, n, 1), HCF_THREADS as u32)?;
+    let (pf, pscale, pbase, pw) = (
+        f32p(gpu, &fnw),
+        f32p(gpu, &scale),
+        f32p(gpu, &base),
+        f32p(gpu, &wts),
+    );
+    hc_params(
+        [Ok(ps), pf, pscale, pbase, Ok(pnorm), Ok(pout), pw],
+        d,
+        hc,
+        p,
+        head,
+    )?
+    .p(part)
+    .p(gpu.ptr(&sync, 4)?)
+    .i(mode)
+    .p(pb)
+    .p(py)
+    .p(prw)
+    .i(k)
+    .p(pshared)
+    .i((!head && p.i[2] != 0) as i32)
+    .launch(gpu, "ds4_hc_post_pre", (nb, n, 1), HCF_THREADS as u32)?;
     Ok(None)
 }
 
@@ -504,12 +518,38 @@ unsafe fn compress(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), 
         )
 }
 
+/// `a` less its last tensor when it has `n` (an optional trailing argument), and that one.
+fn split_extra(a: &[TensorRef], n: usize) -> (&[TensorRef], Option<TensorRef>) {
+    match a.split_last() {
+        Some((last, head)) if a.len() == n => (head, Some(*last)),
+        _ => (a, None),
+    }
+}
+
+/// An op's optional rotary inside its kernel: (pairs, inv_freq pointer) for the
+/// inv_freq tensor and the pairs parameter, checked against rows of `width`; (0, 0)
+/// without one.
+fn rotary(
+    gpu: &impl Gpu,
+    inv: Option<TensorRef>,
+    pairs: i64,
+    width: u64,
+    op: &str,
+) -> Result<(u64, u64), String> {
+    let Some(t) = inv else {
+        return Ok((0, 0));
+    };
+    let pairs = pairs.max(0) as u64;
+    if 2 * pairs > width {
+        return Err(format!("{op}: {pairs} rotated pairs in heads of {width}"));
+    }
+    holds(&t, types::F32, pairs, &format!("{op} frequencies"))?;
+    Ok((pairs, f32p(gpu, &t)?))
+}
+
 unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
     // From ABI 1.4 a 6th tensor, inv_freq: the queries' rotary happens in the kernel.
-    let (a, inv) = match a {
-        [head @ .., inv] if a.len() == 6 => (head, Some(*inv)),
-        _ => (a, None),
-    };
+    let (a, inv) = split_extra(a, 6);
     let [q, w, rows, pos, scores] = args(a, "index_scores")?;
     let (id, ih, n) = (q.dims[0], q.dims[1], q.dims[2] * q.dims[3]);
     let cap = rows.numel() / id.max(1);
@@ -532,23 +572,7 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
     holds(&rows, types::F32, 0, "index_scores rows")?;
     holds(&pos, types::I32, n, "index_scores positions")?;
     holds(&scores, types::F32, cap * n, "index_scores output")?;
-    let pairs = if inv.is_some() {
-        p.i[1].max(0) as u64
-    } else {
-        0
-    };
-    if 2 * pairs > id {
-        return Err(format!(
-            "index_scores: {pairs} rotated pairs in heads of {id}"
-        ));
-    }
-    let pinv = match &inv {
-        Some(t) => {
-            holds(t, types::F32, pairs, "index_scores frequencies")?;
-            f32p(gpu, t)?
-        }
-        None => 0,
-    };
+    let (pairs, pinv) = rotary(gpu, inv, p.i[1], id, "index_scores")?;
     KArgs::default()
         .p(f32p(gpu, &q)?)
         .p(f32p(gpu, &w)?)
@@ -614,10 +638,7 @@ unsafe fn topk_rows(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(),
 unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
     // From ABI 1.4 a 9th tensor, inv_freq: q's norm + rotary and the output's inverse
     // rotary happen in the kernel.
-    let (a, inv) = match a {
-        [head @ .., inv] if a.len() == 9 => (head, Some(*inv)),
-        _ => (a, None),
-    };
+    let (a, inv) = split_extra(a, 9);
     let [q, kv, ring, rows, sel, sinks, pos, out] = args(a, "sparse_attention")?;
     let (hd, heads, n) = (q.dims[0], q.dims[1], q.dims[2] * q.dims[3]);
     let window = ring.numel() / hd.max(1);
@@ -643,23 +664,7 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     holds(&sinks, types::F32, heads, "sparse_attention sinks")?;
     holds(&pos, types::I32, n, "sparse_attention positions")?;
     holds(&out, types::F32, q.numel(), "sparse_attention output")?;
-    let pairs = if inv.is_some() {
-        p.i[2].max(0) as u64
-    } else {
-        0
-    };
-    if 2 * pairs > hd {
-        return Err(format!(
-            "sparse_attention: {pairs} rotated pairs in heads of {hd}"
-        ));
-    }
-    let pinv = match &inv {
-        Some(t) => {
-            holds(t, types::F32, pairs, "sparse_attention frequencies")?;
-            f32p(gpu, t)?
-        }
-        None => 0,
-    };
+    let (pairs, pinv) = rotary(gpu, inv, p.i[2], hd, "sparse_attention")?;
     let (pkv, pp, pr) = (f32p(gpu, &kv)?, gpu.ptr(&pos, 4)?, f32p(gpu, &ring)?);
     let (hdi, wi) = (hd as i32, to_i32(window, "window")?);
     let att = KArgs::default()
@@ -987,22 +992,6 @@ mod tests {
             ],
         );
         assert_eq!((l[0].0, l[0].1, l[0].2), ("ds4_norm_rope", (2, 3, 1), 128));
-        let l = run_ok(
-            ops::HC_PRE,
-            prm(&[1e-6, 1e-6], &[20, 0]),
-            &[
-                f([d, hc, n, 1]),
-                f([nm, n, 1, 1]),
-                f([3, 1, 1, 1]),
-                f([nm, 1, 1, 1]),
-                f([d, 1, 1, 1]),
-                f([d, n, 1, 1]),
-                f([nm, n, 1, 1]),
-            ],
-        );
-        // Site mode: a second block per token runs the Sinkhorn.
-        assert_eq!(l[0].1, (3, 2, 1));
-        // ... unless it is deferred to HC_SINKHORN: a warp per token.
         let pre = [
             f([d, hc, n, 1]),
             f([nm, n, 1, 1]),
@@ -1012,6 +1001,10 @@ mod tests {
             f([d, n, 1, 1]),
             f([nm, n, 1, 1]),
         ];
+        let l = run_ok(ops::HC_PRE, prm(&[1e-6, 1e-6], &[20, 0]), &pre);
+        // Site mode: a second block per token runs the Sinkhorn ...
+        assert_eq!(l[0].1, (3, 2, 1));
+        // ... unless it is deferred to HC_SINKHORN: a warp per token.
         let l = run_ok(ops::HC_PRE, prm(&[1e-6, 1e-6], &[20, 0, 1]), &pre);
         assert_eq!(l[0].1, (3, 1, 1));
         let sk = prm(&[0.0, 1e-6], &[20, hc as i64]);
@@ -1066,29 +1059,20 @@ mod tests {
             l.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
             [("ds4_comp_pool", (3, 1, 1)), ("ds4_comp_store", (1, 8, 1)),]
         );
-        let l = run_ok(
-            ops::INDEX_SCORES,
-            prm(&[0.1, 0.5], &[4]),
-            &[
-                f([16, 4, n, 1]),
-                f([4, n, 1, 1]),
-                f([16, 300, 1, 1]),
-                i([n, 1, 1, 1]),
-                f([300, n, 1, 1]),
-            ],
-        );
+        let idx_args = [
+            f([16, 4, n, 1]),
+            f([4, n, 1, 1]),
+            f([16, 300, 1, 1]),
+            i([n, 1, 1, 1]),
+            f([300, n, 1, 1]),
+        ];
+        let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &idx_args);
         assert_eq!(l[0].1, (5, 3, 1)); // sized for 64 rows a block
-                                       // With inv_freq the queries' rotary happens in the kernel; more pairs than a head
-                                       // holds are refused.
+                                       // With inv_freq the queries' rotary happens in the kernel; more pairs than a
+                                       // head holds are refused.
         let idx = |pairs: i64| {
-            let a = [
-                f([16, 4, n, 1]),
-                f([4, n, 1, 1]),
-                f([16, 300, 1, 1]),
-                i([n, 1, 1, 1]),
-                f([300, n, 1, 1]),
-                f([8, 1, 1, 1]),
-            ];
+            let mut a = idx_args.to_vec();
+            a.push(f([8, 1, 1, 1]));
             (prm(&[0.1, 0.5, 1.0], &[4, pairs]), a)
         };
         let (pi, a) = idx(4);
@@ -1103,20 +1087,17 @@ mod tests {
             prm(&[], &[4]),
             &[f([100, n, 1, 1]), i([n, 1, 1, 1]), i([8, n, 1, 1])],
         );
-        let l = run_ok(
-            ops::SPARSE_ATTENTION,
-            prm(&[0.1], &[4, 2]),
-            &[
-                f([d, 8, n, 1]),
-                f([d, n, 1, 1]),
-                f([d, 16, 1, 1]),
-                f([d, 40, 1, 1]),
-                i([8, n, 1, 1]),
-                f([8, 1, 1, 1]),
-                i([n, 1, 1, 1]),
-                f([d, 8, n, 1]),
-            ],
-        );
+        let att_args = [
+            f([d, 8, n, 1]),
+            f([d, n, 1, 1]),
+            f([d, 16, 1, 1]),
+            f([d, 40, 1, 1]),
+            i([8, n, 1, 1]),
+            f([8, 1, 1, 1]),
+            i([n, 1, 1, 1]),
+            f([d, 8, n, 1]),
+        ];
+        let l = run_ok(ops::SPARSE_ATTENTION, prm(&[0.1], &[4, 2]), &att_args);
         assert_eq!(
             l.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
             [
@@ -1127,16 +1108,7 @@ mod tests {
         // With inv_freq (q's norm + rotary, the output's inverse rotary in the kernel):
         // the same launches; more pairs than the head holds are refused.
         let att = |pairs: i64| {
-            let mut a = vec![
-                f([d, 8, n, 1]),
-                f([d, n, 1, 1]),
-                f([d, 16, 1, 1]),
-                f([d, 40, 1, 1]),
-                i([8, n, 1, 1]),
-                f([8, 1, 1, 1]),
-                i([n, 1, 1, 1]),
-                f([d, 8, n, 1]),
-            ];
+            let mut a = att_args.to_vec();
             a.push(f([pairs.max(1) as u64, 1, 1, 1]));
             (prm(&[0.1, 1e-6, 1.0], &[4, 2, pairs]), a)
         };
