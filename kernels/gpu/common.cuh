@@ -159,7 +159,7 @@ GPU_DEV void gpu_grid_wait() {
 // Device-scope release + acquire fence: a block publishes its results before it counts
 // itself done, and the block that counts last orders its reads of theirs after it.
 GPU_DEV void gpu_fence() {
-#if defined(GPU_CUDA)
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 #else
     __threadfence();

@@ -933,7 +933,8 @@ extern "C" __global__ void __launch_bounds__(256)
 // the indexer's selection (2). One warp per key with an online softmax, warps merged
 // at the end. With inv_freq set, q is first RMS-normed (plain, eps) and rotated on its
 // trailing 2 n_pairs values, and the output inverse-rotated (ds4_norm_rope's (1, n_pairs,
-// 0) and (0, n_pairs, 1), the output's bits the same): no launch of their own.
+// 0) and (0, n_pairs, 1); the output rotation's bits the same, q's norm summed per
+// warp): no launch of their own. Each warp computes q's sines and cosines itself.
 // grid = (heads, n), block = 32 * nw: nw = 8, or 16 (DS4_ATT_MAX_WARPS) when few tokens
 // (a decode step's 64 blocks) must keep more keys in flight per block.
 #define DS4_ATT_MAX_WARPS 16

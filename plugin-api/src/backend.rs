@@ -100,7 +100,7 @@ pub mod ops {
     /// [d, hc, n]), mix ([nm, n]), scale ([3] or [1]), base ([nm]), norm ([d]), out
     /// ([d, n]), weights out ([nm, n]); nm = 2hc + hc^2 (hc for the head). From ABI
     /// 1.4, i[2] = 1 (site mode): comb is left as the Sinkhorn's input (the logits
-    /// mix * scale + base) for HC_SINKHORN to finish.
+    /// mix * (the streams' RMS factor) * scale + base) for HC_SINKHORN to finish.
     pub const HC_PRE: u32 = 17;
     /// mHC post, in place: stream_k = post_k * block + sum_j comb[j][k] * stream_j.
     /// args: streams (F32 [d, hc, n]), block ([d, n]), weights ([nm, n]). From ABI 1.3
@@ -116,8 +116,8 @@ pub mod ops {
     pub const COMPRESS: u32 = 19;
     /// Lightning-indexer scores: out[t][s] = sum_h relu(q_th . row_s) * f[0] * (w_th *
     /// f[1]) for the (pos+1)/i[0] rows visible to token t. args: q (F32 [dim, heads, n]),
-    /// w ([heads, n]), rows ([dim, capacity]), pos, out ([capacity, n]). From ABI 1.4 a
-    /// 6th, inv_freq ([i[1]]): q is first rotated as NORM_ROPE (no norm, i[1] pairs,
+    /// w ([heads, n]), rows ([dim, capacity]), pos, out ([capacity, n]); dim even. From
+    /// ABI 1.4 a 6th, inv_freq ([i[1]]): q is first rotated as NORM_ROPE (no norm, i[1] pairs,
     /// scale f[2]) would; q is left as it was.
     pub const INDEX_SCORES: u32 = 20;
     /// Per token, the k best of its (pos+1)/i[0] visible scores (ties: lower index), or
@@ -129,7 +129,7 @@ pub mod ops {
     /// after) plus compressed rows (i[1]: 0 none, 1 the (pos+1)/i[0] visible, 2 the
     /// selected), scale f[0]. args: q (F32 [hd, heads, n]), kv ([hd, n]), ring ([hd,
     /// window]), rows ([hd, capacity]), sel (I32 [k, n]), sinks ([heads]), pos, out
-    /// (like q). From ABI 1.4 a 9th, inv_freq ([i[2]]): q is first NORM_ROPE'd as (plain
+    /// (like q); hd even. From ABI 1.4 a 9th, inv_freq ([i[2]]): q is first NORM_ROPE'd as (plain
     /// norm, f[1] = eps, i[2] pairs, scale f[2]) and the output inverse-rotated as
     /// NORM_ROPE (no norm, i[2] pairs, scale f[2], inverse) would; q is left as it was.
     pub const SPARSE_ATTENTION: u32 = 22;

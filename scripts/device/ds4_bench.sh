@@ -9,12 +9,13 @@
 # written, then decodes 8 tokens of the full-width file twice (bit-identical?) and with
 # each kernel A/B switch (MOE_GPU_DENSE_ROWS=0, MOE_GPU_HC_FAST=0, MOE_GPU_HC_SPLIT=0,
 # MOE_GPU_ID_NOSORT=0, MOE_GPU_FP4_RUNS=0, MOE_DS4_BRANCHES=0, MOE_DS4_SWIGLU_ID=0,
-# MOE_DS4_POST_COMBINE=0, MOE_DS4_HC_FUSED=0, MOE_DS4_HC_DEFER=0, MOE_DS4_ATT_ROPE=0,
-# MOE_DS4_IDX_ROPE=0, MOE_GPU_IDX_GROUPS=4) and compares (NO_FULLWIDTH=1 skips that part). PROFILE=1 adds the per-kernel tables of a decode step (at depth PROFILE_AT, 0)
-# and of a prefill pass (PROFILE_ONLY=1 stops there); PDL_AB=1 reruns depth 0 with
+# MOE_DS4_POST_COMBINE=0, MOE_DS4_HC_FUSED=0, MOE_DS4_HC_DEFER=0, MOE_DS4_ATT_ROPE=1,
+# MOE_DS4_IDX_ROPE=1, MOE_GPU_IDX_GROUPS=4) and compares (NO_FULLWIDTH=1 skips that part).
+# PROFILE=1 adds the per-kernel tables of a decode step (at depth PROFILE_AT, 0) and of
+# a prefill pass (PROFILE_ONLY=1 stops there); PDL_AB=1 reruns depth 0 with
 # MOE_GPU_PDL=0; REUSE=1 keeps a synth file a warm machine still has; NOFILE=1 writes
-# none (each bench builds the layers in memory: `bench --synth`). Carry .dev/ds4. $OUT gets bench.json
-# (+ parity.log, profile*.json).
+# none (each bench builds the layers in memory: `bench --synth`). Carry .dev/ds4. $OUT
+# gets bench.json (+ parity.log, profile*.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/device/cuda_env.sh
@@ -55,14 +56,15 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # post): the same sums, bit-identical; MOE_DS4_HC_FUSED=0 (mHC post, the mix product and
     # pre as three ops, not HC_POST_PRE): summation order only; MOE_DS4_HC_DEFER=0 (the
     # Sinkhorn inside mHC pre, not HC_SINKHORN on side stream 0): bit-identical;
-    # MOE_DS4_ATT_ROPE=0 (q's norm + rotary and the output's inverse rotary as NORM_ROPE
-    # ops): summation order only (q's norm); MOE_DS4_IDX_ROPE=0 (the indexer queries'
-    # rotary as a NORM_ROPE op): bit-identical; MOE_GPU_IDX_GROUPS=4 (the scores' heads in
-    # 4 groups, not 8 while few rows are visible): the same sums, bit-identical.
+    # MOE_DS4_ATT_ROPE=1 (q's norm + rotary and the output's inverse rotary inside the
+    # attention): summation order only (q's norm); MOE_DS4_IDX_ROPE=1 (the indexer queries'
+    # rotary inside the scores): bit-identical; MOE_GPU_IDX_GROUPS=4 (the scores' heads in
+    # 4 groups, not 8 while few rows are visible): the scores' summation order only (at 8
+    # decoded tokens the top-k takes every visible row: bit-identical logits).
     toks=5,17,301,4000,77,129000,42,9
     for v in base repeat MOE_GPU_DENSE_ROWS=0 MOE_GPU_HC_FAST=0 MOE_GPU_HC_SPLIT=0 MOE_GPU_ID_NOSORT=0 \
         MOE_GPU_FP4_RUNS=0 MOE_DS4_BRANCHES=0 MOE_DS4_SWIGLU_ID=0 MOE_DS4_POST_COMBINE=0 \
-        MOE_DS4_HC_FUSED=0 MOE_DS4_HC_DEFER=0 MOE_DS4_ATT_ROPE=0 MOE_DS4_IDX_ROPE=0 \
+        MOE_DS4_HC_FUSED=0 MOE_DS4_HC_DEFER=0 MOE_DS4_ATT_ROPE=1 MOE_DS4_IDX_ROPE=1 \
         MOE_GPU_IDX_GROUPS=4; do
         env $([[ $v == *=* ]] && echo "$v") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
             logits --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_${v%%=*}.npy"

@@ -326,8 +326,8 @@ pub struct PostPreParts {
 }
 
 /// HC_POST_PRE (ABI 1.4): checks its tensors, then launches `ds4_hc_post_pre`, or
-/// returns the ops it stands for (more than 4 streams or HCF_MAX_TOKENS tokens, mixes
-/// not F32, streams not whole float4s or not 16-byte aligned, the head's weights for
+/// returns the ops it stands for (more than 4 streams or HCF_MAX_TOKENS tokens, mix
+/// weights (fn) not F32, streams not whole float4s or not 16-byte aligned, the head's weights for
 /// more than one token, `MOE_GPU_HC_FAST=0`).
 ///
 /// # Safety

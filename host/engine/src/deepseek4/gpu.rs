@@ -139,11 +139,11 @@ pub(super) struct GpuPath {
     /// A site's Sinkhorn (HC_SINKHORN, ABI 1.4) runs on side stream 0, off the main
     /// stream's path: only the next site's post reads the comb matrix.
     hc_defer: bool,
-    /// The backend's SPARSE_ATTENTION takes inv_freq (ABI 1.4): q's norm and rotary,
-    /// and the output's inverse rotary, happen in the attention kernel.
+    /// q's norm and rotary, and the output's inverse rotary, in the attention kernel
+    /// (SPARSE_ATTENTION's inv_freq, ABI 1.4; opt-in, see `probe_att_rope`).
     att_rope: bool,
-    /// The backend's INDEX_SCORES takes inv_freq (ABI 1.4): the indexer queries' rotary
-    /// happens in the scoring kernel.
+    /// The indexer queries' rotary in the scoring kernel (INDEX_SCORES' inv_freq, ABI
+    /// 1.4; opt-in, see `probe_idx_rope`).
     idx_rope: bool,
     /// Streams for the branches of a layer that do not depend on each other (the
     /// compressor, and the indexer, next to the queries; the shared expert next to the
@@ -876,7 +876,7 @@ impl GpuPath {
             let mut a = vec![iq, v(&w.iw, [ih, n, 1, 1]), cs.rows.r, pos, scores];
             let (sm, ws) = ((id as f32).powf(-0.5), (ih as f32).powf(-0.5));
             let ratio = ix.comp.ratio as i64;
-            if self.idx_rope {
+            if self.idx_rope && n <= 16 {
                 // The queries' rotary inside the scoring op.
                 a.push(cinv.r);
                 sd.op(ops::INDEX_SCORES, pr(&[sm, ws, *cms], &[ratio, pairs]), &a)?;
@@ -1205,10 +1205,13 @@ fn probe_hc_sinkhorn(dev: &Arc<Device>) -> bool {
     })
 }
 
-/// Whether the backend's SPARSE_ATTENTION takes inv_freq (ABI 1.4): one tiny call.
+/// Whether to fuse the attention's rotaries (`MOE_DS4_ATT_ROPE=1`, off by default: no
+/// gain measured at depth 0, 23:48 UTC, and every warp of every block then computes q's
+/// sines and cosines, slow at long-context angles) and the backend's SPARSE_ATTENTION
+/// takes inv_freq (ABI 1.4): one tiny call.
 fn probe_att_rope(dev: &Arc<Device>) -> bool {
-    if std::env::var_os("MOE_DS4_ATT_ROPE").is_some_and(|v| v == "0") {
-        return false; // A/B runs: NORM_ROPE before and after the attention
+    if std::env::var_os("MOE_DS4_ATT_ROPE").is_none_or(|v| v != "1") {
+        return false; // NORM_ROPE before and after the attention
     }
     probe_op(dev, "NORM_ROPE around the attention", || {
         let f = |k: u64| -> Result<Tensor> {
@@ -1229,10 +1232,13 @@ fn probe_att_rope(dev: &Arc<Device>) -> bool {
     })
 }
 
-/// Whether the backend's INDEX_SCORES takes inv_freq (ABI 1.4): one tiny call.
+/// Whether to rotate the indexer's queries inside INDEX_SCORES (`MOE_DS4_IDX_ROPE=1`,
+/// off by default: no gain measured at depth 0, 23:53 UTC, and each of a token's blocks
+/// then computes every head's sines and cosines, slow at long-context angles) and the
+/// backend takes inv_freq (ABI 1.4): one tiny call.
 fn probe_idx_rope(dev: &Arc<Device>) -> bool {
-    if std::env::var_os("MOE_DS4_IDX_ROPE").is_some_and(|v| v == "0") {
-        return false; // A/B runs: NORM_ROPE before the scores
+    if std::env::var_os("MOE_DS4_IDX_ROPE").is_none_or(|v| v != "1") {
+        return false; // NORM_ROPE before the scores
     }
     probe_op(dev, "NORM_ROPE before the indexer's scores", || {
         let f = |k: u64| -> Result<Tensor> {
