@@ -36,15 +36,16 @@ if [ -n "${DETAIL:-}" ]; then
 fi
 LAYERS=${LAYERS:-43}
 STEPS=${STEPS:-2}
-# 1 prompt token + 4 decoded, warm-up and measured run: 10 single-token steps; skip the
-# first 6 (kernel compilation, warm-up), time STEPS whole steps (get_rows_dense, the
-# embedding lookup, starts each).
-PER_STEP=$((LAYERS * 40 + 20))
+# 1 prompt token + 8 decoded, warm-up and measured run: 18 single-token steps; skip about
+# the first 6 (kernel compilation, warm-up), time STEPS whole steps (get_rows_dense, the
+# embedding lookup, starts each). PER_STEP estimates a step's launches (~25 a layer
+# since the fused mHC sites; the margin of steps absorbs the estimate's error).
+PER_STEP=$((LAYERS * 25 + 20))
 RUST_LOG=warn MOE_DS4_NO_GRAPH=1 "$NCU" --clock-control none --cache-control none \
     --metrics gpu__time_duration.sum --csv --page raw --print-units base \
     --launch-skip $((6 * PER_STEP)) --launch-count $(((STEPS + 1) * PER_STEP)) \
     .dev/ds4/moeserve --config "$W/plugins.toml" bench --synth "${TEMPLATE:-6}" \
-    --layers "$LAYERS" --depths 0 --prompt-tokens 1 --gen-tokens 4 --repetitions 1 --json \
+    --layers "$LAYERS" --depths 0 --prompt-tokens 1 --gen-tokens 8 --repetitions 1 --json \
     > "$W/ncu.out" 2> "$W/ncu.err" || { tail -20 "$W/ncu.err"; exit 1; }
 grep '^"' "$W/ncu.out" > "$OUT/ncu.csv"
 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench --synth "${TEMPLATE:-6}" \
