@@ -240,6 +240,21 @@ impl GpuPath {
             });
         }
         let inv = |r: &Rope| -> Result<(Tensor, f32)> { Ok((upload(dev, &r.inv_freq)?, r.mscale)) };
+        let want = match std::env::var("MOE_DS4_BRANCHES") {
+            Ok(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n <= SIDES)
+                .ok_or_else(|| anyhow!("MOE_DS4_BRANCHES={v}: expected 0 to {SIDES}"))?,
+            Err(_) => SIDES,
+        };
+        let sides: Vec<Arc<Device>> = (0..want)
+            .map_while(|_| {
+                dev.another_stream()
+                    .inspect_err(|e| tracing::debug!("deepseek4: fewer streams: {e:#}"))
+                    .ok()
+            })
+            .collect();
         let min_ratio =
             m.p.ratios
                 .iter()
@@ -276,31 +291,11 @@ impl GpuPath {
             swiglu_id: probe_swiglu_id(dev),
             post_combine: probe_post_combine(dev),
             hc_fused: probe_hc_fused(dev),
-            hc_defer: false, // needs side streams: set below
             att_rope: probe_att_rope(dev),
             idx_rope: probe_idx_rope(dev),
-            sides: {
-                let want = match std::env::var("MOE_DS4_BRANCHES") {
-                    Ok(v) => v
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|&n| n <= SIDES)
-                        .ok_or_else(|| anyhow!("MOE_DS4_BRANCHES={v}: expected 0 to {SIDES}"))?,
-                    Err(_) => SIDES,
-                };
-                (0..want)
-                    .map_while(|_| {
-                        dev.another_stream()
-                            .inspect_err(|e| tracing::debug!("deepseek4: fewer streams: {e:#}"))
-                            .ok()
-                    })
-                    .collect()
-            },
+            hc_defer: !sides.is_empty() && probe_hc_sinkhorn(dev),
+            sides,
             open: Default::default(),
-        })
-        .map(|mut g| {
-            g.hc_defer = !g.sides.is_empty() && probe_hc_sinkhorn(dev);
-            g
         }))
     }
 
@@ -1170,17 +1165,20 @@ fn probe_post_combine(dev: &Arc<Device>) -> bool {
     })
 }
 
+/// A probe's [k, m] F32 tensor of 0.5s.
+fn filled(dev: &Arc<Device>, k: u64, m: u64) -> Result<Tensor> {
+    let t = dev.f32([k, m, 1, 1])?;
+    t.upload_f32(&vec![0.5; (k * m) as usize])?;
+    Ok(t)
+}
+
 /// Whether the backend runs HC_POST_PRE (ABI 1.4): one tiny call (one stream of 4).
 fn probe_hc_fused(dev: &Arc<Device>) -> bool {
     if std::env::var_os("MOE_DS4_HC_FUSED").is_some_and(|v| v == "0") {
         return false; // A/B runs: HC_POST, MATMUL, HC_PRE
     }
     probe_op(dev, "HC_POST, MATMUL, HC_PRE", || {
-        let f = |k: u64, m: u64| -> Result<Tensor> {
-            let t = dev.f32([k, m, 1, 1])?;
-            t.upload_f32(&vec![0.5; (k * m) as usize])?;
-            Ok(t)
-        };
+        let f = |k, m| filled(dev, k, m);
         // d = 4, one stream (3 mix weights), one token.
         let (s, fnw, scale, base) = (f(4, 1)?, f(4, 3)?, f(3, 1)?, f(3, 1)?);
         let (norm, out, wts, mix) = (f(4, 1)?, f(4, 1)?, f(3, 1)?, f(3, 1)?);
@@ -1199,8 +1197,7 @@ fn probe_hc_sinkhorn(dev: &Arc<Device>) -> bool {
         return false; // A/B runs: the Sinkhorn inside mHC pre
     }
     probe_op(dev, "the Sinkhorn inside mHC pre", || {
-        let wts = dev.f32([3, 1, 1, 1])?;
-        wts.upload_f32(&[0.5; 3])?;
+        let wts = filled(dev, 3, 1)?;
         dev.op(ops::HC_SINKHORN, pr(&[0.0, 1e-6], &[2, 1]), &[wts.r])
     })
 }
@@ -1214,11 +1211,7 @@ fn probe_att_rope(dev: &Arc<Device>) -> bool {
         return false; // NORM_ROPE before and after the attention
     }
     probe_op(dev, "NORM_ROPE around the attention", || {
-        let f = |k: u64| -> Result<Tensor> {
-            let t = dev.f32([k, 1, 1, 1])?;
-            t.upload_f32(&vec![0.5; k as usize])?;
-            Ok(t)
-        };
+        let f = |k| filled(dev, k, 1);
         // One head of 2, a window of 1, no compressed rows, the one pair rotated.
         let (q, kv, ring, rows, sinks, out, inv) =
             (f(2)?, f(2)?, f(2)?, f(2)?, f(1)?, f(2)?, f(1)?);
@@ -1241,11 +1234,7 @@ fn probe_idx_rope(dev: &Arc<Device>) -> bool {
         return false; // NORM_ROPE before the scores
     }
     probe_op(dev, "NORM_ROPE before the indexer's scores", || {
-        let f = |k: u64| -> Result<Tensor> {
-            let t = dev.f32([k, 1, 1, 1])?;
-            t.upload_f32(&vec![0.5; k as usize])?;
-            Ok(t)
-        };
+        let f = |k| filled(dev, k, 1);
         // One head of 2, one row, the one pair rotated.
         let (q, wh, rows, out, inv) = (f(2)?, f(1)?, f(2)?, f(1)?, f(1)?);
         let pos = dev.i32(1)?;
