@@ -147,10 +147,17 @@ GPU_DEV float gpu_sub(float a, float b) { return __fsub_rn(a, b); }
 // GPU_PDL_EARLY (a compile option): each block also lets the next kernel launch as soon
 // as it starts, so that kernel's blocks are resident (and read their weights) while this
 // one runs; its wait still orders every access to data this kernel writes.
+// GPU_PDL_EARLY_SMALL: the same for grids of at most GPU_PDL_SMALL_GRID blocks only (a
+// decode step's glue, on a few SMs: the next product's blocks fit beside it and load
+// their weights before their wait; a prefill pass's large grids keep the default).
+#define GPU_PDL_SMALL_GRID 64
 GPU_DEV void gpu_grid_wait() {
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #if defined(GPU_PDL_EARLY)
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#elif defined(GPU_PDL_EARLY_SMALL)
+    if (gridDim.x * gridDim.y * gridDim.z <= GPU_PDL_SMALL_GRID)
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif

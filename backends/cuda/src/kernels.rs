@@ -56,8 +56,10 @@ pub fn compile(arch: &str) -> Result<(Arc<Vec<u8>>, bool), String> {
         "--std=c++17".to_string(),
         "-default-device".to_string(),
     ];
-    if pdl_early() {
-        opts.push("-DGPU_PDL_EARLY=1".to_string());
+    match pdl_early() {
+        Some(false) => opts.push("-DGPU_PDL_EARLY=1".to_string()),
+        Some(true) => opts.push("-DGPU_PDL_EARLY_SMALL=1".to_string()),
+        None => {}
     }
     let (maj, min) = nvrtc_version();
     let ver = format!("nvrtc {maj}.{min}");
@@ -124,10 +126,15 @@ pub fn pdl_enabled(cc: (i32, i32)) -> bool {
     cc.0 >= 9 && std::env::var_os("MOE_GPU_PDL").is_none_or(|v| v != "0")
 }
 
-/// `MOE_GPU_PDL_EARLY=1`: kernels let their successor launch when they start (see
-/// gpu_grid_wait in kernels/gpu/common.cuh; A/B runs).
-fn pdl_early() -> bool {
-    std::env::var_os("MOE_GPU_PDL_EARLY").is_some_and(|v| v == "1")
+/// `MOE_GPU_PDL_EARLY=1`: kernels let their successor launch when they start; `=small`:
+/// only kernels of small grids do (see gpu_grid_wait in kernels/gpu/common.cuh; A/B
+/// runs). Some(small) when set.
+fn pdl_early() -> Option<bool> {
+    match std::env::var("MOE_GPU_PDL_EARLY").as_deref() {
+        Ok("1") => Some(false),
+        Ok("small") => Some(true),
+        _ => None,
+    }
 }
 
 impl Module {
