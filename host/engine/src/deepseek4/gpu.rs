@@ -154,6 +154,10 @@ pub(super) struct GpuPath {
     open: std::cell::Cell<u8>,
 }
 
+/// Largest chunk whose rotaries run inside the attention / scoring kernels (decode
+/// steps; a prefill chunk's many blocks would each repeat the sines and cosines).
+const FUSED_ROPE_MAX_TOKENS: usize = 16;
+
 /// Side streams of [`GpuPath`] (`MOE_DS4_BRANCHES=N`: N of them, at most 2).
 const SIDES: usize = 2;
 /// The compressor's branch, and the shared expert's.
@@ -871,7 +875,7 @@ impl GpuPath {
             let mut a = vec![iq, v(&w.iw, [ih, n, 1, 1]), cs.rows.r, pos, scores];
             let (sm, ws) = ((id as f32).powf(-0.5), (ih as f32).powf(-0.5));
             let ratio = ix.comp.ratio as i64;
-            if self.idx_rope && n <= 16 {
+            if self.idx_rope && n <= FUSED_ROPE_MAX_TOKENS {
                 // The queries' rotary inside the scoring op.
                 a.push(cinv.r);
                 sd.op(ops::INDEX_SCORES, pr(&[sm, ws, *cms], &[ratio, pairs]), &a)?;
@@ -894,7 +898,7 @@ impl GpuPath {
         let q = v(&w.q, [hd, nh, n, 1]);
         // Decode steps: the rotaries inside the attention (a prefill chunk's many blocks
         // would each repeat q's norm; its separate launches cost little there).
-        let att_rope = self.att_rope && n <= 16;
+        let att_rope = self.att_rope && n <= FUSED_ROPE_MAX_TOKENS;
         if !att_rope {
             op(
                 ops::NORM_ROPE,
