@@ -935,23 +935,30 @@ extern "C" __global__ void __launch_bounds__(256)
 // trailing 2 n_pairs values, and the output inverse-rotated (ds4_norm_rope's (1, n_pairs,
 // 0) and (0, n_pairs, 1); the output rotation's bits the same, q's norm summed per
 // warp): no launch of their own. Each warp computes q's sines and cosines itself.
+// store = 1 (one token only) also writes its row into the ring (ds4_window_store's work).
 // grid = (heads, n), block = 32 * nw: nw = 8, or 16 (DS4_ATT_MAX_WARPS) when few tokens
 // (a decode step's 64 blocks) must keep more keys in flight per block.
 #define DS4_ATT_MAX_WARPS 16
 extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
-    ds4_attention(const float* __restrict__ q, const float* __restrict__ kv,
-                  const float* __restrict__ ring, const float* __restrict__ rows,
-                  const int* __restrict__ sel, const float* __restrict__ sinks,
-                  const int* __restrict__ pos, int heads, int hd, int window, int ratio,
-                  int mode, int k_sel, int cap, float scale, float* __restrict__ out, int nw,
-                  const float* __restrict__ inv_freq, int n_pairs, float eps, float mscale,
-                  unsigned int* counters) {
+    ds4_attention(const float* __restrict__ q, const float* __restrict__ kv, float* ring,
+                  const float* __restrict__ rows, const int* __restrict__ sel,
+                  const float* __restrict__ sinks, const int* __restrict__ pos, int heads, int hd,
+                  int window, int ratio, int mode, int k_sel, int cap, float scale,
+                  float* __restrict__ out, int nw, const float* __restrict__ inv_freq,
+                  int n_pairs, float eps, float mscale, int store, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_ATTENTION);
     __shared__ float wm[DS4_ATT_MAX_WARPS], wl[DS4_ATT_MAX_WARPS];
     __shared__ float wacc[DS4_ATT_MAX_WARPS * DS4_HEAD_MAX];
     const int h = blockIdx.x, t = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int p0 = pos[0], p = pos[t];
+    if (store && h == 0 && t == 0) {
+        // One token (store = 1 needs n = 1): its row goes to its ring slot here, not in a
+        // ds4_window_store launch. The slot holds position p - window, which no query of
+        // this launch reads (the window is p - window + 1 .. p, and p itself comes from kv).
+        for (int i = threadIdx.x; i < hd; i += blockDim.x)
+            ring[(long long)(p % window) * hd + i] = kv[i];
+    }
     const float* qh = q + ((long long)t * heads + h) * hd;
     float qr[DS4_HEAD_MAX / 32], acc[DS4_HEAD_MAX / 32];
 #pragma unroll

@@ -361,6 +361,15 @@ void fused_inputs(int reps) {
     for (void* p : {(void*)g, (void*)u, (void*)x, (void*)q1, (void*)q2}) CK(cudaFree(p));
 }
 
+// RUNS=R:NT (e.g. 2:512) keeps only that layout of the runs kernels (one launch to
+// profile under ncu); unset, all of them.
+static bool runs_wanted(int R, int nt) {
+    const char* want = getenv("RUNS");
+    char have[16];
+    snprintf(have, sizeof have, "%d:%d", R, nt);
+    return !want || !strcmp(want, have);
+}
+
 // The output projection's groups as one decode step runs them: 8 groups (experts 0..7 of
 // the weight copies, rotated between launches), each with its own input column, in one
 // grouped launch: the committed matvec_dense_rows_id against matvec_fp4_runs_q8_id at
@@ -405,6 +414,7 @@ void grouped_wo_a(const Shape& s, unsigned char* wbase, long long stride, int co
     }
     for (int nt : {128, 256, 512})
         for (int R : {1, 2}) {
+            if (!runs_wanted(R, nt)) continue;
             const int per_block = R * nt / L;
             char nm[64];
             snprintf(nm, sizeof nm, "matvec_fp4_runs_q8_id R=%d, %d threads", R, nt);
@@ -725,6 +735,7 @@ int main(int argc, char** argv) {
             // Every block quantises all of x: wider blocks spread that over more rows.
             for (int nt : {128, 256, 512})
                 for (int R : {1, 2}) {
+                    if (!runs_wanted(R, nt)) continue;
                     const int per_block = R * nt / L;
                     char nm[80];
                     snprintf(nm, sizeof nm, "matvec_fp4_runs_q8 R=%d, %d threads (8-bit act., %d regs)", R,

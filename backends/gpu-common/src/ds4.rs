@@ -635,6 +635,13 @@ unsafe fn topk_rows(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(),
         .launch(gpu, "ds4_topk_rows", (n, 1, 1), 256)
 }
 
+/// `MOE_GPU_ATT_STORE=0`: a decode step's window store stays a launch of its own (A/B
+/// runs; read once).
+fn att_store_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| env_off("MOE_GPU_ATT_STORE"))
+}
+
 unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
     // From ABI 1.4 a 9th tensor, inv_freq: q's norm + rotary and the output's inverse
     // rotary happen in the kernel.
@@ -686,12 +693,20 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         .p(f32p(gpu, &out)?);
     // 16 warps per block when the grid is small (decode), else 8 (DS4_ATT_MAX_WARPS).
     let warps = if heads * n < 512 { 16 } else { 8 };
+    // One token: the attention kernel stores its row in the ring itself (its slot is
+    // outside the window it reads); more, or MOE_GPU_ATT_STORE=0: ds4_window_store after
+    // the attention.
+    let store = n == 1 && !att_store_off();
     att.i(warps)
         .p(pinv)
         .i(pairs as i32)
         .f(p.f[1])
         .f(p.f[2])
+        .i(store as i32)
         .launch(gpu, "ds4_attention", (heads, n, 1), 32 * warps as u32)?;
+    if store {
+        return Ok(());
+    }
     KArgs::default()
         .p(pkv)
         .p(pp)
@@ -1114,6 +1129,20 @@ mod tests {
         };
         let (pa, a) = att(16);
         assert_eq!(run_ok(ops::SPARSE_ATTENTION, pa, &a).len(), 2);
+        // One token: the attention kernel stores its row in the ring itself.
+        let one = [
+            f([d, 8, 1, 1]),
+            f([d, 1, 1, 1]),
+            f([d, 16, 1, 1]),
+            f([d, 40, 1, 1]),
+            i([8, 1, 1, 1]),
+            f([8, 1, 1, 1]),
+            i([1, 1, 1, 1]),
+            f([d, 8, 1, 1]),
+        ];
+        let l = run_ok(ops::SPARSE_ATTENTION, prm(&[0.1], &[4, 2]), &one);
+        assert_eq!(l.len(), 1);
+        assert_eq!((l[0].0, l[0].1), ("ds4_attention", (8, 1, 1)));
         let (pa, a) = att(d as i64 / 2 + 1);
         let e = run(&Rec::default(), ops::SPARSE_ATTENTION, &pa, &a)
             .unwrap()
