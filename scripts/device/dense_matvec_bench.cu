@@ -361,6 +361,99 @@ void fused_inputs(int reps) {
     for (void* p : {(void*)g, (void*)u, (void*)x, (void*)q1, (void*)q2}) CK(cudaFree(p));
 }
 
+// ---- candidate (2026-12-01, written after the device time was spent: not yet run) ----
+// Half runs. matvec_fp4_runs_q8 keeps a thread's whole runs in registers (36 words each,
+// loaded before the dependent-launch wait), which caps an SM at 16 warps, and Nsight
+// Compute found it latency bound (round 9 of docs/notes/dense-matvec-h200.md). Here a
+// thread takes half a run (72 bytes = nine 8-byte words: blocks 0-3 or 4-7 of the run),
+// so twice the threads share a row and, at MINB blocks an SM, more warps fit. The same
+// per-block sums as fp4_run_dot_q8; a row's sum adds over 2L lanes (another order).
+// Needs k % 256 == 0 with k / 256 a power of two <= 16 (one half run a lane), rows
+// 8-byte aligned. Grouped (pairs > 1): block row y is pair y, expert ids[y] of the
+// copies `expert_bytes` apart, input column y, output column y.
+// grid = (ceil(m / (R * 256 / (2L))), pairs), block = 256.
+template <int R>
+GPU_DEV void fp4_half_dot(const unsigned int (&v)[R][18], int g, int half, const fp4_q8_smem& sm,
+                             float (&acc)[R]) {
+    const int sw = g & 7;
+    const gpu_u4* xr = sm.xq + 32 * g;
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii) {
+        const int i = 4 * half + ii;  // the block of the run (ii's parity is i's)
+        gpu_u4 a[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) a[t] = xr[(4 * i + t) ^ sw];
+        const float d = sm.ds[i][g];
+        const int b0 = (9 * ii) >> 1;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const unsigned int* w = v[r];
+            int p0 = 0, n0 = 0, p1 = 0, n1 = 0;
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const unsigned int c = (ii & 1) ? (w[b0 + t] >> 16) | (w[b0 + t + 1] << 16) : w[b0 + t];
+                const unsigned int cn = c ^ 0x88888888u;
+                const unsigned int pa = gpu_perm(0x03020100u, 0x0a080604u, c);
+                const unsigned int na = gpu_perm(0x03020100u, 0x0a080604u, cn);
+                const unsigned int pb = gpu_perm(0x03020100u, 0x0a080604u, c >> 16);
+                const unsigned int nb = gpu_perm(0x03020100u, 0x0a080604u, cn >> 16);
+                p0 = gpu_dp4a((int)pa, (int)a[t].x, p0);
+                n0 = gpu_dp4a((int)na, (int)a[t].x, n0);
+                p1 = gpu_dp4a((int)pa, (int)a[t].y, p1);
+                n1 = gpu_dp4a((int)na, (int)a[t].y, n1);
+                p0 = gpu_dp4a((int)pb, (int)a[t].z, p0);
+                n0 = gpu_dp4a((int)nb, (int)a[t].z, n0);
+                p1 = gpu_dp4a((int)pb, (int)a[t].w, p1);
+                n1 = gpu_dp4a((int)nb, (int)a[t].w, n1);
+            }
+            const unsigned int e = (ii & 1) ? w[b0 + 4] >> 16 : w[b0 + 4] & 0xffffu;
+            acc[r] += d * (sm.sc[e & 255u] * (float)(p0 - n0) + sm.sc[e >> 8] * (float)(p1 - n1));
+        }
+    }
+}
+
+template <int R, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+    runs_half_variant(const unsigned char* __restrict__ w, long long expert_bytes, long long row_bytes, int k,
+                      int m, const float* __restrict__ x, const int* __restrict__ ids,
+                      float* __restrict__ out) {
+    __shared__ fp4_q8_smem sm;
+    const int L2 = 2 * fp4_runs_lanes(k), t = threadIdx.x, j = t & (L2 - 1), p = blockIdx.y;
+    const int r0 = (blockIdx.x * (256 / L2) + t / L2) * R;
+    const unsigned char* we = w + (ids ? (long long)ids[p] * expert_bytes : 0);
+    const unsigned char* rows[R];
+    float acc[R];
+    rows_block_start<R>(we, row_bytes, r0, m, rows, acc);
+    unsigned int v[R][18];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const unsigned long long* q = (const unsigned long long*)(rows[r] + 72 * j);
+#pragma unroll
+        for (int i = 0; i < 9; ++i) {
+            const unsigned long long u = q[i];
+            v[r][2 * i] = (unsigned int)u;
+            v[r][2 * i + 1] = (unsigned int)(u >> 32);
+        }
+    }
+    gpu_count_launch(nullptr, 0);
+    fp4_q8_stage(fp4_src_x{x + (long long)p * k}, k, sm);
+    for (int i = t; i < 256; i += 256) sm.sc[i] = ue4m3(i);
+    __syncthreads();
+    fp4_half_dot<R>(v, j >> 1, j & 1, sm, acc);
+    fp4_runs_store<R>(acc, L2, j, r0, m, out + (long long)p * m);
+}
+
+// Launches runs_half_variant<R, MINB> (pairs = 1: ids null).
+template <int R, int MINB>
+void launch_half(const unsigned char* w, long long expert_bytes, long long row_bytes, int k, int m, const float* x,
+                 const int* ids, int pairs, float* out) {
+    int L2 = 2;
+    while (L2 < 2 * (k / 256) && L2 < 32) L2 *= 2;
+    const int per_block = R * 256 / L2;
+    runs_half_variant<R, MINB><<<dim3((m + per_block - 1) / per_block, pairs), 256>>>(w, expert_bytes, row_bytes,
+                                                                                      k, m, x, ids, out);
+}
+
 // RUNS=R:NT (e.g. 2:512) keeps only that layout of the runs kernels (one launch to
 // profile under ncu); unset, all of them.
 static bool runs_wanted(int R, int nt) {
@@ -423,6 +516,14 @@ void grouped_wo_a(const Shape& s, unsigned char* wbase, long long stride, int co
                     w, stride, row_bytes, s.k, s.m, G, x8, 1, G, ids, out8, R, nullptr);
             });
         }
+    if (!getenv("RUNS")) {  // the half-runs candidate (not yet run)
+        timed("half runs R=1, 3 blocks an SM (candidate)",
+              [&](unsigned char* w) { launch_half<1, 3>(w, stride, row_bytes, s.k, s.m, x8, ids, G, out8); });
+        timed("half runs R=2, 2 blocks an SM (candidate)",
+              [&](unsigned char* w) { launch_half<2, 2>(w, stride, row_bytes, s.k, s.m, x8, ids, G, out8); });
+        timed("half runs R=2, 3 blocks an SM (candidate)",
+              [&](unsigned char* w) { launch_half<2, 3>(w, stride, row_bytes, s.k, s.m, x8, ids, G, out8); });
+    }
     CK(cudaFree(x8));
     CK(cudaFree(out8));
     CK(cudaFree(ids));
@@ -745,6 +846,14 @@ int main(int argc, char** argv) {
                                                                                       dx, dout, R, nullptr);
                     }, true);
                 }
+            if (s.k <= 4096 && !getenv("RUNS")) {  // the half-runs candidate (not yet run)
+                row("half runs R=1, 256 threads, 3 blocks an SM (candidate)",
+                    [&] { launch_half<1, 3>(dw, 0, row_bytes, s.k, s.m, dx, nullptr, 1, dout); }, true);
+                row("half runs R=2, 256 threads, 2 blocks an SM (candidate)",
+                    [&] { launch_half<2, 2>(dw, 0, row_bytes, s.k, s.m, dx, nullptr, 1, dout); }, true);
+                row("half runs R=2, 256 threads, 3 blocks an SM (candidate)",
+                    [&] { launch_half<2, 3>(dw, 0, row_bytes, s.k, s.m, dx, nullptr, 1, dout); }, true);
+            }
         }
         if (s.ty == DT_ROCMFP4 && strstr(s.what, "wo_a") && copies >= 16) grouped_wo_a(s, wbase, stride, copies,
                                                                                         row_bytes, hx, ref, refmax, reps);
