@@ -927,6 +927,49 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // ---------------------------------------------------------------------------------
+// Key kk of token t's keys in ds4_attention's GPU_ATT_PREFETCH form: the window's
+// (position first + kk: this chunk's from kv, older ones from the ring at q % window),
+// then the compressed rows (all visible, or the indexer's selection: null for a
+// selected index outside them).
+GPU_DEV const float* ds4_att_key(int kk, int n_win, int first, int p0, const float* kv,
+                                 const float* ring, int window, int hd, int mode,
+                                 const int* sel, int k_sel, int t, const float* rows, int cap) {
+    if (kk < n_win) {
+        const int qp = first + kk;
+        return qp >= p0 ? kv + (long long)(qp - p0) * hd : ring + (long long)(qp % window) * hd;
+    }
+    const int j = kk - n_win;
+    const int r = mode == 2 ? sel[(long long)t * k_sel + j] : j;
+    return r < 0 || r >= cap ? nullptr : rows + (long long)r * hd;
+}
+
+// A key's values for this lane (zeros past hd, or for no key).
+GPU_DEV void ds4_att_load(const float* key, int hd, int lane, float (&kr)[DS4_HEAD_MAX / 32]) {
+#pragma unroll
+    for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) {
+        const int i = j * 32 + lane;
+        kr[j] = key && i < hd ? key[i] : 0.0f;
+    }
+}
+
+// One key in a warp's online softmax: logit q . k * scale, then the running max m, sum
+// l and weighted values acc (the default loop's arithmetic, in the same order).
+GPU_DEV void ds4_att_step(const float (&qr)[DS4_HEAD_MAX / 32],
+                          const float (&kr)[DS4_HEAD_MAX / 32], float scale, float& m, float& l,
+                          float (&acc)[DS4_HEAD_MAX / 32]) {
+    float part = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) part += qr[j] * kr[j];
+    const float logit = gpu_warp_sum(part) * scale;
+    const float mn = fmaxf(m, logit);
+    const float corr = expf(m - mn), e = expf(logit - mn);
+    l = l * corr + e;
+#pragma unroll
+    for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) acc[j] = acc[j] * corr + e * kr[j];
+    m = mn;
+}
+
+// ---------------------------------------------------------------------------------
 // Attention with a sink logit, K = V (one shared head), for head h of token t: the
 // window (positions pos-window+1 .. pos; older than this chunk from the ring at
 // q % window) then compressed rows: none (mode 0), all visible (1: (pos+1)/ratio) or
@@ -936,6 +979,8 @@ extern "C" __global__ void __launch_bounds__(256)
 // 0) and (0, n_pairs, 1); the output rotation's bits the same, q's norm summed per
 // warp): no launch of their own. Each warp computes q's sines and cosines itself.
 // store = 1 (one token only) also writes its row into the ring (ds4_window_store's work).
+// Built with GPU_ATT_PREFETCH (MOE_GPU_ATT_PREFETCH=1 on CUDA; not yet measured), each
+// warp loads its next key while it scores the current one.
 // grid = (heads, n), block = 32 * nw: nw = 8, or 16 (DS4_ATT_MAX_WARPS) when few tokens
 // (a decode step's 64 blocks) must keep more keys in flight per block.
 #define DS4_ATT_MAX_WARPS 16
@@ -995,7 +1040,28 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
         n_comp = k_sel;
     }
     float m = DS4_NEG_INF, l = 0.0f;
-    for (int kk = warp; kk < n_win + n_comp; kk += nw) {
+    const int n_keys = n_win + n_comp;
+#if defined(GPU_ATT_PREFETCH)
+    // The warp's next key is loaded while it scores this one (each key is a round trip
+    // to L2 or memory, with the indexer a selection read before it).
+    float kn[DS4_HEAD_MAX / 32];
+    const float* next = warp < n_keys ? ds4_att_key(warp, n_win, first, p0, kv, ring, window, hd,
+                                                    mode, sel, k_sel, t, rows, cap)
+                                      : nullptr;
+    ds4_att_load(next, hd, lane, kn);
+    for (int kk = warp; kk < n_keys; kk += nw) {
+        float kr[DS4_HEAD_MAX / 32];
+        const bool valid = next != nullptr;
+#pragma unroll
+        for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) kr[j] = kn[j];
+        next = kk + nw < n_keys ? ds4_att_key(kk + nw, n_win, first, p0, kv, ring, window, hd,
+                                              mode, sel, k_sel, t, rows, cap)
+                                : nullptr;
+        ds4_att_load(next, hd, lane, kn);
+        if (valid) ds4_att_step(qr, kr, scale, m, l, acc);
+    }
+#else
+    for (int kk = warp; kk < n_keys; kk += nw) {
         const float* key;
         if (kk < n_win) {
             const int qp = first + kk;
@@ -1022,6 +1088,7 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
         for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) acc[j] = acc[j] * corr + e * kr[j];
         m = mn;
     }
+#endif
     if (lane == 0) {
         wm[warp] = m;
         wl[warp] = l;
