@@ -443,15 +443,28 @@ __global__ void __launch_bounds__(256, MINB)
     fp4_runs_store<R>(acc, L2, j, r0, m, out + (long long)p * m);
 }
 
-// Launches runs_half_variant<R, MINB> (pairs = 1: ids null).
+// Launches runs_half_variant<R, MINB>: one product (pairs = 1, ids null) or `pairs`
+// grouped ones (ids of the experts, not bounds-checked: the bench passes 0..pairs-1).
+// False (nothing launched) unless k / 256 is a power of two <= 16.
 template <int R, int MINB>
-void launch_half(const unsigned char* w, long long expert_bytes, long long row_bytes, int k, int m, const float* x,
+bool launch_half(const unsigned char* w, long long expert_bytes, long long row_bytes, int k, int m, const float* x,
                  const int* ids, int pairs, float* out) {
-    int L2 = 2;
-    while (L2 < 2 * (k / 256) && L2 < 32) L2 *= 2;
-    const int per_block = R * 256 / L2;
+    const int runs = k / 256;
+    if (k % 256 || runs < 1 || runs > 16 || (runs & (runs - 1))) return false;
+    const int L2 = 2 * runs, per_block = R * 256 / L2;  // the kernel's 2 fp4_runs_lanes(k)
     runs_half_variant<R, MINB><<<dim3((m + per_block - 1) / per_block, pairs), 256>>>(w, expert_bytes, row_bytes,
                                                                                       k, m, x, ids, out);
+    return true;
+}
+
+// A half-runs row's name with its registers and local memory (ptxas decides spills).
+template <int R, int MINB>
+const char* half_name(char (&nm)[96]) {
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, runs_half_variant<R, MINB>));
+    snprintf(nm, sizeof nm, "half runs R=%d, 256 threads, %d blocks an SM (candidate; %d regs, %zu B local)", R,
+             MINB, fa.numRegs, fa.localSizeBytes);
+    return nm;
 }
 
 // RUNS=R:NT (e.g. 2:512) keeps only that layout of the runs kernels (one launch to
@@ -516,12 +529,14 @@ void grouped_wo_a(const Shape& s, unsigned char* wbase, long long stride, int co
                     w, stride, row_bytes, s.k, s.m, G, x8, 1, G, ids, out8, R, nullptr);
             });
         }
-    if (!getenv("RUNS")) {  // the half-runs candidate (not yet run)
-        timed("half runs R=1, 3 blocks an SM (candidate)",
+    const int runs = s.k / 256;
+    if (!getenv("RUNS") && s.k % 256 == 0 && runs <= 16 && !(runs & (runs - 1))) {  // half runs (not yet run)
+        char nm[96];
+        timed(half_name<1, 3>(nm),
               [&](unsigned char* w) { launch_half<1, 3>(w, stride, row_bytes, s.k, s.m, x8, ids, G, out8); });
-        timed("half runs R=2, 2 blocks an SM (candidate)",
+        timed(half_name<2, 2>(nm),
               [&](unsigned char* w) { launch_half<2, 2>(w, stride, row_bytes, s.k, s.m, x8, ids, G, out8); });
-        timed("half runs R=2, 3 blocks an SM (candidate)",
+        timed(half_name<2, 3>(nm),
               [&](unsigned char* w) { launch_half<2, 3>(w, stride, row_bytes, s.k, s.m, x8, ids, G, out8); });
     }
     CK(cudaFree(x8));
@@ -846,12 +861,13 @@ int main(int argc, char** argv) {
                                                                                       dx, dout, R, nullptr);
                     }, true);
                 }
-            if (s.k <= 4096 && !getenv("RUNS")) {  // the half-runs candidate (not yet run)
-                row("half runs R=1, 256 threads, 3 blocks an SM (candidate)",
+            if (s.k / 256 <= 16 && !(L & (L - 1)) && L == s.k / 256 && !getenv("RUNS")) {  // half runs
+                char nm[96];
+                row(half_name<1, 3>(nm),
                     [&] { launch_half<1, 3>(dw, 0, row_bytes, s.k, s.m, dx, nullptr, 1, dout); }, true);
-                row("half runs R=2, 256 threads, 2 blocks an SM (candidate)",
+                row(half_name<2, 2>(nm),
                     [&] { launch_half<2, 2>(dw, 0, row_bytes, s.k, s.m, dx, nullptr, 1, dout); }, true);
-                row("half runs R=2, 256 threads, 3 blocks an SM (candidate)",
+                row(half_name<2, 3>(nm),
                     [&] { launch_half<2, 3>(dw, 0, row_bytes, s.k, s.m, dx, nullptr, 1, dout); }, true);
             }
         }

@@ -64,7 +64,8 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # decoded tokens the top-k takes every visible row: bit-identical logits);
     # MOE_GPU_ATT_STORE=0 (a decode step's window store as its own launch, not inside
     # the attention kernel): the same values, bit-identical; MOE_GPU_ATT_PREFETCH=1 (each
-    # attention warp loads its next key while it scores one): the same sums, bit-identical.
+    # attention warp loads its next key while it scores one): the same sums, expected
+    # bit-identical (not yet run).
     toks=5,17,301,4000,77,129000,42,9
     for v in base repeat MOE_GPU_DENSE_ROWS=0 MOE_GPU_HC_FAST=0 MOE_GPU_HC_SPLIT=0 MOE_GPU_ID_NOSORT=0 \
         MOE_GPU_FP4_RUNS=0 MOE_DS4_BRANCHES=0 MOE_DS4_SWIGLU_ID=0 MOE_DS4_POST_COMBINE=0 \
