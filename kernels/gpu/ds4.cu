@@ -927,10 +927,9 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // ---------------------------------------------------------------------------------
-// Key kk of token t's keys in ds4_attention's GPU_ATT_PREFETCH form: the window's
-// (position first + kk: this chunk's from kv, older ones from the ring at q % window),
-// then the compressed rows (all visible, or the indexer's selection: null for a
-// selected index outside them).
+// Key kk of token t's keys in ds4_attention: the window's (position first + kk: this
+// chunk's from kv, older ones from the ring at q % window), then the compressed rows
+// (all visible, or the indexer's selection: null for a selected index outside them).
 GPU_DEV const float* ds4_att_key(int kk, int n_win, int first, int p0, const float* kv,
                                  const float* ring, int window, int hd, int mode,
                                  const int* sel, int k_sel, int t, const float* rows, int cap) {
@@ -943,17 +942,17 @@ GPU_DEV const float* ds4_att_key(int kk, int n_win, int first, int p0, const flo
     return r < 0 || r >= cap ? nullptr : rows + (long long)r * hd;
 }
 
-// A key's values for this lane (zeros past hd, or for no key).
+// A key's values for this lane (zeros past hd).
 GPU_DEV void ds4_att_load(const float* key, int hd, int lane, float (&kr)[DS4_HEAD_MAX / 32]) {
 #pragma unroll
     for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) {
         const int i = j * 32 + lane;
-        kr[j] = key && i < hd ? key[i] : 0.0f;
+        kr[j] = i < hd ? key[i] : 0.0f;
     }
 }
 
 // One key in a warp's online softmax: logit q . k * scale, then the running max m, sum
-// l and weighted values acc (the default loop's arithmetic, in the same order).
+// l and weighted values acc.
 GPU_DEV void ds4_att_step(const float (&qr)[DS4_HEAD_MAX / 32],
                           const float (&kr)[DS4_HEAD_MAX / 32], float scale, float& m, float& l,
                           float (&acc)[DS4_HEAD_MAX / 32]) {
@@ -1048,7 +1047,7 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
     const float* next = warp < n_keys ? ds4_att_key(warp, n_win, first, p0, kv, ring, window, hd,
                                                     mode, sel, k_sel, t, rows, cap)
                                       : nullptr;
-    ds4_att_load(next, hd, lane, kn);
+    if (next) ds4_att_load(next, hd, lane, kn);
     for (int kk = warp; kk < n_keys; kk += nw) {
         float kr[DS4_HEAD_MAX / 32];
         const bool valid = next != nullptr;
@@ -1057,36 +1056,17 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
         next = kk + nw < n_keys ? ds4_att_key(kk + nw, n_win, first, p0, kv, ring, window, hd,
                                               mode, sel, k_sel, t, rows, cap)
                                 : nullptr;
-        ds4_att_load(next, hd, lane, kn);
+        if (next) ds4_att_load(next, hd, lane, kn);  // (kn is not read after a null key)
         if (valid) ds4_att_step(qr, kr, scale, m, l, acc);
     }
 #else
     for (int kk = warp; kk < n_keys; kk += nw) {
-        const float* key;
-        if (kk < n_win) {
-            const int qp = first + kk;
-            key = qp >= p0 ? kv + (long long)(qp - p0) * hd : ring + (long long)(qp % window) * hd;
-        } else {
-            const int j = kk - n_win;
-            const int r = mode == 2 ? sel[(long long)t * k_sel + j] : j;
-            if (r < 0 || r >= cap) continue;
-            key = rows + (long long)r * hd;
-        }
+        const float* key =
+            ds4_att_key(kk, n_win, first, p0, kv, ring, window, hd, mode, sel, k_sel, t, rows, cap);
+        if (!key) continue;
         float kr[DS4_HEAD_MAX / 32];
-        float part = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) {
-            const int i = j * 32 + lane;
-            kr[j] = i < hd ? key[i] : 0.0f;
-            part += qr[j] * kr[j];
-        }
-        const float logit = gpu_warp_sum(part) * scale;
-        const float mn = fmaxf(m, logit);
-        const float corr = expf(m - mn), e = expf(logit - mn);
-        l = l * corr + e;
-#pragma unroll
-        for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) acc[j] = acc[j] * corr + e * kr[j];
-        m = mn;
+        ds4_att_load(key, hd, lane, kr);
+        ds4_att_step(qr, kr, scale, m, l, acc);
     }
 #endif
     if (lane == 0) {

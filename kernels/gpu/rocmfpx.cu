@@ -1537,6 +1537,34 @@ GPU_DEV void fp4_q8_stage(const SRC& src, int k, fp4_q8_smem& sm) {
     }
 }
 
+// Block i of a run (32 values, words from b0 = 9 i / 2; odd i starts mid-word) against
+// its quantised activations a (the 4 words fp4_q8_stage laid out) and their scale d: its
+// part of the row's sum.
+GPU_DEV float fp4_block_dot_q8(const unsigned int* v, int b0, bool odd, const gpu_u4 (&a)[4],
+                               float d, const fp4_q8_smem& sm) {
+    int p0 = 0, n0 = 0, p1 = 0, n1 = 0;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        const unsigned int w = odd ? (v[b0 + t] >> 16) | (v[b0 + t + 1] << 16) : v[b0 + t];
+        const unsigned int wn = w ^ 0x88888888u;
+        // Magnitudes 0, 1, 2, 3, 4, 6, 8, 10 for codes 0..7.
+        const unsigned int pa = gpu_perm(0x03020100u, 0x0a080604u, w);
+        const unsigned int na = gpu_perm(0x03020100u, 0x0a080604u, wn);
+        const unsigned int pb = gpu_perm(0x03020100u, 0x0a080604u, w >> 16);
+        const unsigned int nb = gpu_perm(0x03020100u, 0x0a080604u, wn >> 16);
+        p0 = gpu_dp4a((int)pa, (int)a[t].x, p0);
+        n0 = gpu_dp4a((int)na, (int)a[t].x, n0);
+        p1 = gpu_dp4a((int)pa, (int)a[t].y, p1);
+        n1 = gpu_dp4a((int)na, (int)a[t].y, n1);
+        p0 = gpu_dp4a((int)pb, (int)a[t].z, p0);
+        n0 = gpu_dp4a((int)nb, (int)a[t].z, n0);
+        p1 = gpu_dp4a((int)pb, (int)a[t].w, p1);
+        n1 = gpu_dp4a((int)nb, (int)a[t].w, n1);
+    }
+    const unsigned int e = odd ? v[b0 + 4] >> 16 : v[b0 + 4] & 0xffffu;
+    return d * (sm.sc[e & 255u] * (float)(p0 - n0) + sm.sc[e >> 8] * (float)(p1 - n1));
+}
+
 template <int R>
 GPU_DEV void fp4_run_dot_q8(const fp4_run<R>& run, int g, const fp4_q8_smem& sm,
                             float (&acc)[R]) {
@@ -1550,31 +1578,7 @@ GPU_DEV void fp4_run_dot_q8(const fp4_run<R>& run, int g, const fp4_q8_smem& sm,
         const float d = sm.ds[i][g];
         const int b0 = (9 * i) >> 1;
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const unsigned int* v = run.v[r];
-            int p0 = 0, n0 = 0, p1 = 0, n1 = 0;
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-                const unsigned int w =
-                    (i & 1) ? (v[b0 + t] >> 16) | (v[b0 + t + 1] << 16) : v[b0 + t];
-                const unsigned int wn = w ^ 0x88888888u;
-                // Magnitudes 0, 1, 2, 3, 4, 6, 8, 10 for codes 0..7.
-                const unsigned int pa = gpu_perm(0x03020100u, 0x0a080604u, w);
-                const unsigned int na = gpu_perm(0x03020100u, 0x0a080604u, wn);
-                const unsigned int pb = gpu_perm(0x03020100u, 0x0a080604u, w >> 16);
-                const unsigned int nb = gpu_perm(0x03020100u, 0x0a080604u, wn >> 16);
-                p0 = gpu_dp4a((int)pa, (int)a[t].x, p0);
-                n0 = gpu_dp4a((int)na, (int)a[t].x, n0);
-                p1 = gpu_dp4a((int)pa, (int)a[t].y, p1);
-                n1 = gpu_dp4a((int)na, (int)a[t].y, n1);
-                p0 = gpu_dp4a((int)pb, (int)a[t].z, p0);
-                n0 = gpu_dp4a((int)nb, (int)a[t].z, n0);
-                p1 = gpu_dp4a((int)pb, (int)a[t].w, p1);
-                n1 = gpu_dp4a((int)nb, (int)a[t].w, n1);
-            }
-            const unsigned int e = (i & 1) ? v[b0 + 4] >> 16 : v[b0 + 4] & 0xffffu;
-            acc[r] += d * (sm.sc[e & 255u] * (float)(p0 - n0) + sm.sc[e >> 8] * (float)(p1 - n1));
-        }
+        for (int r = 0; r < R; ++r) acc[r] += fp4_block_dot_q8(run.v[r], b0, i & 1, a, d, sm);
     }
 }
 

@@ -386,29 +386,7 @@ GPU_DEV void fp4_half_dot(const unsigned int (&v)[R][18], int g, int half, const
         const float d = sm.ds[i][g];
         const int b0 = (9 * ii) >> 1;
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const unsigned int* w = v[r];
-            int p0 = 0, n0 = 0, p1 = 0, n1 = 0;
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-                const unsigned int c = (ii & 1) ? (w[b0 + t] >> 16) | (w[b0 + t + 1] << 16) : w[b0 + t];
-                const unsigned int cn = c ^ 0x88888888u;
-                const unsigned int pa = gpu_perm(0x03020100u, 0x0a080604u, c);
-                const unsigned int na = gpu_perm(0x03020100u, 0x0a080604u, cn);
-                const unsigned int pb = gpu_perm(0x03020100u, 0x0a080604u, c >> 16);
-                const unsigned int nb = gpu_perm(0x03020100u, 0x0a080604u, cn >> 16);
-                p0 = gpu_dp4a((int)pa, (int)a[t].x, p0);
-                n0 = gpu_dp4a((int)na, (int)a[t].x, n0);
-                p1 = gpu_dp4a((int)pa, (int)a[t].y, p1);
-                n1 = gpu_dp4a((int)na, (int)a[t].y, n1);
-                p0 = gpu_dp4a((int)pb, (int)a[t].z, p0);
-                n0 = gpu_dp4a((int)nb, (int)a[t].z, n0);
-                p1 = gpu_dp4a((int)pb, (int)a[t].w, p1);
-                n1 = gpu_dp4a((int)nb, (int)a[t].w, n1);
-            }
-            const unsigned int e = (ii & 1) ? w[b0 + 4] >> 16 : w[b0 + 4] & 0xffffu;
-            acc[r] += d * (sm.sc[e & 255u] * (float)(p0 - n0) + sm.sc[e >> 8] * (float)(p1 - n1));
-        }
+        for (int r = 0; r < R; ++r) acc[r] += fp4_block_dot_q8(v[r], b0, ii & 1, a, d, sm);
     }
 }
 
