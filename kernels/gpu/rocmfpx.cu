@@ -1565,21 +1565,31 @@ GPU_DEV float fp4_block_dot_q8(const unsigned int* v, int b0, bool odd, const gp
     return d * (sm.sc[e & 255u] * (float)(p0 - n0) + sm.sc[e >> 8] * (float)(p1 - n1));
 }
 
-template <int R>
-GPU_DEV void fp4_run_dot_q8(const fp4_run<R>& run, int g, const fp4_q8_smem& sm,
-                            float (&acc)[R]) {
+// Blocks i0 .. i0 + NB of run g (i0 a multiple of 4: v holds R rows' words from block
+// i0 on, W a row) against the staged activations, added to acc.
+template <int R, int NB, int W>
+GPU_DEV void fp4_blocks_dot_q8(const unsigned int (&v)[R][W], int g, int i0, const fp4_q8_smem& sm,
+                               float (&acc)[R]) {
     const int sw = g & 7;
     const gpu_u4* xr = sm.xq + 32 * g;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int ii = 0; ii < NB; ++ii) {
+        const int i = i0 + ii;  // (the same parity as ii)
         gpu_u4 a[4];
 #pragma unroll
         for (int t = 0; t < 4; ++t) a[t] = xr[(4 * i + t) ^ sw];
         const float d = sm.ds[i][g];
-        const int b0 = (9 * i) >> 1;
+        const int b0 = (9 * ii) >> 1;
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += fp4_block_dot_q8(run.v[r], b0, i & 1, a, d, sm);
+        for (int r = 0; r < R; ++r) acc[r] += fp4_block_dot_q8(v[r], b0, ii & 1, a, d, sm);
     }
+}
+
+// A whole run (8 blocks) of R rows.
+template <int R>
+GPU_DEV void fp4_run_dot_q8(const fp4_run<R>& run, int g, const fp4_q8_smem& sm,
+                            float (&acc)[R]) {
+    fp4_blocks_dot_q8<R, 8, 36>(run.v, g, 0, sm, acc);
 }
 
 template <int R, typename SRC>

@@ -367,29 +367,11 @@ void fused_inputs(int reps) {
 // Compute found it latency bound (round 9 of docs/notes/dense-matvec-h200.md). Here a
 // thread takes half a run (72 bytes = nine 8-byte words: blocks 0-3 or 4-7 of the run),
 // so twice the threads share a row and, at MINB blocks an SM, more warps fit. The same
-// per-block sums as fp4_run_dot_q8; a row's sum adds over 2L lanes (another order).
+// per-block sums (fp4_blocks_dot_q8); a row's sum adds over 2L lanes (another order).
 // Needs k % 256 == 0 with k / 256 a power of two <= 16 (one half run a lane), rows
 // 8-byte aligned. Grouped (pairs > 1): block row y is pair y, expert ids[y] of the
 // copies `expert_bytes` apart, input column y, output column y.
 // grid = (ceil(m / (R * 256 / (2L))), pairs), block = 256.
-template <int R>
-GPU_DEV void fp4_half_dot(const unsigned int (&v)[R][18], int g, int half, const fp4_q8_smem& sm,
-                             float (&acc)[R]) {
-    const int sw = g & 7;
-    const gpu_u4* xr = sm.xq + 32 * g;
-#pragma unroll
-    for (int ii = 0; ii < 4; ++ii) {
-        const int i = 4 * half + ii;  // the block of the run (ii's parity is i's)
-        gpu_u4 a[4];
-#pragma unroll
-        for (int t = 0; t < 4; ++t) a[t] = xr[(4 * i + t) ^ sw];
-        const float d = sm.ds[i][g];
-        const int b0 = (9 * ii) >> 1;
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += fp4_block_dot_q8(v[r], b0, ii & 1, a, d, sm);
-    }
-}
-
 template <int R, int MINB>
 __global__ void __launch_bounds__(256, MINB)
     runs_half_variant(const unsigned char* __restrict__ w, long long expert_bytes, long long row_bytes, int k,
@@ -417,7 +399,7 @@ __global__ void __launch_bounds__(256, MINB)
     fp4_q8_stage(fp4_src_x{x + (long long)p * k}, k, sm);
     for (int i = t; i < 256; i += 256) sm.sc[i] = ue4m3(i);
     __syncthreads();
-    fp4_half_dot<R>(v, j >> 1, j & 1, sm, acc);
+    fp4_blocks_dot_q8<R, 4, 18>(v, j >> 1, 4 * (j & 1), sm, acc);
     fp4_runs_store<R>(acc, L2, j, r0, m, out + (long long)p * m);
 }
 
