@@ -56,11 +56,7 @@ pub fn compile(arch: &str) -> Result<(Arc<Vec<u8>>, bool), String> {
         "--std=c++17".to_string(),
         "-default-device".to_string(),
     ];
-    match pdl_early() {
-        Some(false) => opts.push("-DGPU_PDL_EARLY=1".to_string()),
-        Some(true) => opts.push("-DGPU_PDL_EARLY_SMALL=1".to_string()),
-        None => {}
-    }
+    opts.extend(pdl_early().map(str::to_string));
     if att_prefetch() {
         opts.push("-DGPU_ATT_PREFETCH=1".to_string());
     }
@@ -131,11 +127,11 @@ pub fn pdl_enabled(cc: (i32, i32)) -> bool {
 
 /// `MOE_GPU_PDL_EARLY=1`: kernels let their successor launch when they start; `=small`:
 /// only kernels of small grids do (see gpu_grid_wait in kernels/gpu/common.cuh; A/B
-/// runs). Some(small) when set.
-fn pdl_early() -> Option<bool> {
+/// runs). The compiler define to add, if set.
+fn pdl_early() -> Option<&'static str> {
     match std::env::var("MOE_GPU_PDL_EARLY").as_deref() {
-        Ok("1") => Some(false),
-        Ok("small") => Some(true),
+        Ok("1") => Some("-DGPU_PDL_EARLY=1"),
+        Ok("small") => Some("-DGPU_PDL_EARLY_SMALL=1"),
         _ => None,
     }
 }

@@ -184,25 +184,25 @@ unsafe fn hc_pre(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), St
     // block a token.
     let defer = !head && p.i[2] != 0;
     let split = !head && !defer && n <= 4 && hc <= 4 && !hc_fast_off() && !hc_split_off();
-    let ptrs = [s, mix, scale, base, norm_w, out, wts].map(|t| f32p(gpu, &t));
-    hc_params(ptrs, d, hc, p, head)?
+    hc_params(gpu, [s, mix, scale, base, norm_w, out, wts], d, hc, p, head)?
         .i(!hc_fast_off() as i32)
         .i(split as i32)
         .i(defer as i32)
         .launch(gpu, "ds4_hc_pre", (n, 1 + split as u64, 1), 1024)
 }
 
-/// The leading parameters of `ds4_hc_pre` and `ds4_hc_post_pre`: the pointers of the
-/// streams, the mixes (or their weights), scale, base, norm, out and weights, around d,
-/// hc, the iterations, eps, the weights' eps and the head flag.
+/// The leading parameters of `ds4_hc_pre` and `ds4_hc_post_pre`: the streams, the mixes
+/// (or their weights), scale, base, norm, out and weights, around d, hc, the
+/// iterations, eps, the weights' eps and the head flag.
 fn hc_params(
-    ptrs: [Result<u64, String>; 7],
+    gpu: &impl Gpu,
+    t: [TensorRef; 7],
     d: u64,
     hc: u64,
     p: &OpParams,
     head: bool,
 ) -> Result<KArgs, String> {
-    let [s, m, scale, base, norm, out, wts] = ptrs;
+    let [s, m, scale, base, norm, out, wts] = t.map(|t| f32p(gpu, &t));
     Ok(KArgs::default()
         .p(s?)
         .p(m?)
@@ -217,6 +217,37 @@ fn hc_params(
         .i(head as i32)
         .p(out?)
         .p(wts?))
+}
+
+/// The MoE's outputs as mHC post takes them (HC_POST, HC_POST_PRE of `op`): y [d, k, n],
+/// its routing weights [k, n] and the optional shared expert's [d, n], checked against
+/// streams of d x n; their pointers and k (the shared expert's 0 without one).
+fn moe_post_inputs(
+    gpu: &impl Gpu,
+    op: &str,
+    d: u64,
+    n: u64,
+    y: &TensorRef,
+    rw: &TensorRef,
+    shared: Option<&TensorRef>,
+) -> Result<(u64, u64, i32, u64), String> {
+    let k = y.dims[1];
+    if y.dims[0] != d || y.dims[2] * y.dims[3] != n {
+        return Err(format!(
+            "{op}: expert outputs {:?} do not match streams of {d} x {n}",
+            y.dims
+        ));
+    }
+    holds(y, types::F32, d * k * n, &format!("{op} expert outputs"))?;
+    holds(rw, types::F32, k * n, &format!("{op} routing weights"))?;
+    let ps = match shared {
+        Some(sh) => {
+            holds(sh, types::F32, d * n, &format!("{op} shared expert"))?;
+            f32p(gpu, sh)?
+        }
+        None => 0,
+    };
+    Ok((f32p(gpu, y)?, f32p(gpu, rw)?, to_i32(k, "k")?, ps))
 }
 
 /// `MOE_GPU_HC_SPLIT=0`: mHC pre's Sinkhorn stays on the collapsing block (read once).
@@ -255,24 +286,8 @@ unsafe fn hc_post(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
         holds(&block, types::F32, d * n, "hc_post block output")?;
         (f32p(gpu, &block)?, 0, 0, 0, 0)
     } else {
-        let (y, rw) = (block, a[3]);
-        let k = y.dims[1];
-        if y.dims[0] != d || y.dims[2] * y.dims[3] != n {
-            return Err(format!(
-                "hc_post: expert outputs {:?} do not match streams of {d} x {n}",
-                y.dims
-            ));
-        }
-        holds(&y, types::F32, d * k * n, "hc_post expert outputs")?;
-        holds(&rw, types::F32, k * n, "hc_post routing weights")?;
-        let ps = match a.get(4) {
-            Some(sh) => {
-                holds(sh, types::F32, d * n, "hc_post shared expert")?;
-                f32p(gpu, sh)?
-            }
-            None => 0,
-        };
-        (0, f32p(gpu, &y)?, f32p(gpu, &rw)?, to_i32(k, "k")?, ps)
+        let (py, prw, k, ps) = moe_post_inputs(gpu, "hc_post", d, n, &block, &a[3], a.get(4))?;
+        (0, py, prw, k, ps)
     };
     KArgs::default()
         .p(f32p(gpu, &s)?)
@@ -295,7 +310,7 @@ unsafe fn hc_sinkhorn(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(
     }
     let nm = (2 * hc + hc * hc) as u64;
     let n = wts.numel() / nm;
-    holds(&wts, types::F32, nm * n, "hc_sinkhorn weights")?;
+    expect(&wts, types::F32, "hc_sinkhorn weights")?;
     if n * nm != wts.numel() {
         return Err(format!(
             "hc_sinkhorn: {} weights are not whole tokens of {nm}",
@@ -365,7 +380,8 @@ pub unsafe fn hc_post_pre(
     holds(&base, types::F32, nm, "hc_post_pre base")?;
     holds(&norm_w, types::F32, d, "hc_post_pre norm")?;
     holds(&out, types::F32, d * n, "hc_post_pre output")?;
-    let w_len = if post.is_empty() { nm } else { nm.max(site_nm) };
+    // With post inputs the weights hold the previous site's (site_nm >= nm a token).
+    let w_len = if post.is_empty() { nm } else { site_nm };
     holds(&wts, types::F32, w_len * n, "hc_post_pre weights")?;
     holds(&mix, types::F32, nm * n, "hc_post_pre mixes")?;
     holds(&sync, types::I32, n, "hc_post_pre counters")?;
@@ -377,23 +393,8 @@ pub unsafe fn hc_post_pre(
             (1, f32p(gpu, block)?, 0, 0, 0, 0)
         }
         [y, rw, rest @ ..] => {
-            let k = y.dims[1];
-            if y.dims[0] != d || y.dims[2] * y.dims[3] != n {
-                return Err(format!(
-                    "hc_post_pre: expert outputs {:?} do not match streams of {d} x {n}",
-                    y.dims
-                ));
-            }
-            holds(y, types::F32, d * k * n, "hc_post_pre expert outputs")?;
-            holds(rw, types::F32, k * n, "hc_post_pre routing weights")?;
-            let ps = match rest.first() {
-                Some(sh) => {
-                    holds(sh, types::F32, d * n, "hc_post_pre shared expert")?;
-                    f32p(gpu, sh)?
-                }
-                None => 0,
-            };
-            (2, 0, f32p(gpu, y)?, f32p(gpu, rw)?, to_i32(k, "k")?, ps)
+            let (py, prw, k, ps) = moe_post_inputs(gpu, "hc_post_pre", d, n, y, rw, rest.first())?;
+            (2, 0, py, prw, k, ps)
         }
     };
     let (ps, pout, pnorm) = (f32p(gpu, &s)?, f32p(gpu, &out)?, f32p(gpu, &norm_w)?);
@@ -422,29 +423,17 @@ pub unsafe fn hc_post_pre(
     let hcp = hc.next_power_of_two();
     let nb = d.div_ceil(HCF_THREADS / hcp);
     let part = gpu.scratch((nb * n * (nm + 1) * 4) as usize)?;
-    let (pf, pscale, pbase, pw) = (
-        f32p(gpu, &fnw),
-        f32p(gpu, &scale),
-        f32p(gpu, &base),
-        f32p(gpu, &wts),
-    );
-    hc_params(
-        [Ok(ps), pf, pscale, pbase, Ok(pnorm), Ok(pout), pw],
-        d,
-        hc,
-        p,
-        head,
-    )?
-    .p(part)
-    .p(gpu.ptr(&sync, 4)?)
-    .i(mode)
-    .p(pb)
-    .p(py)
-    .p(prw)
-    .i(k)
-    .p(pshared)
-    .i((!head && p.i[2] != 0) as i32)
-    .launch(gpu, "ds4_hc_post_pre", (nb, n, 1), HCF_THREADS as u32)?;
+    hc_params(gpu, [s, fnw, scale, base, norm_w, out, wts], d, hc, p, head)?
+        .p(part)
+        .p(gpu.ptr(&sync, 4)?)
+        .i(mode)
+        .p(pb)
+        .p(py)
+        .p(prw)
+        .i(k)
+        .p(pshared)
+        .i((!head && p.i[2] != 0) as i32)
+        .launch(gpu, "ds4_hc_post_pre", (nb, n, 1), HCF_THREADS as u32)?;
     Ok(None)
 }
 

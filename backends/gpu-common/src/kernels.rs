@@ -57,8 +57,8 @@ pub const KERNELS: [&str; 46] = [
     "ds4_hc_post_pre",
     "ds4_hc_sinkhorn",
 ];
-/// Device-side launch counters (u32 each) the kernels bump.
-pub const COUNTER_SLOTS: usize = 46;
+/// Device-side launch counters (u32 each) the kernels bump: one a kernel.
+pub const COUNTER_SLOTS: usize = KERNELS.len();
 
 /// Parameter count of each `__global__` kernel in the sources (the backend appends
 /// the counters pointer, the last parameter): tests check launches against it.
