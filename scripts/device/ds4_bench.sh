@@ -7,11 +7,8 @@
 # streaming bandwidth, prefill vs the ROCmFP2 matrix rate, all measured in this run.
 # With PARITY=1 it first runs scripts/device/ds4_gpu.sh (the fixtures) while the file is
 # written, then decodes 8 tokens of the full-width file twice (bit-identical?) and with
-# each kernel A/B switch (MOE_GPU_DENSE_ROWS=0, MOE_GPU_HC_FAST=0, MOE_GPU_HC_SPLIT=0,
-# MOE_GPU_ID_NOSORT=0, MOE_GPU_FP4_RUNS=0, MOE_DS4_BRANCHES=0, MOE_DS4_SWIGLU_ID=0,
-# MOE_DS4_POST_COMBINE=0, MOE_DS4_HC_FUSED=0, MOE_DS4_HC_DEFER=0, MOE_DS4_ATT_ROPE=1,
-# MOE_DS4_IDX_ROPE=1, MOE_GPU_IDX_GROUPS=4, MOE_GPU_ATT_STORE=0, MOE_GPU_ATT_PREFETCH=1)
-# and compares (NO_FULLWIDTH=1 skips that part).
+# each kernel A/B switch (the list `switches` below) and compares (NO_FULLWIDTH=1 skips
+# that part).
 # PROFILE=1 adds the per-kernel tables of a decode step (at depth PROFILE_AT, 0) and of
 # a prefill pass (PROFILE_ONLY=1 stops there); PDL_AB=1 reruns depth 0 with
 # MOE_GPU_PDL=0; REUSE=1 keeps a synth file a warm machine still has; NOFILE=1 writes
@@ -67,21 +64,19 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # attention warp loads its next key while it scores one): the same sums, expected
     # bit-identical (not yet run).
     toks=5,17,301,4000,77,129000,42,9
-    for v in base repeat MOE_GPU_DENSE_ROWS=0 MOE_GPU_HC_FAST=0 MOE_GPU_HC_SPLIT=0 MOE_GPU_ID_NOSORT=0 \
-        MOE_GPU_FP4_RUNS=0 MOE_DS4_BRANCHES=0 MOE_DS4_SWIGLU_ID=0 MOE_DS4_POST_COMBINE=0 \
-        MOE_DS4_HC_FUSED=0 MOE_DS4_HC_DEFER=0 MOE_DS4_ATT_ROPE=1 MOE_DS4_IDX_ROPE=1 \
-        MOE_GPU_IDX_GROUPS=4 MOE_GPU_ATT_STORE=0 MOE_GPU_ATT_PREFETCH=1; do
+    switches=(MOE_GPU_DENSE_ROWS=0 MOE_GPU_HC_FAST=0 MOE_GPU_HC_SPLIT=0 MOE_GPU_ID_NOSORT=0
+        MOE_GPU_FP4_RUNS=0 MOE_DS4_BRANCHES=0 MOE_DS4_SWIGLU_ID=0 MOE_DS4_POST_COMBINE=0
+        MOE_DS4_HC_FUSED=0 MOE_DS4_HC_DEFER=0 MOE_DS4_ATT_ROPE=1 MOE_DS4_IDX_ROPE=1
+        MOE_GPU_IDX_GROUPS=4 MOE_GPU_ATT_STORE=0 MOE_GPU_ATT_PREFETCH=1)
+    for v in base repeat "${switches[@]}"; do
         env $([[ $v == *=* ]] && echo "$v") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
             logits --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_${v%%=*}.npy"
     done
-    python3 - "$W" <<'PY' | tee -a "$OUT/parity.log"
+    python3 - "$W" repeat "${switches[@]%%=*}" <<'PY' | tee -a "$OUT/parity.log"
 import sys, numpy as np
 w = sys.argv[1]
 a = np.load(f"{w}/full_base.npy")
-for v in ("repeat", "MOE_GPU_DENSE_ROWS", "MOE_GPU_HC_FAST", "MOE_GPU_HC_SPLIT", "MOE_GPU_ID_NOSORT",
-          "MOE_GPU_FP4_RUNS", "MOE_DS4_BRANCHES", "MOE_DS4_SWIGLU_ID", "MOE_DS4_POST_COMBINE",
-          "MOE_DS4_HC_FUSED", "MOE_DS4_HC_DEFER", "MOE_DS4_ATT_ROPE", "MOE_DS4_IDX_ROPE",
-          "MOE_GPU_IDX_GROUPS", "MOE_GPU_ATT_STORE", "MOE_GPU_ATT_PREFETCH"):
+for v in sys.argv[2:]:
     b = np.load(f"{w}/full_{v}.npy")
     rel = float((np.abs(a - b).max(1) / np.abs(b).max()).max())
     top = float((a.argmax(1) == b.argmax(1)).mean())
