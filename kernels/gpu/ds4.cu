@@ -241,6 +241,29 @@ extern "C" __global__ void __launch_bounds__(32)
                            eps);
 }
 
+// mHC pre's weights from the staged mixes M, bases B and scales S: pre (threads < hc)
+// sigmoid + eps and, in site mode, post (threads 32 .. 32 + hc) 2 sigmoid. One
+// definition for ds4_hc_pre and ds4_hc_post_pre.
+GPU_DEV void ds4_hc_weights(int tid, int hc, int head_mode, const float* M, const float* B,
+                            const float* S, float hc_eps, float* W) {
+    if (tid < hc) W[tid] = ds4_sigmoid(M[tid] * S[0] + B[tid]) + hc_eps;
+    if (!head_mode && tid >= 32 && tid < 32 + hc)
+        W[hc + tid - 32] = 2.0f * ds4_sigmoid(M[tid - 32 + hc] * S[1] + B[tid - 32 + hc]);
+}
+
+// x += w v on four values (a stream's part of the collapse).
+GPU_DEV void ds4_axpy4(gpu_f4& x, float w, const gpu_f4 v) {
+    x.x += w * v.x;
+    x.y += w * v.y;
+    x.z += w * v.z;
+    x.w += w * v.w;
+}
+
+// g (x r) on four values (the collapse RMS-normed times its weights).
+GPU_DEV gpu_f4 ds4_norm4(const gpu_f4 g, const gpu_f4 x, float r) {
+    return gpu_f4{g.x * (x.x * r), g.y * (x.y * r), g.z * (x.z * r), g.w * (x.w * r)};
+}
+
 // ---------------------------------------------------------------------------------
 // mHC pre: `mix` holds W * streams (the un-normalised streams; the RMS factor of the
 // streams is applied here, which equals projecting the normalised streams). Site mode:
@@ -303,11 +326,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
     }
     if (tid < (head_mode ? 1 : 3)) S[tid] = scale[tid];
     __syncthreads();
-    if (role == 0) {
-        if (tid < hc) W[tid] = ds4_sigmoid(M[tid] * S[0] + B[tid]) + hc_eps;
-        if (!head_mode && tid >= 32 && tid < 32 + hc)
-            W[hc + tid - 32] = 2.0f * ds4_sigmoid(M[tid - 32 + hc] * S[1] + B[tid - 32 + hc]);
-    }
+    if (role == 0) ds4_hc_weights(tid, hc, head_mode, M, B, S, hc_eps, W);
     if (fast && role == 0) __syncthreads();  // W[0..hc) is all the collapse needs
     if (!head_mode && (!two || role == 1)) {
         if (defer) {
@@ -325,13 +344,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
         gpu_f4 c = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int h = 0; h < 4; ++h)
-            if (h < hc && mine) {
-                const float wh = W[h];
-                c.x += wh * v[h].x;
-                c.y += wh * v[h].y;
-                c.z += wh * v[h].z;
-                c.w += wh * v[h].w;
-            }
+            if (h < hc && mine) ds4_axpy4(c, W[h], v[h]);
         float ss = mine ? c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w : 0.0f;
         // Its barriers also publish warp 0's Sinkhorn (without split: with it, block
         // (t, 1) has the Sinkhorn and writes its part of wts).
@@ -341,8 +354,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
         const float rr = 1.0f / sqrtf(ss / (float)d + eps);
         if (mine) {
             const gpu_f4 nw = *(const gpu_f4*)(norm_w + 4 * tid);
-            *(gpu_f4*)(o + 4 * tid) =
-                gpu_f4{nw.x * (c.x * rr), nw.y * (c.y * rr), nw.z * (c.z * rr), nw.w * (c.w * rr)};
+            *(gpu_f4*)(o + 4 * tid) = ds4_norm4(nw, c, rr);
         }
         return;
     }
@@ -537,9 +549,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     }
     if (tid < (head_mode ? 1 : 3)) S[tid] = scale_t;
     __syncthreads();
-    if (tid < hc) Wn[tid] = ds4_sigmoid(M[tid] * S[0] + B[tid]) + hc_eps;
-    if (!head_mode && tid >= 32 && tid < 32 + hc)
-        Wn[hc + tid - 32] = 2.0f * ds4_sigmoid(M[tid - 32 + hc] * S[1] + B[tid - 32 + hc]);
+    ds4_hc_weights(tid, hc, head_mode, M, B, S, hc_eps, Wn);
     __syncthreads();
     float* wo = wts + (long long)t * nm;
     if (warp == 0) {
@@ -566,14 +576,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
         if (c < d4) {
 #pragma unroll
             for (int hh = 0; hh < 4; ++hh)
-                if (hh < hc) {
-                    const gpu_f4 v = gpu_load_l2_f4(s + (long long)hh * d + 4 * c);
-                    const float wh = Wn[hh];
-                    x.x += wh * v.x;
-                    x.y += wh * v.y;
-                    x.z += wh * v.z;
-                    x.w += wh * v.w;
-                }
+                if (hh < hc) ds4_axpy4(x, Wn[hh], gpu_load_l2_f4(s + (long long)hh * d + 4 * c));
         }
         xv[u] = x;
         ss += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
@@ -595,8 +598,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     for (int u = 0; u < DS4_HCF_X4; ++u) {
         const int c = ct + u * nct;
         if (c < d4) {
-            const gpu_f4 x = xv[u], g = nw[u];
-            o[c] = gpu_f4{g.x * (x.x * rr), g.y * (x.y * rr), g.z * (x.z * rr), g.w * (x.w * rr)};
+            o[c] = ds4_norm4(nw[u], xv[u], rr);
         }
     }
 }
@@ -783,29 +785,29 @@ extern "C" __global__ void __launch_bounds__(256)
         }
         return;
     }
-    for (int k = 0; k < per_block / 8 * ((visible + step - 1) / step); ++k) {
-        const int r = (int)blockIdx.x * per_block + (k / (per_block / 8)) * step +
-                      (k % (per_block / 8)) * 8 + warp;
-        if (r >= visible) break;
-        float kr[DS4_IDX_DIM_MAX / 32];
-#pragma unroll
-        for (int j = 0; j < DS4_IDX_DIM_MAX / 32; ++j) {
-            const int i = j * 32 + lane;
-            kr[j] = i < id ? rows[(long long)r * id + i] : 0.0f;
-        }
-        float acc = 0.0f;
-        for (int h = 0; h < ih; ++h) {
-            float part = 0.0f;
+    for (int r0 = blockIdx.x * per_block; r0 < visible; r0 += step)
+        for (int k = 0; k < per_block / 8; ++k) {
+            const int r = r0 + 8 * k + warp;
+            if (r >= visible) break;
+            float kr[DS4_IDX_DIM_MAX / 32];
 #pragma unroll
             for (int j = 0; j < DS4_IDX_DIM_MAX / 32; ++j) {
                 const int i = j * 32 + lane;
-                if (i < id) part += qs[h * id + i] * kr[j];
+                kr[j] = i < id ? rows[(long long)r * id + i] : 0.0f;
             }
-            const float dot = gpu_warp_sum(part);
-            acc += fmaxf(dot, 0.0f) * sm * wh[h];
+            float acc = 0.0f;
+            for (int h = 0; h < ih; ++h) {
+                float part = 0.0f;
+#pragma unroll
+                for (int j = 0; j < DS4_IDX_DIM_MAX / 32; ++j) {
+                    const int i = j * 32 + lane;
+                    if (i < id) part += qs[h * id + i] * kr[j];
+                }
+                const float dot = gpu_warp_sum(part);
+                acc += fmaxf(dot, 0.0f) * sm * wh[h];
+            }
+            if (lane == 0) scores[(long long)t * cap + r] = acc;
         }
-        if (lane == 0) scores[(long long)t * cap + r] = acc;
-    }
 }
 
 // Inclusive prefix sum of `f` over the block's 256 threads; *total gets the block's sum
