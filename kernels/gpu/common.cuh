@@ -95,6 +95,18 @@ GPU_DEV void gpu_warp_hist_add(unsigned int* bins, unsigned int bin, bool on) {
     }
 }
 
+// Orders a warp's shared-memory writes before its lanes' reads of them.
+GPU_DEV void gpu_syncwarp() {
+#if defined(GPU_HIP)
+    // A wave runs in lockstep; the barrier keeps the compiler from reordering.
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#else
+    __syncwarp();
+#endif
+}
+
 GPU_DEV float gpu_warp_sum(float v) {
 #pragma unroll
     for (int m = GPU_WARP / 2; m > 0; m >>= 1) v += gpu_shfl_xor(v, m);

@@ -25,6 +25,7 @@
 #define KID_TRANSPOSE12 31
 #define KID_DS4_HC_POST_PRE 44
 #define KID_DS4_HC_SINKHORN 45
+#define KID_DS4_ATTENTION_HEADS 46
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -810,22 +811,22 @@ extern "C" __global__ void __launch_bounds__(256)
         }
 }
 
-// Inclusive prefix sum of `f` over the block's 256 threads; *total gets the block's sum
-// (buf: 256 ints of shared memory, free again on return).
-GPU_DEV int ds4_scan256(int f, int* buf, int* total) {
-    const int tid = threadIdx.x;
-    buf[tid] = f;
-    __syncthreads();
-    for (int st = 1; st < 256; st <<= 1) {
-        const int v = tid >= st ? buf[tid - st] : 0;
-        __syncthreads();
-        buf[tid] += v;
-        __syncthreads();
+// Inclusive prefix sum of `f` over the block (a multiple of 32 threads, at most 1024):
+// each warp's by shuffles, then the warps' totals (buf: 32 ints of shared memory, free
+// again on return).
+GPU_DEV int ds4_block_scan(int f, int* buf) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int o = __float_as_int(gpu_shfl(__int_as_float(f), lane >= d ? lane - d : lane));
+        if (lane >= d) f += o;
     }
-    const int r = buf[tid];
-    *total = buf[255];
+    if (lane == 31) buf[warp] = f;
     __syncthreads();
-    return r;
+    int before = 0;
+    for (int w = 0; w < warp && w < nw; ++w) before += buf[w];
+    __syncthreads();
+    return f + before;
 }
 
 // Order-preserving unsigned key of a float (larger float, larger key; -0 < +0).
@@ -838,42 +839,48 @@ GPU_DEV unsigned int ds4_key(float f) {
 // than k are visible; unused entries -1. Radix select on the keys, 8 bits per pass
 // (a histogram per warp: the top bits of similar scores all land in one bin, and one
 // shared counter for the block serialised every add), the pass's bin picked by a block
-// scan. grid = n, block = 256.
-extern "C" __global__ void __launch_bounds__(256)
+// scan; then the rows above the k-th key and `left` rows equal to it, each in index
+// order, by warp ballots over contiguous segments. 1024 threads, so a decode step's one
+// block keeps a long context's scores in flight (256 took 97 us at 32768 rows).
+// grid = n, block = DS4_TOPK_THREADS.
+#define DS4_TOPK_THREADS 1024
+#define DS4_TOPK_WARPS (DS4_TOPK_THREADS / 32)
+extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
     ds4_topk_rows(const float* __restrict__ scores, const int* __restrict__ pos, int ratio,
                   int cap, int k, int* __restrict__ sel, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_TOPK_ROWS);
-    __shared__ unsigned int hist[8][256];
+    __shared__ unsigned int hist[DS4_TOPK_WARPS][256];
     __shared__ unsigned int sh_prefix;
     __shared__ int sh_left;
-    __shared__ int flags[256];
-    const int t = blockIdx.x, tid = threadIdx.x;
+    __shared__ int buf[32];
+    __shared__ int wg[DS4_TOPK_WARPS], we[DS4_TOPK_WARPS];
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int visible = (pos[t] + 1) / ratio;
     if (visible > cap) visible = cap;
     const float* s = scores + (long long)t * cap;
     int* o = sel + (long long)t * k;
     if (visible <= k) {
-        for (int i = tid; i < k; i += 256) o[i] = i < visible ? i : -1;
+        for (int i = tid; i < k; i += DS4_TOPK_THREADS) o[i] = i < visible ? i : -1;
         return;
     }
     unsigned int prefix = 0, mask = 0;
     int left = k;  // how many still to take among keys matching the prefix
-    const int warp = tid >> 5;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int w = 0; w < 8; ++w) hist[w][tid] = 0;
+        for (int i = tid; i < DS4_TOPK_WARPS * 256; i += DS4_TOPK_THREADS) (&hist[0][0])[i] = 0;
         __syncthreads();
         // 8 loads in flight per thread before the adds; the loop is warp-uniform (the
         // first pass's adds are warp-wide).
-        for (int b0 = tid & ~31; b0 < visible; b0 += 256 * 8) {
+        for (int b0 = tid & ~31; b0 < visible; b0 += DS4_TOPK_THREADS * 8) {
             unsigned int keys[8];
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                const int i = b0 + (tid & 31) + 256 * j;
+                const int i = b0 + lane + DS4_TOPK_THREADS * j;
                 keys[j] = i < visible ? ds4_key(s[i]) : 0u;
             }
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                const bool on = b0 + (tid & 31) + 256 * j < visible && (keys[j] & mask) == prefix;
+                const bool on =
+                    b0 + lane + DS4_TOPK_THREADS * j < visible && (keys[j] & mask) == prefix;
                 const unsigned int bin = (keys[j] >> shift) & 255u;
                 // The top byte (sign, exponent) of similar scores is a few bins: one add
                 // per bin per warp; later bytes spread out, where plain adds are cheaper.
@@ -882,16 +889,13 @@ extern "C" __global__ void __launch_bounds__(256)
             }
         }
         __syncthreads();
-        unsigned int all = 0;
-        for (int w = 0; w < 8; ++w) all += hist[w][tid];
-        hist[0][tid] = all;  // each thread reads and writes only its own bin
-        __syncthreads();
-        // Thread i looks at bin c = 255 - i: with `above` keys in higher bins, the k-th
-        // best is in c when above < left <= above + count(c) (exactly one such bin).
-        const int cnt = (int)hist[0][255 - tid];
-        int total;  // (the matching keys: >= left by construction)
-        const int incl = ds4_scan256(cnt, flags, &total);
-        if (incl - cnt < left && incl >= left) {
+        // Thread i < 256 looks at bin c = 255 - i: with `above` keys in higher bins, the
+        // k-th best is in c when above < left <= above + count(c) (exactly one such bin).
+        int cnt = 0;
+        if (tid < 256)
+            for (int w = 0; w < DS4_TOPK_WARPS; ++w) cnt += (int)hist[w][255 - tid];
+        const int incl = ds4_block_scan(cnt, buf);  // (threads >= 256 add nothing)
+        if (tid < 256 && incl - cnt < left && incl >= left) {
             sh_prefix = prefix | ((unsigned int)(255 - tid) << shift);
             sh_left = left - (incl - cnt);
         }
@@ -901,30 +905,40 @@ extern "C" __global__ void __launch_bounds__(256)
         mask |= 255u << shift;
     }
     // prefix is now the k-th best key: take every key above it, then `left` equal keys,
-    // both in index order (the same selection order on every run, so the attention's
-    // sums are reproducible). Thread t owns the contiguous run of rows
-    // [t * per, (t + 1) * per): it counts its matches, one block scan gives each thread
-    // its first output slot, then it writes its rows in order.
-    const int first_eq = k - left;
-    const int per = (visible + 255) / 256;
-    const int i0 = tid * per, i1 = i0 + per < visible ? i0 + per : visible;
+    // both in index order (the same selection on every run, so the attention's sums are
+    // reproducible). Warp w owns rows [w seg, (w + 1) seg), read 32 at a time: its
+    // counts, the warps before it give its first output slots, then it writes its rows.
+    const int seg = (visible + 32 * DS4_TOPK_WARPS - 1) / (32 * DS4_TOPK_WARPS) * 32;
+    const int i0 = warp * seg, i1 = i0 + seg < visible ? i0 + seg : visible;
+    const unsigned int below = (1u << lane) - 1u;
     int g = 0, e = 0;
-#pragma unroll 8
-    for (int i = i0; i < i1; ++i) {
-        const unsigned int key = ds4_key(s[i]);
-        g += key > prefix;
-        e += key == prefix;
+    for (int i = i0; i < i1; i += 32) {
+        const unsigned int key = i + lane < i1 ? ds4_key(s[i + lane]) : 0u;
+        g += __popc(gpu_ballot(i + lane < i1 && key > prefix));
+        e += __popc(gpu_ballot(i + lane < i1 && key == prefix));
     }
-    int total_g, total_e;
-    int og = ds4_scan256(g, flags, &total_g) - g, oe = ds4_scan256(e, flags, &total_e) - e;
-    for (int i = i0; i < i1; ++i) {
-        const unsigned int key = ds4_key(s[i]);
-        if (key > prefix) {
-            o[og++] = i;
-        } else if (key == prefix) {
-            if (oe < left) o[first_eq + oe] = i;
-            ++oe;
+    if (lane == 0) {
+        wg[warp] = g;
+        we[warp] = e;
+    }
+    __syncthreads();
+    int og = 0, oe = 0;
+    for (int w = 0; w < warp; ++w) {
+        og += wg[w];
+        oe += we[w];
+    }
+    const int first_eq = k - left;
+    for (int i = i0; i < i1; i += 32) {
+        const bool in = i + lane < i1;
+        const unsigned int key = in ? ds4_key(s[i + lane]) : 0u;
+        const unsigned int bg = gpu_ballot(in && key > prefix), be = gpu_ballot(in && key == prefix);
+        if (in && key > prefix) o[og + __popc(bg & below)] = i + lane;
+        if (in && key == prefix) {
+            const int slot = oe + __popc(be & below);
+            if (slot < left) o[first_eq + slot] = i + lane;
         }
+        og += __popc(bg);
+        oe += __popc(be);
     }
 }
 
@@ -942,6 +956,22 @@ GPU_DEV const float* ds4_att_key(int kk, int n_win, int first, int p0, const flo
     const int j = kk - n_win;
     const int r = mode == 2 ? sel[(long long)t * k_sel + j] : j;
     return r < 0 || r >= cap ? nullptr : rows + (long long)r * hd;
+}
+
+// How many keys position p attends to: the window's n_win (from position `first`), then
+// the compressed rows (mode 1: every one visible, up to cap; 2: the k_sel selected).
+GPU_DEV int ds4_att_keys(int p, int window, int mode, int ratio, int cap, int k_sel, int& first,
+                         int& n_win) {
+    first = p - window + 1 > 0 ? p - window + 1 : 0;
+    n_win = p - first + 1;
+    int n_comp = 0;
+    if (mode == 1) {
+        n_comp = (p + 1) / ratio;
+        if (n_comp > cap) n_comp = cap;
+    } else if (mode == 2) {
+        n_comp = k_sel;
+    }
+    return n_win + n_comp;
 }
 
 // A key's values for this lane (zeros past hd).
@@ -980,8 +1010,6 @@ GPU_DEV void ds4_att_step(const float (&qr)[DS4_HEAD_MAX / 32],
 // 0) and (0, n_pairs, 1); the output rotation's bits the same, q's norm summed per
 // warp): no launch of their own. Each warp computes q's sines and cosines itself.
 // store = 1 (one token only) also writes its row into the ring (ds4_window_store's work).
-// Built with GPU_ATT_PREFETCH (MOE_GPU_ATT_PREFETCH=1 on CUDA; not yet measured), each
-// warp loads its next key while it scores the current one.
 // grid = (heads, n), block = 32 * nw: nw = 8, or 16 (DS4_ATT_MAX_WARPS) when few tokens
 // (a decode step's 64 blocks) must keep more keys in flight per block.
 #define DS4_ATT_MAX_WARPS 16
@@ -1031,37 +1059,9 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
             qr[j] = lane & 1 ? b : a;
         }
     }
-    const int first = p - window + 1 > 0 ? p - window + 1 : 0;
-    const int n_win = p - first + 1;
-    int n_comp = 0;
-    if (mode == 1) {
-        n_comp = (p + 1) / ratio;
-        if (n_comp > cap) n_comp = cap;
-    } else if (mode == 2) {
-        n_comp = k_sel;
-    }
+    int first, n_win;
+    const int n_keys = ds4_att_keys(p, window, mode, ratio, cap, k_sel, first, n_win);
     float m = DS4_NEG_INF, l = 0.0f;
-    const int n_keys = n_win + n_comp;
-#if defined(GPU_ATT_PREFETCH)
-    // The warp's next key is loaded while it scores this one (each key is a round trip
-    // to L2 or memory, with the indexer a selection read before it).
-    float kn[DS4_HEAD_MAX / 32];
-    const float* next = warp < n_keys ? ds4_att_key(warp, n_win, first, p0, kv, ring, window, hd,
-                                                    mode, sel, k_sel, t, rows, cap)
-                                      : nullptr;
-    if (next) ds4_att_load(next, hd, lane, kn);
-    for (int kk = warp; kk < n_keys; kk += nw) {
-        float kr[DS4_HEAD_MAX / 32];
-        const bool valid = next != nullptr;
-#pragma unroll
-        for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) kr[j] = kn[j];
-        next = kk + nw < n_keys ? ds4_att_key(kk + nw, n_win, first, p0, kv, ring, window, hd,
-                                              mode, sel, k_sel, t, rows, cap)
-                                : nullptr;
-        if (next) ds4_att_load(next, hd, lane, kn);  // (kn is not read after a null key)
-        if (valid) ds4_att_step(qr, kr, scale, m, l, acc);
-    }
-#else
     for (int kk = warp; kk < n_keys; kk += nw) {
         const float* key =
             ds4_att_key(kk, n_win, first, p0, kv, ring, window, hd, mode, sel, k_sel, t, rows, cap);
@@ -1070,7 +1070,6 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
         ds4_att_load(key, hd, lane, kr);
         ds4_att_step(qr, kr, scale, m, l, acc);
     }
-#endif
     if (lane == 0) {
         wm[warp] = m;
         wl[warp] = l;
@@ -1095,6 +1094,169 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
         if (inv_freq && i >= tail) ds4_rotate(a, b, (float)p, inv_freq[(i - tail) / 2], mscale, 1);
         o[i] = a;
         o[i + 1] = b;
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// ds4_attention for a prefill chunk (no rotary inside: inv_freq unset): the same sums
+// up to order, but a block serves DS4_ATH_HEADS heads of one token. All heads of a
+// token read the same keys (one K=V head), so the block stages DS4_ATH_TILE keys at a
+// time in shared memory and each warp scores them against its DS4_ATH_HPW heads: a key
+// leaves L2 once per 16 heads, not once per head. A lane holds float4s 32 j + lane of a
+// head (values 128 j + 4 lane ..). A tile's 32 logits a warp (2 heads x 16 keys) are
+// summed over the warp in one transposing butterfly, after which lane i holds logit i
+// (head i / 16, key i % 16): one exp a lane, the tile's max and sum over a half warp.
+// Needs hd % 4 == 0, hd <= DS4_HEAD_MAX, q / kv / ring / rows / out 16-byte aligned.
+// grid = (ceil(heads / DS4_ATH_HEADS), n), block = 32 * DS4_ATH_WARPS.
+#define DS4_ATH_WARPS 8
+#define DS4_ATH_HPW 2
+#define DS4_ATH_HEADS (DS4_ATH_WARPS * DS4_ATH_HPW)
+#define DS4_ATH_TILE 16  // DS4_ATH_HPW * DS4_ATH_TILE = 32: one logit a lane
+#define DS4_ATH_J (DS4_HEAD_MAX / 128)
+
+// Each lane's v[i] summed over the warp, for i = lane: 32 values a lane in, 31 exchanges
+// (at each step a lane keeps the half of its values its partner does not).
+GPU_DEV float ds4_warp_transpose_sum(float (&v)[32]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const bool hi = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < o; ++i) {
+            const float lo_v = v[i], hi_v = v[i + o];  // (values: the array stays in registers)
+            v[i] = (hi ? hi_v : lo_v) + gpu_shfl_xor(hi ? lo_v : hi_v, o);
+        }
+    }
+    return v[0];
+}
+
+GPU_DEV float ds4_dot4(gpu_f4 a, gpu_f4 b, float acc) {
+    return acc + a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
+    ds4_attention_heads(const float* __restrict__ q, const float* __restrict__ kv,
+                        const float* __restrict__ ring, const float* __restrict__ rows,
+                        const int* __restrict__ sel, const float* __restrict__ sinks,
+                        const int* __restrict__ pos, int heads, int hd, int window, int ratio,
+                        int mode, int k_sel, int cap, float scale, float* __restrict__ out,
+                        unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS);
+    __shared__ gpu_f4 ks[DS4_ATH_TILE][DS4_HEAD_MAX / 4];
+    __shared__ int kok[DS4_ATH_TILE];
+    __shared__ float se[DS4_ATH_WARPS][32];
+    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h0 = blockIdx.x * DS4_ATH_HEADS + warp * DS4_ATH_HPW;
+    const int p0 = pos[0], p = pos[t], hd4 = hd / 4;
+    gpu_f4 qr[DS4_ATH_HPW][DS4_ATH_J], acc[DS4_ATH_HPW][DS4_ATH_J];
+#pragma unroll
+    for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
+        const gpu_f4* qh = (const gpu_f4*)(q + ((long long)t * heads + h0 + hh) * hd);
+#pragma unroll
+        for (int j = 0; j < DS4_ATH_J; ++j) {
+            const int c = 32 * j + lane;
+            qr[hh][j] = h0 + hh < heads && c < hd4 ? qh[c] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+            acc[hh][j] = gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+        }
+    }
+    int first, n_win;
+    const int n_keys = ds4_att_keys(p, window, mode, ratio, cap, k_sel, first, n_win);
+    // This lane's head (lane / 16) of the warp: its running max and sum.
+    const int mh = lane / DS4_ATH_TILE, mk = lane % DS4_ATH_TILE;
+    const bool head_ok = h0 + mh < heads;
+    float m = DS4_NEG_INF, l = 0.0f;
+    // Thread -> (first tile row, float4 column) of the staging loop.
+    const int rpp = (int)blockDim.x / hd4, r0 = (int)threadIdx.x / hd4, c0 = (int)threadIdx.x % hd4;
+    for (int k0 = 0; k0 < n_keys; k0 += DS4_ATH_TILE) {
+        const int nt = n_keys - k0 < DS4_ATH_TILE ? n_keys - k0 : DS4_ATH_TILE;
+        __syncthreads();  // the last tile read by every warp
+        if (r0 < rpp) {
+            for (int kk = r0; kk < nt; kk += rpp) {
+                const float* key = ds4_att_key(k0 + kk, n_win, first, p0, kv, ring, window, hd,
+                                               mode, sel, k_sel, t, rows, cap);
+                ks[kk][c0] = key ? ((const gpu_f4*)key)[c0] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+                if (c0 == 0) kok[kk] = key != nullptr;
+            }
+        }
+        __syncthreads();
+        float v[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) v[i] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < DS4_ATH_TILE; ++kk) {
+            if (kk < nt) {  // the same for the whole block
+#pragma unroll
+                for (int j = 0; j < DS4_ATH_J; ++j) {
+                    // (the tile's columns past hd are never written)
+                    const gpu_f4 k4 = 32 * j + lane < hd4 ? ks[kk][32 * j + lane] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int hh = 0; hh < DS4_ATH_HPW; ++hh)
+                        v[hh * DS4_ATH_TILE + kk] =
+                            ds4_dot4(qr[hh][j], k4, v[hh * DS4_ATH_TILE + kk]);
+                }
+            }
+        }
+        const bool ok = head_ok && mk < nt && kok[mk < nt ? mk : 0];
+        const float dot = ds4_warp_transpose_sum(v);  // (every lane takes part)
+        const float g = ok ? dot * scale : DS4_NEG_INF;
+        float mt = g;
+#pragma unroll
+        for (int o = DS4_ATH_TILE / 2; o > 0; o >>= 1) mt = fmaxf(mt, gpu_shfl_xor(mt, o));
+        const float mn = fmaxf(m, mt);
+        // Nothing valid yet for this head: no change (and no inf - inf).
+        const float corr = mn == DS4_NEG_INF ? 1.0f : expf(m - mn);
+        float e = ok ? expf(g - mn) : 0.0f;
+        se[warp][lane] = e;
+#pragma unroll
+        for (int o = DS4_ATH_TILE / 2; o > 0; o >>= 1) e += gpu_shfl_xor(e, o);
+        l = l * corr + e;
+        m = mn;
+        gpu_syncwarp();
+#pragma unroll
+        for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
+            const float c = gpu_shfl(corr, hh * DS4_ATH_TILE);
+#pragma unroll
+            for (int j = 0; j < DS4_ATH_J; ++j) {
+                acc[hh][j].x *= c;
+                acc[hh][j].y *= c;
+                acc[hh][j].z *= c;
+                acc[hh][j].w *= c;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < DS4_ATH_TILE; ++kk) {
+            if (kk < nt) {
+#pragma unroll
+                for (int j = 0; j < DS4_ATH_J; ++j) {
+                    const gpu_f4 k4 = 32 * j + lane < hd4 ? ks[kk][32 * j + lane] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
+                        const float w = se[warp][hh * DS4_ATH_TILE + kk];
+                        acc[hh][j].x += w * k4.x;
+                        acc[hh][j].y += w * k4.y;
+                        acc[hh][j].z += w * k4.z;
+                        acc[hh][j].w += w * k4.w;
+                    }
+                }
+            }
+        }
+        gpu_syncwarp();  // se read before the next tile's writes
+    }
+#pragma unroll
+    for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
+        const int h = h0 + hh;
+        const float mf = gpu_shfl(m, hh * DS4_ATH_TILE), lf = gpu_shfl(l, hh * DS4_ATH_TILE);
+        if (h >= heads) continue;  // the same for the whole warp
+        const float sink = sinks[h], mx = fmaxf(sink, mf);
+        const float f = expf(mf - mx), den = expf(sink - mx) + lf * f;
+        gpu_f4* o = (gpu_f4*)(out + ((long long)t * heads + h) * hd);
+#pragma unroll
+        for (int j = 0; j < DS4_ATH_J; ++j) {
+            const int c = 32 * j + lane;
+            if (c < hd4)
+                o[c] = gpu_f4{acc[hh][j].x * f / den, acc[hh][j].y * f / den,
+                              acc[hh][j].z * f / den, acc[hh][j].w * f / den};
+        }
     }
 }
 

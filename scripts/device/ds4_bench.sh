@@ -9,8 +9,9 @@
 # written, then decodes 8 tokens of the full-width file twice (bit-identical?) and with
 # each kernel A/B switch (the list `switches` below) and compares (NO_FULLWIDTH=1 skips
 # that part).
-# PROFILE=1 adds the per-kernel tables of a decode step (at depth PROFILE_AT, 0) and of
-# a prefill pass (PROFILE_ONLY=1 stops there); PDL_AB=1 reruns depth 0 with
+# PROFILE=1 adds the per-kernel tables of a decode step and of a prefill pass, both at
+# depth PROFILE_AT (0; PROFILE_ONLY=1 stops there; MOE_DS4_BRANCHES=0 keeps every kernel
+# on one stream, so none is timed while another shares the device); PDL_AB=1 reruns depth 0 with
 # MOE_GPU_PDL=0; REUSE=1 keeps a synth file a warm machine still has; NOFILE=1 writes
 # none (each bench builds the layers in memory: `bench --synth`). Carry .dev/ds4. $OUT
 # gets bench.json (+ parity.log, profile*.json).
@@ -60,14 +61,12 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # 4 groups, not 8 while few rows are visible): the scores' summation order only (at 8
     # decoded tokens the top-k takes every visible row: bit-identical logits);
     # MOE_GPU_ATT_STORE=0 (a decode step's window store as its own launch, not inside
-    # the attention kernel): the same values, bit-identical; MOE_GPU_ATT_PREFETCH=1 (each
-    # attention warp loads its next key while it scores one): the same sums, expected
-    # bit-identical (not yet run).
+    # the attention kernel): the same values, bit-identical.
     toks=5,17,301,4000,77,129000,42,9
     switches=(MOE_GPU_DENSE_ROWS=0 MOE_GPU_HC_FAST=0 MOE_GPU_HC_SPLIT=0 MOE_GPU_ID_NOSORT=0
         MOE_GPU_FP4_RUNS=0 MOE_DS4_BRANCHES=0 MOE_DS4_SWIGLU_ID=0 MOE_DS4_POST_COMBINE=0
         MOE_DS4_HC_FUSED=0 MOE_DS4_HC_DEFER=0 MOE_DS4_ATT_ROPE=1 MOE_DS4_IDX_ROPE=1
-        MOE_GPU_IDX_GROUPS=4 MOE_GPU_ATT_STORE=0 MOE_GPU_ATT_PREFETCH=1)
+        MOE_GPU_IDX_GROUPS=4 MOE_GPU_ATT_STORE=0)
     for v in base repeat "${switches[@]}"; do
         env $([[ $v == *=* ]] && echo "$v") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
             logits --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_${v%%=*}.npy"
@@ -94,7 +93,8 @@ if [ -n "${PROFILE:-}" ]; then
     python3 scripts/device/profile_table.py "$OUT/profile.json" 34 step
     # The same over prefill: one pass of PP prompt tokens (+ 1 decoded), twice (warm-up + run).
     MOE_GPU_PROFILE=1 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
-        bench "${SRC[@]}" --layers "${LAYERS:-43}" --prompt-tokens "${PP:-512}" --gen-tokens 1 \
+        bench "${SRC[@]}" --layers "${LAYERS:-43}" --depths "${PROFILE_AT:-0}" \
+        --prompt-tokens "${PP:-512}" --gen-tokens 1 \
         --repetitions 1 --json > "$OUT/profile_pp.json"
     python3 scripts/device/profile_table.py "$OUT/profile_pp.json" 2 pass 16
     [ -n "${PROFILE_ONLY:-}" ] && exit 0

@@ -808,6 +808,78 @@ fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     ok
 }
 
+/// TOPK_ROWS (DeepSeek-V4's indexer selection) against its definition: the k best
+/// visible rows (ties: lower index), as the rows above the k-th score in index order then
+/// the rows equal to it in index order; all visible rows and -1s when no more than k are
+/// visible. Tokens: a decode step at 128K (32768 of the 40000 rows visible), every row
+/// visible with 64 distinct scores (ties at the k-th), fewer visible than k, 1000 visible.
+fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== TOPK_ROWS vs its definition ==");
+    let (cap, k, ratio) = (40000usize, 512usize, 4i64);
+    let pos: [i32; 4] = [131071, 159999, 2000, 4000];
+    let n = pos.len();
+    let mut scores: Vec<f32> = (0..cap * n).map(|_| rng.f32()).collect();
+    for s in &mut scores[cap..2 * cap] {
+        *s = (*s * 32.0).round() / 32.0; // ties, -0.0 and +0.0 among them
+    }
+    let (bs, bp, bo) = (
+        g.buf(&f32_bytes(&scores)),
+        g.buf(
+            &pos.iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        ),
+        g.zeros(k * n * 4),
+    );
+    let mut prm = OpParams::default();
+    prm.i[0] = ratio;
+    g.op_with(
+        ops::TOPK_ROWS,
+        prm,
+        &[
+            t(bs, 0, types::F32, 0, [cap as u64, n as u64, 1, 1]),
+            t(bp, 0, types::I32, 0, [n as u64, 1, 1, 1]),
+            t(bo, 0, types::I32, 0, [k as u64, n as u64, 1, 1]),
+        ],
+    );
+    let got: Vec<i32> = g
+        .read_f32(bo, 0, k * n)
+        .iter()
+        .map(|v| v.to_bits() as i32)
+        .collect();
+    let mut ok = true;
+    for (ti, &p) in pos.iter().enumerate() {
+        let visible = ((p as usize + 1) / ratio as usize).min(cap);
+        let s = &scores[ti * cap..ti * cap + visible];
+        let want: Vec<i32> = if visible <= k {
+            (0..k)
+                .map(|i| if i < visible { i as i32 } else { -1 })
+                .collect()
+        } else {
+            let mut order: Vec<usize> = (0..visible).collect();
+            order.sort_by(|&a, &b| s[b].total_cmp(&s[a]).then(a.cmp(&b)));
+            let kth = s[order[k - 1]];
+            let above = (0..visible).filter(|&i| s[i].total_cmp(&kth).is_gt());
+            let equal = (0..visible).filter(|&i| s[i].total_cmp(&kth).is_eq());
+            let mut w: Vec<i32> = above.map(|i| i as i32).collect();
+            let rest = k - w.len();
+            w.extend(equal.take(rest).map(|i| i as i32));
+            w
+        };
+        let same = got[ti * k..(ti + 1) * k] == want[..];
+        ok &= same;
+        println!(
+            "position {p:>6}: {visible:>5} visible, k {k}: {}",
+            if same { "ok" } else { "FAIL" }
+        );
+    }
+    json.push(format!("{{\"test\":\"topk_rows\",\"ok\":{ok}}}"));
+    for b in [bs, bp, bo] {
+        into_result((g.be.free)(b)).unwrap();
+    }
+    ok
+}
+
 /// MATMUL_ID's tensors on buffers [w, x, ids, out]: weights of (type, variant) [k, m,
 /// experts], `cols` input columns, ids [slots, tokens], out [m, slots, tokens];
 /// shape = [k, m, experts, slots, tokens, cols].
@@ -1160,6 +1232,7 @@ fn main() {
     }
     all_ok &= id_multi(&g, &mut rng, &mut json);
     all_ok &= swiglu_id(&g, &mut rng, &mut json);
+    all_ok &= topk_rows(&g, &mut rng, &mut json);
     all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);
     all_ok &= dense_decode(&g, &mut rng, &mut json);
     if quick {

@@ -57,9 +57,6 @@ pub fn compile(arch: &str) -> Result<(Arc<Vec<u8>>, bool), String> {
         "-default-device".to_string(),
     ];
     opts.extend(pdl_early().map(str::to_string));
-    if att_prefetch() {
-        opts.push("-DGPU_ATT_PREFETCH=1".to_string());
-    }
     let (maj, min) = nvrtc_version();
     let ver = format!("nvrtc {maj}.{min}");
     let file = kernels::cache_file(&src, &opts, &ver, arch, "cubin");
@@ -134,13 +131,6 @@ fn pdl_early() -> Option<&'static str> {
         Ok("small") => Some("-DGPU_PDL_EARLY_SMALL=1"),
         _ => None,
     }
-}
-
-/// `MOE_GPU_ATT_PREFETCH=1`: the attention kernel loads each warp's next key while it
-/// scores the current one (GPU_ATT_PREFETCH in kernels/gpu/ds4.cu; staged for an A/B,
-/// not yet measured).
-fn att_prefetch() -> bool {
-    std::env::var_os("MOE_GPU_ATT_PREFETCH").is_some_and(|v| v == "1")
 }
 
 impl Module {

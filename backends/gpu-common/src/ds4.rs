@@ -16,6 +16,9 @@ use crate::{
 pub const HC_MAX: u64 = 8;
 pub const COMP_MAX_DIM: u64 = 1024;
 pub const HEAD_MAX: u64 = 512;
+/// `ds4_attention_heads`: heads a block, warps a block (DS4_ATH_HEADS, DS4_ATH_WARPS).
+const ATT_HEADS_PER_BLOCK: u64 = 16;
+const ATT_HEADS_WARPS: u32 = 8;
 pub const IDX_Q_MAX: u64 = 8192;
 pub const IDX_DIM_MAX: u64 = 256;
 pub const TOPK_MAX: u64 = 16;
@@ -598,6 +601,9 @@ fn idx_groups() -> u64 {
     })
 }
 
+/// `ds4_topk_rows`'s block (DS4_TOPK_THREADS).
+const TOPK_ROWS_THREADS: u32 = 1024;
+
 unsafe fn topk_rows(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
     let [scores, pos, sel] = args(a, "topk_rows")?;
     let (cap, n, k) = (
@@ -621,7 +627,7 @@ unsafe fn topk_rows(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(),
         .i(to_i32(cap, "rows")?)
         .i(to_i32(k, "k")?)
         .p(gpu.ptr(&sel, 4)?)
-        .launch(gpu, "ds4_topk_rows", (n, 1, 1), 256)
+        .launch(gpu, "ds4_topk_rows", (n, 1, 1), TOPK_ROWS_THREADS)
 }
 
 /// `MOE_GPU_ATT_STORE=0`: a decode step's window store stays a launch of its own (A/B
@@ -630,6 +636,18 @@ fn att_store_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| env_off("MOE_GPU_ATT_STORE"))
 }
+
+/// `MOE_GPU_ATT_HEADS=0`: prefill chunks through `ds4_attention` (a block a head), not
+/// `ds4_attention_heads` (A/B runs; read once).
+fn att_heads_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| env_off("MOE_GPU_ATT_HEADS"))
+}
+
+/// Chunks of at least this many tokens take `ds4_attention_heads` (a block per 16 heads
+/// of a token, the keys staged once for all of them); fewer keep a block per head, whose
+/// 16 warps a head keep more keys in flight when the grid is small.
+const ATT_HEADS_MIN_TOKENS: u64 = 16;
 
 unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
     // From ABI 1.4 a 9th tensor, inv_freq: q's norm + rotary and the output's inverse
@@ -661,13 +679,19 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     holds(&pos, types::I32, n, "sparse_attention positions")?;
     holds(&out, types::F32, q.numel(), "sparse_attention output")?;
     let (pairs, pinv) = rotary(gpu, inv, p.i[2], hd, "sparse_attention")?;
-    let (pkv, pp, pr) = (f32p(gpu, &kv)?, gpu.ptr(&pos, 4)?, f32p(gpu, &ring)?);
+    let (pq, pkv, pp, pr) = (
+        f32p(gpu, &q)?,
+        f32p(gpu, &kv)?,
+        gpu.ptr(&pos, 4)?,
+        f32p(gpu, &ring)?,
+    );
+    let (prows, pout) = (f32p(gpu, &rows)?, f32p(gpu, &out)?);
     let (hdi, wi) = (hd as i32, to_i32(window, "window")?);
     let att = KArgs::default()
-        .p(f32p(gpu, &q)?)
+        .p(pq)
         .p(pkv)
         .p(pr)
-        .p(f32p(gpu, &rows)?)
+        .p(prows)
         .p(gpu.ptr(&sel, 4)?)
         .p(f32p(gpu, &sinks)?)
         .p(pp)
@@ -679,22 +703,40 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         .i(to_i32(k_sel, "k")?)
         .i(to_i32(cap, "rows")?)
         .f(p.f[0])
-        .p(f32p(gpu, &out)?);
-    // 16 warps per block when the grid is small (decode), else 8 (DS4_ATT_MAX_WARPS).
-    let warps = if heads * n < 512 { 16 } else { 8 };
-    // One token: the attention kernel stores its row in the ring itself (its slot is
-    // outside the window it reads); more, or MOE_GPU_ATT_STORE=0: ds4_window_store after
-    // the attention.
-    let store = n == 1 && !att_store_off();
-    att.i(warps)
-        .p(pinv)
-        .i(pairs as i32)
-        .f(p.f[1])
-        .f(p.f[2])
-        .i(store as i32)
-        .launch(gpu, "ds4_attention", (heads, n, 1), 32 * warps as u32)?;
-    if store {
-        return Ok(());
+        .p(pout);
+    // A prefill chunk: the heads kernel (it has no rotary inside: with inv_freq, the
+    // kernel a head; whole float4s, 16-byte aligned).
+    let heads_kernel = n >= ATT_HEADS_MIN_TOKENS
+        && pinv == 0
+        && hd.is_multiple_of(4)
+        && [pq, pkv, pr, prows, pout]
+            .iter()
+            .all(|p| p.is_multiple_of(16))
+        && !att_heads_off();
+    if heads_kernel {
+        att.launch(
+            gpu,
+            "ds4_attention_heads",
+            (heads.div_ceil(ATT_HEADS_PER_BLOCK), n, 1),
+            32 * ATT_HEADS_WARPS,
+        )?;
+    } else {
+        // 16 warps per block when the grid is small (decode), else 8 (DS4_ATT_MAX_WARPS).
+        let warps = if heads * n < 512 { 16 } else { 8 };
+        // One token: the attention kernel stores its row in the ring itself (its slot is
+        // outside the window it reads); more, or MOE_GPU_ATT_STORE=0: ds4_window_store
+        // after the attention.
+        let store = n == 1 && !att_store_off();
+        att.i(warps)
+            .p(pinv)
+            .i(pairs as i32)
+            .f(p.f[1])
+            .f(p.f[2])
+            .i(store as i32)
+            .launch(gpu, "ds4_attention", (heads, n, 1), 32 * warps as u32)?;
+        if store {
+            return Ok(());
+        }
     }
     KArgs::default()
         .p(pkv)
@@ -1132,6 +1174,34 @@ mod tests {
         let l = run_ok(ops::SPARSE_ATTENTION, prm(&[0.1], &[4, 2]), &one);
         assert_eq!(l.len(), 1);
         assert_eq!((l[0].0, l[0].1), ("ds4_attention", (8, 1, 1)));
+        // A prefill chunk of 16 tokens or more: a block per 16 heads of a token (40 heads:
+        // 3), the ring store after; with inv_freq still a block per head.
+        let chunk = [
+            f([d, 40, 20, 1]),
+            f([d, 20, 1, 1]),
+            f([d, 16, 1, 1]),
+            f([d, 40, 1, 1]),
+            i([8, 20, 1, 1]),
+            f([40, 1, 1, 1]),
+            i([20, 1, 1, 1]),
+            f([d, 40, 20, 1]),
+        ];
+        let l = run_ok(ops::SPARSE_ATTENTION, prm(&[0.1], &[4, 2]), &chunk);
+        assert_eq!(
+            l.iter().map(|x| (x.0, x.1, x.2)).collect::<Vec<_>>(),
+            [
+                ("ds4_attention_heads", (3, 20, 1), 256),
+                ("ds4_window_store", (1, 16, 1), 256),
+            ]
+        );
+        let mut roped = chunk.to_vec();
+        roped.push(f([16, 1, 1, 1]));
+        let l = run_ok(
+            ops::SPARSE_ATTENTION,
+            prm(&[0.1, 1e-6, 1.0], &[4, 2, 16]),
+            &roped,
+        );
+        assert_eq!((l[0].0, l[0].1), ("ds4_attention", (40, 20, 1)));
         let (pa, a) = att(d as i64 / 2 + 1);
         let e = run(&Rec::default(), ops::SPARSE_ATTENTION, &pa, &a)
             .unwrap()

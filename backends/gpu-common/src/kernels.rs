@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 46] = [
+pub const KERNELS: [&str; 47] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -56,6 +56,7 @@ pub const KERNELS: [&str; 46] = [
     "quantize_q8_1_swiglu",
     "ds4_hc_post_pre",
     "ds4_hc_sinkhorn",
+    "ds4_attention_heads",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

@@ -75,6 +75,7 @@ static __device__ inline unsigned int __ballot_sync(unsigned int mask, int p) {
     return __nvvm_vote_ballot_sync(mask, p);
 }
 static __device__ inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+static __device__ inline void __syncwarp() { __nvvm_bar_warp_sync(0xffffffffu); }
 static __device__ inline float __fmul_rn(float a, float b) { return __nvvm_mul_rn_f(a, b); }
 static __device__ inline float __fadd_rn(float a, float b) { return __nvvm_add_rn_f(a, b); }
 static __device__ inline float __fsub_rn(float a, float b) { return __nvvm_add_rn_f(a, -b); }
