@@ -26,6 +26,7 @@
 #define KID_DS4_HC_POST_PRE 44
 #define KID_DS4_HC_SINKHORN 45
 #define KID_DS4_ATTENTION_HEADS 46
+#define KID_DS4_ATTENTION_MERGE 47
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -1106,8 +1107,12 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
 // head (values 128 j + 4 lane ..). A tile's 32 logits a warp (2 heads x 16 keys) are
 // summed over the warp in one transposing butterfly, after which lane i holds logit i
 // (head i / 16, key i % 16): one exp a lane, the tile's max and sum over a half warp.
-// Needs hd % 4 == 0, hd <= DS4_HEAD_MAX, q / kv / ring / rows / out 16-byte aligned.
-// grid = (ceil(heads / DS4_ATH_HEADS), n), block = 32 * DS4_ATH_WARPS.
+// With kper > 0 (a decode step: few tokens, many keys) block z takes keys
+// [z kper, (z + 1) kper) only and writes its partial sums to `part` (per token, head
+// and split: the unnormalised values at part[slot hd], its max and sum at
+// part[n heads splits hd + 2 slot]; ds4_attention_merge adds them up with the sink).
+// Needs hd % 4 == 0, hd <= DS4_HEAD_MAX, q / kv / ring / rows / out / part 16-byte
+// aligned. grid = (ceil(heads / DS4_ATH_HEADS), n, splits), block = 32 * DS4_ATH_WARPS.
 #define DS4_ATH_WARPS 8
 #define DS4_ATH_HPW 2
 #define DS4_ATH_HEADS (DS4_ATH_WARPS * DS4_ATH_HPW)
@@ -1140,7 +1145,7 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
                         const int* __restrict__ sel, const float* __restrict__ sinks,
                         const int* __restrict__ pos, int heads, int hd, int window, int ratio,
                         int mode, int k_sel, int cap, float scale, float* __restrict__ out,
-                        unsigned int* counters) {
+                        int kper, float* __restrict__ part, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS);
     __shared__ gpu_f4 ks[DS4_ATH_TILE][DS4_HEAD_MAX / 4];
     __shared__ int kok[DS4_ATH_TILE];
@@ -1167,8 +1172,10 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
     float m = DS4_NEG_INF, l = 0.0f;
     // Thread -> (first tile row, float4 column) of the staging loop.
     const int rpp = (int)blockDim.x / hd4, r0 = (int)threadIdx.x / hd4, c0 = (int)threadIdx.x % hd4;
-    for (int k0 = 0; k0 < n_keys; k0 += DS4_ATH_TILE) {
-        const int nt = n_keys - k0 < DS4_ATH_TILE ? n_keys - k0 : DS4_ATH_TILE;
+    const int k_begin = kper > 0 ? (int)blockIdx.z * kper : 0;
+    const int k_end = kper > 0 && k_begin + kper < n_keys ? k_begin + kper : n_keys;
+    for (int k0 = k_begin; k0 < k_end; k0 += DS4_ATH_TILE) {
+        const int nt = k_end - k0 < DS4_ATH_TILE ? k_end - k0 : DS4_ATH_TILE;
         __syncthreads();  // the last tile read by every warp
         if (r0 < rpp) {
             for (int kk = r0; kk < nt; kk += rpp) {
@@ -1179,6 +1186,11 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
             }
         }
         __syncthreads();
+        // A tile of null keys only (a selection's unused -1 entries, at its end while
+        // fewer rows than k are visible) changes nothing: skip its arithmetic.
+        int any = 0;
+        for (int kk = 0; kk < nt; ++kk) any |= kok[kk];
+        if (!any) continue;  // the same for the whole block
         float v[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) v[i] = 0.0f;
@@ -1247,6 +1259,20 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
         const int h = h0 + hh;
         const float mf = gpu_shfl(m, hh * DS4_ATH_TILE), lf = gpu_shfl(l, hh * DS4_ATH_TILE);
         if (h >= heads) continue;  // the same for the whole warp
+        if (part) {
+            const long long slot = ((long long)t * heads + h) * gridDim.z + blockIdx.z;
+            const long long slots = (long long)gridDim.y * heads * gridDim.z;
+            if (lane == 0) {
+                part[slots * hd + 2 * slot] = mf;
+                part[slots * hd + 2 * slot + 1] = lf;
+            }
+            if (mf == DS4_NEG_INF) continue;  // no keys: the merge skips this split
+            gpu_f4* pa = (gpu_f4*)(part + slot * hd);
+#pragma unroll
+            for (int j = 0; j < DS4_ATH_J; ++j)
+                if (32 * j + lane < hd4) pa[32 * j + lane] = acc[hh][j];
+            continue;
+        }
         const float sink = sinks[h], mx = fmaxf(sink, mf);
         const float f = expf(mf - mx), den = expf(sink - mx) + lf * f;
         gpu_f4* o = (gpu_f4*)(out + ((long long)t * heads + h) * hd);
@@ -1257,6 +1283,51 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
                 o[c] = gpu_f4{acc[hh][j].x * f / den, acc[hh][j].y * f / den,
                               acc[hh][j].z * f / den, acc[hh][j].w * f / den};
         }
+    }
+}
+
+// The splits of ds4_attention_heads (kper > 0) added up for head h of token t: their
+// maxima and the sink give the common scale, each split's sums weigh in at
+// exp(m_s - max), splits without keys not at all. store = 1 (one token) also writes
+// its K=V row into the ring (ds4_window_store's work; every split has read the window
+// by now). grid = (heads, n), block = 128.
+#define DS4_ATM_MAX_SPLITS 64
+extern "C" __global__ void __launch_bounds__(128)
+    ds4_attention_merge(const float* __restrict__ part, int splits, const float* __restrict__ sinks,
+                        int heads, int hd, float* __restrict__ out, const float* __restrict__ kv,
+                        const int* __restrict__ pos, int window, int store, float* __restrict__ ring,
+                        unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_MERGE);
+    __shared__ float ws[DS4_ATM_MAX_SPLITS];
+    const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+    if (store && h == 0 && t == 0)
+        for (int i = tid; i < hd; i += 128) ring[(long long)(pos[0] % window) * hd + i] = kv[i];
+    const long long slot0 = ((long long)t * heads + h) * splits;
+    const float* ml = part + (long long)gridDim.y * heads * splits * hd;
+    const float sink = sinks[h];
+    float mx = sink;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ml[2 * (slot0 + s)]);
+    float den = expf(sink - mx);
+    for (int s = 0; s < splits; ++s) {
+        const float m = ml[2 * (slot0 + s)];
+        const float w = m == DS4_NEG_INF ? 0.0f : expf(m - mx);
+        den += w == 0.0f ? 0.0f : ml[2 * (slot0 + s) + 1] * w;
+        if (tid == 0) ws[s] = w;
+    }
+    __syncthreads();
+    gpu_f4* o = (gpu_f4*)(out + ((long long)t * heads + h) * hd);
+    for (int c = tid; c < hd / 4; c += 128) {
+        gpu_f4 a = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int s = 0; s < splits; ++s) {
+            const float w = ws[s];
+            if (w == 0.0f) continue;  // (no keys: its sums were never written)
+            const gpu_f4 v = ((const gpu_f4*)(part + (slot0 + s) * hd))[c];
+            a.x += v.x * w;
+            a.y += v.y * w;
+            a.z += v.z * w;
+            a.w += v.w * w;
+        }
+        o[c] = gpu_f4{a.x / den, a.y / den, a.z / den, a.w / den};
     }
 }
 

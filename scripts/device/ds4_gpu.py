@@ -12,7 +12,9 @@ On the GPU the whole forward runs as backend ops with activations and caches res
 (MOE_DS4_HOST_GLUE=1): same weight kernels, so only the glue's summation order differs.
 Prefill runs Q8_0 / ROCmFP4 products of 16+ columns on the q8_1 MMQ tiles (8-bit
 activations, as llama.cpp does); "exact" columns rerun prefill with
-MOE_GPU_EXACT_PREFILL=1 (f32 activations: the CPU's sums up to order)."""
+MOE_GPU_EXACT_PREFILL=1 (f32 activations: the CPU's sums up to order); "split vs dec"
+reruns decode with MOE_GPU_ATT_SPLIT=1 (the long-context attention: each token's keys
+split over blocks, then merged; summation order only)."""
 import json
 import os
 import subprocess
@@ -67,7 +69,8 @@ def main():
     cpu, gpu = config("cpu"), config("cuda")
     rows = []
     print(f"{'fixture':20} {'type':5} {'gpu vs cpu':>10} {'gpu vs oracle':>13} {'pre vs dec':>10} "
-          f"{'dev vs host glue':>16} {'exact vs cpu':>12} {'exact vs dec':>12} {'top-1':>6} {'greedy':>7} {'gpu s':>6}")
+          f"{'dev vs host glue':>16} {'exact vs cpu':>12} {'exact vs dec':>12} {'split vs dec':>12} {'top-1':>6} "
+          f"{'greedy':>7} {'gpu s':>6}")
     only = os.environ.get("ONLY")  # e.g. ONLY=tiny_mixed.f32: the runs named so
     for name, ty in RUNS:
         if only and f"{name}.{ty}" not in only.split(","):
@@ -93,9 +96,13 @@ def main():
                 got[(backend, mode)] = np.load(out)
             if backend == "cuda":
                 secs = time.time() - t0
-                for key, env in (("hostglue", {"MOE_DS4_HOST_GLUE": "1"}), ("exact", {"MOE_GPU_EXACT_PREFILL": "1"})):
+                # Decode with the long-context attention (keys split over blocks + merge), which
+                # the fixtures' short contexts would not pick.
+                for key, env, mode in (("hostglue", {"MOE_DS4_HOST_GLUE": "1"}, "prefill"),
+                                       ("exact", {"MOE_GPU_EXACT_PREFILL": "1"}, "prefill"),
+                                       ("split", {"MOE_GPU_ATT_SPLIT": "1"}, "decode")):
                     out = W / f"{name}.{ty}.cuda.{key}.npy"
-                    moeserve(cfg, "logits", "--model", model, "--tokens", toks, "--out", out, "--mode", "prefill",
+                    moeserve(cfg, "logits", "--model", model, "--tokens", toks, "--out", out, "--mode", mode,
                              env=env)
                     got[("cuda", key)] = np.load(out)
         n = int(ref["prompt_len"])
@@ -107,12 +114,14 @@ def main():
         row = dict(fixture=name, type=ty, gpu_vs_cpu=rel(gp, cp), gpu_vs_oracle=rel(gp, ref["logits"]),
                    gpu_prefill_vs_decode=rel(gp, gd), device_vs_host_glue=rel(gp, got[("cuda", "hostglue")]),
                    exact_prefill_vs_cpu=rel(ge, cp), exact_prefill_vs_decode=rel(ge, gd),
+                   split_decode_vs_decode=rel(got[("cuda", "split")], gd),
                    top1_vs_cpu=float((gp.argmax(1) == cp.argmax(1)).mean()),
                    greedy_equals_oracle=greedy_same, gpu_seconds=secs)
         rows.append(row)
         print(f"{name:20} {ty:5} {row['gpu_vs_cpu']:10.3g} {row['gpu_vs_oracle']:13.3g} "
               f"{row['gpu_prefill_vs_decode']:10.3g} {row['device_vs_host_glue']:16.3g} {row['exact_prefill_vs_cpu']:12.3g} "
-              f"{row['exact_prefill_vs_decode']:12.3g} {row['top1_vs_cpu']:6.3f} {str(greedy_same):>7} {secs:6.1f}",
+              f"{row['exact_prefill_vs_decode']:12.3g} {row['split_decode_vs_decode']:12.3g} "
+              f"{row['top1_vs_cpu']:6.3f} {str(greedy_same):>7} {secs:6.1f}",
               flush=True)
     (OUT / "ds4_gpu.json").write_text(json.dumps(rows, indent=1))
 

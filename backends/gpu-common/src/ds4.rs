@@ -19,6 +19,8 @@ pub const HEAD_MAX: u64 = 512;
 /// `ds4_attention_heads`: heads a block, warps a block (DS4_ATH_HEADS, DS4_ATH_WARPS).
 const ATT_HEADS_PER_BLOCK: u64 = 16;
 const ATT_HEADS_WARPS: u32 = 8;
+/// `ds4_attention_merge`'s most splits (DS4_ATM_MAX_SPLITS).
+const ATT_MAX_SPLITS: u64 = 64;
 pub const IDX_Q_MAX: u64 = 8192;
 pub const IDX_DIM_MAX: u64 = 256;
 pub const TOPK_MAX: u64 = 16;
@@ -644,6 +646,29 @@ fn att_heads_off() -> bool {
     *OFF.get_or_init(|| env_off("MOE_GPU_ATT_HEADS"))
 }
 
+/// Whether a decode step's attention runs as `ds4_attention_heads` over key splits +
+/// `ds4_attention_merge`, not `ds4_attention` (a block a head): with the op's
+/// long-context hint, or as `MOE_GPU_ATT_SPLIT=0|1` says (A/B runs; read once).
+fn att_split(hint: bool) -> bool {
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let mode = MODE.get_or_init(|| match std::env::var("MOE_GPU_ATT_SPLIT").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    });
+    mode.unwrap_or(hint)
+}
+
+/// Keys a block and blocks a head group for a decode step's split attention: 32 keys a
+/// block (two staged tiles), more once that would take over DS4_ATM_MAX_SPLITS blocks.
+fn att_splits(max_keys: u64) -> (u64, u64) {
+    let kper = max_keys
+        .div_ceil(ATT_MAX_SPLITS)
+        .max(32)
+        .next_multiple_of(16);
+    (kper, max_keys.div_ceil(kper).max(1))
+}
+
 /// Chunks of at least this many tokens take `ds4_attention_heads` (a block per 16 heads
 /// of a token, the keys staged once for all of them); fewer keep a block per head, whose
 /// 16 warps a head keep more keys in flight when the grid is small.
@@ -704,29 +729,64 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         .i(to_i32(cap, "rows")?)
         .f(p.f[0])
         .p(pout);
-    // A prefill chunk: the heads kernel (it has no rotary inside: with inv_freq, the
-    // kernel a head; whole float4s, 16-byte aligned).
-    let heads_kernel = n >= ATT_HEADS_MIN_TOKENS
-        && pinv == 0
+    // The heads kernel (a block per 16 heads, the keys staged once for them) has no
+    // rotary inside (with inv_freq: the kernel a head) and needs whole float4s, 16-byte
+    // aligned. A chunk of 16 tokens or more: one pass over each token's keys; fewer (a
+    // decode step), with the long-context hint (i[3] = 1): the keys split over blocks,
+    // then ds4_attention_merge.
+    let heads_ok = pinv == 0
         && hd.is_multiple_of(4)
         && [pq, pkv, pr, prows, pout]
             .iter()
             .all(|p| p.is_multiple_of(16))
         && !att_heads_off();
-    if heads_kernel {
-        att.launch(
+    let grid_heads = heads.div_ceil(ATT_HEADS_PER_BLOCK);
+    // One token: its row goes into the ring from the last kernel (its slot is outside
+    // the window that kernel reads); more, or MOE_GPU_ATT_STORE=0: ds4_window_store after.
+    let store = n == 1 && !att_store_off();
+    if heads_ok && n >= ATT_HEADS_MIN_TOKENS {
+        att.i(0).p(0).launch(
             gpu,
             "ds4_attention_heads",
-            (heads.div_ceil(ATT_HEADS_PER_BLOCK), n, 1),
+            (grid_heads, n, 1),
             32 * ATT_HEADS_WARPS,
         )?;
+    } else if heads_ok && att_split(p.i[3] == 1) {
+        // Sized for the most keys a token can have (the grid is replayed at any
+        // position): the window and every compressed row or selected one.
+        let max_keys = window
+            + match mode {
+                1 => cap,
+                2 => k_sel,
+                _ => 0,
+            };
+        let (kper, splits) = att_splits(max_keys);
+        let part = gpu.scratch((n * heads * splits * (hd + 2) * 4) as usize)?;
+        att.i(to_i32(kper, "keys a split")?).p(part).launch(
+            gpu,
+            "ds4_attention_heads",
+            (grid_heads, n, splits),
+            32 * ATT_HEADS_WARPS,
+        )?;
+        KArgs::default()
+            .p(part)
+            .i(splits as i32)
+            .p(f32p(gpu, &sinks)?)
+            .i(to_i32(heads, "heads")?)
+            .i(hdi)
+            .p(pout)
+            .p(pkv)
+            .p(pp)
+            .i(wi)
+            .i(store as i32)
+            .p(pr)
+            .launch(gpu, "ds4_attention_merge", (heads, n, 1), 128)?;
+        if store {
+            return Ok(());
+        }
     } else {
         // 16 warps per block when the grid is small (decode), else 8 (DS4_ATT_MAX_WARPS).
         let warps = if heads * n < 512 { 16 } else { 8 };
-        // One token: the attention kernel stores its row in the ring itself (its slot is
-        // outside the window it reads); more, or MOE_GPU_ATT_STORE=0: ds4_window_store
-        // after the attention.
-        let store = n == 1 && !att_store_off();
         att.i(warps)
             .p(pinv)
             .i(pairs as i32)
@@ -1151,6 +1211,16 @@ mod tests {
                 ("ds4_window_store", (1, 3, 1)),
             ]
         );
+        // The long-context hint: the keys split over blocks (one here), then the merge.
+        let l = run_ok(ops::SPARSE_ATTENTION, prm(&[0.1], &[4, 2, 0, 1]), &att_args);
+        assert_eq!(
+            l.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
+            [
+                ("ds4_attention_heads", (1, 3, 1)),
+                ("ds4_attention_merge", (8, 3, 1)),
+                ("ds4_window_store", (1, 3, 1)),
+            ]
+        );
         // With inv_freq (q's norm + rotary, the output's inverse rotary in the kernel):
         // the same launches; more pairs than the head holds are refused.
         let att = |pairs: i64| {
@@ -1174,6 +1244,19 @@ mod tests {
         let l = run_ok(ops::SPARSE_ATTENTION, prm(&[0.1], &[4, 2]), &one);
         assert_eq!(l.len(), 1);
         assert_eq!((l[0].0, l[0].1), ("ds4_attention", (8, 1, 1)));
+        let l = run_ok(ops::SPARSE_ATTENTION, prm(&[0.1], &[4, 2, 0, 1]), &one);
+        assert_eq!(
+            l.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
+            [
+                ("ds4_attention_heads", (1, 1, 1)),
+                ("ds4_attention_merge", (8, 1, 1)),
+            ]
+        );
+        // Split sizes: 32 keys a block, at most 64 blocks a head group.
+        assert_eq!(att_splits(24), (32, 1));
+        assert_eq!(att_splits(128 + 1028), (32, 37));
+        let (kper, splits) = att_splits(128 + 262_144);
+        assert!(splits <= ATT_MAX_SPLITS && kper * splits >= 128 + 262_144);
         // A prefill chunk of 16 tokens or more: a block per 16 heads of a token (40 heads:
         // 3), the ring store after; with inv_freq still a block per head.
         let chunk = [

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 47] = [
+pub const KERNELS: [&str; 48] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -57,6 +57,7 @@ pub const KERNELS: [&str; 47] = [
     "ds4_hc_post_pre",
     "ds4_hc_sinkhorn",
     "ds4_attention_heads",
+    "ds4_attention_merge",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

@@ -36,7 +36,11 @@ struct rf_shim_bdim {
 static __device__ const rf_shim_bdim blockDim;
 struct rf_shim_gdim {
     __device__ unsigned int get_x() const { return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x(); }
+    __device__ unsigned int get_y() const { return __builtin_amdgcn_grid_size_y() / __builtin_amdgcn_workgroup_size_y(); }
+    __device__ unsigned int get_z() const { return __builtin_amdgcn_grid_size_z() / __builtin_amdgcn_workgroup_size_z(); }
     __declspec(property(get = get_x)) unsigned int x;
+    __declspec(property(get = get_y)) unsigned int y;
+    __declspec(property(get = get_z)) unsigned int z;
 };
 static __device__ const rf_shim_gdim gridDim;
 

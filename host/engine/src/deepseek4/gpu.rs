@@ -7,7 +7,10 @@
 //! Used when the backend runs the glue ops (probed at load); otherwise the host glue
 //! in `super` runs. Same maths; summation orders differ (see docs/notes).
 
-use std::sync::Arc;
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Arc,
+};
 
 use anyhow::{anyhow, Context, Result};
 use moe_plugin_api::{ops, OpParams, TensorRef};
@@ -108,6 +111,8 @@ struct Work {
 
 /// Tokens per device pass (see `GpuPath::run`): 16 routed experts x 2048 < 65535.
 const MAX_CHUNK: usize = 2048;
+/// Steps reaching past this position send SPARSE_ATTENTION's long-context hint.
+const ATT_LONG_FROM: usize = 16384;
 
 pub(super) struct GpuPath {
     layers: Vec<DevLayer>,
@@ -117,6 +122,13 @@ pub(super) struct GpuPath {
     inv_comp: (Tensor, f32),
     slots: Vec<Option<Vec<LayerState>>>,
     graphs: Vec<GraphState>,
+    /// Per slot: its recorded decode step was sent as long-context (see `att_long`).
+    graph_long: Vec<bool>,
+    /// The step being sent reaches position ATT_LONG_FROM or beyond: SPARSE_ATTENTION
+    /// gets the long-context hint (the CUDA backend splits a decode step's keys over
+    /// blocks: +8% decode at 128K, -4% at depth 0 in one A/B). A slot's decode graph is
+    /// recorded again when its steps cross that position.
+    att_long: AtomicBool,
     work: Option<Work>,
     work1: Option<Work>,
     /// Largest compressed-row count (n_ctx / ratio + 1) per layer.
@@ -274,6 +286,8 @@ impl GpuPath {
             inv_comp: inv(&m.rope_comp)?,
             slots: (0..m.slots.len()).map(|_| None).collect(),
             // MOE_DS4_NO_GRAPH=1 (profiling): every step launched op by op.
+            graph_long: vec![false; m.slots.len()],
+            att_long: AtomicBool::new(false),
             graphs: vec![
                 if std::env::var_os("MOE_DS4_NO_GRAPH").is_some() {
                     GraphState::Off
@@ -437,6 +451,16 @@ impl GpuPath {
             self.slots[slot] = Some(Self::slot_state(m, slot)?);
         }
         let single = n == 1 && want == [0];
+        let long = p0 + n > ATT_LONG_FROM;
+        self.att_long.store(long, Ordering::Relaxed);
+        if single && self.graph_long[slot] != long {
+            // The recorded step was sent for the other side of ATT_LONG_FROM: run once
+            // directly (its scratch may grow), then record again.
+            if matches!(self.graphs[slot], GraphState::Recorded | GraphState::Warm) {
+                self.graphs[slot] = GraphState::Cold;
+            }
+            self.graph_long[slot] = long;
+        }
         let work_slot = if single {
             &mut self.work1
         } else {
@@ -921,15 +945,16 @@ impl GpuPath {
         let kv = v(&w.kv, [hd, n, 1, 1]);
         let mut a = vec![q, kv, st.ring.r, rows, sel, dl.sinks.r, pos, att];
         let scale = (hd as f32).powf(-0.5);
+        let long = self.att_long.load(Ordering::Relaxed) as i64;
         if att_rope {
             // q's norm + rotary and the output's inverse rotary in the attention op.
             a.push(inv.r);
-            let prm = pr(&[scale, p.eps, *ms], &[ratio as i64, mode, pairs]);
+            let prm = pr(&[scale, p.eps, *ms], &[ratio as i64, mode, pairs, long]);
             op(ops::SPARSE_ATTENTION, prm, &a)?;
         } else {
             op(
                 ops::SPARSE_ATTENTION,
-                pr(&[scale], &[ratio as i64, mode]),
+                pr(&[scale], &[ratio as i64, mode, 0, long]),
                 &a,
             )?;
             op(
