@@ -27,6 +27,7 @@
 #define KID_DS4_HC_SINKHORN 45
 #define KID_DS4_ATTENTION_HEADS 46
 #define KID_DS4_ATTENTION_MERGE 47
+#define KID_DS4_INDEX_SCORES_MM 48
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -602,6 +603,112 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
         if (c < d4) {
             o[c] = ds4_norm4(nw[u], xv[u], rr);
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The lightning indexer's scores for a prefill chunk as a tiled product: the chunk's
+// (token, head) queries (M = n ih of them) against the rows (N), K = id. A block takes
+// DS4_IXM_M consecutive queries (DS4_IXM_M / ih whole tokens) and DS4_IXM_N rows, stages
+// both DS4_IXM_K dims at a time in shared memory (k-major), and each thread keeps an
+// 8 x 8 tile of dot products: 8 queries (8 heads of one token) by rows tx + 16 j. Then
+// each thread's relu(dot) * sm * w_h over its 8 heads, and the token's ih / 8 threads'
+// parts added in a fixed order: score[t][r] for the rows visible to t. Query tiles
+// share each staged row among 128 queries, so the rows leave L2 n ih / 128 times, not
+// n times. Needs ih % 8 == 0, 128 % ih == 0, id % DS4_IXM_K == 0, q and rows 16-byte
+// aligned, no rotary. grid = (ceil(cap / DS4_IXM_N), ceil(n ih / DS4_IXM_M)), block 256.
+#define DS4_IXM_M 128
+#define DS4_IXM_N 128
+#define DS4_IXM_K 32
+#define DS4_IXM_LD (DS4_IXM_M + 4)  // (row stride: float4 reads stay aligned)
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_index_scores_mm(const float* __restrict__ q, const float* __restrict__ wproj,
+                        const float* __restrict__ rows, const int* __restrict__ pos, int n, int ih,
+                        int id, int ratio, int cap, float sm, float ws, float* __restrict__ scores,
+                        unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM);
+    __shared__ __attribute__((aligned(16))) float As[DS4_IXM_K][DS4_IXM_LD];
+    __shared__ __attribute__((aligned(16))) float Bs[DS4_IXM_K][DS4_IXM_LD];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int m0 = blockIdx.y * DS4_IXM_M, r0 = blockIdx.x * DS4_IXM_N;
+    const int tpb = DS4_IXM_M / ih;  // tokens a block
+    const int t0 = m0 / ih;
+    // The block's last token sees the most rows (positions rise through a chunk).
+    const int t_last = t0 + tpb - 1 < n ? t0 + tpb - 1 : n - 1;
+    int vis_last = (pos[t_last] + 1) / ratio;
+    if (vis_last > cap) vis_last = cap;
+    if (r0 >= vis_last) return;  // the same for the whole block
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+    const int mq = n * ih;
+    for (int k0 = 0; k0 < id; k0 += DS4_IXM_K) {
+        __syncthreads();  // the last chunk read by every thread
+        // 128 x 32 values of each operand: thread i loads float4 (row i / 8 + 32 u,
+        // dims 4 (i % 8)..), stored transposed.
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int e = tid + 256 * u, row = e >> 3, k4 = (e & 7) * 4;
+            const int m = m0 + row, r = r0 + row;
+            const gpu_f4 a = m < mq ? *(const gpu_f4*)(q + (long long)m * id + k0 + k4)
+                                    : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+            const gpu_f4 b = r < vis_last ? *(const gpu_f4*)(rows + (long long)r * id + k0 + k4)
+                                          : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+            As[k4][row] = a.x;
+            As[k4 + 1][row] = a.y;
+            As[k4 + 2][row] = a.z;
+            As[k4 + 3][row] = a.w;
+            Bs[k4][row] = b.x;
+            Bs[k4 + 1][row] = b.y;
+            Bs[k4 + 2][row] = b.z;
+            Bs[k4 + 3][row] = b.w;
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int k = 0; k < DS4_IXM_K; ++k) {
+            const gpu_f4 a0 = *(const gpu_f4*)&As[k][8 * ty], a1 = *(const gpu_f4*)&As[k][8 * ty + 4];
+            const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            float bv[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) bv[j] = Bs[k][tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+    }
+    // This thread's heads: queries m0 + 8 ty .. + 7, all of token t.
+    const int m = m0 + 8 * ty, t = m / ih, h0 = m % ih;
+    float part[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) part[j] = 0.0f;
+    if (t < n) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float wh = wproj[(long long)t * ih + h0 + i] * ws;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) part[j] += fmaxf(acc[i][j], 0.0f) * sm * wh;
+        }
+    }
+    __syncthreads();  // As is free: the parts go there, [ty][row]
+    float* red = &As[0][0];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) red[ty * DS4_IXM_N + tx + 16 * j] = part[j];
+    __syncthreads();
+    // Thread e: token e / 128 of the block (of tpb), row e % 128; the token's threads'
+    // parts in ty order.
+    const int per = ih / 8;
+    for (int e = tid; e < tpb * DS4_IXM_N; e += 256) {
+        const int tl = e / DS4_IXM_N, r = e % DS4_IXM_N, tt = t0 + tl;
+        if (tt >= n) continue;
+        int vis = (pos[tt] + 1) / ratio;
+        if (vis > cap) vis = cap;
+        if (r0 + r >= vis) continue;
+        float sum = 0.0f;
+        for (int y = tl * per; y < (tl + 1) * per; ++y) sum += red[y * DS4_IXM_N + r];
+        scores[(long long)tt * cap + r0 + r] = sum;
     }
 }
 

@@ -880,6 +880,81 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     ok
 }
 
+/// INDEX_SCORES of a prefill chunk (the tiled `ds4_index_scores_mm`: 41 tokens, 64
+/// heads x 128, a partial last query tile and a partly visible row tile) against an f64
+/// reference of its definition: score[t][r] = sum_h relu(q_th . row_r) * f[0] * (w_th *
+/// f[1]) over the rows visible to t. Limit: 1e-5 of the largest score.
+fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== INDEX_SCORES (prefill chunk) vs f64 reference ==");
+    let (n, ih, id, cap, ratio, p0) = (41usize, 64usize, 128usize, 3000usize, 4usize, 9000usize);
+    let (sm, ws) = (0.088f32, 0.125f32);
+    let q: Vec<f32> = (0..n * ih * id).map(|_| rng.f32()).collect();
+    let w: Vec<f32> = (0..n * ih).map(|_| rng.f32()).collect();
+    let rows: Vec<f32> = (0..cap * id).map(|_| rng.f32()).collect();
+    let pos: Vec<i32> = (0..n).map(|t| (p0 + t) as i32).collect();
+    let nan = f32_bytes(&vec![f32::NAN; cap * n]);
+    let (bq, bw, br, bp, bo) = (
+        g.buf(&f32_bytes(&q)),
+        g.buf(&f32_bytes(&w)),
+        g.buf(&f32_bytes(&rows)),
+        g.buf(
+            &pos.iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        ),
+        g.buf(&nan),
+    );
+    let mut prm = OpParams::default();
+    prm.f[0] = sm;
+    prm.f[1] = ws;
+    prm.i[0] = ratio as i64;
+    let before = g.counters();
+    g.op_with(
+        ops::INDEX_SCORES,
+        prm,
+        &[
+            t(bq, 0, types::F32, 0, [id as u64, ih as u64, n as u64, 1]),
+            t(bw, 0, types::F32, 0, [ih as u64, n as u64, 1, 1]),
+            t(br, 0, types::F32, 0, [id as u64, cap as u64, 1, 1]),
+            t(bp, 0, types::I32, 0, [n as u64, 1, 1, 1]),
+            t(bo, 0, types::F32, 0, [cap as u64, n as u64, 1, 1]),
+        ],
+    );
+    let ran = device_launches(&before, &g.counters(), "ds4_index_scores_mm");
+    let got = g.read_f32(bo, 0, cap * n);
+    let (mut worst, mut top) = (0f64, 0f64);
+    for t in 0..n {
+        let visible = ((p0 + t + 1) / ratio).min(cap);
+        for r in 0..visible {
+            let mut want = 0f64;
+            for h in 0..ih {
+                let qh = &q[(t * ih + h) * id..][..id];
+                let dot: f64 = qh
+                    .iter()
+                    .zip(&rows[r * id..][..id])
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum();
+                want += dot.max(0.0) * sm as f64 * (w[t * ih + h] as f64 * ws as f64);
+            }
+            worst = worst.max((got[t * cap + r] as f64 - want).abs());
+            top = top.max(want.abs());
+        }
+    }
+    let rel = worst / top.max(1e-30);
+    let ok = rel <= 1e-5 && ran == 1;
+    println!(
+        "{n} tokens x {ih} heads x {id}, {cap} rows: max rel err {rel:.2e}, ds4_index_scores_mm launches {ran} {}",
+        if ok { "ok" } else { "FAIL" }
+    );
+    json.push(format!(
+        "{{\"test\":\"index_scores_mm\",\"max_rel_err\":{rel:e},\"ok\":{ok}}}"
+    ));
+    for b in [bq, bw, br, bp, bo] {
+        into_result((g.be.free)(b)).unwrap();
+    }
+    ok
+}
+
 /// MATMUL_ID's tensors on buffers [w, x, ids, out]: weights of (type, variant) [k, m,
 /// experts], `cols` input columns, ids [slots, tokens], out [m, slots, tokens];
 /// shape = [k, m, experts, slots, tokens, cols].
@@ -1233,6 +1308,7 @@ fn main() {
     all_ok &= id_multi(&g, &mut rng, &mut json);
     all_ok &= swiglu_id(&g, &mut rng, &mut json);
     all_ok &= topk_rows(&g, &mut rng, &mut json);
+    all_ok &= index_scores(&g, &mut rng, &mut json);
     all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);
     all_ok &= dense_decode(&g, &mut rng, &mut json);
     if quick {

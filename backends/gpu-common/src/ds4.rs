@@ -567,10 +567,42 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
     holds(&pos, types::I32, n, "index_scores positions")?;
     holds(&scores, types::F32, cap * n, "index_scores output")?;
     let (pairs, pinv) = rotary(gpu, inv, p.i[1], id, "index_scores")?;
+    let (pq, prows) = (f32p(gpu, &q)?, f32p(gpu, &rows)?);
+    // A prefill chunk: the tiled product (whole tokens of a 128-query tile, 32-dim
+    // chunks, 16-byte aligned, no rotary inside).
+    if n >= IDX_MM_MIN_TOKENS
+        && pinv == 0
+        && ih.is_multiple_of(8)
+        && 128 % ih == 0
+        && id.is_multiple_of(32)
+        && pq.is_multiple_of(16)
+        && prows.is_multiple_of(16)
+        && !idx_mm_off()
+    {
+        return KArgs::default()
+            .p(pq)
+            .p(f32p(gpu, &w)?)
+            .p(prows)
+            .p(gpu.ptr(&pos, 4)?)
+            .i(to_i32(n, "tokens")?)
+            .i(ih as i32)
+            .i(id as i32)
+            .i(to_i32(ratio, "ratio")?)
+            .i(to_i32(cap, "rows")?)
+            .f(p.f[0])
+            .f(p.f[1])
+            .p(f32p(gpu, &scores)?)
+            .launch(
+                gpu,
+                "ds4_index_scores_mm",
+                (cap.div_ceil(128), (n * ih).div_ceil(128), 1),
+                256,
+            );
+    }
     KArgs::default()
-        .p(f32p(gpu, &q)?)
+        .p(pq)
         .p(f32p(gpu, &w)?)
-        .p(f32p(gpu, &rows)?)
+        .p(prows)
         .p(gpu.ptr(&pos, 4)?)
         .i(ih as i32)
         .i(id as i32)
@@ -586,6 +618,16 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         .i(pairs as i32)
         .f(p.f[2])
         .launch(gpu, "ds4_index_scores", (cap.div_ceil(64), n, 1), 256)
+}
+
+/// Chunks of at least this many tokens score through `ds4_index_scores_mm`.
+const IDX_MM_MIN_TOKENS: u64 = 16;
+
+/// `MOE_GPU_IDX_MM=0`: prefill chunks score through `ds4_index_scores` (a row a lane),
+/// not the tiled `ds4_index_scores_mm` (A/B runs; read once).
+fn idx_mm_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| env_off("MOE_GPU_IDX_MM"))
 }
 
 /// Head groups of a decode step's `ds4_index_scores` (its warps' split of the heads;
@@ -1174,8 +1216,25 @@ mod tests {
         ];
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &idx_args);
         assert_eq!(l[0].1, (5, 3, 1)); // sized for 64 rows a block
-                                       // With inv_freq the queries' rotary happens in the kernel; more pairs than a
-                                       // head holds are refused.
+                                       // A prefill chunk of 64 heads x 128: the tiled product, 128 rows x 2 tokens a
+                                       // block; 4 heads do not tile (the row-a-lane kernel).
+        let mm_args = [
+            f([128, 64, 20, 1]),
+            f([64, 20, 1, 1]),
+            f([128, 300, 1, 1]),
+            i([20, 1, 1, 1]),
+            f([300, 20, 1, 1]),
+        ];
+        let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &mm_args);
+        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm", (3, 10, 1)));
+        let mut few = mm_args;
+        few[0] = f([16, 4, 20, 1]);
+        few[1] = f([4, 20, 1, 1]);
+        few[2] = f([16, 300, 1, 1]);
+        let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &few);
+        assert_eq!(l[0].0, "ds4_index_scores");
+        // With inv_freq the queries' rotary happens in the kernel; more pairs than a head
+        // holds are refused.
         let idx = |pairs: i64| {
             let mut a = idx_args.to_vec();
             a.push(f([8, 1, 1, 1]));

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 48] = [
+pub const KERNELS: [&str; 49] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -58,6 +58,7 @@ pub const KERNELS: [&str; 48] = [
     "ds4_hc_sinkhorn",
     "ds4_attention_heads",
     "ds4_attention_merge",
+    "ds4_index_scores_mm",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();
