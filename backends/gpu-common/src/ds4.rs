@@ -570,14 +570,13 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
     let (pq, prows) = (f32p(gpu, &q)?, f32p(gpu, &rows)?);
     // A prefill chunk: the tiled product (whole tokens of a 128-query tile, 32-dim
     // chunks, 16-byte aligned, no rotary inside).
-    if n >= IDX_MM_MIN_TOKENS
+    if idx_mm(n)
         && pinv == 0
         && ih.is_multiple_of(8)
         && 128 % ih == 0
         && id.is_multiple_of(32)
         && pq.is_multiple_of(16)
         && prows.is_multiple_of(16)
-        && !idx_mm_off()
     {
         return KArgs::default()
             .p(pq)
@@ -623,11 +622,18 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
 /// Chunks of at least this many tokens score through `ds4_index_scores_mm`.
 const IDX_MM_MIN_TOKENS: u64 = 16;
 
-/// `MOE_GPU_IDX_MM=0`: prefill chunks score through `ds4_index_scores` (a row a lane),
-/// not the tiled `ds4_index_scores_mm` (A/B runs; read once).
-fn idx_mm_off() -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OFF.get_or_init(|| env_off("MOE_GPU_IDX_MM"))
+/// Whether `n` tokens score through the tiled `ds4_index_scores_mm`, not
+/// `ds4_index_scores` (a row a lane): chunks of IDX_MM_MIN_TOKENS or more, or as
+/// `MOE_GPU_IDX_MM=0|1` says (1: decode steps too, where half of each 128-query tile is
+/// empty; staged for an A/B, not yet measured). Read once.
+fn idx_mm(n: u64) -> bool {
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let mode = MODE.get_or_init(|| match std::env::var("MOE_GPU_IDX_MM").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    });
+    mode.unwrap_or(n >= IDX_MM_MIN_TOKENS)
 }
 
 /// Head groups of a decode step's `ds4_index_scores` (its warps' split of the heads;
