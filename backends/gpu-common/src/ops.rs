@@ -498,6 +498,23 @@ pub fn dense_parts(m: u64, k: u64) -> u64 {
     parts
 }
 
+/// `dense_parts` for `n` columns: with `MOE_GPU_DENSE_WIDE=1` (staged for an A/B, not yet
+/// measured) a product of many columns (a prefill chunk's mHC mixes, router) halves the
+/// warps a row while the grid keeps 256 blocks or more: each block reads its 8 columns
+/// of x once per row it takes, so fewer rows a block re-read x from L2 more often (24
+/// rows of 16384 over 512 columns: 768 MB at 8 warps a row, 192 MB at 2).
+pub fn dense_parts_cols(m: u64, k: u64, n: u64) -> u64 {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var_os("MOE_GPU_DENSE_WIDE").is_some_and(|v| v == "1"));
+    let mut parts = dense_parts(m, k);
+    if on && n > 8 {
+        while parts > 1 && m.div_ceil(16 / parts) * n.div_ceil(8) >= 256 {
+            parts /= 2;
+        }
+    }
+    parts
+}
+
 pub fn matmul_dense(
     args: &[TensorRef],
     mmq: &str,
@@ -525,7 +542,7 @@ pub fn matmul_dense(
         ));
     }
     let (pw, px, po) = (ptr(&w, dense_align(w.type_id))?, ptr(&x, 4)?, ptr(&out, 4)?);
-    let parts = dense_parts(m, k);
+    let parts = dense_parts_cols(m, k, n);
     let one_col = (
         fp4_runs(w.type_id, k, m, n, pw, px),
         dense_rows(w.type_id, m, n, px),
