@@ -133,7 +133,8 @@ pub mod ops {
     /// norm, f[1] = eps, i[2] pairs, scale f[2]) and the output inverse-rotated as
     /// NORM_ROPE (no norm, i[2] pairs, scale f[2], inverse) would; q is left as it was.
     /// i[3] = 1 hints that the positions are far into a long context (a backend may then
-    /// split each token's keys over more parallel work); any value gives the same result.
+    /// split each token's keys over more parallel work); any value gives the same result
+    /// up to summation order.
     pub const SPARSE_ATTENTION: u32 = 22;
     /// Router: scores sigmoid (i[0] = 2) or sqrt(softplus) (4); experts = the k best
     /// (i[2] = 0), the k best of score + bias (1) or the token's hash-table row (2);

@@ -21,6 +21,9 @@ const ATT_HEADS_PER_BLOCK: u64 = 16;
 const ATT_HEADS_WARPS: u32 = 8;
 /// `ds4_attention_merge`'s most splits (DS4_ATM_MAX_SPLITS).
 const ATT_MAX_SPLITS: u64 = 64;
+/// The split attention's partial sums stay within this much scratch (one token at 64
+/// splits of 64 heads of 512: 8.4 MB); larger steps keep `ds4_attention`.
+const ATT_SPLIT_MAX_BYTES: u64 = 16 << 20;
 pub const IDX_Q_MAX: u64 = 8192;
 pub const IDX_DIM_MAX: u64 = 256;
 pub const TOPK_MAX: u64 = 16;
@@ -572,6 +575,7 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
     // chunks, 16-byte aligned, no rotary inside).
     if idx_mm(n)
         && pinv == 0
+        && ih > 0
         && ih.is_multiple_of(8)
         && 128 % ih == 0
         && id.is_multiple_of(32)
@@ -718,8 +722,9 @@ fn att_splits(max_keys: u64) -> (u64, u64) {
 }
 
 /// Chunks of at least this many tokens take `ds4_attention_heads` (a block per 16 heads
-/// of a token, the keys staged once for all of them); fewer keep a block per head, whose
-/// 16 warps a head keep more keys in flight when the grid is small.
+/// of a token, the keys staged once for all of them) in one pass; fewer keep a block per
+/// head (16 warps a head while the grid is small), or with the long-context hint the
+/// heads kernel over key splits.
 const ATT_HEADS_MIN_TOKENS: u64 = 16;
 
 unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
@@ -799,16 +804,21 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
             (grid_heads, n, 1),
             32 * ATT_HEADS_WARPS,
         )?;
-    } else if heads_ok && att_split(p.i[3] == 1) {
-        // Sized for the most keys a token can have (the grid is replayed at any
-        // position): the window and every compressed row or selected one.
-        let max_keys = window
-            + match mode {
-                1 => cap,
-                2 => k_sel,
-                _ => 0,
-            };
-        let (kper, splits) = att_splits(max_keys);
+    } else if let Some((kper, splits)) = (heads_ok && att_split(p.i[3] == 1))
+        .then(|| {
+            // Sized for the most keys a token can have (the grid is replayed at any
+            // position): the window and every compressed row or selected one.
+            att_splits(
+                window
+                    + match mode {
+                        1 => cap,
+                        2 => k_sel,
+                        _ => 0,
+                    },
+            )
+        })
+        .filter(|&(_, splits)| n * heads * splits * (hd + 2) * 4 <= ATT_SPLIT_MAX_BYTES)
+    {
         let part = gpu.scratch((n * heads * splits * (hd + 2) * 4) as usize)?;
         att.i(to_i32(kper, "keys a split")?).p(part).launch(
             gpu,

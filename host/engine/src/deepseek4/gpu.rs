@@ -111,7 +111,8 @@ struct Work {
 
 /// Tokens per device pass (see `GpuPath::run`): 16 routed experts x 2048 < 65535.
 const MAX_CHUNK: usize = 2048;
-/// Steps reaching past this position send SPARSE_ATTENTION's long-context hint.
+/// Steps reaching this position (their last one at least this) send SPARSE_ATTENTION's
+/// long-context hint.
 const ATT_LONG_FROM: usize = 16384;
 
 pub(super) struct GpuPath {
@@ -124,10 +125,10 @@ pub(super) struct GpuPath {
     graphs: Vec<GraphState>,
     /// Per slot: its recorded decode step was sent as long-context (see `att_long`).
     graph_long: Vec<bool>,
-    /// The step being sent reaches position ATT_LONG_FROM or beyond: SPARSE_ATTENTION
-    /// gets the long-context hint (the CUDA backend splits a decode step's keys over
-    /// blocks: +8% decode at 128K, -4% at depth 0 in one A/B). A slot's decode graph is
-    /// recorded again when its steps cross that position.
+    /// The step being sent reaches position ATT_LONG_FROM: SPARSE_ATTENTION gets the
+    /// long-context hint (the GPU backends then split a decode step's keys over blocks
+    /// where their heads kernel applies: +8% decode at 128K, -4% at depth 0 in one A/B).
+    /// A slot's decode graph is recorded again when its steps cross that position.
     att_long: AtomicBool,
     work: Option<Work>,
     work1: Option<Work>,
