@@ -623,8 +623,8 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
 #define DS4_IXM_LD (DS4_IXM_M + 4)  // (row stride: float4 reads stay aligned)
 extern "C" __global__ void __launch_bounds__(256)
     ds4_index_scores_mm(const float* __restrict__ q, const float* __restrict__ wproj,
-                        const float* __restrict__ rows, const int* __restrict__ pos, int n, int ih,
-                        int id, int ratio, int cap, float sm, float ws, float* __restrict__ scores,
+                        const float* __restrict__ rows, const int* __restrict__ pos, int ih, int id,
+                        int ratio, int cap, float sm, float ws, float* __restrict__ scores, int n,
                         unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM);
     __shared__ __attribute__((aligned(16))) float As[DS4_IXM_K][DS4_IXM_LD];

@@ -269,6 +269,16 @@ pub fn env_off(name: &str) -> bool {
     std::env::var_os(name).is_some_and(|v| v == "0")
 }
 
+/// An A/B switch that forces a choice either way: Some(false) for `name=0`, Some(true)
+/// for `name=1`, None (the default choice) otherwise.
+fn env_force(name: &str) -> Option<bool> {
+    match std::env::var(name).as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    }
+}
+
 /// `MOE_GPU_HC_FAST=0`: mHC pre's general path (read once).
 fn hc_fast_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -571,6 +581,19 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
     holds(&scores, types::F32, cap * n, "index_scores output")?;
     let (pairs, pinv) = rotary(gpu, inv, p.i[1], id, "index_scores")?;
     let (pq, prows) = (f32p(gpu, &q)?, f32p(gpu, &rows)?);
+    // The two kernels' common leading parameters.
+    let base = KArgs::default()
+        .p(pq)
+        .p(f32p(gpu, &w)?)
+        .p(prows)
+        .p(gpu.ptr(&pos, 4)?)
+        .i(ih as i32)
+        .i(id as i32)
+        .i(to_i32(ratio, "ratio")?)
+        .i(to_i32(cap, "rows")?)
+        .f(p.f[0])
+        .f(p.f[1])
+        .p(f32p(gpu, &scores)?);
     // A prefill chunk: the tiled product (whole tokens of a 128-query tile, 32-dim
     // chunks, 16-byte aligned, no rotary inside).
     if idx_mm(n)
@@ -582,41 +605,16 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         && pq.is_multiple_of(16)
         && prows.is_multiple_of(16)
     {
-        return KArgs::default()
-            .p(pq)
-            .p(f32p(gpu, &w)?)
-            .p(prows)
-            .p(gpu.ptr(&pos, 4)?)
-            .i(to_i32(n, "tokens")?)
-            .i(ih as i32)
-            .i(id as i32)
-            .i(to_i32(ratio, "ratio")?)
-            .i(to_i32(cap, "rows")?)
-            .f(p.f[0])
-            .f(p.f[1])
-            .p(f32p(gpu, &scores)?)
-            .launch(
-                gpu,
-                "ds4_index_scores_mm",
-                (cap.div_ceil(128), (n * ih).div_ceil(128), 1),
-                256,
-            );
+        return base.i(to_i32(n, "tokens")?).launch(
+            gpu,
+            "ds4_index_scores_mm",
+            (cap.div_ceil(128), (n * ih).div_ceil(128), 1),
+            256,
+        );
     }
-    KArgs::default()
-        .p(pq)
-        .p(f32p(gpu, &w)?)
-        .p(prows)
-        .p(gpu.ptr(&pos, 4)?)
-        .i(ih as i32)
-        .i(id as i32)
-        .i(to_i32(ratio, "ratio")?)
-        .i(to_i32(cap, "rows")?)
-        .f(p.f[0])
-        .f(p.f[1])
-        .p(f32p(gpu, &scores)?)
-        // Decode steps choose by the rows visible (0); a prefill chunk's many tokens
-        // keep 64 rows a block (half the query staging).
-        .i(if n > 16 { 4 } else { idx_groups() as i32 })
+    // Decode steps choose by the rows visible (0); a prefill chunk's many tokens keep 64
+    // rows a block (half the query staging).
+    base.i(if n > 16 { 4 } else { idx_groups() as i32 })
         .p(pinv)
         .i(pairs as i32)
         .f(p.f[2])
@@ -632,11 +630,7 @@ const IDX_MM_MIN_TOKENS: u64 = 16;
 /// empty; staged for an A/B, not yet measured). Read once.
 fn idx_mm(n: u64) -> bool {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let mode = MODE.get_or_init(|| match std::env::var("MOE_GPU_IDX_MM").as_deref() {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
-    });
+    let mode = MODE.get_or_init(|| env_force("MOE_GPU_IDX_MM"));
     mode.unwrap_or(n >= IDX_MM_MIN_TOKENS)
 }
 
@@ -703,11 +697,7 @@ fn att_heads_off() -> bool {
 /// long-context hint, or as `MOE_GPU_ATT_SPLIT=0|1` says (A/B runs; read once).
 fn att_split(hint: bool) -> bool {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let mode = MODE.get_or_init(|| match std::env::var("MOE_GPU_ATT_SPLIT").as_deref() {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
-    });
+    let mode = MODE.get_or_init(|| env_force("MOE_GPU_ATT_SPLIT"));
     mode.unwrap_or(hint)
 }
 
@@ -1268,16 +1258,20 @@ mod tests {
             prm(&[], &[4]),
             &[f([100, n, 1, 1]), i([n, 1, 1, 1]), i([8, n, 1, 1])],
         );
-        let att_args = [
-            f([d, 8, n, 1]),
-            f([d, n, 1, 1]),
-            f([d, 16, 1, 1]),
-            f([d, 40, 1, 1]),
-            i([8, n, 1, 1]),
-            f([8, 1, 1, 1]),
-            i([n, 1, 1, 1]),
-            f([d, 8, n, 1]),
-        ];
+        // q, kv, ring (16 rows), rows (40), sel (8 a token), sinks, pos, out.
+        let att_for = |heads: u64, n: u64| {
+            [
+                f([d, heads, n, 1]),
+                f([d, n, 1, 1]),
+                f([d, 16, 1, 1]),
+                f([d, 40, 1, 1]),
+                i([8, n, 1, 1]),
+                f([heads, 1, 1, 1]),
+                i([n, 1, 1, 1]),
+                f([d, heads, n, 1]),
+            ]
+        };
+        let att_args = att_for(8, n);
         let l = run_ok(ops::SPARSE_ATTENTION, prm(&[0.1], &[4, 2]), &att_args);
         assert_eq!(
             l.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
@@ -1306,16 +1300,7 @@ mod tests {
         let (pa, a) = att(16);
         assert_eq!(run_ok(ops::SPARSE_ATTENTION, pa, &a).len(), 2);
         // One token: the attention kernel stores its row in the ring itself.
-        let one = [
-            f([d, 8, 1, 1]),
-            f([d, 1, 1, 1]),
-            f([d, 16, 1, 1]),
-            f([d, 40, 1, 1]),
-            i([8, 1, 1, 1]),
-            f([8, 1, 1, 1]),
-            i([1, 1, 1, 1]),
-            f([d, 8, 1, 1]),
-        ];
+        let one = att_for(8, 1);
         let l = run_ok(ops::SPARSE_ATTENTION, prm(&[0.1], &[4, 2]), &one);
         assert_eq!(l.len(), 1);
         assert_eq!((l[0].0, l[0].1), ("ds4_attention", (8, 1, 1)));
@@ -1334,16 +1319,7 @@ mod tests {
         assert!(splits <= ATT_MAX_SPLITS && kper * splits >= 128 + 262_144);
         // A prefill chunk of 16 tokens or more: a block per 16 heads of a token (40 heads:
         // 3), the ring store after; with inv_freq still a block per head.
-        let chunk = [
-            f([d, 40, 20, 1]),
-            f([d, 20, 1, 1]),
-            f([d, 16, 1, 1]),
-            f([d, 40, 1, 1]),
-            i([8, 20, 1, 1]),
-            f([40, 1, 1, 1]),
-            i([20, 1, 1, 1]),
-            f([d, 40, 20, 1]),
-        ];
+        let chunk = att_for(40, 20);
         let l = run_ok(ops::SPARSE_ATTENTION, prm(&[0.1], &[4, 2]), &chunk);
         assert_eq!(
             l.iter().map(|x| (x.0, x.1, x.2)).collect::<Vec<_>>(),
