@@ -7,10 +7,7 @@
 //! Used when the backend runs the glue ops (probed at load); otherwise the host glue
 //! in `super` runs. Same maths; summation orders differ (see docs/notes).
 
-use std::sync::{
-    atomic::{AtomicBool, Ordering},
-    Arc,
-};
+use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
 use moe_plugin_api::{ops, OpParams, TensorRef};
@@ -112,7 +109,9 @@ struct Work {
 /// Tokens per device pass (see `GpuPath::run`): 16 routed experts x 2048 < 65535.
 const MAX_CHUNK: usize = 2048;
 /// Steps reaching this position (their last one at least this) send SPARSE_ATTENTION's
-/// long-context hint.
+/// long-context hint: the GPU backends then split a decode step's keys over blocks where
+/// their heads kernel applies (+8% decode at 128K, -4% at depth 0 in one A/B). A slot's
+/// decode graph is recorded again when its steps cross it.
 const ATT_LONG_FROM: usize = 16384;
 
 pub(super) struct GpuPath {
@@ -123,13 +122,9 @@ pub(super) struct GpuPath {
     inv_comp: (Tensor, f32),
     slots: Vec<Option<Vec<LayerState>>>,
     graphs: Vec<GraphState>,
-    /// Per slot: its recorded decode step was sent as long-context (see `att_long`).
+    /// Per slot: its recorded decode step was sent with the long-context hint (see
+    /// ATT_LONG_FROM).
     graph_long: Vec<bool>,
-    /// The step being sent reaches position ATT_LONG_FROM: SPARSE_ATTENTION gets the
-    /// long-context hint (the GPU backends then split a decode step's keys over blocks
-    /// where their heads kernel applies: +8% decode at 128K, -4% at depth 0 in one A/B).
-    /// A slot's decode graph is recorded again when its steps cross that position.
-    att_long: AtomicBool,
     work: Option<Work>,
     work1: Option<Work>,
     /// Largest compressed-row count (n_ctx / ratio + 1) per layer.
@@ -288,7 +283,6 @@ impl GpuPath {
             slots: (0..m.slots.len()).map(|_| None).collect(),
             // MOE_DS4_NO_GRAPH=1 (profiling): every step launched op by op.
             graph_long: vec![false; m.slots.len()],
-            att_long: AtomicBool::new(false),
             graphs: vec![
                 if std::env::var_os("MOE_DS4_NO_GRAPH").is_some() {
                     GraphState::Off
@@ -453,7 +447,6 @@ impl GpuPath {
         }
         let single = n == 1 && want == [0];
         let long = p0 + n > ATT_LONG_FROM;
-        self.att_long.store(long, Ordering::Relaxed);
         if single && self.graph_long[slot] != long {
             // The recorded step was sent for the other side of ATT_LONG_FROM: run once
             // directly (its scratch may grow), then record again.
@@ -498,7 +491,7 @@ impl GpuPath {
         // A step joins each branch it forks; after an op failed mid-branch, the branches
         // still open join the main stream here, so a graph capture ends with none open.
         let step = |w: &Work| {
-            self.enqueue(m, st, w, n, want.len(), single)
+            self.enqueue(m, st, w, n, want.len(), single, long)
                 .inspect_err(|_| {
                     let _ = self.join_open(dev);
                 })
@@ -557,6 +550,8 @@ impl GpuPath {
     }
 
     /// Queues one chunk's ops (embedding .. logits of the `n_want` wanted rows).
+    /// `long`: the step reaches ATT_LONG_FROM (SPARSE_ATTENTION's long-context hint).
+    #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &self,
         m: &Deepseek4,
@@ -565,6 +560,7 @@ impl GpuPath {
         n: usize,
         n_want: usize,
         single: bool,
+        long: bool,
     ) -> Result<()> {
         let (p, dev) = (&m.p, &m.dev);
         let (d, hc) = (p.d, p.hc);
@@ -636,7 +632,7 @@ impl GpuPath {
         for (l, (lay, dl)) in m.layers.iter().zip(&self.layers).enumerate() {
             site(&post, &lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm, false, x)
                 .with_context(|| format!("layer {l}: mHC before attention"))?;
-            self.attention(m, l, lay, dl, &st[l], w, n)
+            self.attention(m, l, lay, dl, &st[l], w, n, long)
                 .with_context(|| format!("layer {l}: attention"))?;
             post = vec![v(&w.ao, [d, n, 1, 1])];
             site(&post, &lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm, false, x)
@@ -778,6 +774,7 @@ impl GpuPath {
         st: &LayerState,
         w: &Work,
         n: usize,
+        long: bool,
     ) -> Result<()> {
         let (p, dev) = (&m.p, &m.dev);
         let (hd, nh, d) = (p.head_dim, p.n_head, p.d);
@@ -946,7 +943,7 @@ impl GpuPath {
         let kv = v(&w.kv, [hd, n, 1, 1]);
         let mut a = vec![q, kv, st.ring.r, rows, sel, dl.sinks.r, pos, att];
         let scale = (hd as f32).powf(-0.5);
-        let long = self.att_long.load(Ordering::Relaxed) as i64;
+        let long = long as i64;
         if att_rope {
             // q's norm + rotary and the output's inverse rotary in the attention op.
             a.push(inv.r);
