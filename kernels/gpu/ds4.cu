@@ -1225,6 +1225,9 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
 #define DS4_ATH_HEADS (DS4_ATH_WARPS * DS4_ATH_HPW)
 #define DS4_ATH_TILE 16  // DS4_ATH_HPW * DS4_ATH_TILE = 32: one logit a lane
 #define DS4_ATH_J (DS4_HEAD_MAX / 128)
+// A tile's rows a staging thread takes: rpp = blockDim / (hd / 4) >= 2 threads share
+// the tile's rows (hd <= DS4_HEAD_MAX), so each takes at most DS4_ATH_TILE / 2.
+#define DS4_ATH_STAGE (DS4_ATH_TILE / 2)
 
 // Each lane's v[i] summed over the warp, for i = lane: 32 values a lane in, 31 exchanges
 // (at each step a lane keeps the half of its values its partner does not).
@@ -1284,12 +1287,29 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
     for (int k0 = k_begin; k0 < k_end; k0 += DS4_ATH_TILE) {
         const int nt = k_end - k0 < DS4_ATH_TILE ? k_end - k0 : DS4_ATH_TILE;
         __syncthreads();  // the last tile read by every warp
+        // All of a thread's rows of the tile are looked up, then loaded, at once: one
+        // round trip for the selection and one for the keys, not one of each a row (long
+        // context: the rows are mostly not in L2).
         if (r0 < rpp) {
-            for (int kk = r0; kk < nt; kk += rpp) {
-                const float* key = ds4_att_key(k0 + kk, n_win, first, p0, kv, ring, window, hd,
-                                               mode, sel, k_sel, t, rows, cap);
-                ks[kk][c0] = key ? ((const gpu_f4*)key)[c0] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
-                if (c0 == 0) kok[kk] = key != nullptr;
+            const float* key[DS4_ATH_STAGE];
+#pragma unroll
+            for (int i = 0; i < DS4_ATH_STAGE; ++i) {
+                const int kk = r0 + i * rpp;
+                key[i] = kk < nt ? ds4_att_key(k0 + kk, n_win, first, p0, kv, ring, window, hd,
+                                               mode, sel, k_sel, t, rows, cap)
+                                 : nullptr;
+            }
+            gpu_f4 kr[DS4_ATH_STAGE];
+#pragma unroll
+            for (int i = 0; i < DS4_ATH_STAGE; ++i)
+                kr[i] = key[i] ? ((const gpu_f4*)key[i])[c0] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < DS4_ATH_STAGE; ++i) {
+                const int kk = r0 + i * rpp;
+                if (kk < nt) {
+                    ks[kk][c0] = kr[i];
+                    if (c0 == 0) kok[kk] = key[i] != nullptr;
+                }
             }
         }
         __syncthreads();
@@ -1406,29 +1426,46 @@ extern "C" __global__ void __launch_bounds__(128)
                         unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_ATTENTION_MERGE);
     __shared__ float ws[DS4_ATM_MAX_SPLITS];
+    __shared__ float den_s;
     const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     if (store && h == 0 && t == 0)
         for (int i = tid; i < hd; i += 128) ring[(long long)(pos[0] % window) * hd + i] = kv[i];
     const long long slot0 = ((long long)t * heads + h) * splits;
     const float* ml = part + (long long)gridDim.y * heads * splits * hd;
-    const float sink = sinks[h];
-    float mx = sink;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ml[2 * (slot0 + s)]);
-    float den = expf(sink - mx);
-    for (int s = 0; s < splits; ++s) {
-        const float m = ml[2 * (slot0 + s)];
-        const float w = m == DS4_NEG_INF ? 0.0f : expf(m - mx);
-        den += w == 0.0f ? 0.0f : ml[2 * (slot0 + s) + 1] * w;
-        if (tid == 0) ws[s] = w;
+    if (tid < 32) {
+        // The first warp reads every split's max and sum at once (splits <= 64: two a
+        // lane), then the common max, the weights and the denominator by shuffles.
+        const float sink = sinks[h];
+        float m[2], l[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int s = tid + 32 * i;
+            m[i] = s < splits ? ml[2 * (slot0 + s)] : DS4_NEG_INF;
+            l[i] = s < splits ? ml[2 * (slot0 + s) + 1] : 0.0f;
+        }
+        const float mx = gpu_warp_max(fmaxf(sink, fmaxf(m[0], m[1])));
+        float den = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            // (a split without keys: its sum was never written)
+            const float w = m[i] == DS4_NEG_INF ? 0.0f : expf(m[i] - mx);
+            den += w == 0.0f ? 0.0f : l[i] * w;
+            if (tid + 32 * i < splits) ws[tid + 32 * i] = w;
+        }
+        den = gpu_warp_sum(den);
+        if (tid == 0) den_s = den + expf(sink - mx);
     }
     __syncthreads();
+    const float den = den_s;
     gpu_f4* o = (gpu_f4*)(out + ((long long)t * heads + h) * hd);
     for (int c = tid; c < hd / 4; c += 128) {
         gpu_f4 a = {0.0f, 0.0f, 0.0f, 0.0f};
+        // Eight splits' loads in flight at a time (predicated, not branched around).
+#pragma unroll 8
         for (int s = 0; s < splits; ++s) {
             const float w = ws[s];
-            if (w == 0.0f) continue;  // (no keys: its sums were never written)
-            const gpu_f4 v = ((const gpu_f4*)(part + (slot0 + s) * hd))[c];
+            const gpu_f4 v = w != 0.0f ? ((const gpu_f4*)(part + (slot0 + s) * hd))[c]
+                                       : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
             a.x += v.x * w;
             a.y += v.y * w;
             a.z += v.z * w;
