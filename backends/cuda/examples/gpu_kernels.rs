@@ -880,13 +880,35 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     ok
 }
 
-/// INDEX_SCORES of a prefill chunk (the tiled `ds4_index_scores_mm`: 41 tokens, 64
-/// heads x 128, a partial last query tile and a partly visible row tile) against an f64
-/// reference of its definition: score[t][r] = sum_h relu(q_th . row_r) * f[0] * (w_th *
-/// f[1]) over the rows visible to t. Limit: 1e-5 of the largest score.
+/// INDEX_SCORES against an f64 reference of its definition: score[t][r] = sum_h
+/// relu(q_th . row_r) * f[0] * (w_th * f[1]) over the rows visible to t. A prefill
+/// chunk (the tiled `ds4_index_scores_mm`: 41 tokens, 64 heads x 128, a partial last
+/// query tile and a partly visible row tile) and two decode tokens (the row-a-lane
+/// `ds4_index_scores`, with 8 and with 4 head groups: 5000 and 12000 rows visible).
+/// Limit: 1e-5 of the largest score.
 fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
-    println!("\n== INDEX_SCORES (prefill chunk) vs f64 reference ==");
-    let (n, ih, id, cap, ratio, p0) = (41usize, 64usize, 128usize, 3000usize, 4usize, 9000usize);
+    println!("\n== INDEX_SCORES vs f64 reference ==");
+    let mut ok = true;
+    for (n, cap, p0, kernel) in [
+        (41usize, 3000usize, 9000usize, "ds4_index_scores_mm"),
+        (1, 20000, 4 * 5000, "ds4_index_scores"),
+        (1, 20000, 4 * 12000, "ds4_index_scores"),
+    ] {
+        ok &= index_scores_case(g, rng, json, n, cap, p0, kernel);
+    }
+    ok
+}
+
+fn index_scores_case(
+    g: &Gpu,
+    rng: &mut Rng,
+    json: &mut Vec<String>,
+    n: usize,
+    cap: usize,
+    p0: usize,
+    kernel: &str,
+) -> bool {
+    let (ih, id, ratio) = (64usize, 128usize, 4usize);
     let (sm, ws) = (0.088f32, 0.125f32);
     let q: Vec<f32> = (0..n * ih * id).map(|_| rng.f32()).collect();
     let w: Vec<f32> = (0..n * ih).map(|_| rng.f32()).collect();
@@ -920,7 +942,7 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             t(bo, 0, types::F32, 0, [cap as u64, n as u64, 1, 1]),
         ],
     );
-    let ran = device_launches(&before, &g.counters(), "ds4_index_scores_mm");
+    let ran = device_launches(&before, &g.counters(), kernel);
     let got = g.read_f32(bo, 0, cap * n);
     let (mut worst, mut top) = (0f64, 0f64);
     for t in 0..n {
@@ -942,12 +964,13 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     }
     let rel = worst / top.max(1e-30);
     let ok = rel <= 1e-5 && ran == 1;
+    let visible = ((p0 + n) / ratio).min(cap);
     println!(
-        "{n} tokens x {ih} heads x {id}, {cap} rows: max rel err {rel:.2e}, ds4_index_scores_mm launches {ran} {}",
+        "{n} tokens x {ih} heads x {id}, {visible} rows visible: max rel err {rel:.2e}, {kernel} launches {ran} {}",
         if ok { "ok" } else { "FAIL" }
     );
     json.push(format!(
-        "{{\"test\":\"index_scores_mm\",\"max_rel_err\":{rel:e},\"ok\":{ok}}}"
+        "{{\"test\":\"{kernel}\",\"tokens\":{n},\"max_rel_err\":{rel:e},\"ok\":{ok}}}"
     ));
     for b in [bq, bw, br, bp, bo] {
         into_result((g.be.free)(b)).unwrap();
