@@ -621,11 +621,77 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
 #define DS4_IXM_N 128
 #define DS4_IXM_K 32
 #define DS4_IXM_LD (DS4_IXM_M + 4)  // (row stride: float4 reads stay aligned)
+
+// The tile's products on the tensor cores (CUDA sm_80+, `tc` = 1, ih a multiple of 32):
+// f32 operands as three TF32 products, a_hi b_hi + a_hi b_lo + a_lo b_hi (hi = x
+// rounded to TF32, lo = the rest rounded to TF32: about f32's accuracy, the dropped
+// a_lo b_lo being ~2^-22 of the product). Warp w takes queries 32 (w % 4) .. + 31 and
+// rows 64 (w / 4) .. + 63 of the tile: 2 x 8 mma tiles of 16 x 8 (m16n8k8), its 64
+// accumulators in acc[8][8] as [2 mt + nt / 4][4 (nt % 4)... see ds4_ixm_at].
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define DS4_IXM_TC 1
+GPU_DEV unsigned int ds4_tf32(float x) {
+    unsigned int r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// x as hi + lo, both TF32 bit patterns.
+GPU_DEV void ds4_tf32_split(float x, unsigned int& hi, unsigned int& lo) {
+    hi = ds4_tf32(x);
+    lo = ds4_tf32(x - __int_as_float((int)hi));
+}
+
+GPU_DEV void ds4_mma_tf32(float* d, const unsigned int (&a)[4], unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One staged chunk (DS4_IXM_K dims) of the warp's 32 x 64 products. Fragments (g =
+// lane / 4, c = lane % 4): A (16 x 8, row-major) a0 = (g, c), a1 = (g + 8, c), a2 = (g,
+// c + 4), a3 = (g + 8, c + 4); B (8 x 8) b0 = (c, g), b1 = (c + 4, g); C (16 x 8) d0 / d1
+// = (g, 2c / 2c + 1), d2 / d3 = (g + 8, 2c / 2c + 1).
+GPU_DEV void ds4_ixm_tc_chunk(const float (*As)[DS4_IXM_LD], const float (*Bs)[DS4_IXM_LD],
+                              float (&acc)[8][8]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3, mb = 32 * (warp & 3), nb = 64 * (warp >> 2);
+#pragma unroll
+    for (int k = 0; k < DS4_IXM_K; k += 8) {
+        unsigned int ah[2][4], al[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            const int m = mb + 16 * mt + g;
+            ds4_tf32_split(As[k + c][m], ah[mt][0], al[mt][0]);
+            ds4_tf32_split(As[k + c][m + 8], ah[mt][1], al[mt][1]);
+            ds4_tf32_split(As[k + c + 4][m], ah[mt][2], al[mt][2]);
+            ds4_tf32_split(As[k + c + 4][m + 8], ah[mt][3], al[mt][3]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const int n = nb + 8 * nt + g;
+            unsigned int bh0, bl0, bh1, bl1;
+            ds4_tf32_split(Bs[k + c][n], bh0, bl0);
+            ds4_tf32_split(Bs[k + c + 4][n], bh1, bl1);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                float* d = &acc[4 * mt + nt / 2][4 * (nt & 1)];
+                // The small terms first.
+                ds4_mma_tf32(d, ah[mt], bl0, bl1);
+                ds4_mma_tf32(d, al[mt], bh0, bh1);
+                ds4_mma_tf32(d, ah[mt], bh0, bh1);
+            }
+        }
+    }
+}
+#endif
 extern "C" __global__ void __launch_bounds__(256)
     ds4_index_scores_mm(const float* __restrict__ q, const float* __restrict__ wproj,
                         const float* __restrict__ rows, const int* __restrict__ pos, int ih, int id,
                         int ratio, int cap, float sm, float ws, float* __restrict__ scores, int n,
-                        unsigned int* counters) {
+                        int tc, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM);
     __shared__ __attribute__((aligned(16))) float As[DS4_IXM_K][DS4_IXM_LD];
     __shared__ __attribute__((aligned(16))) float Bs[DS4_IXM_K][DS4_IXM_LD];
@@ -644,6 +710,9 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
     const int mq = n * ih;
+#if defined(DS4_IXM_TC)
+    const bool use_tc = tc && ih % 32 == 0;  // (a warp's 32 queries: one token)
+#endif
     for (int k0 = 0; k0 < id; k0 += DS4_IXM_K) {
         __syncthreads();  // the last chunk read by every thread
         // 128 x 32 values of each operand: thread i loads float4 (row i / 8 + 32 u,
@@ -666,6 +735,12 @@ extern "C" __global__ void __launch_bounds__(256)
             Bs[k4 + 3][row] = b.w;
         }
         __syncthreads();
+#if defined(DS4_IXM_TC)
+        if (use_tc) {
+            ds4_ixm_tc_chunk(As, Bs, acc);
+            continue;
+        }
+#endif
 #pragma unroll 4
         for (int k = 0; k < DS4_IXM_K; ++k) {
             const gpu_f4 a0 = *(const gpu_f4*)&As[k][8 * ty], a1 = *(const gpu_f4*)&As[k][8 * ty + 4];
@@ -679,6 +754,59 @@ extern "C" __global__ void __launch_bounds__(256)
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
         }
     }
+#if defined(DS4_IXM_TC)
+    if (use_tc) {
+        // relu(dot) * sm * w_h over the thread's 4 queries, then over the warp's 8 query
+        // lanes (g): per column, the warp's 32 heads of one token. The warps of a token
+        // (ih / 32 of them, in query order) then add up in shared memory.
+        const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+        const int mb = 32 * (warp & 3), nb = 64 * (warp >> 2);
+        const int tw = (m0 + mb) / ih;  // the warp's token
+        float wq[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int m = m0 + mb + 16 * (e >> 1) + g + 8 * (e & 1);
+            wq[e] = tw < n ? wproj[(long long)tw * ih + m % ih] * ws : 0.0f;
+        }
+        float colsum[16];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                float v = 0.0f;
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int hf = 0; hf < 2; ++hf)
+                        v += fmaxf(acc[4 * mt + nt / 2][4 * (nt & 1) + 2 * hf + j], 0.0f) * sm *
+                             wq[2 * mt + hf];
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) v += gpu_shfl_xor(v, o);
+                colsum[2 * nt + j] = v;
+            }
+        __syncthreads();  // As is free: the warps' column sums go there, [warp % 4][row]
+        float* red = &As[0][0];
+        if (g == 0)
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                    red[(warp & 3) * DS4_IXM_N + nb + 8 * nt + 2 * c + j] = colsum[2 * nt + j];
+        __syncthreads();
+        const int wpt = ih / 32;  // warps a token
+        for (int e = tid; e < tpb * DS4_IXM_N; e += 256) {
+            const int tl = e / DS4_IXM_N, r = e % DS4_IXM_N, tt = t0 + tl;
+            if (tt >= n) continue;
+            int vis = (pos[tt] + 1) / ratio;
+            if (vis > cap) vis = cap;
+            if (r0 + r >= vis) continue;
+            float sum = 0.0f;
+            for (int y = tl * wpt; y < (tl + 1) * wpt; ++y) sum += red[y * DS4_IXM_N + r];
+            scores[(long long)tt * cap + r0 + r] = sum;
+        }
+        return;
+    }
+#endif
     // This thread's heads: queries m0 + 8 ty .. + 7, all of token t.
     const int m = m0 + 8 * ty, t = m / ih, h0 = m % ih;
     float part[8];

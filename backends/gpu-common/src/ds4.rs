@@ -605,7 +605,7 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         && pq.is_multiple_of(16)
         && prows.is_multiple_of(16)
     {
-        return base.i(to_i32(n, "tokens")?).launch(
+        return base.i(to_i32(n, "tokens")?).i(idx_tc() as i32).launch(
             gpu,
             "ds4_index_scores_mm",
             (cap.div_ceil(128), (n * ih).div_ceil(128), 1),
@@ -632,6 +632,14 @@ fn idx_mm(n: u64) -> bool {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let mode = MODE.get_or_init(|| env_force("MOE_GPU_IDX_MM"));
     mode.unwrap_or(n >= IDX_MM_MIN_TOKENS)
+}
+
+/// `MOE_GPU_IDX_TC=1`: `ds4_index_scores_mm` takes its products on the tensor cores
+/// where it can (CUDA sm_80+, heads a multiple of 32): three TF32 products a pair of
+/// f32 values (written 2026-12-01, not yet run on a device). Read once.
+fn idx_tc() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| env_force("MOE_GPU_IDX_TC") == Some(true))
 }
 
 /// Head groups of a decode step's `ds4_index_scores` (its warps' split of the heads;
