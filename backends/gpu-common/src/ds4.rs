@@ -700,6 +700,14 @@ fn att_heads_off() -> bool {
     *OFF.get_or_init(|| env_off("MOE_GPU_ATT_HEADS"))
 }
 
+/// `MOE_GPU_ATT_TC=1`: `ds4_attention_heads` takes its logits and values on the tensor
+/// cores where it can (CUDA sm_80+, head width a multiple of 8): three TF32 products a
+/// pair of f32 values (written 2026-12-01, not yet run on a device). Read once.
+fn att_tc() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| env_force("MOE_GPU_ATT_TC") == Some(true))
+}
+
 /// Whether a decode step's attention runs as `ds4_attention_heads` over key splits +
 /// `ds4_attention_merge`, not `ds4_attention` (a block a head): with the op's
 /// long-context hint, or as `MOE_GPU_ATT_SPLIT=0|1` says (A/B runs; read once).
@@ -796,7 +804,7 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     // the window that kernel reads); more, or MOE_GPU_ATT_STORE=0: ds4_window_store after.
     let store = n == 1 && !att_store_off();
     if heads_ok && n >= ATT_HEADS_MIN_TOKENS {
-        att.i(0).p(0).launch(
+        att.i(0).p(0).i(att_tc() as i32).launch(
             gpu,
             "ds4_attention_heads",
             (grid_heads, n, 1),
@@ -818,12 +826,15 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         .filter(|&(_, splits)| n * heads * splits * (hd + 2) * 4 <= ATT_SPLIT_MAX_BYTES)
     {
         let part = gpu.scratch((n * heads * splits * (hd + 2) * 4) as usize)?;
-        att.i(to_i32(kper, "keys a split")?).p(part).launch(
-            gpu,
-            "ds4_attention_heads",
-            (grid_heads, n, splits),
-            32 * ATT_HEADS_WARPS,
-        )?;
+        att.i(to_i32(kper, "keys a split")?)
+            .p(part)
+            .i(att_tc() as i32)
+            .launch(
+                gpu,
+                "ds4_attention_heads",
+                (grid_heads, n, splits),
+                32 * ATT_HEADS_WARPS,
+            )?;
         KArgs::default()
             .p(part)
             .i(splits as i32)
