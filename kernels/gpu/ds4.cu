@@ -687,6 +687,24 @@ GPU_DEV void ds4_ixm_tc_chunk(const float (*As)[DS4_IXM_LD], const float (*Bs)[D
     }
 }
 #endif
+// The end of ds4_index_scores_mm: red[y][row] holds `per` parts a token (y = token *
+// per ..), added in y order for each row visible to the token. Thread e: token e / 128
+// of the block (of tpb), row e % 128.
+GPU_DEV void ds4_ixm_store(const float* red, int per, int tpb, int t0, int n,
+                           const int* __restrict__ pos, int ratio, int cap, int r0,
+                           float* __restrict__ scores) {
+    for (int e = threadIdx.x; e < tpb * DS4_IXM_N; e += 256) {
+        const int tl = e / DS4_IXM_N, r = e % DS4_IXM_N, tt = t0 + tl;
+        if (tt >= n) continue;
+        int vis = (pos[tt] + 1) / ratio;
+        if (vis > cap) vis = cap;
+        if (r0 + r >= vis) continue;
+        float sum = 0.0f;
+        for (int y = tl * per; y < (tl + 1) * per; ++y) sum += red[y * DS4_IXM_N + r];
+        scores[(long long)tt * cap + r0 + r] = sum;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256)
     ds4_index_scores_mm(const float* __restrict__ q, const float* __restrict__ wproj,
                         const float* __restrict__ rows, const int* __restrict__ pos, int ih, int id,
@@ -793,17 +811,7 @@ extern "C" __global__ void __launch_bounds__(256)
                 for (int j = 0; j < 2; ++j)
                     red[(warp & 3) * DS4_IXM_N + nb + 8 * nt + 2 * c + j] = colsum[2 * nt + j];
         __syncthreads();
-        const int wpt = ih / 32;  // warps a token
-        for (int e = tid; e < tpb * DS4_IXM_N; e += 256) {
-            const int tl = e / DS4_IXM_N, r = e % DS4_IXM_N, tt = t0 + tl;
-            if (tt >= n) continue;
-            int vis = (pos[tt] + 1) / ratio;
-            if (vis > cap) vis = cap;
-            if (r0 + r >= vis) continue;
-            float sum = 0.0f;
-            for (int y = tl * wpt; y < (tl + 1) * wpt; ++y) sum += red[y * DS4_IXM_N + r];
-            scores[(long long)tt * cap + r0 + r] = sum;
-        }
+        ds4_ixm_store(red, ih / 32, tpb, t0, n, pos, ratio, cap, r0, scores);
         return;
     }
 #endif
@@ -825,19 +833,7 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int j = 0; j < 8; ++j) red[ty * DS4_IXM_N + tx + 16 * j] = part[j];
     __syncthreads();
-    // Thread e: token e / 128 of the block (of tpb), row e % 128; the token's threads'
-    // parts in ty order.
-    const int per = ih / 8;
-    for (int e = tid; e < tpb * DS4_IXM_N; e += 256) {
-        const int tl = e / DS4_IXM_N, r = e % DS4_IXM_N, tt = t0 + tl;
-        if (tt >= n) continue;
-        int vis = (pos[tt] + 1) / ratio;
-        if (vis > cap) vis = cap;
-        if (r0 + r >= vis) continue;
-        float sum = 0.0f;
-        for (int y = tl * per; y < (tl + 1) * per; ++y) sum += red[y * DS4_IXM_N + r];
-        scores[(long long)tt * cap + r0 + r] = sum;
-    }
+    ds4_ixm_store(red, ih / 8, tpb, t0, n, pos, ratio, cap, r0, scores);
 }
 
 // ---------------------------------------------------------------------------------
@@ -1377,6 +1373,26 @@ GPU_DEV float ds4_dot4(gpu_f4 a, gpu_f4 b, float acc) {
     return acc + a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
+// One tile's online-softmax step of a head whose DS4_ATH_TILE lanes (a half warp) hold
+// a key's logit g each (-inf and ok = false for a masked key): the head's running max m
+// and sum l move on, corr is the factor for its earlier sums, and the lane's weight
+// exp(g - m) is returned.
+GPU_DEV float ds4_tile_softmax(float g, bool ok, float& m, float& l, float& corr) {
+    float mt = g;
+#pragma unroll
+    for (int o = DS4_ATH_TILE / 2; o > 0; o >>= 1) mt = fmaxf(mt, gpu_shfl_xor(mt, o));
+    const float mn = fmaxf(m, mt);
+    // Nothing valid yet for this head: no change (and no inf - inf).
+    corr = mn == DS4_NEG_INF ? 1.0f : expf(m - mn);
+    const float e = ok ? expf(g - mn) : 0.0f;
+    float es = e;
+#pragma unroll
+    for (int o = DS4_ATH_TILE / 2; o > 0; o >>= 1) es += gpu_shfl_xor(es, o);
+    l = l * corr + es;
+    m = mn;
+    return e;
+}
+
 // Row stride of the staged key tile, in float4s: one more than a head's, so the
 // tensor-core path's fragment reads (8 keys x 4 dims a warp) hit 32 different banks.
 #define DS4_ATH_KLD (DS4_HEAD_MAX / 4 + 1)
@@ -1437,18 +1453,8 @@ GPU_DEV void ds4_ath_tc_tile(const float (&qf)[8][4], const float* kt, const int
 #pragma unroll
         for (int w = 0; w < DS4_ATH_WARPS; ++w) dot += sm.red[w][h][key];
         const bool ok = head_ok && key < nt && kok[key < nt ? key : 0];
-        const float gl = ok ? dot * scale : DS4_NEG_INF;
-        float mt = gl;
-#pragma unroll
-        for (int x = DS4_ATH_TILE / 2; x > 0; x >>= 1) mt = fmaxf(mt, gpu_shfl_xor(mt, x));
-        const float mn = fmaxf(m, mt);
-        const float corr = mn == DS4_NEG_INF ? 1.0f : expf(m - mn);
-        float e = ok ? expf(gl - mn) : 0.0f;
-        sm.pw[h][key] = e;
-#pragma unroll
-        for (int x = DS4_ATH_TILE / 2; x > 0; x >>= 1) e += gpu_shfl_xor(e, x);
-        l = l * corr + e;
-        m = mn;
+        float corr;
+        sm.pw[h][key] = ds4_tile_softmax(ok ? dot * scale : DS4_NEG_INF, ok, m, l, corr);
         if (key == 0) sm.pc[h] = corr;
     }
     __syncthreads();
@@ -1590,19 +1596,8 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
         }
         const bool ok = head_ok && mk < nt && kok[mk < nt ? mk : 0];
         const float dot = ds4_warp_transpose_sum(v);  // (every lane takes part)
-        const float g = ok ? dot * scale : DS4_NEG_INF;
-        float mt = g;
-#pragma unroll
-        for (int o = DS4_ATH_TILE / 2; o > 0; o >>= 1) mt = fmaxf(mt, gpu_shfl_xor(mt, o));
-        const float mn = fmaxf(m, mt);
-        // Nothing valid yet for this head: no change (and no inf - inf).
-        const float corr = mn == DS4_NEG_INF ? 1.0f : expf(m - mn);
-        float e = ok ? expf(g - mn) : 0.0f;
-        se[warp][lane] = e;
-#pragma unroll
-        for (int o = DS4_ATH_TILE / 2; o > 0; o >>= 1) e += gpu_shfl_xor(e, o);
-        l = l * corr + e;
-        m = mn;
+        float corr;
+        se[warp][lane] = ds4_tile_softmax(ok ? dot * scale : DS4_NEG_INF, ok, m, l, corr);
         gpu_syncwarp();
 #pragma unroll
         for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
