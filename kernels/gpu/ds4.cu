@@ -28,6 +28,8 @@
 #define KID_DS4_ATTENTION_HEADS 46
 #define KID_DS4_ATTENTION_MERGE 47
 #define KID_DS4_INDEX_SCORES_MM 48
+#define KID_DS4_ATTENTION_HEADS_TC 49
+#define KID_DS4_INDEX_SCORES_MM_TC 50
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -627,7 +629,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
 // rounded to TF32, lo = the rest rounded to TF32: about f32's accuracy, the dropped
 // a_lo b_lo being ~2^-22 of the product). Warp w takes queries 32 (w % 4) .. + 31 and
 // rows 64 (w / 4) .. + 63 of the tile: 2 x 8 mma tiles of 16 x 8 (m16n8k8), its 64
-// accumulators in acc[8][8] as [2 mt + nt / 4][4 (nt % 4)... see ds4_ixm_at].
+// accumulators in acc[8][8]: tile (mt, nt)'s C fragment at acc[4 mt + nt / 2][4 (nt % 2)..].
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define DS4_IXM_TC 1
 GPU_DEV unsigned int ds4_tf32(float x) {
@@ -705,12 +707,11 @@ GPU_DEV void ds4_ixm_store(const float* red, int per, int tpb, int t0, int n,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-    ds4_index_scores_mm(const float* __restrict__ q, const float* __restrict__ wproj,
-                        const float* __restrict__ rows, const int* __restrict__ pos, int ih, int id,
-                        int ratio, int cap, float sm, float ws, float* __restrict__ scores, int n,
-                        int tc, unsigned int* counters) {
-    gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM);
+template <bool TC>
+GPU_DEV void ds4_index_scores_mm_body(const float* __restrict__ q, const float* __restrict__ wproj,
+                                      const float* __restrict__ rows, const int* __restrict__ pos,
+                                      int ih, int id, int ratio, int cap, float sm, float ws,
+                                      float* __restrict__ scores, int n) {
     __shared__ __attribute__((aligned(16))) float As[DS4_IXM_K][DS4_IXM_LD];
     __shared__ __attribute__((aligned(16))) float Bs[DS4_IXM_K][DS4_IXM_LD];
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
@@ -729,7 +730,7 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
     const int mq = n * ih;
 #if defined(DS4_IXM_TC)
-    const bool use_tc = tc && ih % 32 == 0;  // (a warp's 32 queries: one token)
+    const bool use_tc = TC && ih % 32 == 0;  // (a warp's 32 queries: one token)
 #endif
     for (int k0 = 0; k0 < id; k0 += DS4_IXM_K) {
         __syncthreads();  // the last chunk read by every thread
@@ -754,9 +755,11 @@ extern "C" __global__ void __launch_bounds__(256)
         }
         __syncthreads();
 #if defined(DS4_IXM_TC)
-        if (use_tc) {
-            ds4_ixm_tc_chunk(As, Bs, acc);
-            continue;
+        if constexpr (TC) {
+            if (use_tc) {
+                ds4_ixm_tc_chunk(As, Bs, acc);
+                continue;
+            }
         }
 #endif
 #pragma unroll 4
@@ -834,6 +837,28 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int j = 0; j < 8; ++j) red[ty * DS4_IXM_N + tx + 16 * j] = part[j];
     __syncthreads();
     ds4_ixm_store(red, ih / 8, tpb, t0, n, pos, ratio, cap, r0, scores);
+}
+
+// The indexer's scores for a prefill chunk (ds4_index_scores_mm_body);
+// ds4_index_scores_mm_tc: the same with the products on the tensor cores where it can
+// (CUDA sm_80+, heads a multiple of 32; elsewhere it is ds4_index_scores_mm). Two
+// kernels, so the default keeps its own registers.
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_index_scores_mm(const float* __restrict__ q, const float* __restrict__ wproj,
+                        const float* __restrict__ rows, const int* __restrict__ pos, int ih, int id,
+                        int ratio, int cap, float sm, float ws, float* __restrict__ scores, int n,
+                        unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM);
+    ds4_index_scores_mm_body<false>(q, wproj, rows, pos, ih, id, ratio, cap, sm, ws, scores, n);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_index_scores_mm_tc(const float* __restrict__ q, const float* __restrict__ wproj,
+                           const float* __restrict__ rows, const int* __restrict__ pos, int ih,
+                           int id, int ratio, int cap, float sm, float ws,
+                           float* __restrict__ scores, int n, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM_TC);
+    ds4_index_scores_mm_body<true>(q, wproj, rows, pos, ih, id, ratio, cap, sm, ws, scores, n);
 }
 
 // ---------------------------------------------------------------------------------
@@ -1394,11 +1419,16 @@ GPU_DEV float ds4_tile_softmax(float g, bool ok, float& m, float& l, float& corr
 }
 
 // Row stride of the staged key tile, in float4s: one more than a head's, so the
-// tensor-core path's fragment reads (8 keys x 4 dims a warp) hit 32 different banks.
+// tensor-core path's logit fragments (8 keys x 4 dims a warp) read 32 different banks
+// (its value fragments, 4 keys x 8 dims, two a bank).
 #define DS4_ATH_KLD (DS4_HEAD_MAX / 4 + 1)
 
+// Shared memory only the tensor-core instance of the heads kernel has.
+template <bool TC>
+struct ds4_ath_extra {};
+
 #if defined(DS4_IXM_TC)
-// The tensor-core form of a tile (`tc` = 1; see ds4_attention_heads): the block's 16
+// The tensor-core form of a tile (ds4_attention_heads_tc): the block's 16
 // heads are the M of m16n8k8 TF32 products (each f32 product as three, as
 // ds4_ixm_tc_chunk). Logits: warp w multiplies its dims 64 w .. + 63 of q (qf, its A
 // fragments, kept from the prologue) by the tile's 16 keys; the warps' parts meet in
@@ -1411,6 +1441,10 @@ struct ds4_ath_tc_smem {
     float red[DS4_ATH_WARPS][DS4_ATH_HEADS][DS4_ATH_TILE];
     float pw[DS4_ATH_HEADS][DS4_ATH_TILE];
     float pc[DS4_ATH_HEADS], pm[DS4_ATH_HEADS], pl[DS4_ATH_HEADS];
+};
+template <>
+struct ds4_ath_extra<true> {
+    ds4_ath_tc_smem tc;
 };
 
 // Three TF32 products of f32 operands (the small terms first).
@@ -1466,6 +1500,7 @@ GPU_DEV void ds4_ath_tc_tile(const float (&qf)[8][4], const float* kt, const int
         o[n8][2] *= c1;
         o[n8][3] *= c1;
     }
+    if (db >= hd) return;  // (the warp's output dims are past the head's: never stored)
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
         const float a[4] = {sm.pw[g][8 * ks + c], sm.pw[g + 8][8 * ks + c],
@@ -1479,15 +1514,16 @@ GPU_DEV void ds4_ath_tc_tile(const float (&qf)[8][4], const float* kt, const int
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
-    ds4_attention_heads(const float* __restrict__ q, const float* __restrict__ kv,
-                        const float* __restrict__ ring, const float* __restrict__ rows,
-                        const int* __restrict__ sel, const float* __restrict__ sinks,
-                        const int* __restrict__ pos, int heads, int hd, int window, int ratio,
-                        int mode, int k_sel, int cap, float scale, float* __restrict__ out,
-                        int kper, float* __restrict__ part, int tc, unsigned int* counters) {
-    gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS);
-    __shared__ gpu_f4 ks[DS4_ATH_TILE][DS4_ATH_KLD];
+template <bool TC>
+GPU_DEV void ds4_attention_heads_body(const float* __restrict__ q, const float* __restrict__ kv,
+                                      const float* __restrict__ ring, const float* __restrict__ rows,
+                                      const int* __restrict__ sel, const float* __restrict__ sinks,
+                                      const int* __restrict__ pos, int heads, int hd, int window,
+                                      int ratio, int mode, int k_sel, int cap, float scale,
+                                      float* __restrict__ out, int kper, float* __restrict__ part) {
+    // (The default keeps the unpadded tile it was measured with.)
+    __shared__ gpu_f4 ks[DS4_ATH_TILE][TC ? DS4_ATH_KLD : DS4_HEAD_MAX / 4];
+    __shared__ ds4_ath_extra<TC> ex;
     __shared__ int kok[DS4_ATH_TILE];
     __shared__ float se[DS4_ATH_WARPS][32];
     const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1511,11 +1547,10 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
     const bool head_ok = h0 + mh < heads;
     float m = DS4_NEG_INF, l = 0.0f;
 #if defined(DS4_ATH_TC)
-    // The tensor-core path (CUDA sm_80+, tc = 1, hd % 8 == 0): this warp's A fragments of
-    // q (dims 64 warp .. + 63 of the block's 16 heads), thread (head tid / 16)'s softmax
-    // state, and the output's C fragments (see ds4_ath_tc_tile).
-    __shared__ ds4_ath_tc_smem tsm;
-    const bool use_tc = tc && hd % 8 == 0;
+    // The tensor-core path (TC: ds4_attention_heads_tc on CUDA sm_80+, hd % 8 == 0):
+    // this warp's A fragments of q (dims 64 warp .. + 63 of the block's 16 heads), thread
+    // (head tid / 16)'s softmax state, and the output's C fragments (ds4_ath_tc_tile).
+    const bool use_tc = TC && hd % 8 == 0;
     const int hb = blockIdx.x * DS4_ATH_HEADS;
     const bool tc_head_ok = hb + ((int)threadIdx.x >> 4) < heads;
     float qf[8][4], to[8][4], tm = DS4_NEG_INF, tl = 0.0f;
@@ -1554,11 +1589,11 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
 #pragma unroll
             for (int i = 0; i < DS4_ATH_STAGE; ++i)
                 kr[i] = key[i] ? ((const gpu_f4*)key[i])[c0] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
-            // Rows past nt as zeros too: the tensor-core path multiplies whole tiles.
+            // The tensor-core path multiplies whole tiles: its rows past nt as zeros.
 #pragma unroll
             for (int i = 0; i < DS4_ATH_STAGE; ++i) {
                 const int kk = r0 + i * rpp;
-                if (kk < DS4_ATH_TILE) {
+                if (kk < (TC ? DS4_ATH_TILE : nt)) {
                     ks[kk][c0] = kr[i];
                     if (c0 == 0) kok[kk] = key[i] != nullptr;
                 }
@@ -1571,10 +1606,12 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
         for (int kk = 0; kk < nt; ++kk) any |= kok[kk];
         if (!any) continue;  // the same for the whole block
 #if defined(DS4_ATH_TC)
-        if (use_tc) {
-            ds4_ath_tc_tile(qf, (const float*)&ks[0][0], kok, nt, hd, tc_head_ok, scale, tm, tl,
-                            to, tsm);
-            continue;
+        if constexpr (TC) {
+            if (use_tc) {
+                ds4_ath_tc_tile(qf, (const float*)&ks[0][0], kok, nt, hd, tc_head_ok, scale, tm,
+                                tl, to, ex.tc);
+                continue;
+            }
         }
 #endif
         float v[32];
@@ -1630,47 +1667,50 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
         gpu_syncwarp();  // se read before the next tile's writes
     }
 #if defined(DS4_ATH_TC)
-    if (use_tc) {
-        // Each head's max and sum from its softmax threads, then the fragments out:
-        // element e of tile n8 is head g + 8 (e / 2), dim 64 warp + 8 n8 + 2 c + e % 2.
-        if ((threadIdx.x & 15) == 0) {
-            tsm.pm[threadIdx.x >> 4] = tm;
-            tsm.pl[threadIdx.x >> 4] = tl;
-        }
-        __syncthreads();
-        const int g = lane >> 2, c = lane & 3;
-        const long long slots = (long long)gridDim.y * heads * gridDim.z;
-        if (part && threadIdx.x < DS4_ATH_HEADS && hb + (int)threadIdx.x < heads) {
-            const long long slot = ((long long)t * heads + hb + threadIdx.x) * gridDim.z + blockIdx.z;
-            part[slots * hd + 2 * slot] = tsm.pm[threadIdx.x];
-            part[slots * hd + 2 * slot + 1] = tsm.pl[threadIdx.x];
-        }
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int hl = g + 8 * hf, h = hb + hl;
-            const float mf = tsm.pm[hl], lf = tsm.pl[hl];
-            if (h >= heads) continue;
-            float f = 1.0f, den = 1.0f;
-            float* dst;
-            if (part) {
-                if (mf == DS4_NEG_INF) continue;  // no keys: the merge skips this split
-                dst = part + (((long long)t * heads + h) * gridDim.z + blockIdx.z) * hd;
-            } else {
-                const float sink = sinks[h], mx = fmaxf(sink, mf);
-                f = expf(mf - mx);
-                den = expf(sink - mx) + lf * f;
-                dst = out + ((long long)t * heads + h) * hd;
+    if constexpr (TC) {
+        if (use_tc) {
+            ds4_ath_tc_smem& tsm = ex.tc;
+            // Each head's max and sum from its softmax threads, then the fragments out:
+            // element e of tile n8 is head g + 8 (e / 2), dim 64 warp + 8 n8 + 2 c + e % 2.
+            if ((threadIdx.x & 15) == 0) {
+                tsm.pm[threadIdx.x >> 4] = tm;
+                tsm.pl[threadIdx.x >> 4] = tl;
+            }
+            __syncthreads();
+            const int g = lane >> 2, c = lane & 3;
+            const long long slots = (long long)gridDim.y * heads * gridDim.z;
+            if (part && threadIdx.x < DS4_ATH_HEADS && hb + (int)threadIdx.x < heads) {
+                const long long slot = ((long long)t * heads + hb + threadIdx.x) * gridDim.z + blockIdx.z;
+                part[slots * hd + 2 * slot] = tsm.pm[threadIdx.x];
+                part[slots * hd + 2 * slot + 1] = tsm.pl[threadIdx.x];
             }
 #pragma unroll
-            for (int n8 = 0; n8 < 8; ++n8)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int dim = 64 * warp + 8 * n8 + 2 * c + j;
-                    const float v = to[n8][2 * hf + j];
-                    if (dim < hd) dst[dim] = part ? v : v * f / den;
+            for (int hf = 0; hf < 2; ++hf) {
+                const int hl = g + 8 * hf, h = hb + hl;
+                const float mf = tsm.pm[hl], lf = tsm.pl[hl];
+                if (h >= heads) continue;
+                float f = 1.0f, den = 1.0f;
+                float* dst;
+                if (part) {
+                    if (mf == DS4_NEG_INF) continue;  // no keys: the merge skips this split
+                    dst = part + (((long long)t * heads + h) * gridDim.z + blockIdx.z) * hd;
+                } else {
+                    const float sink = sinks[h], mx = fmaxf(sink, mf);
+                    f = expf(mf - mx);
+                    den = expf(sink - mx) + lf * f;
+                    dst = out + ((long long)t * heads + h) * hd;
                 }
+#pragma unroll
+                for (int n8 = 0; n8 < 8; ++n8)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int dim = 64 * warp + 8 * n8 + 2 * c + j;
+                        const float v = to[n8][2 * hf + j];
+                        if (dim < hd) dst[dim] = part ? v : v * f / den;
+                    }
+            }
+            return;
         }
-        return;
     }
 #endif
 #pragma unroll
@@ -1703,6 +1743,35 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
                               acc[hh][j].z * f / den, acc[hh][j].w * f / den};
         }
     }
+}
+
+// A prefill chunk's attention (or, kper > 0, a decode step's over key splits) with a
+// block per DS4_ATH_HEADS heads of a token (see ds4_attention_heads_body).
+// ds4_attention_heads_tc: the same on the tensor cores where it can (CUDA sm_80+, head
+// width a multiple of 8; elsewhere it is ds4_attention_heads). Two kernels, so the
+// default keeps its own registers.
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
+    ds4_attention_heads(const float* __restrict__ q, const float* __restrict__ kv,
+                        const float* __restrict__ ring, const float* __restrict__ rows,
+                        const int* __restrict__ sel, const float* __restrict__ sinks,
+                        const int* __restrict__ pos, int heads, int hd, int window, int ratio,
+                        int mode, int k_sel, int cap, float scale, float* __restrict__ out,
+                        int kper, float* __restrict__ part, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS);
+    ds4_attention_heads_body<false>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio,
+                                    mode, k_sel, cap, scale, out, kper, part);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
+    ds4_attention_heads_tc(const float* __restrict__ q, const float* __restrict__ kv,
+                           const float* __restrict__ ring, const float* __restrict__ rows,
+                           const int* __restrict__ sel, const float* __restrict__ sinks,
+                           const int* __restrict__ pos, int heads, int hd, int window, int ratio,
+                           int mode, int k_sel, int cap, float scale, float* __restrict__ out,
+                           int kper, float* __restrict__ part, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS_TC);
+    ds4_attention_heads_body<true>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio,
+                                   mode, k_sel, cap, scale, out, kper, part);
 }
 
 // The splits of ds4_attention_heads (kper > 0) added up for head h of token t: their
@@ -1739,7 +1808,7 @@ extern "C" __global__ void __launch_bounds__(128)
         float den = 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            // (a split without keys: its sum was never written)
+            // (a split without keys: weight 0; its values were never written)
             const float w = m[i] == DS4_NEG_INF ? 0.0f : expf(m[i] - mx);
             den += w == 0.0f ? 0.0f : l[i] * w;
             if (tid + 32 * i < splits) ws[tid + 32 * i] = w;

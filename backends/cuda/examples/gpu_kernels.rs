@@ -885,12 +885,19 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// chunk (the tiled `ds4_index_scores_mm`: 41 tokens, 64 heads x 128, a partial last
 /// query tile and a partly visible row tile) and two decode tokens (the row-a-lane
 /// `ds4_index_scores`, with 8 and with 4 head groups: 5000 and 12000 rows visible).
-/// Limit: 1e-5 of the largest score.
+/// Limit: 1e-5 of the largest score. Expects the default kernel choice
+/// (`MOE_GPU_IDX_MM` / `MOE_GPU_IDX_GROUPS` unset; `MOE_GPU_IDX_TC=1` takes the prefill
+/// case through the tensor cores).
 fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== INDEX_SCORES vs f64 reference ==");
     let mut ok = true;
+    let mm = if std::env::var("MOE_GPU_IDX_TC").as_deref() == Ok("1") {
+        "ds4_index_scores_mm_tc"
+    } else {
+        "ds4_index_scores_mm"
+    };
     for (n, cap, p0, kernel) in [
-        (41usize, 3000usize, 9000usize, "ds4_index_scores_mm"),
+        (41usize, 3000usize, 9000usize, mm),
         (1, 20000, 4 * 5000, "ds4_index_scores"),
         (1, 20000, 4 * 12000, "ds4_index_scores"),
     ] {

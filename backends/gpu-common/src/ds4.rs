@@ -605,9 +605,9 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         && pq.is_multiple_of(16)
         && prows.is_multiple_of(16)
     {
-        return base.i(to_i32(n, "tokens")?).i(idx_tc() as i32).launch(
+        return base.i(to_i32(n, "tokens")?).launch(
             gpu,
-            "ds4_index_scores_mm",
+            idx_mm_kernel(),
             (cap.div_ceil(128), (n * ih).div_ceil(128), 1),
             256,
         );
@@ -634,12 +634,17 @@ fn idx_mm(n: u64) -> bool {
     mode.unwrap_or(n >= IDX_MM_MIN_TOKENS)
 }
 
-/// `MOE_GPU_IDX_TC=1`: `ds4_index_scores_mm` takes its products on the tensor cores
-/// where it can (CUDA sm_80+, heads a multiple of 32): three TF32 products a pair of
-/// f32 values (written 2026-12-01, not yet run on a device). Read once.
-fn idx_tc() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_force("MOE_GPU_IDX_TC") == Some(true))
+/// The tiled index kernel: `ds4_index_scores_mm`, or with `MOE_GPU_IDX_TC=1`
+/// `ds4_index_scores_mm_tc`, its products on the tensor cores where it can (CUDA
+/// sm_80+, heads a multiple of 32): three TF32 products a pair of f32 values (written
+/// 2026-12-01, not yet run on a device). Read once.
+fn idx_mm_kernel() -> &'static str {
+    static TC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *TC.get_or_init(|| env_force("MOE_GPU_IDX_TC") == Some(true)) {
+        "ds4_index_scores_mm_tc"
+    } else {
+        "ds4_index_scores_mm"
+    }
 }
 
 /// Head groups of a decode step's `ds4_index_scores` (its warps' split of the heads;
@@ -700,12 +705,17 @@ fn att_heads_off() -> bool {
     *OFF.get_or_init(|| env_off("MOE_GPU_ATT_HEADS"))
 }
 
-/// `MOE_GPU_ATT_TC=1`: `ds4_attention_heads` takes its logits and values on the tensor
-/// cores where it can (CUDA sm_80+, head width a multiple of 8): three TF32 products a
-/// pair of f32 values (written 2026-12-01, not yet run on a device). Read once.
-fn att_tc() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_force("MOE_GPU_ATT_TC") == Some(true))
+/// The heads kernel: `ds4_attention_heads`, or with `MOE_GPU_ATT_TC=1`
+/// `ds4_attention_heads_tc`, its logits and values on the tensor cores where it can
+/// (CUDA sm_80+, head width a multiple of 8): three TF32 products a pair of f32 values
+/// (written 2026-12-01, not yet run on a device). Read once.
+fn att_heads_kernel() -> &'static str {
+    static TC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *TC.get_or_init(|| env_force("MOE_GPU_ATT_TC") == Some(true)) {
+        "ds4_attention_heads_tc"
+    } else {
+        "ds4_attention_heads"
+    }
 }
 
 /// Whether a decode step's attention runs as `ds4_attention_heads` over key splits +
@@ -804,9 +814,9 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     // the window that kernel reads); more, or MOE_GPU_ATT_STORE=0: ds4_window_store after.
     let store = n == 1 && !att_store_off();
     if heads_ok && n >= ATT_HEADS_MIN_TOKENS {
-        att.i(0).p(0).i(att_tc() as i32).launch(
+        att.i(0).p(0).launch(
             gpu,
-            "ds4_attention_heads",
+            att_heads_kernel(),
             (grid_heads, n, 1),
             32 * ATT_HEADS_WARPS,
         )?;
@@ -826,15 +836,12 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         .filter(|&(_, splits)| n * heads * splits * (hd + 2) * 4 <= ATT_SPLIT_MAX_BYTES)
     {
         let part = gpu.scratch((n * heads * splits * (hd + 2) * 4) as usize)?;
-        att.i(to_i32(kper, "keys a split")?)
-            .p(part)
-            .i(att_tc() as i32)
-            .launch(
-                gpu,
-                "ds4_attention_heads",
-                (grid_heads, n, splits),
-                32 * ATT_HEADS_WARPS,
-            )?;
+        att.i(to_i32(kper, "keys a split")?).p(part).launch(
+            gpu,
+            att_heads_kernel(),
+            (grid_heads, n, splits),
+            32 * ATT_HEADS_WARPS,
+        )?;
         KArgs::default()
             .p(part)
             .i(splits as i32)

@@ -110,9 +110,9 @@ struct Work {
 const MAX_CHUNK: usize = 2048;
 /// Steps reaching this position (their last one at least this) send SPARSE_ATTENTION's
 /// long-context hint: the GPU backends then split a decode step's keys over blocks where
-/// their heads kernel applies (2026-12-01 A/Bs, split forced vs not: +6% decode at
-/// 4096, flat at depth 0; already the default past 16384). A slot's decode graph is
-/// recorded again when its steps cross it.
+/// their heads kernel applies (2026-12-01 A/Bs with the split forced at every depth:
+/// +5-7% decode at 4096, flat at depth 0). A slot's decode graph is recorded again when
+/// its steps cross it.
 const ATT_LONG_FROM: usize = 4096;
 
 pub(super) struct GpuPath {
