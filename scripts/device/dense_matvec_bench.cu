@@ -821,6 +821,21 @@ int main(int argc, char** argv) {
                                                                                       dx, dout, R, nullptr);
                     }, true);
                 }
+            if (L == s.k / 256 && !getenv("RUNS")) {  // the pipelined kernel (not yet run)
+                cudaFuncAttributes fp;
+                CK(cudaFuncGetAttributes(&fp, matvec_fp4_runs_q8_pipe));
+                const int per = 256 / L;
+                for (int groups : {2, 4, 8}) {
+                    char nm[112];
+                    snprintf(nm, sizeof nm,
+                             "matvec_fp4_runs_q8_pipe, %d row groups a block (candidate; %d regs, %zu B local)",
+                             groups, fp.numRegs, fp.localSizeBytes);
+                    row(nm, [&] {
+                        matvec_fp4_runs_q8_pipe<<<(s.m + groups * per - 1) / (groups * per), 256>>>(
+                            dw, row_bytes, s.k, s.m, dx, dout, groups, nullptr);
+                    }, true);
+                }
+            }
             if (s.k / 256 <= 16 && !(L & (L - 1)) && L == s.k / 256 && !getenv("RUNS")) {  // half runs
                 char nm[96];
                 row(half_name<1, 3>(nm),

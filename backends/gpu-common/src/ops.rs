@@ -338,6 +338,8 @@ pub enum DenseLayout {
     /// `matvec_fp4_runs_q8`, this many rows per thread and threads per block (see
     /// [`fp4_runs`]).
     Fp4Runs(RunsPlan),
+    /// `matvec_fp4_runs_q8_pipe`, this many row groups a block (see [`fp4_pipe`]).
+    Fp4Pipe(i32),
     /// `matvec_f32_wide`: a 1024-thread block per row (see [`f32_wide`]).
     F32Wide,
     /// `quantize_q8_1` of the input into scratch, then `mmq_mma_dense` (see [`mmq_type`]).
@@ -428,6 +430,32 @@ pub fn fp4_runs(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<RunsP
         _ => (1, 256),
     };
     fits.then_some(RunsPlan { rows, threads })
+}
+
+/// Row groups a block of `matvec_fp4_runs_q8_pipe` takes, from `MOE_GPU_FP4_PIPE=N`
+/// (1 ..= 64; read once): unset, the pipelined kernel is off. Staged for A/B runs
+/// (written 2026-12-01, not yet run on a device).
+fn fp4_pipe_groups() -> Option<i32> {
+    static N: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("MOE_GPU_FP4_PIPE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (1..=64).contains(n))
+    })
+}
+
+/// Whether a product that [`fp4_runs`] takes runs on `matvec_fp4_runs_q8_pipe` instead,
+/// with `groups` row groups a block: where a run is a lane's (k / 256 a power of two,
+/// at most 32).
+pub fn fp4_pipe(k: u64, groups: Option<i32>) -> Option<i32> {
+    let runs = k / 256;
+    groups.filter(|_| runs.is_power_of_two() && runs <= 32)
+}
+
+/// Rows of one row group of `matvec_fp4_runs_q8_pipe`: 256 threads, k / 256 a row.
+pub fn fp4_pipe_rows(k: u64) -> u64 {
+    256 / (k / 256).clamp(1, 32)
 }
 
 /// [`RunsPlan`] of `matvec_fp4_runs_q8_id` for one token's grouped product (`tokens` ==
@@ -549,7 +577,9 @@ pub fn matmul_dense(
     );
     let layout = match one_col {
         _ if n >= MMQ_MIN_COLS && mmq_type(w.type_id, k, mmq) => DenseLayout::Mmq,
-        (Some(r), _) => DenseLayout::Fp4Runs(r),
+        (Some(r), _) => {
+            fp4_pipe(k, fp4_pipe_groups()).map_or(DenseLayout::Fp4Runs(r), DenseLayout::Fp4Pipe)
+        }
         (None, Some(r)) => DenseLayout::Rows(r as i32),
         (None, None) if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
         (None, None) => DenseLayout::Warps(parts as i32),
@@ -568,6 +598,15 @@ pub fn matmul_dense(
                 1,
             ),
             block: r.threads as u32,
+        },
+        DenseLayout::Fp4Pipe(groups) => Launch {
+            name: "matvec_fp4_runs_q8_pipe",
+            grid: (
+                to_i32(m.div_ceil(groups as u64 * fp4_pipe_rows(k)), "m")? as u32,
+                1,
+                1,
+            ),
+            block: 256,
         },
         DenseLayout::F32Wide => Launch {
             name: "matvec_f32_wide",
@@ -1222,6 +1261,9 @@ pub fn run(
                         let mut rows = r.rows as i32;
                         gpu.launch(p.launch, &kargs!(pw, rb, k, m, px, po, rows))
                     }
+                    DenseLayout::Fp4Pipe(mut groups) => {
+                        gpu.launch(p.launch, &kargs!(pw, rb, k, m, px, po, groups))
+                    }
                     DenseLayout::F32Wide => gpu.launch(p.launch, &kargs!(pw, k, m, px, po)),
                     DenseLayout::Mmq => {
                         let (q, mut n_blocks) = quantize(k as u64, n as u64);
@@ -1849,6 +1891,24 @@ mod tests {
         )
         .unwrap_err()
         .contains("expected 2 x 1"));
+    }
+
+    #[test]
+    fn fp4_pipe_shapes() {
+        // A run a lane: k / 256 a power of two up to 32 (wq_b 1024, wo_b 8192, the
+        // shared expert's down 2048); the row group is the block's 256 lanes.
+        assert_eq!(fp4_pipe(1024, Some(4)), Some(4));
+        assert_eq!(fp4_pipe(8192, Some(2)), Some(2));
+        assert_eq!(fp4_pipe(1536, Some(4)), None);
+        assert_eq!(fp4_pipe(1024, None), None);
+        assert_eq!((fp4_pipe_rows(1024), fp4_pipe_rows(8192)), (64, 8));
+        // The launch passes w, row_bytes, k, m, x, out, groups (+ the counters).
+        let sig = crate::kernels::signatures();
+        assert_eq!(sig.get("matvec_fp4_runs_q8_pipe"), Some(&8));
+        assert_eq!(
+            sig.get("matvec_fp4_runs_q8_pipe"),
+            sig.get("matvec_fp4_runs_q8")
+        );
     }
 
     #[test]
