@@ -39,6 +39,7 @@
 #define KID_MATVEC_DENSE_Q8_ID 42
 #define KID_QUANTIZE_Q8_1_SWIGLU 43
 #define KID_MATVEC_FP4_RUNS_Q8_PIPE 51  // (44 .. 50: ds4.cu)
+#define KID_MATVEC_FP4_RUNS_Q8_PIPE_ID 52
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -1668,17 +1669,18 @@ GPU_DEV void fp4_pipe_dot(const fp4_run<1>& run, int g, int k, int m, const fp4_
     fp4_runs_store<1>(acc, L, j, fp4_pipe_row(g, k), m, out);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 2)
-    matvec_fp4_runs_q8_pipe(const unsigned char* __restrict__ w, long long row_bytes, int k,
-                            int m, const float* __restrict__ x, float* __restrict__ out,
-                            int iters, unsigned int* counters) {
-    __shared__ fp4_q8_smem sm;
-    const int per = 256 / fp4_runs_lanes(k), g0 = blockIdx.x * iters;
+// The pipeline over this block's row groups g0 .. g0 + iters of w (x's k values in, out's
+// rows out). wait: the dependent-launch wait comes after the first group's loads (the
+// plain kernel: the weights never change); else the caller has waited.
+GPU_DEV void fp4_pipe_body(const unsigned char* __restrict__ w, long long row_bytes, int k,
+                           int m, const float* __restrict__ x, float* __restrict__ out, int g0,
+                           int iters, bool wait, unsigned int* counters, fp4_q8_smem& sm) {
+    const int per = 256 / fp4_runs_lanes(k);
     // Whether group g has rows (the same for the whole block).
 #define FP4_PIPE_HAS(g) ((g) < g0 + iters && (g) * per < m)
     fp4_run<1> a, b;
-    fp4_pipe_load(w, row_bytes, g0, k, m, a);  // (the weights: before the wait)
-    gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_PIPE);
+    fp4_pipe_load(w, row_bytes, g0, k, m, a);
+    if (wait) gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_PIPE);
     fp4_q8_stage(fp4_src_x{x}, k, sm);
     for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.sc[i] = ue4m3(i);
     __syncthreads();
@@ -1692,6 +1694,37 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         fp4_pipe_dot(b, g + 1, k, m, sm, out);
     }
 #undef FP4_PIPE_HAS
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    matvec_fp4_runs_q8_pipe(const unsigned char* __restrict__ w, long long row_bytes, int k,
+                            int m, const float* __restrict__ x, float* __restrict__ out,
+                            int iters, unsigned int* counters) {
+    __shared__ fp4_q8_smem sm;
+    fp4_pipe_body(w, row_bytes, k, m, x, out, blockIdx.x * iters, iters, true, counters, sm);
+}
+
+// The grouped form (pairs and ids as matvec_fp4_runs_q8_id): block row y is pair p, with
+// expert ids[p]'s rows and activation column p (per_pair) or p / n_slots; ids outside
+// 0..E give zeros. grid = (ceil(m / (iters 256 / L)), pairs), block = 256.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    matvec_fp4_runs_q8_pipe_id(const unsigned char* __restrict__ w, long long expert_bytes,
+                               long long row_bytes, int k, int m, int n_experts,
+                               const float* __restrict__ x, int per_pair, int n_slots,
+                               const int* __restrict__ ids, float* __restrict__ out, int iters,
+                               unsigned int* counters) {
+    __shared__ fp4_q8_smem sm;
+    gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_PIPE_ID);
+    const int p = blockIdx.y, e = ids[p], g0 = blockIdx.x * iters;
+    float* o = out + (long long)p * m;
+    if (e < 0 || e >= n_experts) {  // the same for the whole block
+        const int per = 256 / fp4_runs_lanes(k), end = (g0 + iters) * per;
+        for (int r = g0 * per + threadIdx.x; r < end && r < m; r += blockDim.x) o[r] = 0.0f;
+        return;
+    }
+    fp4_pipe_body(w + (long long)e * expert_bytes, row_bytes, k, m,
+                  x + (long long)(per_pair ? p : p / n_slots) * k, o, g0, iters, false, counters,
+                  sm);
 }
 
 // The grouped form (pairs and ids as matvec_dense_rows_id): block row y is pair p, with

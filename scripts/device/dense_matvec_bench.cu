@@ -490,6 +490,17 @@ void grouped_wo_a(const Shape& s, unsigned char* wbase, long long stride, int co
             });
         }
     const int runs = s.k / 256;
+    if (!getenv("RUNS") && runs == L) {  // the pipelined kernel (not yet run)
+        const int per = 256 / L;
+        for (int groups : {2, 4}) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "matvec_fp4_runs_q8_pipe_id, %d row groups", groups);
+            timed(nm, [&](unsigned char* w) {
+                matvec_fp4_runs_q8_pipe_id<<<dim3((s.m + groups * per - 1) / (groups * per), G), 256>>>(
+                    w, stride, row_bytes, s.k, s.m, G, x8, 1, G, ids, out8, groups, nullptr);
+            });
+        }
+    }
     if (!getenv("RUNS") && s.k % 256 == 0 && runs <= 16 && !(runs & (runs - 1))) {  // half runs (not yet run)
         char nm[96];
         timed(half_name<1, 3>(nm),

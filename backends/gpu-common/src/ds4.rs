@@ -1000,7 +1000,8 @@ unsafe fn transpose12(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
 
 /// MATMUL_ID with dense weights ([k, m, experts] of f32 / f16 / bf16 / q8_0 / mxfp4 /
 /// ROCmFP4): ROCmFP4 in whole runs on `matvec_fp4_runs_q8_id` where
-/// [`crate::ops::fp4_runs_id`] takes it, Q8_0 / ROCmFP4 with 256 rows or more on
+/// [`crate::ops::fp4_runs_id`] takes it (`matvec_fp4_runs_q8_pipe_id` with
+/// `MOE_GPU_FP4_PIPE`), Q8_0 / ROCmFP4 with 256 rows or more on
 /// `matvec_dense_rows_id` (a 128-thread block on 2-4 rows of a pair), the rest on
 /// `matvec_dense_id` (warps per (row, pair)).
 /// None when the weights are not a dense type.
@@ -1046,6 +1047,16 @@ unsafe fn matmul_id_dense_inner(
     // ROCmFP4 in whole runs (experts, rows and columns stay 16-byte aligned: 144 bytes per
     // run, k whole runs).
     if let Some(plan) = runs {
+        // With MOE_GPU_FP4_PIPE=N, the pipelined kernel where a run is a lane's.
+        if let Some(groups) = crate::ops::fp4_pipe(k, crate::ops::fp4_pipe_groups()) {
+            let per_block = groups as u64 * crate::ops::fp4_pipe_rows(k);
+            return common(px, false)?.i(groups).launch(
+                gpu,
+                "matvec_fp4_runs_q8_pipe_id",
+                (m.div_ceil(per_block), pairs, 1),
+                256,
+            );
+        }
         let per_block = crate::ops::fp4_runs_rows_per_block(k, plan);
         return common(px, false)?.i(plan.rows as i32).launch(
             gpu,

@@ -432,10 +432,10 @@ pub fn fp4_runs(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<RunsP
     fits.then_some(RunsPlan { rows, threads })
 }
 
-/// Row groups a block of `matvec_fp4_runs_q8_pipe` takes, from `MOE_GPU_FP4_PIPE=N`
+/// Row groups a block of `matvec_fp4_runs_q8_pipe(_id)` takes, from `MOE_GPU_FP4_PIPE=N`
 /// (1 ..= 64; read once): unset, the pipelined kernel is off. Staged for A/B runs
 /// (written 2026-12-01, not yet run on a device).
-fn fp4_pipe_groups() -> Option<i32> {
+pub fn fp4_pipe_groups() -> Option<i32> {
     static N: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
         std::env::var("MOE_GPU_FP4_PIPE")
@@ -1908,6 +1908,10 @@ mod tests {
         assert_eq!(
             sig.get("matvec_fp4_runs_q8_pipe"),
             sig.get("matvec_fp4_runs_q8")
+        );
+        assert_eq!(
+            sig.get("matvec_fp4_runs_q8_pipe_id"),
+            sig.get("matvec_fp4_runs_q8_id")
         );
     }
 
