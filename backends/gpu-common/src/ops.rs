@@ -57,6 +57,22 @@ pub fn mmq_type(ty: u32, k: u64, mmq: &str) -> bool {
         }
 }
 
+/// Pairs per expert (on average) from which MATMUL_ID runs `mmq_mma_id`:
+/// MMQ_MIN_PAIRS_PER_EXPERT, or `MOE_GPU_ID_MMQ_MIN=N` (A/B runs, read once: a pp512
+/// prefill has 12 pairs per expert of V4-Flash's 256, so N = 16 sends its routed
+/// experts to the grouped mat-vec, which reads each expert's rows once for all its pairs;
+/// staged 2026-12-01, not yet measured).
+fn mmq_min_pairs() -> u64 {
+    static N: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("MOE_GPU_ID_MMQ_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n >= 1)
+            .unwrap_or(MMQ_MIN_PAIRS_PER_EXPERT)
+    })
+}
+
 /// Whether MATMUL_ID `args` (w [k, m, experts], x, ids [slots, tokens], out) runs
 /// `mmq_mma_id`: enough pairs per expert for the 64-column tiles to pay.
 pub fn id_takes_mmq(args: &[TensorRef], mmq: &str) -> bool {
@@ -65,7 +81,7 @@ pub fn id_takes_mmq(args: &[TensorRef], mmq: &str) -> bool {
     };
     let experts = w.dims[2] * w.dims[3];
     let pairs = ids.dims.iter().product::<u64>();
-    mmq_type(w.type_id, w.dims[0], mmq) && pairs >= MMQ_MIN_PAIRS_PER_EXPERT * experts
+    mmq_type(w.type_id, w.dims[0], mmq) && pairs >= mmq_min_pairs() * experts
 }
 
 /// Grid dims of a launch.
