@@ -640,11 +640,21 @@ fn idx_mm(n: u64) -> bool {
 /// 2026-12-01, not yet run on a device). Read once.
 fn idx_mm_kernel() -> &'static str {
     static TC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *TC.get_or_init(|| env_force("MOE_GPU_IDX_TC") == Some(true)) {
-        "ds4_index_scores_mm_tc"
-    } else {
-        "ds4_index_scores_mm"
-    }
+    tc_kernel(
+        &TC,
+        "MOE_GPU_IDX_TC",
+        ["ds4_index_scores_mm", "ds4_index_scores_mm_tc"],
+    )
+}
+
+/// The kernel of `names` = [default, tensor-core form]: the second while `var` is 1 (read
+/// once into `cell`).
+fn tc_kernel(
+    cell: &std::sync::OnceLock<bool>,
+    var: &str,
+    names: [&'static str; 2],
+) -> &'static str {
+    names[*cell.get_or_init(|| env_force(var) == Some(true)) as usize]
 }
 
 /// Head groups of a decode step's `ds4_index_scores` (its warps' split of the heads;
@@ -711,11 +721,11 @@ fn att_heads_off() -> bool {
 /// (written 2026-12-01, not yet run on a device). Read once.
 fn att_heads_kernel() -> &'static str {
     static TC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *TC.get_or_init(|| env_force("MOE_GPU_ATT_TC") == Some(true)) {
-        "ds4_attention_heads_tc"
-    } else {
-        "ds4_attention_heads"
-    }
+    tc_kernel(
+        &TC,
+        "MOE_GPU_ATT_TC",
+        ["ds4_attention_heads", "ds4_attention_heads_tc"],
+    )
 }
 
 /// Whether a decode step's attention runs as `ds4_attention_heads` over key splits +
