@@ -624,10 +624,10 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
 #define DS4_IXM_K 32
 #define DS4_IXM_LD (DS4_IXM_M + 4)  // (row stride: float4 reads stay aligned)
 
-// The tile's products on the tensor cores (CUDA sm_80+, `tc` = 1, ih a multiple of 32):
-// f32 operands as three TF32 products, a_hi b_hi + a_hi b_lo + a_lo b_hi (hi = x
-// rounded to TF32, lo = the rest rounded to TF32: about f32's accuracy, the dropped
-// a_lo b_lo being ~2^-22 of the product). Warp w takes queries 32 (w % 4) .. + 31 and
+// The tile's products on the tensor cores (ds4_index_scores_mm_tc on CUDA sm_80+, ih a
+// multiple of 32): f32 operands as three TF32 products, a_hi b_hi + a_hi b_lo + a_lo
+// b_hi (hi = x rounded to TF32, lo = the rest rounded to TF32: about f32's accuracy,
+// the dropped a_lo b_lo being ~2^-22 of the product). Warp w takes queries 32 (w % 4) .. + 31 and
 // rows 64 (w / 4) .. + 63 of the tile: 2 x 8 mma tiles of 16 x 8 (m16n8k8), its 64
 // accumulators in acc[8][8]: tile (mt, nt)'s C fragment at acc[4 mt + nt / 2][4 (nt % 2)..].
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
