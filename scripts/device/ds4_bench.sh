@@ -66,13 +66,16 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # (neither heads kernel form): summation order only; MOE_GPU_IDX_MM=1 (decode steps'
     # index scores through the tiled kernel too): bit-identical at 8 decoded tokens (the
     # top-k takes every visible row); MOE_GPU_FP4_PIPE=4 (the pipelined ROCmFP4 runs
-    # kernel, 4 row groups a block): the same sums, bit-identical (not yet run).
+    # kernel, 4 row groups a block): the same sums, bit-identical (not yet run);
+    # MOE_DS4_IDX_SHORT=1 (indexer layers attend to every visible row while the top-k
+    # would take them all): the same keys, summation order only (not yet run).
     toks=5,17,301,4000,77,129000,42,9
     switches=(MOE_GPU_DENSE_ROWS=0 MOE_GPU_HC_FAST=0 MOE_GPU_HC_SPLIT=0 MOE_GPU_ID_NOSORT=0
         MOE_GPU_FP4_RUNS=0 MOE_DS4_BRANCHES=0 MOE_DS4_SWIGLU_ID=0 MOE_DS4_POST_COMBINE=0
         MOE_DS4_HC_FUSED=0 MOE_DS4_HC_DEFER=0 MOE_DS4_ATT_ROPE=1 MOE_DS4_IDX_ROPE=1
         MOE_GPU_IDX_GROUPS=4 MOE_GPU_ATT_STORE=0
-        MOE_GPU_ATT_SPLIT=0 MOE_GPU_ATT_HEADS=0 MOE_GPU_IDX_MM=1 MOE_GPU_FP4_PIPE=4)
+        MOE_GPU_ATT_SPLIT=0 MOE_GPU_ATT_HEADS=0 MOE_GPU_IDX_MM=1 MOE_GPU_FP4_PIPE=4
+        MOE_DS4_IDX_SHORT=1)
     for v in base repeat "${switches[@]}"; do
         env $([[ $v == *=* ]] && echo "$v") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
             logits --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_${v%%=*}.npy"

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context, Result};
 use moe_plugin_api::{ops, OpParams, TensorRef};
 
-use super::{math::Rope, CompWeights, Deepseek4, Ds4Params, Layer, GATING_SIGMOID};
+use super::{math::Rope, CompWeights, Deepseek4, Ds4Params, Indexer, Layer, GATING_SIGMOID};
 use crate::device::{Device, Tensor};
 
 /// A graph key per slot; decode steps of one token replay it.
@@ -115,6 +115,39 @@ const MAX_CHUNK: usize = 2048;
 /// its steps cross it.
 const ATT_LONG_FROM: usize = 4096;
 
+/// What a step's recorded ops depend on besides its shapes: `long`, the step reaches
+/// ATT_LONG_FROM (SPARSE_ATTENTION's long-context hint); `short`, every token of it sees
+/// at most the indexer's top-k compressed rows, so the indexer would select all of them
+/// in order: its layers then attend to every visible row (SPARSE_ATTENTION mode 1, the
+/// same keys in the same order) and skip the indexer's query product, scores and top-k
+/// (their compressor still runs). Opt-in until measured on a device (written 2026-12-01,
+/// not yet run): `MOE_DS4_IDX_SHORT=1`.
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+struct StepKind {
+    long: bool,
+    short: bool,
+}
+
+impl StepKind {
+    /// The kind of a step of `n` tokens from position `p0`, with indexer layers of
+    /// compression `idx_ratio` at the least (0: none) choosing `top_k` rows.
+    fn of(idx_ratio: usize, top_k: usize, p0: usize, n: usize) -> StepKind {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on =
+            *ON.get_or_init(|| std::env::var_os("MOE_DS4_IDX_SHORT").is_some_and(|v| v == "1"));
+        StepKind::decide(on, idx_ratio, top_k, p0, n)
+    }
+
+    fn decide(on: bool, idx_ratio: usize, top_k: usize, p0: usize, n: usize) -> StepKind {
+        // Token p sees (p + 1) / ratio compressed rows; the last token sees the most.
+        let short = on && idx_ratio > 0 && (p0 + n) / idx_ratio <= top_k;
+        StepKind {
+            long: p0 + n > ATT_LONG_FROM,
+            short,
+        }
+    }
+}
+
 pub(super) struct GpuPath {
     layers: Vec<DevLayer>,
     head: (Tensor, Tensor),
@@ -123,9 +156,10 @@ pub(super) struct GpuPath {
     inv_comp: (Tensor, f32),
     slots: Vec<Option<Vec<LayerState>>>,
     graphs: Vec<GraphState>,
-    /// Per slot: its recorded decode step was sent with the long-context hint (see
-    /// ATT_LONG_FROM).
-    graph_long: Vec<bool>,
+    /// Per slot: the kind of step its decode graph was recorded for.
+    graph_kind: Vec<StepKind>,
+    /// The least compression of a layer with an indexer (0: none; see StepKind).
+    idx_ratio: usize,
     work: Option<Work>,
     work1: Option<Work>,
     /// Largest compressed-row count (n_ctx / ratio + 1) per layer.
@@ -283,7 +317,13 @@ impl GpuPath {
             inv_comp: inv(&m.rope_comp)?,
             slots: (0..m.slots.len()).map(|_| None).collect(),
             // MOE_DS4_NO_GRAPH=1 (profiling): every step launched op by op.
-            graph_long: vec![false; m.slots.len()],
+            graph_kind: vec![StepKind::default(); m.slots.len()],
+            idx_ratio: m
+                .layers
+                .iter()
+                .filter_map(|l| l.indexer.as_ref().map(|ix| ix.comp.ratio))
+                .min()
+                .unwrap_or(0),
             graphs: vec![
                 if std::env::var_os("MOE_DS4_NO_GRAPH").is_some() {
                     GraphState::Off
@@ -447,14 +487,14 @@ impl GpuPath {
             self.slots[slot] = Some(Self::slot_state(m, slot)?);
         }
         let single = n == 1 && want == [0];
-        let long = p0 + n > ATT_LONG_FROM;
-        if single && self.graph_long[slot] != long {
-            // The recorded step was sent for the other side of ATT_LONG_FROM: run once
-            // directly (its scratch may grow), then record again.
+        let kind = StepKind::of(self.idx_ratio, p.idx_topk, p0, n);
+        if single && self.graph_kind[slot] != kind {
+            // The recorded step was of another kind (it crossed ATT_LONG_FROM or the
+            // indexer's top-k): run once directly (its scratch may grow), then record again.
             if matches!(self.graphs[slot], GraphState::Recorded | GraphState::Warm) {
                 self.graphs[slot] = GraphState::Cold;
             }
-            self.graph_long[slot] = long;
+            self.graph_kind[slot] = kind;
         }
         let work_slot = if single {
             &mut self.work1
@@ -492,7 +532,7 @@ impl GpuPath {
         // A step joins each branch it forks; after an op failed mid-branch, the branches
         // still open join the main stream here, so a graph capture ends with none open.
         let step = |w: &Work| {
-            self.enqueue(m, st, w, n, want.len(), single, long)
+            self.enqueue(m, st, w, n, want.len(), single, kind)
                 .inspect_err(|_| {
                     let _ = self.join_open(dev);
                 })
@@ -551,7 +591,7 @@ impl GpuPath {
     }
 
     /// Queues one chunk's ops (embedding .. logits of the `n_want` wanted rows).
-    /// `long`: the step reaches ATT_LONG_FROM (SPARSE_ATTENTION's long-context hint).
+    /// `kind`: see [`StepKind`].
     #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &self,
@@ -561,7 +601,7 @@ impl GpuPath {
         n: usize,
         n_want: usize,
         single: bool,
-        long: bool,
+        kind: StepKind,
     ) -> Result<()> {
         let (p, dev) = (&m.p, &m.dev);
         let (d, hc) = (p.d, p.hc);
@@ -633,7 +673,7 @@ impl GpuPath {
         for (l, (lay, dl)) in m.layers.iter().zip(&self.layers).enumerate() {
             site(&post, &lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm, false, x)
                 .with_context(|| format!("layer {l}: mHC before attention"))?;
-            self.attention(m, l, lay, dl, &st[l], w, n, long)
+            self.attention(m, l, lay, dl, &st[l], w, n, kind)
                 .with_context(|| format!("layer {l}: attention"))?;
             post = vec![v(&w.ao, [d, n, 1, 1])];
             site(&post, &lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm, false, x)
@@ -775,7 +815,7 @@ impl GpuPath {
         st: &LayerState,
         w: &Work,
         n: usize,
-        long: bool,
+        kind: StepKind,
     ) -> Result<()> {
         let (p, dev) = (&m.p, &m.dev);
         let (hd, nh, d) = (p.head_dim, p.n_head, p.d);
@@ -814,13 +854,15 @@ impl GpuPath {
                 &[(wv(&c.kv), kvr), (wv(&c.gate), gr)],
             )?;
         }
+        // A short step's indexer layers attend to every visible row (see StepKind): the
+        // indexer only keeps its compressed rows, its head weights are not needed.
+        let scoring = |ix: &Indexer| !(kind.short && ix.comp.ratio == ratio);
         if let (Some(ix), Some(_)) = (&lay.indexer, &st.idx) {
             let (kvr, gr) = comp_views(&ix.comp, &w.ik, &w.ig);
-            let idx_x = [
-                (wv(&ix.comp.kv), kvr),
-                (wv(&ix.comp.gate), gr),
-                (wv(&ix.proj), v(&w.iw, [p.idx_heads, n, 1, 1])),
-            ];
+            let mut idx_x = vec![(wv(&ix.comp.kv), kvr), (wv(&ix.comp.gate), gr)];
+            if scoring(ix) {
+                idx_x.push((wv(&ix.proj), v(&w.iw, [p.idx_heads, n, 1, 1])));
+            }
             self.branch_x(dev, SIDE_IDX, x, &mut of_x, &idx_x)?;
         }
         self.mm_multi(dev, x, &of_x)?;
@@ -882,7 +924,7 @@ impl GpuPath {
             &[qr3, dl.q_a_norm.r, inv.r, pos, qr3],
         )?;
         let mut mode = if lay.comp.is_some() { 1 } else { 0 };
-        if let Some((ix, cs)) = idx {
+        if let Some((ix, cs)) = idx.filter(|(ix, _)| scoring(ix)) {
             // The indexer's queries come from the normed q_res: its stream waits for it,
             // then scores and selects while the main stream runs wq_b.
             let sd = self.fork(dev, SIDE_IDX)?;
@@ -944,7 +986,7 @@ impl GpuPath {
         let kv = v(&w.kv, [hd, n, 1, 1]);
         let mut a = vec![q, kv, st.ring.r, rows, sel, dl.sinks.r, pos, att];
         let scale = (hd as f32).powf(-0.5);
-        let long = long as i64;
+        let long = kind.long as i64;
         if att_rope {
             // q's norm + rotary and the output's inverse rotary in the attention op.
             a.push(inv.r);
@@ -1285,4 +1327,34 @@ pub(super) fn fits(p: &Ds4Params) -> bool {
         && p.n_used * MAX_CHUNK <= 65535
         && p.q_lora.is_multiple_of(2)
         && p.idx_dim.is_multiple_of(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_kinds() {
+        // Token p sees (p + 1) / 4 compressed rows: up to position 2050 at most 512.
+        let k = |p0, n| StepKind::decide(true, 4, 512, p0, n);
+        assert_eq!(
+            k(0, 1),
+            StepKind {
+                long: false,
+                short: true
+            }
+        );
+        assert!(k(2050, 1).short && !k(2051, 1).short);
+        // A chunk is short only if its last token is.
+        assert!(k(0, 2051).short && !k(0, 2052).short);
+        assert_eq!(
+            k(4096, 1),
+            StepKind {
+                long: true,
+                short: false
+            }
+        );
+        assert!(!StepKind::decide(true, 0, 512, 0, 1).short); // no indexer layers
+        assert!(!StepKind::decide(false, 4, 512, 0, 1).short); // switched off
+    }
 }
