@@ -119,8 +119,8 @@ const ATT_LONG_FROM: usize = 4096;
 /// ATT_LONG_FROM (SPARSE_ATTENTION's long-context hint); `short`, every token of it sees
 /// at most the indexer's top-k compressed rows, so the indexer would select all of them
 /// in order: its layers then attend to every visible row (SPARSE_ATTENTION mode 1, the
-/// same keys in the same order) and skip the indexer's query product, scores and top-k
-/// (their compressor still runs). Opt-in until measured on a device (written 2026-12-01,
+/// same keys in the same order) and skip the indexer's query and head-weight products,
+/// scores and top-k (its compressor still runs). Opt-in until measured on a device (written 2026-12-01,
 /// not yet run): `MOE_DS4_IDX_SHORT=1`.
 #[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
 struct StepKind {
