@@ -28,8 +28,7 @@
 #define KID_DS4_ATTENTION_HEADS 46
 #define KID_DS4_ATTENTION_MERGE 47
 #define KID_DS4_INDEX_SCORES_MM 48
-#define KID_DS4_ATTENTION_HEADS_TC 49
-#define KID_DS4_INDEX_SCORES_MM_TC 50
+#define KID_DS4_INDEX_SCORES_MM_TC 49
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -1398,132 +1397,15 @@ GPU_DEV float ds4_dot4(gpu_f4 a, gpu_f4 b, float acc) {
     return acc + a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
-// One tile's online-softmax step of a head whose DS4_ATH_TILE lanes (a half warp) hold
-// a key's logit g each (-inf and ok = false for a masked key): the head's running max m
-// and sum l move on, corr is the factor for its earlier sums, and the lane's weight
-// exp(g - m) is returned.
-GPU_DEV float ds4_tile_softmax(float g, bool ok, float& m, float& l, float& corr) {
-    float mt = g;
-#pragma unroll
-    for (int o = DS4_ATH_TILE / 2; o > 0; o >>= 1) mt = fmaxf(mt, gpu_shfl_xor(mt, o));
-    const float mn = fmaxf(m, mt);
-    // Nothing valid yet for this head: no change (and no inf - inf).
-    corr = mn == DS4_NEG_INF ? 1.0f : expf(m - mn);
-    const float e = ok ? expf(g - mn) : 0.0f;
-    float es = e;
-#pragma unroll
-    for (int o = DS4_ATH_TILE / 2; o > 0; o >>= 1) es += gpu_shfl_xor(es, o);
-    l = l * corr + es;
-    m = mn;
-    return e;
-}
-
-// Row stride of the staged key tile, in float4s: one more than a head's, so the
-// tensor-core path's logit fragments (8 keys x 4 dims a warp) read 32 different banks
-// (its value fragments, 4 keys x 8 dims, two a bank).
-#define DS4_ATH_KLD (DS4_HEAD_MAX / 4 + 1)
-
-// Shared memory only the tensor-core instance of the heads kernel has.
-template <bool TC>
-struct ds4_ath_extra {};
-
-#if defined(DS4_IXM_TC)
-// The tensor-core form of a tile (ds4_attention_heads_tc): the block's 16
-// heads are the M of m16n8k8 TF32 products (each f32 product as three, as
-// ds4_ixm_tc_chunk). Logits: warp w multiplies its dims 64 w .. + 63 of q (qf, its A
-// fragments, kept from the prologue) by the tile's 16 keys; the warps' parts meet in
-// red[w][head][key]. Then thread (head tid / 16, key tid % 16) runs the head's online
-// softmax (m, l: the same in the head's 16 threads), leaving the weights in pw and each
-// head's correction in pc. Values: warp w keeps the 16 heads x dims 64 w .. + 63 of the
-// output as 8 C fragments (o), rescaled by pc and added the weights times the keys.
-#define DS4_ATH_TC 1
-struct ds4_ath_tc_smem {
-    float red[DS4_ATH_WARPS][DS4_ATH_HEADS][DS4_ATH_TILE];
-    float pw[DS4_ATH_HEADS][DS4_ATH_TILE];
-    float pc[DS4_ATH_HEADS], pm[DS4_ATH_HEADS], pl[DS4_ATH_HEADS];
-};
-template <>
-struct ds4_ath_extra<true> {
-    ds4_ath_tc_smem tc;
-};
-
-// Three TF32 products of f32 operands (the small terms first).
-GPU_DEV void ds4_mma3(float* d, const float (&a)[4], float b0, float b1) {
-    unsigned int ah[4], al[4], bh0, bl0, bh1, bl1;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) ds4_tf32_split(a[i], ah[i], al[i]);
-    ds4_tf32_split(b0, bh0, bl0);
-    ds4_tf32_split(b1, bh1, bl1);
-    ds4_mma_tf32(d, ah, bl0, bl1);
-    ds4_mma_tf32(d, al, bh0, bh1);
-    ds4_mma_tf32(d, ah, bh0, bh1);
-}
-
-GPU_DEV void ds4_ath_tc_tile(const float (&qf)[8][4], const float* kt, const int* kok, int nt,
-                             int hd, bool head_ok, float scale, float& m, float& l,
-                             float (&o)[8][4], ds4_ath_tc_smem& sm) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
-    const int db = 64 * warp;
-    const int ld = 4 * DS4_ATH_KLD;  // floats a staged key
-    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-        if (db + 8 * ks >= hd) break;  // (hd % 8 == 0: the staged columns past hd are stale)
-#pragma unroll
-        for (int n8 = 0; n8 < 2; ++n8) {
-            const float* k = kt + (8 * n8 + g) * ld + db + 8 * ks + c;
-            ds4_mma3(s[n8], qf[ks], k[0], k[4]);
-        }
-    }
-#pragma unroll
-    for (int n8 = 0; n8 < 2; ++n8)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            sm.red[warp][g + 8 * (e >> 1)][8 * n8 + 2 * c + (e & 1)] = s[n8][e];
-    __syncthreads();
-    {
-        const int h = tid >> 4, key = tid & 15;
-        float dot = 0.0f;
-#pragma unroll
-        for (int w = 0; w < DS4_ATH_WARPS; ++w) dot += sm.red[w][h][key];
-        const bool ok = head_ok && key < nt && kok[key < nt ? key : 0];
-        float corr;
-        sm.pw[h][key] = ds4_tile_softmax(ok ? dot * scale : DS4_NEG_INF, ok, m, l, corr);
-        if (key == 0) sm.pc[h] = corr;
-    }
-    __syncthreads();
-    const float c0 = sm.pc[g], c1 = sm.pc[g + 8];
-#pragma unroll
-    for (int n8 = 0; n8 < 8; ++n8) {
-        o[n8][0] *= c0;
-        o[n8][1] *= c0;
-        o[n8][2] *= c1;
-        o[n8][3] *= c1;
-    }
-    if (db >= hd) return;  // (the warp's output dims are past the head's: never stored)
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-        const float a[4] = {sm.pw[g][8 * ks + c], sm.pw[g + 8][8 * ks + c],
-                            sm.pw[g][8 * ks + c + 4], sm.pw[g + 8][8 * ks + c + 4]};
-#pragma unroll
-        for (int n8 = 0; n8 < 8; ++n8) {
-            const float* v = kt + (8 * ks + c) * ld + db + 8 * n8 + g;
-            ds4_mma3(o[n8], a, v[0], v[4 * ld]);
-        }
-    }
-}
-#endif
-
-template <bool TC>
-GPU_DEV void ds4_attention_heads_body(const float* __restrict__ q, const float* __restrict__ kv,
-                                      const float* __restrict__ ring, const float* __restrict__ rows,
-                                      const int* __restrict__ sel, const float* __restrict__ sinks,
-                                      const int* __restrict__ pos, int heads, int hd, int window,
-                                      int ratio, int mode, int k_sel, int cap, float scale,
-                                      float* __restrict__ out, int kper, float* __restrict__ part) {
-    // (The default keeps the unpadded tile it was measured with.)
-    __shared__ gpu_f4 ks[DS4_ATH_TILE][TC ? DS4_ATH_KLD : DS4_HEAD_MAX / 4];
-    __shared__ ds4_ath_extra<TC> ex;
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
+    ds4_attention_heads(const float* __restrict__ q, const float* __restrict__ kv,
+                        const float* __restrict__ ring, const float* __restrict__ rows,
+                        const int* __restrict__ sel, const float* __restrict__ sinks,
+                        const int* __restrict__ pos, int heads, int hd, int window, int ratio,
+                        int mode, int k_sel, int cap, float scale, float* __restrict__ out,
+                        int kper, float* __restrict__ part, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS);
+    __shared__ gpu_f4 ks[DS4_ATH_TILE][DS4_HEAD_MAX / 4];
     __shared__ int kok[DS4_ATH_TILE];
     __shared__ float se[DS4_ATH_WARPS][32];
     const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1546,26 +1428,6 @@ GPU_DEV void ds4_attention_heads_body(const float* __restrict__ q, const float* 
     const int mh = lane / DS4_ATH_TILE, mk = lane % DS4_ATH_TILE;
     const bool head_ok = h0 + mh < heads;
     float m = DS4_NEG_INF, l = 0.0f;
-#if defined(DS4_ATH_TC)
-    // The tensor-core path (TC: ds4_attention_heads_tc on CUDA sm_80+, hd % 8 == 0):
-    // this warp's A fragments of q (dims 64 warp .. + 63 of the block's 16 heads), thread
-    // (head tid / 16)'s softmax state, and the output's C fragments (ds4_ath_tc_tile).
-    const bool use_tc = TC && hd % 8 == 0;
-    const int hb = blockIdx.x * DS4_ATH_HEADS;
-    const bool tc_head_ok = hb + ((int)threadIdx.x >> 4) < heads;
-    float qf[8][4], to[8][4], tm = DS4_NEG_INF, tl = 0.0f;
-    if (use_tc) {
-        const int g = lane >> 2, c = lane & 3;
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int h = hb + g + 8 * (e & 1), dim = 64 * warp + 8 * ks + c + 4 * (e >> 1);
-                qf[ks][e] = h < heads && dim < hd ? q[((long long)t * heads + h) * hd + dim] : 0.0f;
-                to[ks][e] = 0.0f;
-            }
-    }
-#endif
     // Thread -> (first tile row, float4 column) of the staging loop.
     const int rpp = (int)blockDim.x / hd4, r0 = (int)threadIdx.x / hd4, c0 = (int)threadIdx.x % hd4;
     const int k_begin = kper > 0 ? (int)blockIdx.z * kper : 0;
@@ -1589,11 +1451,10 @@ GPU_DEV void ds4_attention_heads_body(const float* __restrict__ q, const float* 
 #pragma unroll
             for (int i = 0; i < DS4_ATH_STAGE; ++i)
                 kr[i] = key[i] ? ((const gpu_f4*)key[i])[c0] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
-            // The tensor-core path multiplies whole tiles: its rows past nt as zeros.
 #pragma unroll
             for (int i = 0; i < DS4_ATH_STAGE; ++i) {
                 const int kk = r0 + i * rpp;
-                if (kk < (TC ? DS4_ATH_TILE : nt)) {
+                if (kk < nt) {
                     ks[kk][c0] = kr[i];
                     if (c0 == 0) kok[kk] = key[i] != nullptr;
                 }
@@ -1605,15 +1466,6 @@ GPU_DEV void ds4_attention_heads_body(const float* __restrict__ q, const float* 
         int any = 0;
         for (int kk = 0; kk < nt; ++kk) any |= kok[kk];
         if (!any) continue;  // the same for the whole block
-#if defined(DS4_ATH_TC)
-        if constexpr (TC) {
-            if (use_tc) {
-                ds4_ath_tc_tile(qf, (const float*)&ks[0][0], kok, nt, hd, tc_head_ok, scale, tm,
-                                tl, to, ex.tc);
-                continue;
-            }
-        }
-#endif
         float v[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) v[i] = 0.0f;
@@ -1633,8 +1485,19 @@ GPU_DEV void ds4_attention_heads_body(const float* __restrict__ q, const float* 
         }
         const bool ok = head_ok && mk < nt && kok[mk < nt ? mk : 0];
         const float dot = ds4_warp_transpose_sum(v);  // (every lane takes part)
-        float corr;
-        se[warp][lane] = ds4_tile_softmax(ok ? dot * scale : DS4_NEG_INF, ok, m, l, corr);
+        const float g = ok ? dot * scale : DS4_NEG_INF;
+        float mt = g;
+#pragma unroll
+        for (int o = DS4_ATH_TILE / 2; o > 0; o >>= 1) mt = fmaxf(mt, gpu_shfl_xor(mt, o));
+        const float mn = fmaxf(m, mt);
+        // Nothing valid yet for this head: no change (and no inf - inf).
+        const float corr = mn == DS4_NEG_INF ? 1.0f : expf(m - mn);
+        float e = ok ? expf(g - mn) : 0.0f;
+        se[warp][lane] = e;
+#pragma unroll
+        for (int o = DS4_ATH_TILE / 2; o > 0; o >>= 1) e += gpu_shfl_xor(e, o);
+        l = l * corr + e;
+        m = mn;
         gpu_syncwarp();
 #pragma unroll
         for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
@@ -1666,53 +1529,6 @@ GPU_DEV void ds4_attention_heads_body(const float* __restrict__ q, const float* 
         }
         gpu_syncwarp();  // se read before the next tile's writes
     }
-#if defined(DS4_ATH_TC)
-    if constexpr (TC) {
-        if (use_tc) {
-            ds4_ath_tc_smem& tsm = ex.tc;
-            // Each head's max and sum from its softmax threads, then the fragments out:
-            // element e of tile n8 is head g + 8 (e / 2), dim 64 warp + 8 n8 + 2 c + e % 2.
-            if ((threadIdx.x & 15) == 0) {
-                tsm.pm[threadIdx.x >> 4] = tm;
-                tsm.pl[threadIdx.x >> 4] = tl;
-            }
-            __syncthreads();
-            const int g = lane >> 2, c = lane & 3;
-            const long long slots = (long long)gridDim.y * heads * gridDim.z;
-            if (part && threadIdx.x < DS4_ATH_HEADS && hb + (int)threadIdx.x < heads) {
-                const long long slot = ((long long)t * heads + hb + threadIdx.x) * gridDim.z + blockIdx.z;
-                part[slots * hd + 2 * slot] = tsm.pm[threadIdx.x];
-                part[slots * hd + 2 * slot + 1] = tsm.pl[threadIdx.x];
-            }
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int hl = g + 8 * hf, h = hb + hl;
-                const float mf = tsm.pm[hl], lf = tsm.pl[hl];
-                if (h >= heads) continue;
-                float f = 1.0f, den = 1.0f;
-                float* dst;
-                if (part) {
-                    if (mf == DS4_NEG_INF) continue;  // no keys: the merge skips this split
-                    dst = part + (((long long)t * heads + h) * gridDim.z + blockIdx.z) * hd;
-                } else {
-                    const float sink = sinks[h], mx = fmaxf(sink, mf);
-                    f = expf(mf - mx);
-                    den = expf(sink - mx) + lf * f;
-                    dst = out + ((long long)t * heads + h) * hd;
-                }
-#pragma unroll
-                for (int n8 = 0; n8 < 8; ++n8)
-#pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        const int dim = 64 * warp + 8 * n8 + 2 * c + j;
-                        const float v = to[n8][2 * hf + j];
-                        if (dim < hd) dst[dim] = part ? v : v * f / den;
-                    }
-            }
-            return;
-        }
-    }
-#endif
 #pragma unroll
     for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
         const int h = h0 + hh;
@@ -1743,35 +1559,6 @@ GPU_DEV void ds4_attention_heads_body(const float* __restrict__ q, const float* 
                               acc[hh][j].z * f / den, acc[hh][j].w * f / den};
         }
     }
-}
-
-// A prefill chunk's attention (or, kper > 0, a decode step's over key splits) with a
-// block per DS4_ATH_HEADS heads of a token (see ds4_attention_heads_body).
-// ds4_attention_heads_tc: the same on the tensor cores where it can (CUDA sm_80+, head
-// width a multiple of 8; elsewhere it is ds4_attention_heads). Two kernels, so the
-// default keeps its own registers.
-extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
-    ds4_attention_heads(const float* __restrict__ q, const float* __restrict__ kv,
-                        const float* __restrict__ ring, const float* __restrict__ rows,
-                        const int* __restrict__ sel, const float* __restrict__ sinks,
-                        const int* __restrict__ pos, int heads, int hd, int window, int ratio,
-                        int mode, int k_sel, int cap, float scale, float* __restrict__ out,
-                        int kper, float* __restrict__ part, unsigned int* counters) {
-    gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS);
-    ds4_attention_heads_body<false>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio,
-                                    mode, k_sel, cap, scale, out, kper, part);
-}
-
-extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
-    ds4_attention_heads_tc(const float* __restrict__ q, const float* __restrict__ kv,
-                           const float* __restrict__ ring, const float* __restrict__ rows,
-                           const int* __restrict__ sel, const float* __restrict__ sinks,
-                           const int* __restrict__ pos, int heads, int hd, int window, int ratio,
-                           int mode, int k_sel, int cap, float scale, float* __restrict__ out,
-                           int kper, float* __restrict__ part, unsigned int* counters) {
-    gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS_TC);
-    ds4_attention_heads_body<true>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio,
-                                   mode, k_sel, cap, scale, out, kper, part);
 }
 
 // The splits of ds4_attention_heads (kper > 0) added up for head h of token t: their
@@ -1808,7 +1595,7 @@ extern "C" __global__ void __launch_bounds__(128)
         float den = 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            // (a split without keys: weight 0; its values were never written)
+            // (a split without keys: its sum was never written)
             const float w = m[i] == DS4_NEG_INF ? 0.0f : expf(m[i] - mx);
             den += w == 0.0f ? 0.0f : l[i] * w;
             if (tid + 32 * i < splits) ws[tid + 32 * i] = w;

@@ -38,8 +38,6 @@
 #define KID_MATVEC_DENSE_Q8_MULTI 41
 #define KID_MATVEC_DENSE_Q8_ID 42
 #define KID_QUANTIZE_Q8_1_SWIGLU 43
-#define KID_MATVEC_FP4_RUNS_Q8_PIPE 51  // (44 .. 50: ds4.cu)
-#define KID_MATVEC_FP4_RUNS_Q8_PIPE_ID 52
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -1634,97 +1632,6 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     const fp4_src_x src = {x};
     if (rows == 2) fp4_runs_q8<2>(w, row_bytes, k, m, src, out, true, counters, kid, sm);
     else fp4_runs_q8<1>(w, row_bytes, k, m, src, out, true, counters, kid, sm);
-}
-
-// The runs kernel as a pipeline (MOE_GPU_FP4_PIPE, written 2026-12-01, not yet run):
-// matvec_fp4_runs_q8 gives every thread its rows' runs in one batch of loads, then the
-// decode, so an SM's loads and its arithmetic do not overlap (round 9 of
-// docs/notes/dense-matvec-h200.md: 31% of DRAM, waiting on the loads, ~3.6
-// instructions a weight after them). Here a block of 256 threads (one row a thread
-// group of L = k / 256 lanes, one run a lane) takes `iters` consecutive row groups of
-// 256 / L rows, holding two groups' runs: while it decodes one, the next one's loads
-// are in flight. The same sums as matvec_fp4_runs_q8 with one row a thread. Needs k /
-// 256 a power of two <= 32 (a run a lane), k <= FP4_RUNS_MAX_K, w / row_bytes / x
-// 16-byte aligned. grid = ceil(m / (iters 256 / L)), block = 256.
-GPU_DEV int fp4_pipe_row(int group, int k) {
-    const int L = fp4_runs_lanes(k);
-    return group * (256 / L) + (int)threadIdx.x / L;
-}
-
-// Loads group g's run of this thread into `run` (rows past m repeat the last row).
-GPU_DEV void fp4_pipe_load(const unsigned char* w, long long row_bytes, int g, int k, int m,
-                           fp4_run<1>& run) {
-    const unsigned char* rows[1];
-    float unused[1];
-    rows_block_start<1>(w, row_bytes, fp4_pipe_row(g, k), m, rows, unused);
-    fp4_run_load<1>(rows, (int)threadIdx.x & (fp4_runs_lanes(k) - 1), run);
-}
-
-// Group g's row sums from `run`, stored.
-GPU_DEV void fp4_pipe_dot(const fp4_run<1>& run, int g, int k, int m, const fp4_q8_smem& sm,
-                          float* __restrict__ out) {
-    const int L = fp4_runs_lanes(k), j = (int)threadIdx.x & (L - 1);
-    float acc[1] = {0.0f};
-    fp4_run_dot_q8<1>(run, j, sm, acc);
-    fp4_runs_store<1>(acc, L, j, fp4_pipe_row(g, k), m, out);
-}
-
-// The pipeline over this block's row groups g0 .. g0 + iters of w (x's k values in, out's
-// rows out). wait: the dependent-launch wait comes after the first group's loads (the
-// plain kernel: the weights never change); else the caller has waited.
-GPU_DEV void fp4_pipe_body(const unsigned char* __restrict__ w, long long row_bytes, int k,
-                           int m, const float* __restrict__ x, float* __restrict__ out, int g0,
-                           int iters, bool wait, unsigned int* counters, fp4_q8_smem& sm) {
-    const int per = 256 / fp4_runs_lanes(k);
-    // Whether group g has rows (the same for the whole block).
-#define FP4_PIPE_HAS(g) ((g) < g0 + iters && (g) * per < m)
-    fp4_run<1> a, b;
-    fp4_pipe_load(w, row_bytes, g0, k, m, a);
-    if (wait) gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_PIPE);
-    fp4_q8_stage(fp4_src_x{x}, k, sm);
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.sc[i] = ue4m3(i);
-    __syncthreads();
-    // Two buffers as two named runs (an array indexed at run time would live in local
-    // memory): a holds the even groups, b the odd ones.
-    for (int g = g0; FP4_PIPE_HAS(g); g += 2) {
-        if (FP4_PIPE_HAS(g + 1)) fp4_pipe_load(w, row_bytes, g + 1, k, m, b);
-        fp4_pipe_dot(a, g, k, m, sm, out);
-        if (!FP4_PIPE_HAS(g + 1)) break;
-        if (FP4_PIPE_HAS(g + 2)) fp4_pipe_load(w, row_bytes, g + 2, k, m, a);
-        fp4_pipe_dot(b, g + 1, k, m, sm, out);
-    }
-#undef FP4_PIPE_HAS
-}
-
-extern "C" __global__ void __launch_bounds__(256, 2)
-    matvec_fp4_runs_q8_pipe(const unsigned char* __restrict__ w, long long row_bytes, int k,
-                            int m, const float* __restrict__ x, float* __restrict__ out,
-                            int iters, unsigned int* counters) {
-    __shared__ fp4_q8_smem sm;
-    fp4_pipe_body(w, row_bytes, k, m, x, out, blockIdx.x * iters, iters, true, counters, sm);
-}
-
-// The grouped form (pairs and ids as matvec_fp4_runs_q8_id): block row y is pair p, with
-// expert ids[p]'s rows and activation column p (per_pair) or p / n_slots; ids outside
-// 0..E give zeros. grid = (ceil(m / (iters 256 / L)), pairs), block = 256.
-extern "C" __global__ void __launch_bounds__(256, 2)
-    matvec_fp4_runs_q8_pipe_id(const unsigned char* __restrict__ w, long long expert_bytes,
-                               long long row_bytes, int k, int m, int n_experts,
-                               const float* __restrict__ x, int per_pair, int n_slots,
-                               const int* __restrict__ ids, float* __restrict__ out, int iters,
-                               unsigned int* counters) {
-    __shared__ fp4_q8_smem sm;
-    gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_PIPE_ID);
-    const int p = blockIdx.y, e = ids[p], g0 = blockIdx.x * iters;
-    float* o = out + (long long)p * m;
-    if (e < 0 || e >= n_experts) {  // the same for the whole block
-        const int per = 256 / fp4_runs_lanes(k), end = (g0 + iters) * per;
-        for (int r = g0 * per + threadIdx.x; r < end && r < m; r += blockDim.x) o[r] = 0.0f;
-        return;
-    }
-    fp4_pipe_body(w + (long long)e * expert_bytes, row_bytes, k, m,
-                  x + (long long)(per_pair ? p : p / n_slots) * k, o, g0, iters, false, counters,
-                  sm);
 }
 
 // The grouped form (pairs and ids as matvec_dense_rows_id): block row y is pair p, with

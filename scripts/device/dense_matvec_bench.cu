@@ -490,17 +490,6 @@ void grouped_wo_a(const Shape& s, unsigned char* wbase, long long stride, int co
             });
         }
     const int runs = s.k / 256;
-    if (!getenv("RUNS") && runs == L) {  // the pipelined kernel (not yet run)
-        const int per = 256 / L;
-        for (int groups : {2, 4}) {
-            char nm[64];
-            snprintf(nm, sizeof nm, "matvec_fp4_runs_q8_pipe_id, %d row groups", groups);
-            timed(nm, [&](unsigned char* w) {
-                matvec_fp4_runs_q8_pipe_id<<<dim3((s.m + groups * per - 1) / (groups * per), G), 256>>>(
-                    w, stride, row_bytes, s.k, s.m, G, x8, 1, G, ids, out8, groups, nullptr);
-            });
-        }
-    }
     if (!getenv("RUNS") && s.k % 256 == 0 && runs <= 16 && !(runs & (runs - 1))) {  // half runs (not yet run)
         char nm[96];
         timed(half_name<1, 3>(nm),
@@ -832,21 +821,6 @@ int main(int argc, char** argv) {
                                                                                       dx, dout, R, nullptr);
                     }, true);
                 }
-            if (L == s.k / 256 && !getenv("RUNS")) {  // the pipelined kernel (not yet run)
-                cudaFuncAttributes fp;
-                CK(cudaFuncGetAttributes(&fp, matvec_fp4_runs_q8_pipe));
-                const int per = 256 / L;
-                for (int groups : {2, 4, 8}) {
-                    char nm[112];
-                    snprintf(nm, sizeof nm,
-                             "matvec_fp4_runs_q8_pipe, %d row groups a block (candidate; %d regs, %zu B local)",
-                             groups, fp.numRegs, fp.localSizeBytes);
-                    row(nm, [&] {
-                        matvec_fp4_runs_q8_pipe<<<(s.m + groups * per - 1) / (groups * per), 256>>>(
-                            dw, row_bytes, s.k, s.m, dx, dout, groups, nullptr);
-                    }, true);
-                }
-            }
             if (s.k / 256 <= 16 && !(L & (L - 1)) && L == s.k / 256 && !getenv("RUNS")) {  // half runs
                 char nm[96];
                 row(half_name<1, 3>(nm),

@@ -65,30 +65,34 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # block a head, not the heads kernel over key splits + merge) and MOE_GPU_ATT_HEADS=0
     # (neither heads kernel form): summation order only; MOE_GPU_IDX_MM=1 (decode steps'
     # index scores through the tiled kernel too): bit-identical at 8 decoded tokens (the
-    # top-k takes every visible row); MOE_GPU_FP4_PIPE=4 (the pipelined ROCmFP4 runs
-    # kernel, 4 row groups a block): the same sums, bit-identical (not yet run);
-    # MOE_DS4_IDX_SHORT=1 (indexer layers attend to every visible row while the top-k
-    # would take them all): the same keys, summation order only (not yet run).
+    # top-k takes every visible row); MOE_DS4_IDX_SHORT=0 (indexer layers score and take
+    # their top-k even while it would take every visible row): summation order only. The
+    # indexer's switches run with MOE_DS4_IDX_SHORT=0 (8 tokens never score otherwise) and
+    # are compared with the MOE_DS4_IDX_SHORT=0 run; a setting's comma-joined variables are
+    # set together.
     toks=5,17,301,4000,77,129000,42,9
     switches=(MOE_GPU_DENSE_ROWS=0 MOE_GPU_HC_FAST=0 MOE_GPU_HC_SPLIT=0 MOE_GPU_ID_NOSORT=0
         MOE_GPU_FP4_RUNS=0 MOE_DS4_BRANCHES=0 MOE_DS4_SWIGLU_ID=0 MOE_DS4_POST_COMBINE=0
-        MOE_DS4_HC_FUSED=0 MOE_DS4_HC_DEFER=0 MOE_DS4_ATT_ROPE=1 MOE_DS4_IDX_ROPE=1
-        MOE_GPU_IDX_GROUPS=4 MOE_GPU_ATT_STORE=0
-        MOE_GPU_ATT_SPLIT=0 MOE_GPU_ATT_HEADS=0 MOE_GPU_IDX_MM=1 MOE_GPU_FP4_PIPE=4
-        MOE_DS4_IDX_SHORT=1)
+        MOE_DS4_HC_FUSED=0 MOE_DS4_HC_DEFER=0 MOE_DS4_ATT_ROPE=1 MOE_DS4_IDX_ROPE=1,MOE_DS4_IDX_SHORT=0
+        MOE_GPU_IDX_GROUPS=4,MOE_DS4_IDX_SHORT=0 MOE_GPU_ATT_STORE=0
+        MOE_GPU_ATT_SPLIT=0 MOE_GPU_ATT_HEADS=0 MOE_GPU_IDX_MM=1,MOE_DS4_IDX_SHORT=0
+        MOE_DS4_IDX_SHORT=0)
     for v in base repeat "${switches[@]}"; do
-        env $([[ $v == *=* ]] && echo "$v") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
-            logits --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_${v%%=*}.npy"
+        env $([[ $v == *=* ]] && echo "${v//,/ }") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
+            logits --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_${v//[=,]/_}.npy"
     done
-    python3 - "$W" repeat "${switches[@]%%=*}" <<'PY' | tee -a "$OUT/parity.log"
+    python3 - "$W" repeat "${switches[@]}" <<'PY' | tee -a "$OUT/parity.log"
 import sys, numpy as np
 w = sys.argv[1]
-a = np.load(f"{w}/full_base.npy")
 for v in sys.argv[2:]:
-    b = np.load(f"{w}/full_{v}.npy")
+    # Settings with the indexer's scoring forced on: against that run, not the default.
+    ref = "MOE_DS4_IDX_SHORT=0" if v.endswith(",MOE_DS4_IDX_SHORT=0") else "base"
+    name = lambda s: s.replace("=", "_").replace(",", "_")
+    a = np.load(f"{w}/full_{name(ref)}.npy")
+    b = np.load(f"{w}/full_{name(v)}.npy")
     rel = float((np.abs(a - b).max(1) / np.abs(b).max()).max())
     top = float((a.argmax(1) == b.argmax(1)).mean())
-    print(f"full width ({a.shape[0]} decoded tokens): default vs {v}: bit-identical {np.array_equal(a, b)}, "
+    print(f"full width ({a.shape[0]} decoded tokens): {ref} vs {v}: bit-identical {np.array_equal(a, b)}, "
           f"max rel diff {rel:.2e}, top-1 agree {top:.0%}")
 PY
 fi

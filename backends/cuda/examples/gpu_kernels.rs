@@ -511,12 +511,11 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         };
         let e = rel(&g.read_f32(bo, 0, m), &want_v);
         let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
-        let want = runs_kernel(want, k);
         report(
             format!("{name} matmul {k} x {m}"),
             e,
-            ran(&before, &want),
-            &want,
+            ran(&before, want),
+            want,
         );
         for b in [bw, bx, bo] {
             into_result((g.be.free)(b)).unwrap();
@@ -556,12 +555,11 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             run_dense_id(g, ty, (&w, &wv), &x, &act, &ids, [k, m, experts, slots, 1]);
         let e = if zeros { rel(&gr, &wr) } else { f64::INFINITY };
         let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
-        let want = runs_kernel(want, k);
         report(
             format!("{name} id {k} x {m}, {slots} slots"),
             e,
-            ran(&before, &want),
-            &want,
+            ran(&before, want),
+            want,
         );
     }
     FORCE_Q8_DECODE.store(false, Ordering::Relaxed);
@@ -888,15 +886,15 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// query tile and a partly visible row tile) and two decode tokens (the row-a-lane
 /// `ds4_index_scores`, with 8 and with 4 head groups: 5000 and 12000 rows visible).
 /// Limit: 1e-5 of the largest score. Expects the default kernel choice
-/// (`MOE_GPU_IDX_MM` / `MOE_GPU_IDX_GROUPS` unset; `MOE_GPU_IDX_TC=1` takes the prefill
-/// case through the tensor cores).
+/// (`MOE_GPU_IDX_MM` / `MOE_GPU_IDX_GROUPS` unset; the prefill case on the tensor cores,
+/// `ds4_index_scores_mm_tc`, unless `MOE_GPU_IDX_TC=0`).
 fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== INDEX_SCORES vs f64 reference ==");
     let mut ok = true;
-    let mm = if std::env::var("MOE_GPU_IDX_TC").as_deref() == Ok("1") {
-        "ds4_index_scores_mm_tc"
-    } else {
+    let mm = if std::env::var("MOE_GPU_IDX_TC").as_deref() == Ok("0") {
         "ds4_index_scores_mm"
+    } else {
+        "ds4_index_scores_mm_tc"
     };
     for (n, cap, p0, kernel) in [
         (41usize, 3000usize, 9000usize, mm),
@@ -1008,22 +1006,6 @@ fn device_launches(
 ) -> u64 {
     let key = format!("{name}.device");
     after.get(&key).copied().unwrap_or(0) - before.get(&key).copied().unwrap_or(0)
-}
-
-/// The kernel a runs-kernel case runs: with `MOE_GPU_FP4_PIPE=N` (1 ..= 64) the
-/// pipelined form where a run is a lane's (k / 256 a power of two up to 32).
-fn runs_kernel(want: &str, k: usize) -> String {
-    let pipe = std::env::var("MOE_GPU_FP4_PIPE")
-        .ok()
-        .and_then(|v| v.parse::<i32>().ok())
-        .is_some_and(|n| (1..=64).contains(&n));
-    let runs = k / 256;
-    match want.strip_prefix("matvec_fp4_runs_q8") {
-        Some(rest) if pipe && runs.is_power_of_two() && runs <= 32 => {
-            format!("matvec_fp4_runs_q8_pipe{rest}")
-        }
-        _ => want.to_string(),
-    }
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {

@@ -634,27 +634,18 @@ fn idx_mm(n: u64) -> bool {
     mode.unwrap_or(n >= IDX_MM_MIN_TOKENS)
 }
 
-/// The tiled index kernel: `ds4_index_scores_mm`, or with `MOE_GPU_IDX_TC=1`
-/// `ds4_index_scores_mm_tc`, its products on the tensor cores where it can (CUDA
-/// sm_80+, heads a multiple of 32): three TF32 products a pair of f32 values (written
-/// 2026-12-01, not yet run on a device). Read once.
+/// The tiled index kernel: `ds4_index_scores_mm_tc`, its products on the tensor cores
+/// where it can (CUDA sm_80+, heads a multiple of 32; three TF32 products a pair of f32
+/// values, about f32's accuracy: 8.6e-7 of f64 in gpu_kernels), or with
+/// `MOE_GPU_IDX_TC=0` `ds4_index_scores_mm`, all in f32 FMAs (A/B runs; 128K prefill
+/// +6% with the tensor cores, 2026-12-01). Read once.
 fn idx_mm_kernel() -> &'static str {
-    static TC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    tc_kernel(
-        &TC,
-        "MOE_GPU_IDX_TC",
-        ["ds4_index_scores_mm", "ds4_index_scores_mm_tc"],
-    )
-}
-
-/// The kernel of `names` = [default, tensor-core form]: the second while `var` is 1 (read
-/// once into `cell`).
-fn tc_kernel(
-    cell: &std::sync::OnceLock<bool>,
-    var: &str,
-    names: [&'static str; 2],
-) -> &'static str {
-    names[*cell.get_or_init(|| env_force(var) == Some(true)) as usize]
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *OFF.get_or_init(|| env_off("MOE_GPU_IDX_TC")) {
+        "ds4_index_scores_mm"
+    } else {
+        "ds4_index_scores_mm_tc"
+    }
 }
 
 /// Head groups of a decode step's `ds4_index_scores` (its warps' split of the heads;
@@ -713,19 +704,6 @@ fn att_store_off() -> bool {
 fn att_heads_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| env_off("MOE_GPU_ATT_HEADS"))
-}
-
-/// The heads kernel: `ds4_attention_heads`, or with `MOE_GPU_ATT_TC=1`
-/// `ds4_attention_heads_tc`, its logits and values on the tensor cores where it can
-/// (CUDA sm_80+, head width a multiple of 8): three TF32 products a pair of f32 values
-/// (written 2026-12-01, not yet run on a device). Read once.
-fn att_heads_kernel() -> &'static str {
-    static TC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    tc_kernel(
-        &TC,
-        "MOE_GPU_ATT_TC",
-        ["ds4_attention_heads", "ds4_attention_heads_tc"],
-    )
 }
 
 /// Whether a decode step's attention runs as `ds4_attention_heads` over key splits +
@@ -826,7 +804,7 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     if heads_ok && n >= ATT_HEADS_MIN_TOKENS {
         att.i(0).p(0).launch(
             gpu,
-            att_heads_kernel(),
+            "ds4_attention_heads",
             (grid_heads, n, 1),
             32 * ATT_HEADS_WARPS,
         )?;
@@ -848,7 +826,7 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         let part = gpu.scratch((n * heads * splits * (hd + 2) * 4) as usize)?;
         att.i(to_i32(kper, "keys a split")?).p(part).launch(
             gpu,
-            att_heads_kernel(),
+            "ds4_attention_heads",
             (grid_heads, n, splits),
             32 * ATT_HEADS_WARPS,
         )?;
@@ -1010,8 +988,7 @@ unsafe fn transpose12(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
 
 /// MATMUL_ID with dense weights ([k, m, experts] of f32 / f16 / bf16 / q8_0 / mxfp4 /
 /// ROCmFP4): ROCmFP4 in whole runs on `matvec_fp4_runs_q8_id` where
-/// [`crate::ops::fp4_runs_id`] takes it (`matvec_fp4_runs_q8_pipe_id` with
-/// `MOE_GPU_FP4_PIPE`), Q8_0 / ROCmFP4 with 256 rows or more on
+/// [`crate::ops::fp4_runs_id`] takes it, Q8_0 / ROCmFP4 with 256 rows or more on
 /// `matvec_dense_rows_id` (a 128-thread block on 2-4 rows of a pair), the rest on
 /// `matvec_dense_id` (warps per (row, pair)).
 /// None when the weights are not a dense type.
@@ -1057,16 +1034,6 @@ unsafe fn matmul_id_dense_inner(
     // ROCmFP4 in whole runs (experts, rows and columns stay 16-byte aligned: 144 bytes per
     // run, k whole runs).
     if let Some(plan) = runs {
-        // With MOE_GPU_FP4_PIPE=N, the pipelined kernel where a run is a lane's.
-        if let Some(groups) = crate::ops::fp4_pipe(k, crate::ops::fp4_pipe_groups()) {
-            let per_block = groups as u64 * crate::ops::fp4_pipe_rows(k);
-            return common(px, false)?.i(groups).launch(
-                gpu,
-                "matvec_fp4_runs_q8_pipe_id",
-                (m.div_ceil(per_block), pairs, 1),
-                256,
-            );
-        }
         let per_block = crate::ops::fp4_runs_rows_per_block(k, plan);
         return common(px, false)?.i(plan.rows as i32).launch(
             gpu,
@@ -1279,7 +1246,7 @@ mod tests {
             f([300, 20, 1, 1]),
         ];
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &mm_args);
-        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm", (3, 10, 1)));
+        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (3, 10, 1)));
         let mut few = mm_args;
         few[0] = f([16, 4, 20, 1]);
         few[1] = f([4, 20, 1, 1]);

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 53] = [
+pub const KERNELS: [&str; 50] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -59,10 +59,7 @@ pub const KERNELS: [&str; 53] = [
     "ds4_attention_heads",
     "ds4_attention_merge",
     "ds4_index_scores_mm",
-    "ds4_attention_heads_tc",
     "ds4_index_scores_mm_tc",
-    "matvec_fp4_runs_q8_pipe",
-    "matvec_fp4_runs_q8_pipe_id",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

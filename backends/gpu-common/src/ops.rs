@@ -57,22 +57,6 @@ pub fn mmq_type(ty: u32, k: u64, mmq: &str) -> bool {
         }
 }
 
-/// Pairs per expert (on average) from which MATMUL_ID runs `mmq_mma_id`:
-/// MMQ_MIN_PAIRS_PER_EXPERT, or `MOE_GPU_ID_MMQ_MIN=N` (A/B runs, read once: a pp512
-/// prefill has 12 pairs per expert of V4-Flash's 256, so N = 16 sends its routed
-/// experts to the grouped mat-vec, which reads each expert's rows once for all its pairs;
-/// staged 2026-12-01, not yet measured).
-fn mmq_min_pairs() -> u64 {
-    static N: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("MOE_GPU_ID_MMQ_MIN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&n| n >= 1)
-            .unwrap_or(MMQ_MIN_PAIRS_PER_EXPERT)
-    })
-}
-
 /// Whether MATMUL_ID `args` (w [k, m, experts], x, ids [slots, tokens], out) runs
 /// `mmq_mma_id`: enough pairs per expert for the 64-column tiles to pay.
 pub fn id_takes_mmq(args: &[TensorRef], mmq: &str) -> bool {
@@ -81,7 +65,7 @@ pub fn id_takes_mmq(args: &[TensorRef], mmq: &str) -> bool {
     };
     let experts = w.dims[2] * w.dims[3];
     let pairs = ids.dims.iter().product::<u64>();
-    mmq_type(w.type_id, w.dims[0], mmq) && pairs >= mmq_min_pairs() * experts
+    mmq_type(w.type_id, w.dims[0], mmq) && pairs >= MMQ_MIN_PAIRS_PER_EXPERT * experts
 }
 
 /// Grid dims of a launch.
@@ -354,8 +338,6 @@ pub enum DenseLayout {
     /// `matvec_fp4_runs_q8`, this many rows per thread and threads per block (see
     /// [`fp4_runs`]).
     Fp4Runs(RunsPlan),
-    /// `matvec_fp4_runs_q8_pipe`, this many row groups a block (see [`fp4_pipe`]).
-    Fp4Pipe(i32),
     /// `matvec_f32_wide`: a 1024-thread block per row (see [`f32_wide`]).
     F32Wide,
     /// `quantize_q8_1` of the input into scratch, then `mmq_mma_dense` (see [`mmq_type`]).
@@ -446,32 +428,6 @@ pub fn fp4_runs(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<RunsP
         _ => (1, 256),
     };
     fits.then_some(RunsPlan { rows, threads })
-}
-
-/// Row groups a block of `matvec_fp4_runs_q8_pipe(_id)` takes, from `MOE_GPU_FP4_PIPE=N`
-/// (1 ..= 64; read once): unset, the pipelined kernel is off. Staged for A/B runs
-/// (written 2026-12-01, not yet run on a device).
-pub fn fp4_pipe_groups() -> Option<i32> {
-    static N: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("MOE_GPU_FP4_PIPE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|n| (1..=64).contains(n))
-    })
-}
-
-/// Whether a product that [`fp4_runs`] takes runs on `matvec_fp4_runs_q8_pipe` instead,
-/// with `groups` row groups a block: where a run is a lane's (k / 256 a power of two,
-/// at most 32).
-pub fn fp4_pipe(k: u64, groups: Option<i32>) -> Option<i32> {
-    let runs = k / 256;
-    groups.filter(|_| runs.is_power_of_two() && runs <= 32)
-}
-
-/// Rows of one row group of `matvec_fp4_runs_q8_pipe`: 256 threads, k / 256 a row.
-pub fn fp4_pipe_rows(k: u64) -> u64 {
-    256 / (k / 256).clamp(1, 32)
 }
 
 /// [`RunsPlan`] of `matvec_fp4_runs_q8_id` for one token's grouped product (`tokens` ==
@@ -593,9 +549,7 @@ pub fn matmul_dense(
     );
     let layout = match one_col {
         _ if n >= MMQ_MIN_COLS && mmq_type(w.type_id, k, mmq) => DenseLayout::Mmq,
-        (Some(r), _) => {
-            fp4_pipe(k, fp4_pipe_groups()).map_or(DenseLayout::Fp4Runs(r), DenseLayout::Fp4Pipe)
-        }
+        (Some(r), _) => DenseLayout::Fp4Runs(r),
         (None, Some(r)) => DenseLayout::Rows(r as i32),
         (None, None) if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
         (None, None) => DenseLayout::Warps(parts as i32),
@@ -614,15 +568,6 @@ pub fn matmul_dense(
                 1,
             ),
             block: r.threads as u32,
-        },
-        DenseLayout::Fp4Pipe(groups) => Launch {
-            name: "matvec_fp4_runs_q8_pipe",
-            grid: (
-                to_i32(m.div_ceil(groups as u64 * fp4_pipe_rows(k)), "m")? as u32,
-                1,
-                1,
-            ),
-            block: 256,
         },
         DenseLayout::F32Wide => Launch {
             name: "matvec_f32_wide",
@@ -1277,9 +1222,6 @@ pub fn run(
                         let mut rows = r.rows as i32;
                         gpu.launch(p.launch, &kargs!(pw, rb, k, m, px, po, rows))
                     }
-                    DenseLayout::Fp4Pipe(mut groups) => {
-                        gpu.launch(p.launch, &kargs!(pw, rb, k, m, px, po, groups))
-                    }
                     DenseLayout::F32Wide => gpu.launch(p.launch, &kargs!(pw, k, m, px, po)),
                     DenseLayout::Mmq => {
                         let (q, mut n_blocks) = quantize(k as u64, n as u64);
@@ -1907,28 +1849,6 @@ mod tests {
         )
         .unwrap_err()
         .contains("expected 2 x 1"));
-    }
-
-    #[test]
-    fn fp4_pipe_shapes() {
-        // A run a lane: k / 256 a power of two up to 32 (wq_b 1024, wo_b 8192, the
-        // shared expert's down 2048); the row group is the block's 256 lanes.
-        assert_eq!(fp4_pipe(1024, Some(4)), Some(4));
-        assert_eq!(fp4_pipe(8192, Some(2)), Some(2));
-        assert_eq!(fp4_pipe(1536, Some(4)), None);
-        assert_eq!(fp4_pipe(1024, None), None);
-        assert_eq!((fp4_pipe_rows(1024), fp4_pipe_rows(8192)), (64, 8));
-        // The launch passes w, row_bytes, k, m, x, out, groups (+ the counters).
-        let sig = crate::kernels::signatures();
-        assert_eq!(sig.get("matvec_fp4_runs_q8_pipe"), Some(&8));
-        assert_eq!(
-            sig.get("matvec_fp4_runs_q8_pipe"),
-            sig.get("matvec_fp4_runs_q8")
-        );
-        assert_eq!(
-            sig.get("matvec_fp4_runs_q8_pipe_id"),
-            sig.get("matvec_fp4_runs_q8_id")
-        );
     }
 
     #[test]
