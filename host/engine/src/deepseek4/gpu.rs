@@ -188,12 +188,6 @@ pub(super) struct GpuPath {
     /// The indexer queries' rotary in the scoring kernel (INDEX_SCORES' inv_freq, ABI
     /// 1.4; opt-in, see `probe_idx_rope`).
     idx_rope: bool,
-    /// The indexer's query product on the main stream ahead of `wq_b`, its side stream
-    /// forked after it (`MOE_DS4_IDX_QB_MAIN=1`; staged 2026-12-01, not yet run): the
-    /// side stream's product otherwise competes with `wq_b` for the device while the
-    /// attention waits for the indexer's top-k (4096: 139.6 tok/s against 157.2 at
-    /// depth 0, where the indexer's layers skip their scoring).
-    idx_qb_main: bool,
     /// Streams for the branches of a layer that do not depend on each other (the
     /// compressor, and the indexer, next to the queries; the shared expert next to the
     /// routed ones): their kernels, each too small to fill the device, overlap. Empty:
@@ -353,7 +347,6 @@ impl GpuPath {
             hc_fused: probe_hc_fused(dev),
             att_rope: probe_att_rope(dev),
             idx_rope: probe_idx_rope(dev),
-            idx_qb_main: std::env::var_os("MOE_DS4_IDX_QB_MAIN").is_some_and(|v| v == "1"),
             hc_defer: !sides.is_empty() && probe_hc_sinkhorn(dev),
             sides,
             open: Default::default(),
@@ -933,18 +926,15 @@ impl GpuPath {
         let mut mode = if lay.comp.is_some() { 1 } else { 0 };
         if let Some((ix, cs)) = idx.filter(|(ix, _)| scoring(ix)) {
             // The indexer's queries come from the normed q_res: its stream waits for it,
-            // then scores and selects while the main stream runs wq_b (with idx_qb_main
-            // the query product runs on the main stream first, then the fork).
+            // then scores and selects while the main stream runs wq_b.
+            let sd = self.fork(dev, SIDE_IDX)?;
             let (ih, id) = (p.idx_heads, p.idx_dim);
             let iq = v(&w.iq, [id, ih, n, 1]);
-            let iq_args = [wv(&ix.q_b), q_res, v(&w.iq, [id * ih, n, 1, 1])];
-            if self.idx_qb_main {
-                op(ops::MATMUL, OpParams::default(), &iq_args)?;
-            }
-            let sd = self.fork(dev, SIDE_IDX)?;
-            if !self.idx_qb_main {
-                sd.op(ops::MATMUL, OpParams::default(), &iq_args)?;
-            }
+            sd.op(
+                ops::MATMUL,
+                OpParams::default(),
+                &[wv(&ix.q_b), q_res, v(&w.iq, [id * ih, n, 1, 1])],
+            )?;
             let cap = cs.rows.r.dims[1] as usize;
             let scores = v(&w.scores, [cap, n, 1, 1]);
             let mut a = vec![iq, v(&w.iw, [ih, n, 1, 1]), cs.rows.r, pos, scores];
