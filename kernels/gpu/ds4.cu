@@ -838,10 +838,10 @@ GPU_DEV void ds4_index_scores_mm_body(const float* __restrict__ q, const float* 
     ds4_ixm_store(red, ih / 8, tpb, t0, n, pos, ratio, cap, r0, scores);
 }
 
-// The indexer's scores for a prefill chunk (ds4_index_scores_mm_body);
-// ds4_index_scores_mm_tc: the same with the products on the tensor cores where it can
-// (CUDA sm_80+, heads a multiple of 32; elsewhere it is ds4_index_scores_mm). Two
-// kernels, so the default keeps its own registers.
+// The indexer's scores for a prefill chunk (ds4_index_scores_mm_body), all in f32 FMAs
+// (MOE_GPU_IDX_TC=0); ds4_index_scores_mm_tc (the default): the same with the products
+// on the tensor cores where it can (CUDA sm_80+, heads a multiple of 32; elsewhere it is
+// ds4_index_scores_mm). Two kernels, so each keeps its own registers.
 extern "C" __global__ void __launch_bounds__(256)
     ds4_index_scores_mm(const float* __restrict__ q, const float* __restrict__ wproj,
                         const float* __restrict__ rows, const int* __restrict__ pos, int ih, int id,
@@ -1595,7 +1595,7 @@ extern "C" __global__ void __launch_bounds__(128)
         float den = 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            // (a split without keys: its sum was never written)
+            // (a split without keys: weight 0; its values were never written)
             const float w = m[i] == DS4_NEG_INF ? 0.0f : expf(m[i] - mx);
             den += w == 0.0f ? 0.0f : l[i] * w;
             if (tid + 32 * i < splits) ws[tid + 32 * i] = w;

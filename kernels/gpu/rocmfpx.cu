@@ -13,7 +13,7 @@
 // and the only rounding is the subtraction: two-scale gives exactly d*E*sum(kv*q).
 #include "common.cuh"
 
-// Launch-counter slots (kept in sync with backends/cuda/src/kernels.rs).
+// Launch-counter slots (kept in sync with KERNELS in backends/gpu-common/src/kernels.rs).
 #define KID_QUANTIZE_Q8_1 0
 #define KID_MMVQ_107_N1 1 // .. 8 for n = 1..8
 #define KID_MMQ_DP4A_107 9
@@ -25,7 +25,7 @@
 #define KID_MMQ_MMA_107 15
 #define KID_MATVEC_DENSE 16
 #define KID_GET_ROWS_DENSE 17
-#define KID_MATVEC_DENSE_ID 30 // 18..29, 31: ds4.cu
+#define KID_MATVEC_DENSE_ID 30 // 18..29, 31, 44..49: ds4.cu
 #define KID_MATVEC_DENSE_ROWS 32
 #define KID_MATVEC_DENSE_ROWS_ID 33
 #define KID_MATVEC_F32_WIDE 34

@@ -882,7 +882,7 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 
 /// INDEX_SCORES against an f64 reference of its definition: score[t][r] = sum_h
 /// relu(q_th . row_r) * f[0] * (w_th * f[1]) over the rows visible to t. A prefill
-/// chunk (the tiled `ds4_index_scores_mm`: 41 tokens, 64 heads x 128, a partial last
+/// chunk (the tiled `ds4_index_scores_mm(_tc)`: 41 tokens, 64 heads x 128, a partial last
 /// query tile and a partly visible row tile) and two decode tokens (the row-a-lane
 /// `ds4_index_scores`, with 8 and with 4 head groups: 5000 and 12000 rows visible).
 /// Limit: 1e-5 of the largest score. Expects the default kernel choice

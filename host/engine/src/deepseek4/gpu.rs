@@ -120,7 +120,7 @@ const ATT_LONG_FROM: usize = 4096;
 /// at most the indexer's top-k compressed rows, so the indexer would select all of them
 /// in order: its layers then attend to every visible row (SPARSE_ATTENTION mode 1, the
 /// same keys in the same order) and skip the indexer's query and head-weight products,
-/// scores and top-k (its compressor still runs): depth-0 decode +13%, pp512 +3% on the
+/// scores and top-k (its compressor still runs): depth-0 decode +12%, pp512 +3% on the
 /// 43-layer V4-Flash shape (H200, 2026-12-01). `MOE_DS4_IDX_SHORT=0` turns it off (A/B
 /// runs).
 #[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
