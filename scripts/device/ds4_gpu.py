@@ -29,7 +29,8 @@ BIN = ROOT / ".dev/ds4"
 OUT = Path(os.environ.get("OUT", "/tmp/ds4gpu"))
 W = Path(os.environ.get("W", "/tmp/ds4gpu-work"))
 RUNS = [("tiny_mixed", "f32"), ("tiny_release_ratios", "f32"), ("tiny_odd", "f32"),
-        ("tiny_defaults", "f32"), ("tiny_trained", "f32"), ("tiny_release", "f32"),
+        ("tiny_defaults", "f32"), ("tiny_wide_index", "f32"), ("tiny_trained", "f32"),
+        ("tiny_release", "f32"),
         ("tiny_trained", "f16"), ("tiny_trained", "q8_0"), ("tiny_mixed", "bf16"),
         ("tiny_trained", "rocmfp4"), ("tiny_trained", "rocmfpx-mix"), ("tiny_mixed", "rocmfpx-mix")]
 # "rocmfpx-mix": routed experts ROCmFP2 affine (107), attention + shared experts ROCmFP4
