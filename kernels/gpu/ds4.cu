@@ -756,7 +756,9 @@ GPU_DEV void ds4_index_scores_mm_body(const float* __restrict__ q, const float* 
 #if defined(DS4_IXM_TC)
         if constexpr (TC) {
             if (use_tc) {
-                ds4_ixm_tc_chunk(As, Bs, acc);
+                // A warp whose 32 queries all lie past the chunk's keeps its zeros (a
+                // decode token's 64 heads fill half of the 128-query tile); warp-uniform.
+                if (m0 + 32 * ((tid >> 5) & 3) < mq) ds4_ixm_tc_chunk(As, Bs, acc);
                 continue;
             }
         }

@@ -886,8 +886,9 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// query tile and a partly visible row tile) and two decode tokens (the row-a-lane
 /// `ds4_index_scores`, with 8 and with 4 head groups: 5000 and 12000 rows visible).
 /// Limit: 1e-5 of the largest score. Expects the default kernel choice
-/// (`MOE_GPU_IDX_MM` / `MOE_GPU_IDX_GROUPS` unset; the prefill case on the tensor cores,
-/// `ds4_index_scores_mm_tc`, unless `MOE_GPU_IDX_TC=0`).
+/// (`MOE_GPU_IDX_GROUPS` unset; the prefill case on the tensor cores,
+/// `ds4_index_scores_mm_tc`, unless `MOE_GPU_IDX_TC=0`); with `MOE_GPU_IDX_MM=1` the
+/// decode tokens take the tiled kernel too (half of its 128-query tile empty).
 fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== INDEX_SCORES vs f64 reference ==");
     let mut ok = true;
@@ -896,10 +897,15 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     } else {
         "ds4_index_scores_mm_tc"
     };
+    let one = if std::env::var("MOE_GPU_IDX_MM").as_deref() == Ok("1") {
+        mm
+    } else {
+        "ds4_index_scores"
+    };
     for (n, cap, p0, kernel) in [
         (41usize, 3000usize, 9000usize, mm),
-        (1, 20000, 4 * 5000, "ds4_index_scores"),
-        (1, 20000, 4 * 12000, "ds4_index_scores"),
+        (1, 20000, 4 * 5000, one),
+        (1, 20000, 4 * 12000, one),
     ] {
         ok &= index_scores_case(g, rng, json, n, cap, p0, kernel);
     }
