@@ -290,19 +290,11 @@ impl Sampler {
         let (top_k, top_p, min_p) = (self.p.top_k, self.p.top_p, self.p.min_p);
         if top_k == 0 && top_p >= 1.0 && min_p <= 0.0 {
             // No cut: the whole vocabulary, in index order.
-            let mut r = self.rng.gen::<f64>() * all;
-            for (i, &x) in w.iter().enumerate() {
-                r -= x as f64;
-                if r < 0.0 {
-                    return i as u32;
-                }
-            }
-            // Rounding left a sliver: the last token with weight.
-            return w.iter().rposition(|&x| x > 0.0).unwrap_or(0) as u32;
+            return walk(w, 0..w.len() as u32, all, self.rng.gen());
         }
         let kept = cut(w, all, top_k, top_p, min_p);
         let total: f64 = kept.iter().map(|&i| w[i as usize] as f64).sum();
-        walk(w, &kept, total, self.rng.gen())
+        walk(w, kept.iter().copied(), total, self.rng.gen())
     }
 }
 
@@ -386,24 +378,16 @@ fn next_floor(floor: f32) -> f32 {
 }
 
 /// Inverse-CDF draw over `order` (weights w, summing to `total`) with u in [0, 1).
-fn walk(w: &[f32], order: &[u32], total: f64, u: f64) -> u32 {
-    if order.is_empty() {
-        return 0;
-    }
+fn walk(w: &[f32], order: impl DoubleEndedIterator<Item = u32> + Clone, total: f64, u: f64) -> u32 {
     let mut r = u * total;
-    for &i in order {
+    for i in order.clone() {
         r -= w[i as usize] as f64;
         if r < 0.0 {
             return i;
         }
     }
-    // Rounding left a sliver: the last token with weight.
-    order
-        .iter()
-        .rev()
-        .find(|&&i| w[i as usize] > 0.0)
-        .copied()
-        .unwrap_or(order[0])
+    // Rounding left a sliver: the last token with weight (0 when there is none).
+    order.rev().find(|&i| w[i as usize] > 0.0).unwrap_or(0)
 }
 
 /// Index of the largest value (the first of equals; NaN never wins unless all are).
