@@ -82,6 +82,11 @@ fn clean_max(l: &mut [f32]) -> f32 {
         }
         m[0] = if *v > m[0] { *v } else { m[0] };
     }
+    lanes_max(m)
+}
+
+/// The largest of the lanes' maxima.
+fn lanes_max(m: [f32; LANES]) -> f32 {
     m.into_iter()
         .fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a })
 }
@@ -402,9 +407,7 @@ pub fn argmax(x: &[f32]) -> u32 {
     for &v in chunks.remainder() {
         m[0] = if v > m[0] { v } else { m[0] };
     }
-    let best = m
-        .into_iter()
-        .fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
+    let best = lanes_max(m);
     x.iter().position(|&v| v == best).unwrap_or(0) as u32
 }
 
