@@ -19,7 +19,7 @@ date -u +"run: %Y-%m-%d %H:%M UTC"
 [ -s "$W/synth.gguf" ] || .dev/ds4/moeserve --config "$W/plugins.toml" synth --out "$W/synth.gguf" \
     --layers "$LAYERS" > "$W/synth.log" 2>&1
 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench --model "$W/synth.gguf" \
-    --layers "$LAYERS" --depths 0 --prompt-tokens "$PP" --gen-tokens "$TG" --json > "$OUT/bench.json"
+    --depths 0 --prompt-tokens "$PP" --gen-tokens "$TG" --json > "$OUT/bench.json"
 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" serve --model "$W/synth.gguf" \
     --port "$PORT" --parallel 1 --batch-tokens "$PP" > "$W/serve.log" 2>&1 &
 pid=$!

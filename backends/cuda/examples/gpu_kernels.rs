@@ -883,12 +883,14 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// INDEX_SCORES against an f64 reference of its definition: score[t][r] = sum_h
 /// relu(q_th . row_r) * f[0] * (w_th * f[1]) over the rows visible to t. A prefill
 /// chunk (the tiled `ds4_index_scores_mm(_tc)`: 41 tokens, 64 heads x 128, a partial last
-/// query tile and a partly visible row tile) and two decode tokens (the row-a-lane
-/// `ds4_index_scores`, with 8 and with 4 head groups: 5000 and 12000 rows visible).
+/// query tile and a partly visible row tile), a decode token over a cache of 4000 rows
+/// (the row-a-lane `ds4_index_scores`, 3000 rows visible) and two over 20000 (5000 and
+/// 12000 visible).
 /// Limit: 1e-5 of the largest score. Expects the default kernel choice
 /// (`MOE_GPU_IDX_GROUPS` unset; the prefill case on the tensor cores,
-/// `ds4_index_scores_mm_tc`, unless `MOE_GPU_IDX_TC=0`); with `MOE_GPU_IDX_MM=1` the
-/// decode tokens take the tiled kernel too (half of its 128-query tile empty).
+/// `ds4_index_scores_mm_tc`, unless `MOE_GPU_IDX_TC=0`; the decode tokens over 20000
+/// cached rows the same tiled kernel, half of its 128-query tile empty, unless
+/// `MOE_GPU_IDX_MM=0` or `MOE_GPU_IDX_TC=0`: then a row a lane).
 fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== INDEX_SCORES vs f64 reference ==");
     let mut ok = true;
@@ -897,13 +899,29 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     } else {
         "ds4_index_scores_mm_tc"
     };
-    let one = if std::env::var("MOE_GPU_IDX_MM").as_deref() == Ok("1") {
-        mm
-    } else {
-        "ds4_index_scores"
+    // The decode cases' 20000 cached rows take the tiled kernel on the tensor cores
+    // (IDX_MM_DECODE_MIN_ROWS), unless MOE_GPU_IDX_MM=0 or MOE_GPU_IDX_TC=0.
+    let mm_env = std::env::var("MOE_GPU_IDX_MM");
+    let one = match (
+        mm_env.as_deref(),
+        std::env::var("MOE_GPU_IDX_TC").as_deref(),
+    ) {
+        (Ok("1"), _) => mm,
+        (Ok("0"), _) | (_, Ok("0")) => "ds4_index_scores",
+        _ => mm,
     };
     for (n, cap, p0, kernel) in [
         (41usize, 3000usize, 9000usize, mm),
+        (
+            1,
+            4000,
+            4 * 3000,
+            if mm_env.as_deref() == Ok("1") {
+                mm
+            } else {
+                "ds4_index_scores"
+            },
+        ),
         (1, 20000, 4 * 5000, one),
         (1, 20000, 4 * 12000, one),
     ] {

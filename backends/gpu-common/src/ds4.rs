@@ -596,7 +596,7 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         .p(f32p(gpu, &scores)?);
     // A prefill chunk: the tiled product (whole tokens of a 128-query tile, 32-dim
     // chunks, 16-byte aligned, no rotary inside).
-    if idx_mm(n)
+    if idx_mm(n, cap, ih)
         && pinv == 0
         && ih > 0
         && ih.is_multiple_of(8)
@@ -624,14 +624,22 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
 /// Chunks of at least this many tokens score through `ds4_index_scores_mm`.
 const IDX_MM_MIN_TOKENS: u64 = 16;
 
-/// Whether `n` tokens score through the tiled `ds4_index_scores_mm`, not
-/// `ds4_index_scores` (a row a lane): chunks of IDX_MM_MIN_TOKENS or more, or as
-/// `MOE_GPU_IDX_MM=0|1` says (1: decode steps too, where half of each 128-query tile is
-/// empty; measured no faster, 2026-12-01). Read once.
-fn idx_mm(n: u64) -> bool {
+/// Decode steps score through the tiled kernel on the tensor cores once the cache holds
+/// this many compressed rows (16K tokens at ratio 4): 32K / 128K decode +2-5%, 4K even
+/// (2026-12-01 08:33, four runs each); the FMA form measured no faster for decode.
+const IDX_MM_DECODE_MIN_ROWS: u64 = 4096;
+
+/// Whether `n` tokens of `ih` heads over a cache of `cap` rows score through the tiled
+/// `ds4_index_scores_mm(_tc)`, not `ds4_index_scores` (a row a lane): chunks of
+/// IDX_MM_MIN_TOKENS or more; decode steps over IDX_MM_DECODE_MIN_ROWS or more rows
+/// when the tensor-core product applies (heads a multiple of 32); or as
+/// `MOE_GPU_IDX_MM=0|1` says (0: never, 1: always). Read once.
+fn idx_mm(n: u64, cap: u64, ih: u64) -> bool {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let mode = MODE.get_or_init(|| env_force("MOE_GPU_IDX_MM"));
-    mode.unwrap_or(n >= IDX_MM_MIN_TOKENS)
+    let decode_tc =
+        cap >= IDX_MM_DECODE_MIN_ROWS && ih.is_multiple_of(32) && idx_mm_kernel().ends_with("_tc");
+    mode.unwrap_or(n >= IDX_MM_MIN_TOKENS || decode_tc)
 }
 
 /// The tiled index kernel: `ds4_index_scores_mm_tc`, its products on the tensor cores
@@ -1247,6 +1255,20 @@ mod tests {
         ];
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &mm_args);
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (3, 10, 1)));
+        // A decode token over 4096+ cached rows: the tiled product too, below that not.
+        let mut dec = [
+            f([128, 64, 1, 1]),
+            f([64, 1, 1, 1]),
+            f([128, 4096, 1, 1]),
+            i([1, 1, 1, 1]),
+            f([4096, 1, 1, 1]),
+        ];
+        let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &dec);
+        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (32, 1, 1)));
+        dec[2] = f([128, 4000, 1, 1]);
+        dec[4] = f([4000, 1, 1, 1]);
+        let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &dec);
+        assert_eq!(l[0].0, "ds4_index_scores");
         let mut few = mm_args;
         few[0] = f([16, 4, 20, 1]);
         few[1] = f([4, 20, 1, 1]);
