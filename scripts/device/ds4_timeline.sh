@@ -15,7 +15,9 @@ date -u +"run: %Y-%m-%d %H:%M UTC"
 C=/usr/local/cuda
 hdr=$(find "$C/" -name cupti_activity.h 2>/dev/null | head -1 || true)
 [ -n "$hdr" ] || { echo "cupti_activity.h not found under $C" >&2; exit 1; }
-krec=CUpti_ActivityKernel$(grep -o 'CUpti_ActivityKernel[0-9]\+' "$hdr" | sed 's/.*Kernel//' | sort -n | tail -1)
+v=$(grep -o 'CUpti_ActivityKernel[0-9]\+' "$hdr" | sed 's/.*Kernel//' | sort -n | tail -1 || true)
+[ -n "$v" ] || { echo "no CUpti_ActivityKernelN record in $hdr" >&2; exit 1; }
+krec=CUpti_ActivityKernel$v
 lib=$(dirname "$(find "$C/" -name 'libcupti.so*' 2>/dev/null | head -1 || true)")
 g++ -std=c++17 -O2 -shared -fPIC -DKREC="$krec" -I"$(dirname "$hdr")" -I"$C/include" \
     -o "$W/libcupti_trace.so" scripts/device/cupti_trace.cpp -L"$lib" -lcupti -Wl,-rpath,"$lib"
@@ -35,6 +37,8 @@ for s, e, st, g, c, n in rows:
 cnt = collections.Counter(g for g, _ in by)
 gid = cnt.most_common(1)[0][0]
 reps = sorted((v for (g, _), v in by.items() if g == gid), key=lambda v: min(x[0] for x in v))[2:]
+if not reps:
+    sys.exit("no decode graph replays in the trace")
 tot = collections.defaultdict(float); alone = collections.defaultdict(float)
 gapb = collections.defaultdict(float); num = collections.Counter()
 wall = busy = 0.0

@@ -911,7 +911,16 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         _ => mm,
     };
     for (n, cap, p0, kernel) in [
-        (41usize, 3000usize, 9000usize, mm),
+        (
+            41usize,
+            3000usize,
+            9000usize,
+            if mm_env.as_deref() == Ok("0") {
+                "ds4_index_scores"
+            } else {
+                mm
+            },
+        ),
         (
             1,
             4000,

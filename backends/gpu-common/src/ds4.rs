@@ -624,15 +624,17 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
 /// Chunks of at least this many tokens score through `ds4_index_scores_mm`.
 const IDX_MM_MIN_TOKENS: u64 = 16;
 
-/// Decode steps score through the tiled kernel on the tensor cores once the cache holds
-/// this many compressed rows (16K tokens at ratio 4): 32K / 128K decode +2-5%, 4K even
-/// (2026-12-01 08:33, four runs each); the FMA form measured no faster for decode.
+/// Decode steps score through the tiled kernel once the compressed cache has room for
+/// this many rows (a context of 16K+ tokens at ratio 4; rows not yet written are
+/// skipped by tile): on CUDA's tensor cores 32K / 128K decode +2-5%, 4K even
+/// (2026-12-01, four runs each). HIP builds the same kernel on f32 FMAs, whose decode
+/// form measured even with the row-a-lane kernel (on CUDA, 04:21).
 const IDX_MM_DECODE_MIN_ROWS: u64 = 4096;
 
 /// Whether `n` tokens of `ih` heads over a cache of `cap` rows score through the tiled
 /// `ds4_index_scores_mm(_tc)`, not `ds4_index_scores` (a row a lane): chunks of
-/// IDX_MM_MIN_TOKENS or more; decode steps over IDX_MM_DECODE_MIN_ROWS or more rows
-/// when the tensor-core product applies (heads a multiple of 32); or as
+/// IDX_MM_MIN_TOKENS or more; decode steps over a cache of IDX_MM_DECODE_MIN_ROWS or
+/// more rows when the tiled kernel is the tensor-core one (heads a multiple of 32); or as
 /// `MOE_GPU_IDX_MM=0|1` says (0: never, 1: always). Read once.
 fn idx_mm(n: u64, cap: u64, ih: u64) -> bool {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
