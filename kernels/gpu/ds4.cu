@@ -1232,38 +1232,12 @@ GPU_DEV int ds4_att_keys(int p, int window, int mode, int ratio, int cap, int k_
     return n_win + n_comp;
 }
 
-// A key's values for this lane (zeros past hd).
-GPU_DEV void ds4_att_load(const float* key, int hd, int lane, float (&kr)[DS4_HEAD_MAX / 32]) {
-#pragma unroll
-    for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) {
-        const int i = j * 32 + lane;
-        kr[j] = i < hd ? key[i] : 0.0f;
-    }
-}
-
-// One key in a warp's online softmax: logit q . k * scale, then the running max m, sum
-// l and weighted values acc.
-GPU_DEV void ds4_att_step(const float (&qr)[DS4_HEAD_MAX / 32],
-                          const float (&kr)[DS4_HEAD_MAX / 32], float scale, float& m, float& l,
-                          float (&acc)[DS4_HEAD_MAX / 32]) {
-    float part = 0.0f;
-#pragma unroll
-    for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) part += qr[j] * kr[j];
-    const float logit = gpu_warp_sum(part) * scale;
-    const float mn = fmaxf(m, logit);
-    const float corr = expf(m - mn), e = expf(logit - mn);
-    l = l * corr + e;
-#pragma unroll
-    for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) acc[j] = acc[j] * corr + e * kr[j];
-    m = mn;
-}
-
 // ---------------------------------------------------------------------------------
 // Attention with a sink logit, K = V (one shared head), for head h of token t: the
 // window (positions pos-window+1 .. pos; older than this chunk from the ring at
 // q % window) then compressed rows: none (mode 0), all visible (1: (pos+1)/ratio) or
-// the indexer's selection (2). One warp per key with an online softmax, warps merged
-// at the end. With inv_freq set, q is first RMS-normed (plain, eps) and rotated on its
+// the indexer's selection (2). Each warp runs an online softmax over its keys,
+// DS4_ATT_BATCH at a time; the warps are merged at the end. With inv_freq set, q is first RMS-normed (plain, eps) and rotated on its
 // trailing 2 n_pairs values, and the output inverse-rotated (ds4_norm_rope's (1, n_pairs,
 // 0) and (0, n_pairs, 1); the output rotation's bits the same, q's norm summed per
 // warp): no launch of their own. Each warp computes q's sines and cosines itself.
@@ -1271,6 +1245,9 @@ GPU_DEV void ds4_att_step(const float (&qr)[DS4_HEAD_MAX / 32],
 // grid = (heads, n), block = 32 * nw: nw = 8, or 16 (DS4_ATT_MAX_WARPS) when few tokens
 // (a decode step's 64 blocks) must keep more keys in flight per block.
 #define DS4_ATT_MAX_WARPS 16
+#ifndef DS4_ATT_BATCH
+#define DS4_ATT_BATCH 4  // keys a warp has in flight at once (-D: benchmark builds)
+#endif
 extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
     ds4_attention(const float* __restrict__ q, const float* __restrict__ kv, float* ring,
                   const float* __restrict__ rows, const int* __restrict__ sel,
@@ -1320,13 +1297,61 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
     int first, n_win;
     const int n_keys = ds4_att_keys(p, window, mode, ratio, cap, k_sel, first, n_win);
     float m = DS4_NEG_INF, l = 0.0f;
-    for (int kk = warp; kk < n_keys; kk += nw) {
-        const float* key =
-            ds4_att_key(kk, n_win, first, p0, kv, ring, window, hd, mode, sel, k_sel, t, rows, cap);
-        if (!key) continue;
-        float kr[DS4_HEAD_MAX / 32];
-        ds4_att_load(key, hd, lane, kr);
-        ds4_att_step(qr, kr, scale, m, l, acc);
+    // A warp takes DS4_ATT_BATCH keys at a time (warp + nw b, b < DS4_ATT_BATCH): their
+    // loads leave together and their dot products reduce side by side, so a key's round
+    // trip to memory is paid once a batch, not once a key (the serial chain of a short
+    // grid's few warps is what a decode step waits for).
+    for (int k0 = warp; k0 < n_keys; k0 += DS4_ATT_BATCH * nw) {
+        const float* key[DS4_ATT_BATCH];
+        bool any = false;
+#pragma unroll
+        for (int b = 0; b < DS4_ATT_BATCH; ++b) {
+            const int kk = k0 + b * nw;
+            key[b] = kk < n_keys ? ds4_att_key(kk, n_win, first, p0, kv, ring, window, hd, mode,
+                                               sel, k_sel, t, rows, cap)
+                                 : nullptr;
+            any |= key[b] != nullptr;
+        }
+        if (!any) continue;  // (the same for the whole warp)
+        float kr[DS4_ATT_BATCH][DS4_HEAD_MAX / 32], g[DS4_ATT_BATCH];
+#pragma unroll
+        for (int b = 0; b < DS4_ATT_BATCH; ++b) {
+#pragma unroll
+            for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) {
+                const int i = j * 32 + lane;
+                kr[b][j] = key[b] && i < hd ? key[b][i] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < DS4_ATT_BATCH; ++b) {
+            float part = 0.0f;
+#pragma unroll
+            for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) part += qr[j] * kr[b][j];
+            g[b] = part;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int b = 0; b < DS4_ATT_BATCH; ++b) g[b] += gpu_shfl_xor(g[b], o);
+        float mn = m;
+#pragma unroll
+        for (int b = 0; b < DS4_ATT_BATCH; ++b) {
+            g[b] = key[b] ? g[b] * scale : DS4_NEG_INF;
+            mn = fmaxf(mn, g[b]);
+        }
+        // (mn is finite: the batch has a key)
+        const float corr = expf(m - mn);
+        l *= corr;
+#pragma unroll
+        for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) acc[j] *= corr;
+#pragma unroll
+        for (int b = 0; b < DS4_ATT_BATCH; ++b) {
+            const float e = key[b] ? expf(g[b] - mn) : 0.0f;
+            l += e;
+#pragma unroll
+            for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) acc[j] += e * kr[b][j];
+        }
+        m = mn;
     }
     if (lane == 0) {
         wm[warp] = m;
@@ -1364,8 +1389,8 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
 // head (values 128 j + 4 lane ..). A tile's 32 logits a warp (2 heads x 16 keys) are
 // summed over the warp in one transposing butterfly, after which lane i holds logit i
 // (head i / 16, key i % 16): one exp a lane, the tile's max and sum over a half warp.
-// With kper > 0 (a decode step: few tokens, many keys) block z takes keys
-// [z kper, (z + 1) kper) only and writes its partial sums to `part` (per token, head
+// With kper > 0 (a decode step: few tokens, many keys) block z takes its share of
+// the keys (an equal part of the token's, at least kper, whole tiles) only and writes its partial sums to `part` (per token, head
 // and split: the unnormalised values at part[slot hd], its max and sum at
 // part[n heads splits hd + 2 slot]; ds4_attention_merge adds them up with the sink).
 // Needs hd % 4 == 0, hd <= DS4_HEAD_MAX, q / kv / ring / rows / out / part 16-byte
@@ -1432,8 +1457,15 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
     float m = DS4_NEG_INF, l = 0.0f;
     // Thread -> (first tile row, float4 column) of the staging loop.
     const int rpp = (int)blockDim.x / hd4, r0 = (int)threadIdx.x / hd4, c0 = (int)threadIdx.x % hd4;
-    const int k_begin = kper > 0 ? (int)blockIdx.z * kper : 0;
-    const int k_end = kper > 0 && k_begin + kper < n_keys ? k_begin + kper : n_keys;
+    // Split z takes an equal share of the token's keys (at least kper, whole tiles): the
+    // grid is sized for the most keys a token can have (a replayed graph serves every
+    // position), so a short context spreads its few keys over the first splits rather
+    // than leaving them all to split 0.
+    int share = (n_keys + (int)gridDim.z - 1) / (int)gridDim.z;
+    share = (share > kper ? share : kper) + DS4_ATH_TILE - 1;
+    share -= share % DS4_ATH_TILE;
+    const int k_begin = kper > 0 ? (int)blockIdx.z * share : 0;
+    const int k_end = kper > 0 && k_begin + share < n_keys ? k_begin + share : n_keys;
     for (int k0 = k_begin; k0 < k_end; k0 += DS4_ATH_TILE) {
         const int nt = k_end - k0 < DS4_ATH_TILE ? k_end - k0 : DS4_ATH_TILE;
         __syncthreads();  // the last tile read by every warp

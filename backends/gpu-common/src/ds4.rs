@@ -725,14 +725,23 @@ fn att_split(hint: bool) -> bool {
     mode.unwrap_or(hint)
 }
 
-/// Keys a block and blocks a head group for a decode step's split attention: 32 keys a
-/// block (two staged tiles), more once that would take over DS4_ATM_MAX_SPLITS blocks.
+/// The fewest keys a split of a decode step's split attention takes (one staged tile,
+/// DS4_ATH_TILE): a tile more a block cost ~7 us on the H200 against ~9.5 us for a
+/// block's first (scripts/device/att_decode_bench.cu, 2026-12-01), so splits stay at
+/// one tile until there are more tiles than splits.
+const ATT_SPLIT_MIN_KEYS: u64 = 16;
+
+/// Keys a split takes at the least, and splits a head group, for a decode step's split
+/// attention: a split per ATT_SPLIT_MIN_KEYS of the most keys a token can have, at most
+/// ATT_MAX_SPLITS. The kernel shares the token's actual keys out over them (a replayed
+/// graph serves every position).
 fn att_splits(max_keys: u64) -> (u64, u64) {
-    let kper = max_keys
-        .div_ceil(ATT_MAX_SPLITS)
-        .max(32)
-        .next_multiple_of(16);
-    (kper, max_keys.div_ceil(kper).max(1))
+    (
+        ATT_SPLIT_MIN_KEYS,
+        max_keys
+            .div_ceil(ATT_SPLIT_MIN_KEYS)
+            .clamp(1, ATT_MAX_SPLITS),
+    )
 }
 
 /// Chunks of at least this many tokens take `ds4_attention_heads` (a block per 16 heads
@@ -1318,12 +1327,13 @@ mod tests {
                 ("ds4_window_store", (1, 3, 1)),
             ]
         );
-        // The long-context hint: the keys split over blocks (one here), then the merge.
+        // The long-context hint: the keys split over blocks (two tiles' worth here), then
+        // the merge.
         let l = run_ok(ops::SPARSE_ATTENTION, prm(&[0.1], &[4, 2, 0, 1]), &att_args);
         assert_eq!(
             l.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
             [
-                ("ds4_attention_heads", (1, 3, 1)),
+                ("ds4_attention_heads", (1, 3, 2)),
                 ("ds4_attention_merge", (8, 3, 1)),
                 ("ds4_window_store", (1, 3, 1)),
             ]
@@ -1346,15 +1356,15 @@ mod tests {
         assert_eq!(
             l.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
             [
-                ("ds4_attention_heads", (1, 1, 1)),
+                ("ds4_attention_heads", (1, 1, 2)),
                 ("ds4_attention_merge", (8, 1, 1)),
             ]
         );
-        // Split sizes: 32 keys a block, at most 64 blocks a head group.
-        assert_eq!(att_splits(24), (32, 1));
-        assert_eq!(att_splits(128 + 1028), (32, 37));
-        let (kper, splits) = att_splits(128 + 262_144);
-        assert!(splits <= ATT_MAX_SPLITS && kper * splits >= 128 + 262_144);
+        // Split sizes: a split a tile of 16 keys, at most 64 splits a head group.
+        assert_eq!(att_splits(24), (16, 2));
+        assert_eq!(att_splits(128 + 512), (16, 40));
+        assert_eq!(att_splits(128 + 1028), (16, 64));
+        assert_eq!(att_splits(128 + 262_144), (16, 64));
         // A prefill chunk of 16 tokens or more: a block per 16 heads of a token (40 heads:
         // 3), the ring store after; with inv_freq still a block per head.
         let chunk = att_for(40, 20);
