@@ -1237,8 +1237,8 @@ GPU_DEV int ds4_att_keys(int p, int window, int mode, int ratio, int cap, int k_
 // window (positions pos-window+1 .. pos; older than this chunk from the ring at
 // q % window) then compressed rows: none (mode 0), all visible (1: (pos+1)/ratio) or
 // the indexer's selection (2). Each warp runs an online softmax over its keys,
-// DS4_ATT_BATCH at a time; the warps are merged at the end. With inv_freq set, q is first RMS-normed (plain, eps) and rotated on its
-// trailing 2 n_pairs values, and the output inverse-rotated (ds4_norm_rope's (1, n_pairs,
+// DS4_ATT_BATCH at a time; the warps are merged at the end. With inv_freq set, q is
+// first RMS-normed (plain, eps) and rotated on its trailing 2 n_pairs values, and the output inverse-rotated (ds4_norm_rope's (1, n_pairs,
 // 0) and (0, n_pairs, 1); the output rotation's bits the same, q's norm summed per
 // warp): no launch of their own. Each warp computes q's sines and cosines itself.
 // store = 1 (one token only) also writes its row into the ring (ds4_window_store's work).
@@ -1390,8 +1390,8 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
 // summed over the warp in one transposing butterfly, after which lane i holds logit i
 // (head i / 16, key i % 16): one exp a lane, the tile's max and sum over a half warp.
 // With kper > 0 (a decode step: few tokens, many keys) block z takes its share of
-// the keys (an equal part of the token's, at least kper, whole tiles) only and writes its partial sums to `part` (per token, head
-// and split: the unnormalised values at part[slot hd], its max and sum at
+// the keys (an equal part of the token's, at least kper, whole tiles) only and writes
+// its partial sums to `part` (per token, head and split: the unnormalised values at part[slot hd], its max and sum at
 // part[n heads splits hd + 2 slot]; ds4_attention_merge adds them up with the sink).
 // Needs hd % 4 == 0, hd <= DS4_HEAD_MAX, q / kv / ring / rows / out / part 16-byte
 // aligned. grid = (ceil(heads / DS4_ATH_HEADS), n, splits), block = 32 * DS4_ATH_WARPS.

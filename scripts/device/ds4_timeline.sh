@@ -58,7 +58,6 @@ for ks in reps:
             alone[ks[next(iter(live))][2]] += t - last
         if live:
             first[ks[min(live)][2]] += t - last
-        if live:
             busy += t - last
         elif d == 1 and t > last:
             gapb[ks[i][2]] += t - last
