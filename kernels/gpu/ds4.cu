@@ -1069,22 +1069,29 @@ extern "C" __global__ void __launch_bounds__(256)
         }
 }
 
-// Inclusive prefix sum of `f` over the block (a multiple of 32 threads, at most 1024):
-// each warp's by shuffles, then the warps' totals (buf: 32 ints of shared memory, free
-// again on return).
-GPU_DEV int ds4_block_scan(int f, int* buf) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+// Inclusive prefix sum of `f` over the warp's lanes, by shuffles.
+GPU_DEV int ds4_warp_scan(int f) {
+    const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
         const int o = __float_as_int(gpu_shfl(__int_as_float(f), lane >= d ? lane - d : lane));
         if (lane >= d) f += o;
     }
+    return f;
+}
+
+// Inclusive prefix sum of `f` over the block (a multiple of 32 threads, at most 1024):
+// each warp's by shuffles, then the warps' totals the same way (buf: 32 ints of shared
+// memory, free again on return).
+GPU_DEV int ds4_block_scan(int f, int* buf) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    f = ds4_warp_scan(f);
     if (lane == 31) buf[warp] = f;
     __syncthreads();
-    int before = 0;
-    for (int w = 0; w < warp && w < nw; ++w) before += buf[w];
+    const int tot = ds4_warp_scan(lane < nw ? buf[lane] : 0);  // buf[0] + .. + buf[lane]
+    const int before = __float_as_int(gpu_shfl(__int_as_float(tot), warp > 0 ? warp - 1 : 0));
     __syncthreads();
-    return f + before;
+    return f + (warp > 0 ? before : 0);
 }
 
 // Order-preserving unsigned key of a float (larger float, larger key; -0 < +0).
@@ -1094,24 +1101,42 @@ GPU_DEV unsigned int ds4_key(float f) {
 }
 
 // The k best visible rows per token (ties: lower index), or all of them when no more
-// than k are visible; unused entries -1. Radix select on the keys, 8 bits per pass
-// (a histogram per warp: the top bits of similar scores all land in one bin, and one
-// shared counter for the block serialised every add), the pass's bin picked by a block
-// scan; then the rows above the k-th key and `left` rows equal to it, each in index
-// order, by warp ballots over contiguous segments. 1024 threads, so a decode step's one
-// block keeps a long context's scores in flight (256 took 97 us at 32768 rows).
+// than k are visible; unused entries -1. Warp w owns the contiguous rows [w seg, (w + 1)
+// seg), seg = 32 per, lane l its rows w seg + 32 j + l; DS4_TOPK_REG of them a lane are
+// held in registers as keys (a decode step at 128K: all 32768 rows, read once and
+// coalesced), more are re-read each time. One block holds a token's keys, so the time
+// goes by instructions a key (each is ~0.13 us at 32768 keys): every step over all keys
+// is a compare or two, with the ballots and stores only where a warp has a hit.
+//   The k-th best key is bounded below by L, the k-th best of the lanes' largest keys
+// (at least k keys are >= L); the keys >= L (typically under 3k) are gathered into
+// shared memory. A pass takes the keys in a range [lo, hi] into at most DS4_TOPK_BINS
+// equal power-of-two bins and narrows the range to the bin holding the k-th best (a
+// block scan from the top): on the lanes' largest keys once (rounding L down to its
+// bin), then on the gathered keys (on all keys if more than DS4_TOPK_LIST are >= L)
+// until a bin holds at most 32 keys (one warp ranks them) or one key value. Then every
+// key above the k-th and the first equal ones up to k, each in index order. (Four radix
+// passes a byte wide over every key, with the output's rows re-read from L2, took 31 -
+// 56 us at 32768 rows; this 18: scripts/device/topk_bench.sh.)
 // grid = n, block = DS4_TOPK_THREADS.
+#ifndef DS4_TOPK_THREADS  // (-D: benchmark builds; the host launches 1024)
 #define DS4_TOPK_THREADS 1024
+#define DS4_TOPK_REG 32
+#endif
 #define DS4_TOPK_WARPS (DS4_TOPK_THREADS / 32)
+#define DS4_TOPK_BINS 2048
+#define DS4_TOPK_BIN_BITS 11
+#define DS4_TOPK_BPT (DS4_TOPK_BINS / DS4_TOPK_THREADS)
+#define DS4_TOPK_LIST 4096
 extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
     ds4_topk_rows(const float* __restrict__ scores, const int* __restrict__ pos, int ratio,
                   int cap, int k, int* __restrict__ sel, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_TOPK_ROWS);
-    __shared__ unsigned int hist[DS4_TOPK_WARPS][256];
-    __shared__ unsigned int sh_prefix;
+    __shared__ unsigned int hist[DS4_TOPK_BINS];
+    __shared__ unsigned int list[DS4_TOPK_LIST];
+    __shared__ unsigned int cand[32];
+    __shared__ unsigned int sh_mlo, sh_mhi, sh_lo, sh_hi, sh_n, sh_cnt, sh_kth;
     __shared__ int sh_left;
     __shared__ int buf[32];
-    __shared__ int wg[DS4_TOPK_WARPS], we[DS4_TOPK_WARPS];
     const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int visible = (pos[t] + 1) / ratio;
     if (visible > cap) visible = cap;
@@ -1121,83 +1146,190 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
         for (int i = tid; i < k; i += DS4_TOPK_THREADS) o[i] = i < visible ? i : -1;
         return;
     }
-    unsigned int prefix = 0, mask = 0;
-    int left = k;  // how many still to take among keys matching the prefix
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < DS4_TOPK_WARPS * 256; i += DS4_TOPK_THREADS) (&hist[0][0])[i] = 0;
-        __syncthreads();
-        // 8 loads in flight per thread before the adds; the loop is warp-uniform (the
-        // first pass's adds are warp-wide).
-        for (int b0 = tid & ~31; b0 < visible; b0 += DS4_TOPK_THREADS * 8) {
-            unsigned int keys[8];
+    const int per = (visible + DS4_TOPK_THREADS - 1) / DS4_TOPK_THREADS;  // rows a lane
+    const int i0 = warp * 32 * per;
+    const int span = visible - i0 - lane;
+    const int nj = span <= 0 ? 0 : (span + 31) / 32 < per ? (span + 31) / 32 : per;  // mine
+    const bool held = per <= DS4_TOPK_REG;
+    unsigned int keys[DS4_TOPK_REG];
+    auto load = [&](int c) {
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int i = b0 + lane + DS4_TOPK_THREADS * j;
-                keys[j] = i < visible ? ds4_key(s[i]) : 0u;
-            }
+        for (int j = 0; j < DS4_TOPK_REG; ++j)
+            keys[j] = c + j < nj ? ds4_key(s[i0 + 32 * (c + j) + lane]) : 0u;
+    };
+    // f(key, valid, row) over this lane's rows, in order; warp-uniform (per is the
+    // block's), so f may use ballots.
+    auto each = [&](auto&& f) {
+        for (int c = 0; c < per; c += DS4_TOPK_REG) {
+            if (!held) load(c);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const bool on =
-                    b0 + lane + DS4_TOPK_THREADS * j < visible && (keys[j] & mask) == prefix;
-                const unsigned int bin = (keys[j] >> shift) & 255u;
-                // The top byte (sign, exponent) of similar scores is a few bins: one add
-                // per bin per warp; later bytes spread out, where plain adds are cheaper.
-                if (shift == 24) gpu_warp_hist_add(hist[warp], bin, on);
-                else if (on) atomicAdd(&hist[warp][bin], 1u);
+            for (int j = 0; j < DS4_TOPK_REG; ++j) {
+                if (c + j >= per) break;
+                f(keys[j], c + j < nj, i0 + 32 * (c + j) + lane);
             }
         }
-        __syncthreads();
-        // Thread i < 256 looks at bin c = 255 - i: with `above` keys in higher bins, the
-        // k-th best is in c when above < left <= above + count(c) (exactly one such bin).
-        int cnt = 0;
-        if (tid < 256)
-            for (int w = 0; w < DS4_TOPK_WARPS; ++w) cnt += (int)hist[w][255 - tid];
-        const int incl = ds4_block_scan(cnt, buf);  // (threads >= 256 add nothing)
-        if (tid < 256 && incl - cnt < left && incl >= left) {
-            sh_prefix = prefix | ((unsigned int)(255 - tid) << shift);
-            sh_left = left - (incl - cnt);
-        }
-        __syncthreads();
-        prefix = sh_prefix;
-        left = sh_left;
-        mask |= 255u << shift;
+    };
+    if (held) load(0);
+    if (tid == 0) {
+        sh_mlo = 0xffffffffu;
+        sh_mhi = 0u;
+        sh_n = 0u;
     }
-    // prefix is now the k-th best key: take every key above it, then `left` equal keys,
-    // both in index order (the same selection on every run, so the attention's sums are
-    // reproducible). Warp w owns rows [w seg, (w + 1) seg), read 32 at a time: its
-    // counts, the warps before it give its first output slots, then it writes its rows.
-    const int seg = (visible + 32 * DS4_TOPK_WARPS - 1) / (32 * DS4_TOPK_WARPS) * 32;
-    const int i0 = warp * seg, i1 = i0 + seg < visible ? i0 + seg : visible;
-    const unsigned int below = (1u << lane) - 1u;
-    int g = 0, e = 0;
-    for (int i = i0; i < i1; i += 32) {
-        const unsigned int key = i + lane < i1 ? ds4_key(s[i + lane]) : 0u;
-        g += __popc(gpu_ballot(i + lane < i1 && key > prefix));
-        e += __popc(gpu_ballot(i + lane < i1 && key == prefix));
+    // m: this lane's largest key (no rows: left out).
+    unsigned int m = 0u;
+    each([&](unsigned int key, bool, int) { m = key > m ? key : m; });
+    unsigned int mlo = nj > 0 ? m : 0xffffffffu, mhi = m;
+#pragma unroll
+    for (int sh = 16; sh > 0; sh >>= 1) {
+        const unsigned int a = (unsigned int)__float_as_int(gpu_shfl_xor(__int_as_float((int)mlo), sh));
+        const unsigned int b = (unsigned int)__float_as_int(gpu_shfl_xor(__int_as_float((int)mhi), sh));
+        mlo = a < mlo ? a : mlo;
+        mhi = b > mhi ? b : mhi;
     }
+    __syncthreads();  // sh_* set
     if (lane == 0) {
-        wg[warp] = g;
-        we[warp] = e;
+        atomicMin(&sh_mlo, mlo);
+        atomicMax(&sh_mhi, mhi);
     }
     __syncthreads();
-    int og = 0, oe = 0;
-    for (int w = 0; w < warp; ++w) {
-        og += wg[w];
-        oe += we[w];
+    const unsigned int hi = sh_mhi;  // the largest key
+    const unsigned int below = (1u << lane) - 1u;
+    // One pass: the keys visit() gives that lie in [plo, phi], binned; [plo, phi] becomes
+    // the bin holding the pleft-th best, pleft the rank within it; returns its count.
+    auto pass = [&](auto&& visit, unsigned int& plo, unsigned int& phi, int& pleft) -> int {
+        const int used = 32 - __clz((int)(phi - plo));  // bits of the range's width
+        const int shift = used > DS4_TOPK_BIN_BITS ? used - DS4_TOPK_BIN_BITS : 0;
+        for (int i = tid; i < DS4_TOPK_BINS; i += DS4_TOPK_THREADS) hist[i] = 0u;
+        __syncthreads();
+        visit([&](unsigned int key, bool v) {
+            if (v && key >= plo && key <= phi) atomicAdd(&hist[(key - plo) >> shift], 1u);
+        });
+        __syncthreads();
+        // Thread i: the DS4_TOPK_BPT bins from hb = BINS - 1 - BPT i down, from the top;
+        // with `above` keys in higher bins, the k-th best is in bin c when
+        // above < left <= above + count(c).
+        const int hb = DS4_TOPK_BINS - 1 - DS4_TOPK_BPT * tid;
+        int cs[DS4_TOPK_BPT], mine = 0;
+#pragma unroll
+        for (int u = 0; u < DS4_TOPK_BPT; ++u) mine += cs[u] = (int)hist[hb - u];
+        const int incl = ds4_block_scan(mine, buf);
+        int above = incl - mine;
+        if (above < pleft && incl >= pleft) {
+            int bin = hb, cnt = 0;
+            bool found = false;
+#pragma unroll
+            for (int u = 0; u < DS4_TOPK_BPT; ++u) {  // (unrolled: cs stays in registers)
+                if (found) continue;
+                if (above + cs[u] >= pleft) {
+                    bin = hb - u;
+                    cnt = cs[u];
+                    found = true;
+                } else {
+                    above += cs[u];
+                }
+            }
+            const unsigned long long blo = (unsigned long long)plo + ((unsigned long long)bin << shift);
+            const unsigned long long bhi = blo + (1ull << shift) - 1ull;
+            sh_lo = (unsigned int)blo;
+            sh_hi = bhi < phi ? (unsigned int)bhi : phi;
+            sh_left = pleft - above;
+            sh_cnt = (unsigned int)cnt;
+        }
+        __syncthreads();
+        plo = sh_lo;
+        phi = sh_hi;
+        pleft = sh_left;
+        return (int)sh_cnt;
+    };
+    // L (see above), when at least k lanes have rows; else 0 (every key).
+    const int full = visible / (32 * per), rest = visible - full * 32 * per;
+    unsigned int L = 0u;
+    if (full * 32 + (rest < 32 ? rest : 32) >= k) {
+        unsigned int plo = sh_mlo, phi = hi;
+        int pleft = k;
+        if (plo != phi) pass([&](auto&& f) { f(m, nj > 0); }, plo, phi, pleft);
+        L = plo;  // (every lane's largest the same: the max, k times at least)
     }
-    const int first_eq = k - left;
-    for (int i = i0; i < i1; i += 32) {
-        const bool in = i + lane < i1;
-        const unsigned int key = in ? ds4_key(s[i + lane]) : 0u;
-        const unsigned int bg = gpu_ballot(in && key > prefix), be = gpu_ballot(in && key == prefix);
-        if (in && key > prefix) o[og + __popc(bg & below)] = i + lane;
-        if (in && key == prefix) {
+    // The keys >= L into list, at a lane's offset from a warp scan of the lanes' counts
+    // (past DS4_TOPK_LIST only counted).
+    int cl = 0;
+    each([&](unsigned int key, bool v, int) { cl += v && key >= L; });
+    const int incl_l = ds4_warp_scan(cl);
+    unsigned int base = 0u;
+    if (lane == 31 && incl_l > 0) base = atomicAdd(&sh_n, (unsigned int)incl_l);
+    int at = (int)(unsigned int)__float_as_int(gpu_shfl(__int_as_float((int)base), 31)) + incl_l - cl;
+    each([&](unsigned int key, bool v, int) {
+        if (v && key >= L) {
+            if (at < DS4_TOPK_LIST) list[at] = key;
+            ++at;
+        }
+    });
+    __syncthreads();
+    const int nl = (int)sh_n;
+    const bool use_list = nl <= DS4_TOPK_LIST;
+    auto listed = [&](auto&& f) {
+        for (int i = tid; i < nl; i += DS4_TOPK_THREADS) f(list[i], true);
+    };
+    auto regs = [&](auto&& f) { each([&](unsigned int key, bool v, int) { f(key, v); }); };
+    unsigned int lo = L, top = hi;
+    int left = k;  // how many still to take among the keys in [lo, top]
+    while (lo != top) {  // block-uniform: lo, top and left come from shared memory
+        const int cnt = use_list ? pass(listed, lo, top, left) : pass(regs, lo, top, left);
+        if (lo == top || cnt > 32) continue;
+        // At most 32 keys in [lo, top]: one warp ranks them.
+        if (tid == 0) sh_n = 0u;
+        __syncthreads();
+        auto gather = [&](unsigned int key, bool v) {
+            if (v && key >= lo && key <= top) cand[atomicAdd(&sh_n, 1u)] = key;
+        };
+        if (use_list) listed(gather);
+        else regs(gather);
+        __syncthreads();
+        if (warp == 0) {
+            const unsigned int x = lane < cnt ? cand[lane] : 0u;
+            int gt = 0, ge = 0;
+            for (int j = 0; j < cnt; ++j) {
+                gt += cand[j] > x;
+                ge += cand[j] >= x;
+            }
+            if (lane < cnt && gt < left && ge >= left) sh_kth = x;  // equal keys: same value
+        }
+        __syncthreads();
+        lo = top = sh_kth;
+    }
+    const unsigned int kth = lo;
+    // Every key above kth, then equal keys up to k, both in index order (the same
+    // selection on every run, so the attention's sums are reproducible): the lanes'
+    // counts, a block scan of the warps' totals for each warp's first output slots, then
+    // the rows by ballots where a warp has any.
+    int gl = 0, el = 0;
+    each([&](unsigned int key, bool v, int) {
+        gl += v && key > kth;
+        el += v && key == kth;
+    });
+    const int wgt = __float_as_int(gpu_shfl(__int_as_float(ds4_warp_scan(gl)), 31));
+    const int wge = __float_as_int(gpu_shfl(__int_as_float(ds4_warp_scan(el)), 31));
+    const int ig = ds4_block_scan(lane == 0 ? wgt : 0, buf);
+    const int ie = ds4_block_scan(lane == 0 ? wge : 0, buf);
+    // ig / ie at lane 0 of warp w: the totals of warps 0..w; at lane 31 of the last warp
+    // the block's.
+    int og = __float_as_int(gpu_shfl(__int_as_float(ig), 0)) - wgt;
+    int oe = __float_as_int(gpu_shfl(__int_as_float(ie), 0)) - wge;
+    if (tid == DS4_TOPK_THREADS - 1) sh_cnt = (unsigned int)ig;  // rows above kth
+    __syncthreads();
+    const int first_eq = (int)sh_cnt, n_eq = k - first_eq;
+    each([&](unsigned int key, bool v, int row) {
+        const bool gt = v && key > kth, eq = v && key == kth;
+        if (gpu_ballot(gt || eq) == 0u) return;
+        const unsigned int bg = gpu_ballot(gt), be = gpu_ballot(eq);
+        if (gt) o[og + __popc(bg & below)] = row;
+        if (eq) {
             const int slot = oe + __popc(be & below);
-            if (slot < left) o[first_eq + slot] = i + lane;
+            if (slot < n_eq) o[first_eq + slot] = row;
         }
         og += __popc(bg);
         oe += __popc(be);
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------------

@@ -361,7 +361,7 @@ void fused_inputs(int reps) {
     for (void* p : {(void*)g, (void*)u, (void*)x, (void*)q1, (void*)q2}) CK(cudaFree(p));
 }
 
-// ---- candidate (2026-12-01, written after the device time was spent: not yet run) ----
+// ---- candidate (2026-12-01; measured 2026-12-02: no gain, round 10 of the notes) ----
 // Half runs. matvec_fp4_runs_q8 keeps a thread's whole runs in registers (36 words each,
 // loaded before the dependent-launch wait), which caps an SM at 16 warps, and Nsight
 // Compute found it latency bound (round 9 of docs/notes/dense-matvec-h200.md). Here a
@@ -490,7 +490,7 @@ void grouped_wo_a(const Shape& s, unsigned char* wbase, long long stride, int co
             });
         }
     const int runs = s.k / 256;
-    if (!getenv("RUNS") && s.k % 256 == 0 && runs <= 16 && !(runs & (runs - 1))) {  // half runs (not yet run)
+    if (!getenv("RUNS") && s.k % 256 == 0 && runs <= 16 && !(runs & (runs - 1))) {  // half runs (round 10: no gain)
         char nm[96];
         timed(half_name<1, 3>(nm),
               [&](unsigned char* w) { launch_half<1, 3>(w, stride, row_bytes, s.k, s.m, x8, ids, G, out8); });
@@ -825,6 +825,8 @@ int main(int argc, char** argv) {
                 char nm[96];
                 row(half_name<1, 3>(nm),
                     [&] { launch_half<1, 3>(dw, 0, row_bytes, s.k, s.m, dx, nullptr, 1, dout); }, true);
+                row(half_name<1, 4>(nm),
+                    [&] { launch_half<1, 4>(dw, 0, row_bytes, s.k, s.m, dx, nullptr, 1, dout); }, true);
                 row(half_name<2, 2>(nm),
                     [&] { launch_half<2, 2>(dw, 0, row_bytes, s.k, s.m, dx, nullptr, 1, dout); }, true);
                 row(half_name<2, 3>(nm),

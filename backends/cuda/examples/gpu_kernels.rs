@@ -811,16 +811,20 @@ fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// TOPK_ROWS (DeepSeek-V4's indexer selection) against its definition: the k best
 /// visible rows (ties: lower index), as the rows above the k-th score in index order then
 /// the rows equal to it in index order; all visible rows and -1s when no more than k are
-/// visible. Tokens: a decode step at 128K (32768 of the 40000 rows visible), every row
-/// visible with 64 distinct scores (ties at the k-th), fewer visible than k, 1000 visible.
+/// visible. Tokens: a decode step at 128K (32768 of the 40000 rows visible: the most the
+/// kernel keeps in registers), every row visible with 65 distinct scores (ties at the
+/// k-th; past the registers, so re-read each pass), fewer visible than k, 1000 visible,
+/// and 25000 visible with ties (in registers).
 fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== TOPK_ROWS vs its definition ==");
     let (cap, k, ratio) = (40000usize, 512usize, 4i64);
-    let pos: [i32; 4] = [131071, 159999, 2000, 4000];
+    let pos: [i32; 5] = [131071, 159999, 2000, 4000, 99999];
     let n = pos.len();
     let mut scores: Vec<f32> = (0..cap * n).map(|_| rng.f32()).collect();
-    for s in &mut scores[cap..2 * cap] {
-        *s = (*s * 32.0).round() / 32.0; // ties, -0.0 and +0.0 among them
+    for t in [1, 4] {
+        for s in &mut scores[t * cap..(t + 1) * cap] {
+            *s = (*s * 32.0).round() / 32.0; // ties, -0.0 and +0.0 among them
+        }
     }
     let (bs, bp, bo) = (
         g.buf(&f32_bytes(&scores)),

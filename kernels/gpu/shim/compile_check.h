@@ -100,6 +100,14 @@ static __device__ inline unsigned int atomicAdd(unsigned int* p, unsigned int v)
 static __device__ inline int atomicAdd(int* p, int v) {
     return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
+static __device__ inline unsigned int atomicMin(unsigned int* p, unsigned int v) {
+    return __atomic_fetch_min(p, v, __ATOMIC_RELAXED);
+}
+static __device__ inline unsigned int atomicMax(unsigned int* p, unsigned int v) {
+    return __atomic_fetch_max(p, v, __ATOMIC_RELAXED);
+}
+static __device__ inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned int)x); }
+static __device__ inline int __ffs(int x) { return __builtin_ffs(x); }
 static __device__ inline float __int_as_float(int v) { return __builtin_bit_cast(float, v); }
 static __device__ inline float roundf(float x) { return __builtin_roundf(x); }
 static __device__ inline float fabsf(float x) { return __builtin_fabsf(x); }
