@@ -1134,7 +1134,7 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
     __shared__ unsigned int hist[DS4_TOPK_BINS];
     __shared__ unsigned int list[DS4_TOPK_LIST];
     __shared__ unsigned int cand[32];
-    __shared__ unsigned int sh_mlo, sh_mhi, sh_lo, sh_hi, sh_n, sh_cnt, sh_kth;
+    __shared__ unsigned int sh_mlo, sh_mhi, sh_lo, sh_hi, sh_n, sh_gt, sh_cnt, sh_kth;
     __shared__ int sh_left;
     __shared__ int buf[32];
     const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1173,7 +1173,7 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
     if (tid == 0) {
         sh_mlo = 0xffffffffu;
         sh_mhi = 0u;
-        sh_n = 0u;
+        sh_n = sh_gt = 0u;
     }
     // m: this lane's largest key (no rows: left out).
     unsigned int m = 0u;
@@ -1196,13 +1196,28 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
     const unsigned int below = (1u << lane) - 1u;
     // One pass: the keys visit() gives that lie in [plo, phi], binned; [plo, phi] becomes
     // the bin holding the pleft-th best, pleft the rank within it; returns its count.
-    auto pass = [&](auto&& visit, unsigned int& plo, unsigned int& phi, int& pleft) -> int {
+    // agg (visit warp-uniform): a warp whose keys share one bin adds them at once (ties
+    // by the thousand, e.g. a cache's unwritten rows, serialised every add).
+    auto pass = [&](auto&& visit, bool agg, unsigned int& plo, unsigned int& phi,
+                    int& pleft) -> int {
         const int used = 32 - __clz((int)(phi - plo));  // bits of the range's width
         const int shift = used > DS4_TOPK_BIN_BITS ? used - DS4_TOPK_BIN_BITS : 0;
         for (int i = tid; i < DS4_TOPK_BINS; i += DS4_TOPK_THREADS) hist[i] = 0u;
         __syncthreads();
         visit([&](unsigned int key, bool v) {
-            if (v && key >= plo && key <= phi) atomicAdd(&hist[(key - plo) >> shift], 1u);
+            const bool on = v && key >= plo && key <= phi;
+            const unsigned int bin = (key - plo) >> shift;
+            if (agg) {
+                const unsigned int act = gpu_ballot(on);
+                if (act == 0u) return;
+                const int leader = __ffs((int)act) - 1;
+                const unsigned int lb = (unsigned int)__float_as_int(gpu_shfl(__int_as_float((int)bin), leader));
+                if (gpu_ballot(on && bin == lb) == act) {
+                    if (lane == leader) atomicAdd(&hist[lb], (unsigned int)__popc(act));
+                    return;
+                }
+            }
+            if (on) atomicAdd(&hist[bin], 1u);
         });
         __syncthreads();
         // Thread i: the DS4_TOPK_BPT bins from hb = BINS - 1 - BPT i down, from the top;
@@ -1247,16 +1262,20 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
     if (full * 32 + (rest < 32 ? rest : 32) >= k) {
         unsigned int plo = sh_mlo, phi = hi;
         int pleft = k;
-        if (plo != phi) pass([&](auto&& f) { f(m, nj > 0); }, plo, phi, pleft);
+        if (plo != phi) pass([&](auto&& f) { f(m, nj > 0); }, false, plo, phi, pleft);
         L = plo;  // (every lane's largest the same: the max, k times at least)
     }
     // The keys >= L into list, at a lane's offset from a warp scan of the lanes' counts
-    // (past DS4_TOPK_LIST only counted).
-    int cl = 0;
-    each([&](unsigned int key, bool v, int) { cl += v && key >= L; });
-    const int incl_l = ds4_warp_scan(cl);
+    // (past DS4_TOPK_LIST only counted); the keys > L counted too.
+    int cl = 0, cg = 0;
+    each([&](unsigned int key, bool v, int) {
+        cl += v && key >= L;
+        cg += v && key > L;
+    });
+    const int incl_l = ds4_warp_scan(cl), incl_g = ds4_warp_scan(cg);
     unsigned int base = 0u;
     if (lane == 31 && incl_l > 0) base = atomicAdd(&sh_n, (unsigned int)incl_l);
+    if (lane == 31 && incl_g > 0) atomicAdd(&sh_gt, (unsigned int)incl_g);
     int at = (int)(unsigned int)__float_as_int(gpu_shfl(__int_as_float((int)base), 31)) + incl_l - cl;
     each([&](unsigned int key, bool v, int) {
         if (v && key >= L) {
@@ -1271,10 +1290,11 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
         for (int i = tid; i < nl; i += DS4_TOPK_THREADS) f(list[i], true);
     };
     auto regs = [&](auto&& f) { each([&](unsigned int key, bool v, int) { f(key, v); }); };
-    unsigned int lo = L, top = hi;
+    // Fewer than k keys above L: L is the k-th best (many rows tied at L).
+    unsigned int lo = L, top = sh_gt < (unsigned int)k ? L : hi;
     int left = k;  // how many still to take among the keys in [lo, top]
     while (lo != top) {  // block-uniform: lo, top and left come from shared memory
-        const int cnt = use_list ? pass(listed, lo, top, left) : pass(regs, lo, top, left);
+        const int cnt = use_list ? pass(listed, false, lo, top, left) : pass(regs, true, lo, top, left);
         if (lo == top || cnt > 32) continue;
         // At most 32 keys in [lo, top]: one warp ranks them.
         if (tid == 0) sh_n = 0u;

@@ -48,7 +48,8 @@ static std::vector<int> reference(const std::vector<float>& s, int visible, int 
 struct Case {
     const char* name;
     // dist 0: uniform [0, 1), 1: normal, 2: 33 levels (ties), 3: relu'd heads, 4: one
-    // value, 5: one value but for 1% normal ones
+    // value, 5: one value but for 1% normal ones, 6: zeros but for the last 136 (normal):
+    // the benchmark's seeked caches, of which only a prompt's rows were written
     int pos, cap, dist;
 };
 
@@ -77,6 +78,8 @@ int main(int argc, char** argv) {
         {"128K, sum of 64 relu'd heads", 131071, 32768, 3},
         {"128K, one value", 131071, 32768, 4},
         {"128K, one value but 1%", 131071, 32768, 5},
+        {"128K, zeros but the last 136 rows", 131071, 32768, 6},
+        {"128K + 529 (past 32768), zeros but the last 136", 131600, 32900, 6},
         {"160K (past 32768), normal", 159999, 40000, 1},
         {"32K, normal", 32767, 32768, 1},
         {"4K, normal", 4095, 32768, 1},
@@ -87,12 +90,14 @@ int main(int argc, char** argv) {
     bool all = true;
     for (const Case& c : cases) {
         std::vector<float> s(c.cap);
-        for (auto& x : s) {
+        for (size_t i = 0; i < s.size(); ++i) {
+            float& x = s[i];
             if (c.dist == 0) x = ud(rng);
             else if (c.dist == 1) x = nd(rng);
             else if (c.dist == 2) x = std::round(ud(rng) * 32.0f) / 32.0f;
             else if (c.dist == 4) x = 0.5f;
             else if (c.dist == 5) x = ud(rng) < 0.01f ? nd(rng) : 0.5f;
+            else if (c.dist == 6) x = i + 136 >= (size_t)c.cap ? nd(rng) : 0.0f;
             else {
                 float a = 0.0f;
                 for (int h = 0; h < 64; ++h) a += fmaxf(nd(rng), 0.0f) * (0.5f + ud(rng));

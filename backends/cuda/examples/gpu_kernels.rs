@@ -814,11 +814,12 @@ fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// visible. Tokens: a decode step at 128K (32768 of the 40000 rows visible: the most the
 /// kernel keeps in registers), every row visible with 65 distinct scores (ties at the
 /// k-th; past the registers, so re-read each pass), fewer visible than k, 1000 visible,
-/// and 25000 visible with ties (in registers).
+/// 25000 visible with ties (in registers), and 32768 visible of which all but the last
+/// 136 are 0.0 (a cache seeked to depth: ties by the thousand at the k-th).
 fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== TOPK_ROWS vs its definition ==");
     let (cap, k, ratio) = (40000usize, 512usize, 4i64);
-    let pos: [i32; 5] = [131071, 159999, 2000, 4000, 99999];
+    let pos: [i32; 6] = [131071, 159999, 2000, 4000, 99999, 131071];
     let n = pos.len();
     let mut scores: Vec<f32> = (0..cap * n).map(|_| rng.f32()).collect();
     for t in [1, 4] {
@@ -826,6 +827,7 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             *s = (*s * 32.0).round() / 32.0; // ties, -0.0 and +0.0 among them
         }
     }
+    scores[5 * cap..5 * cap + 32768 - 136].fill(0.0);
     let (bs, bp, bo) = (
         g.buf(&f32_bytes(&scores)),
         g.buf(
