@@ -209,6 +209,18 @@ GPU_DEV gpu_f4 gpu_load_l2_f4(const float* p) {
 #endif
 }
 
+// A flag other blocks of the running kernel update (a grid barrier's spin): read from
+// L2 with acquire order, so what they wrote before it is seen after.
+GPU_DEV unsigned int gpu_load_acquire_u32(unsigned int* p) {
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+#else
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+
 // Every kernel's first statement: the dependent-launch wait, then the launch counter.
 GPU_DEV void gpu_count_launch(unsigned int* counters, int id) {
     gpu_grid_wait();

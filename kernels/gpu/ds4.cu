@@ -439,6 +439,14 @@ extern "C" __global__ void __launch_bounds__(256)
 // site's are written (nm a token; with head_mode only for one token, as the head's
 // weights are packed tighter). Needs hc <= 4, d % 4 == 0,
 // d <= DS4_HCF_MAX_D, streams / out / norm_w 16-byte aligned.
+//   gsync = 1 (one token, at most DS4_HCF_GSYNC_BLOCKS blocks, so all are resident: a
+// dependent launch starts only once every block has started): no last block. Each block
+// also writes its columns' share of the streams' Gram matrix G (G_ab = sum_i s_a[i]
+// s_b[i], a <= b), all blocks wait for each other on sync[t] (count in the low 16 bits,
+// a generation above), then each sums the shares itself (the same order, so the same
+// mixes and weights as the last block's) and writes x for its own columns, from the
+// stream values it holds, normed by |x|^2 = sum_ab pre_a pre_b G_ab; block 0 writes
+// wts. The token's one-block collapse (64 KB from L2, a reduction) leaves the path.
 // grid = (ceil(d / C), n), block = DS4_HCF_THREADS.
 #define DS4_HCF_THREADS 512
 #define DS4_HCF_WARPS (DS4_HCF_THREADS / 32)
@@ -446,6 +454,92 @@ extern "C" __global__ void __launch_bounds__(256)
 #define DS4_HCF_VALS (DS4_HCF_THREADS / 32)
 #define DS4_HCF_X4 5        // collapse float4s a thread of warps 1..
 #define DS4_HCF_MAX_D 8192  // <= 4 * (DS4_HCF_THREADS - 32) * DS4_HCF_X4
+#define DS4_HCF_GSYNC_BLOCKS 64
+#define DS4_HCF_PAIRS 10  // Gram entries a <= b of 4 streams (<= DS4_HCF_WARPS)
+// The parts of ds4_hc_post_pre's end that both of its forms run.
+// The token's mixes and sum of squares from the blocks' shares (in block order: the
+// same bits in whichever block sums them, mix[nm + 1..] the Gram shares' sums too), then
+// mHC pre's weights as ds4_hc_pre takes them: M (mixes times the streams' RMS factor),
+// B, S and Wn (pre, and post in site mode).
+GPU_DEV void ds4_hcf_weights(int t, int nb, int tid, int lane, int warp, int hc, int nm, int pr,
+                             int head_mode, float eps, float hc_eps, long long hd,
+                             const float* part, float base_t, float scale_t, float* mix, float* M,
+                             float* B, float* Wn, float* S) {
+    const float* tp = part + (long long)t * nb * pr;
+    for (int r = warp; r < pr; r += DS4_HCF_WARPS) {
+        float a = 0.0f;
+        for (int j = lane; j < nb; j += 32) a += gpu_load_l2(tp + (long long)j * pr + r);
+        a = gpu_warp_sum(a);
+        if (lane == 0) mix[r] = a;
+    }
+    __syncthreads();
+    const float rs = 1.0f / sqrtf(mix[nm] / (float)hd + eps);
+    if (tid < nm) {
+        M[tid] = mix[tid] * rs;
+        B[tid] = base_t;
+    }
+    if (tid < (head_mode ? 1 : 3)) S[tid] = scale_t;
+    __syncthreads();
+    ds4_hc_weights(tid, hc, head_mode, M, B, S, hc_eps, Wn);
+    __syncthreads();
+}
+
+// Warp 0: the site's weights into wts: pre and post, and the comb matrix: the Sinkhorn
+// (only the next post reads it) or its logits for ds4_hc_sinkhorn (defer).
+GPU_DEV void ds4_hcf_write_wts(int t, int lane, int hc, int nm, int head_mode, int defer, int iters,
+                               float hc_eps, const float* M, const float* B, const float* S,
+                               float* Wn, float* __restrict__ wts) {
+    float* wo = wts + (long long)t * nm;
+    if (lane < (head_mode ? hc : 2 * hc)) wo[lane] = Wn[lane];
+    if (!head_mode && defer) {
+        if (lane < hc * hc) wo[2 * hc + lane] = ds4_comb_logit(M, B, S[2], hc, lane);
+    } else if (!head_mode) {
+        ds4_sinkhorn_hc(hc, M, B, S[2], iters, hc_eps, Wn + 2 * hc);
+        if (lane < hc * hc) wo[2 * hc + lane] = Wn[2 * hc + lane];
+    }
+}
+
+// ds4_hc_post_pre's end with gsync (see there): every block waits for the token's
+// others, then takes the weights and writes its own columns of x.
+GPU_DEV void ds4_hcf_grid_tail(int t, int b, int nb, int tid, int lane, int warp, int hc, int C,
+                               int nm, int np, int pr, int head_mode, int defer, int iters,
+                               float eps, float hc_eps, int d, long long hd, const float* part,
+                               unsigned int* __restrict__ sync, float base_t, float scale_t,
+                               float nw1, const float* sv, float* mix, float* M, float* B,
+                               float* Wn, float* S, float* __restrict__ wts,
+                               float* __restrict__ out) {
+    __syncthreads();  // every share written before thread 0's fence
+    if (tid == 0) {
+        gpu_fence();
+        const unsigned int old = atomicAdd(sync + t, 1u);
+        if ((old & 0xffffu) == (unsigned int)(nb - 1))
+            atomicAdd(sync + t, 0x10000u - (unsigned int)nb);  // count 0, next generation
+        else
+            while (((gpu_load_acquire_u32(sync + t) ^ old) >> 16) == 0u) {
+            }
+        gpu_fence();
+    }
+    __syncthreads();
+    ds4_hcf_weights(t, nb, tid, lane, warp, hc, nm, pr, head_mode, eps, hc_eps, hd, part, base_t,
+                    scale_t, mix, M, B, Wn, S);
+    // |x|^2 from the Gram matrix (entries a <= a2 in row order after mix[nm]).
+    float x2 = 0.0f;
+    for (int a = 0, q = 0; a < hc; ++a)
+        for (int a2 = a; a2 < hc; ++a2, ++q)
+            x2 += (a == a2 ? 1.0f : 2.0f) * Wn[a] * Wn[a2] * mix[nm + 1 + q];
+    const float rr = 1.0f / sqrtf(x2 / (float)d + eps);
+    const int i = b * C + tid;
+    if (tid < C && i < d) {
+        float x = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 4; ++h)
+            if (h < hc) x += Wn[h] * sv[h * C + tid];
+        out[(long long)t * d + i] = nw1 * (x * rr);
+    }
+    if (b == 0 && warp == 0) ds4_hcf_write_wts(t, lane, hc, nm, head_mode, defer, iters, hc_eps, M, B, S, Wn, wts);
+    (void)np;
+}
+
 extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     ds4_hc_post_pre(float* streams, const float* __restrict__ fn, const float* __restrict__ scale,
                     const float* __restrict__ base, const float* __restrict__ norm_w, int d, int hc,
@@ -453,10 +547,10 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
                     float* __restrict__ wts, float* part, unsigned int* __restrict__ sync,
                     int post_mode, const float* __restrict__ block, const float* __restrict__ y,
                     const float* __restrict__ rw, int k, const float* __restrict__ shared,
-                    int defer, unsigned int* counters) {
+                    int defer, int gsync, unsigned int* counters) {
     __shared__ float sv[DS4_HCF_THREADS];
     __shared__ float sh[32];
-    __shared__ float mix[32];
+    __shared__ float mix[25 + DS4_HCF_PAIRS];
     __shared__ float M[24], B[24], Wn[24], S[3];
     __shared__ float wss[DS4_HCF_WARPS];
     __shared__ unsigned int last, arrived;
@@ -464,6 +558,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     const int t = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
     const int hcp = hc <= 1 ? 1 : (hc <= 2 ? 2 : 4), C = DS4_HCF_THREADS / hcp;
     const int nm = head_mode ? hc : 2 * hc + hc * hc, site_nm = 2 * hc + hc * hc;
+    const int np = gsync ? hc * (hc + 1) / 2 : 0, pr = nm + 1 + np;  // a part's floats
     const long long hd = (long long)hc * d;
     // This lane's fn values: rows warp + DS4_HCF_WARPS q, block value v = lane + 32 u
     // (stream v / C, column b C + v % C), the layout of sv below.
@@ -488,6 +583,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
         const int c = ct + u * nct;
         nw[u] = (ct >= 0 && c < d4) ? ((const gpu_f4*)norm_w)[c] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
     }
+    const float nw1 = gsync && tid < C && b * C + tid < d ? norm_w[b * C + tid] : 0.0f;
     gpu_count_launch(counters, KID_DS4_HC_POST_PRE);
     float* s = streams + (long long)t * hd;
     const int h = tid / C, i = b * C + tid % C;
@@ -510,7 +606,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     }
     sv[tid] = nv;
     __syncthreads();
-    float* mine = part + ((long long)t * nb + b) * (nm + 1);
+    float* mine = part + ((long long)t * nb + b) * pr;
 #pragma unroll
     for (int q = 0; q < DS4_HCF_ROWS; ++q) {
         const int r = warp + DS4_HCF_WARPS * q;
@@ -521,14 +617,29 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
         a = gpu_warp_sum(a);
         if (lane == 0) mine[r] = a;
     }
+    if (warp >= DS4_HCF_WARPS - np) {  // Gram entry q = (a, a2), a <= a2, from the top warp
+        int q = DS4_HCF_WARPS - 1 - warp, a = 0;
+        while (q >= hc - a) q -= hc - a++;
+        const int a2 = a + q;
+        float g = 0.0f;
+        for (int c = lane; c < C; c += 32) g += sv[a * C + c] * sv[a2 * C + c];
+        g = gpu_warp_sum(g);
+        if (lane == 0) mine[nm + 1 + DS4_HCF_WARPS - 1 - warp] = g;
+    }
     const float ssq = ds4_block_sum(nv * nv, sh, DS4_HCF_THREADS);
     if (tid == 0) mine[nm] = ssq;
+    if (gsync) {
+        ds4_hcf_grid_tail(t, b, nb, tid, lane, warp, hc, C, nm, np, pr, head_mode, defer, iters, eps,
+                          hc_eps, d, hd, part, sync, base_t, scale_t, nw1, sv, mix, M, B, Wn, S,
+                          wts, out);
+        return;
+    }
     // Count this block done once its streams and shares are out (the barrier orders
     // every thread's stores before thread 0's fence); the last one goes on.
     __syncthreads();
     if (tid == 0) {
         gpu_fence();
-        last = atomicAdd(sync + t, 1u) == (unsigned int)(nb - 1);
+        last = (atomicAdd(sync + t, 1u) & 0xffffu) == (unsigned int)(nb - 1);
         if (last) {
             gpu_fence();
             sync[t] = 0;  // ready for the next launch (graph replays)
@@ -537,35 +648,10 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     }
     __syncthreads();
     if (!last) return;
-    const float* tp = part + (long long)t * nb * (nm + 1);
-    for (int r = warp; r <= nm; r += DS4_HCF_WARPS) {
-        float a = 0.0f;
-        for (int j = lane; j < nb; j += 32) a += gpu_load_l2(tp + (long long)j * (nm + 1) + r);
-        a = gpu_warp_sum(a);
-        if (lane == 0) mix[r] = a;
-    }
-    __syncthreads();
-    // ds4_hc_pre from here: the streams' RMS factor on the mixes, pre and post.
-    const float rs = 1.0f / sqrtf(mix[nm] / (float)hd + eps);
-    if (tid < nm) {
-        M[tid] = mix[tid] * rs;
-        B[tid] = base_t;
-    }
-    if (tid < (head_mode ? 1 : 3)) S[tid] = scale_t;
-    __syncthreads();
-    ds4_hc_weights(tid, hc, head_mode, M, B, S, hc_eps, Wn);
-    __syncthreads();
-    float* wo = wts + (long long)t * nm;
+    ds4_hcf_weights(t, nb, tid, lane, warp, hc, nm, pr, head_mode, eps, hc_eps, hd, part, base_t,
+                    scale_t, mix, M, B, Wn, S);
     if (warp == 0) {
-        // The Sinkhorn (only the next post reads it) next to the collapse, or its logits
-        // for ds4_hc_sinkhorn (defer).
-        if (lane < (head_mode ? hc : 2 * hc)) wo[lane] = Wn[lane];
-        if (!head_mode && defer) {
-            if (lane < hc * hc) wo[2 * hc + lane] = ds4_comb_logit(M, B, S[2], hc, lane);
-        } else if (!head_mode) {
-            ds4_sinkhorn_hc(hc, M, B, S[2], iters, hc_eps, Wn + 2 * hc);
-            if (lane < hc * hc) wo[2 * hc + lane] = Wn[2 * hc + lane];
-        }
+        ds4_hcf_write_wts(t, lane, hc, nm, head_mode, defer, iters, hc_eps, M, B, S, Wn, wts);
         return;
     }
     // Warps 1..: x = sum_h pre_h stream_h (the other blocks' columns from L2), its RMS
@@ -1069,29 +1155,22 @@ extern "C" __global__ void __launch_bounds__(256)
         }
 }
 
-// Inclusive prefix sum of `f` over the warp's lanes, by shuffles.
-GPU_DEV int ds4_warp_scan(int f) {
-    const int lane = threadIdx.x & 31;
+// Inclusive prefix sum of `f` over the block (a multiple of 32 threads, at most 1024):
+// each warp's by shuffles, then the warps' totals (buf: 32 ints of shared memory, free
+// again on return).
+GPU_DEV int ds4_block_scan(int f, int* buf) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
         const int o = __float_as_int(gpu_shfl(__int_as_float(f), lane >= d ? lane - d : lane));
         if (lane >= d) f += o;
     }
-    return f;
-}
-
-// Inclusive prefix sum of `f` over the block (a multiple of 32 threads, at most 1024):
-// each warp's by shuffles, then the warps' totals the same way (buf: 32 ints of shared
-// memory, free again on return).
-GPU_DEV int ds4_block_scan(int f, int* buf) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    f = ds4_warp_scan(f);
     if (lane == 31) buf[warp] = f;
     __syncthreads();
-    const int tot = ds4_warp_scan(lane < nw ? buf[lane] : 0);  // buf[0] + .. + buf[lane]
-    const int before = __float_as_int(gpu_shfl(__int_as_float(tot), warp > 0 ? warp - 1 : 0));
+    int before = 0;
+    for (int w = 0; w < warp && w < nw; ++w) before += buf[w];
     __syncthreads();
-    return f + (warp > 0 ? before : 0);
+    return f + before;
 }
 
 // Order-preserving unsigned key of a float (larger float, larger key; -0 < +0).
@@ -1101,42 +1180,24 @@ GPU_DEV unsigned int ds4_key(float f) {
 }
 
 // The k best visible rows per token (ties: lower index), or all of them when no more
-// than k are visible; unused entries -1. Warp w owns the contiguous rows [w seg, (w + 1)
-// seg), seg = 32 per, lane l its rows w seg + 32 j + l; DS4_TOPK_REG of them a lane are
-// held in registers as keys (a decode step at 128K: all 32768 rows, read once and
-// coalesced), more are re-read each time. One block holds a token's keys, so the time
-// goes by instructions a key (each is ~0.13 us at 32768 keys): every step over all keys
-// is a compare or two, with the ballots and stores only where a warp has a hit.
-//   The k-th best key is bounded below by L, the k-th best of the lanes' largest keys
-// (at least k keys are >= L); the keys >= L (typically under 3k) are gathered into
-// shared memory. A pass takes the keys in a range [lo, hi] into at most DS4_TOPK_BINS
-// equal power-of-two bins and narrows the range to the bin holding the k-th best (a
-// block scan from the top): on the lanes' largest keys once (rounding L down to its
-// bin), then on the gathered keys (on all keys if more than DS4_TOPK_LIST are >= L)
-// until a bin holds at most 32 keys (one warp ranks them) or one key value. Then every
-// key above the k-th and the first equal ones up to k, each in index order. (Four radix
-// passes a byte wide over every key, with the output's rows re-read from L2, took 31 -
-// 56 us at 32768 rows; this 18: scripts/device/topk_bench.sh.)
+// than k are visible; unused entries -1. Radix select on the keys, 8 bits per pass
+// (a histogram per warp: the top bits of similar scores all land in one bin, and one
+// shared counter for the block serialised every add), the pass's bin picked by a block
+// scan; then the rows above the k-th key and `left` rows equal to it, each in index
+// order, by warp ballots over contiguous segments. 1024 threads, so a decode step's one
+// block keeps a long context's scores in flight (256 took 97 us at 32768 rows).
 // grid = n, block = DS4_TOPK_THREADS.
-#ifndef DS4_TOPK_THREADS  // (-D: benchmark builds; the host launches 1024)
 #define DS4_TOPK_THREADS 1024
-#define DS4_TOPK_REG 32
-#endif
 #define DS4_TOPK_WARPS (DS4_TOPK_THREADS / 32)
-#define DS4_TOPK_BINS 2048
-#define DS4_TOPK_BIN_BITS 11
-#define DS4_TOPK_BPT (DS4_TOPK_BINS / DS4_TOPK_THREADS)
-#define DS4_TOPK_LIST 4096
 extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
     ds4_topk_rows(const float* __restrict__ scores, const int* __restrict__ pos, int ratio,
                   int cap, int k, int* __restrict__ sel, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_TOPK_ROWS);
-    __shared__ unsigned int hist[DS4_TOPK_BINS];
-    __shared__ unsigned int list[DS4_TOPK_LIST];
-    __shared__ unsigned int cand[32];
-    __shared__ unsigned int sh_mlo, sh_mhi, sh_lo, sh_hi, sh_n, sh_gt, sh_cnt, sh_kth;
+    __shared__ unsigned int hist[DS4_TOPK_WARPS][256];
+    __shared__ unsigned int sh_prefix;
     __shared__ int sh_left;
     __shared__ int buf[32];
+    __shared__ int wg[DS4_TOPK_WARPS], we[DS4_TOPK_WARPS];
     const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int visible = (pos[t] + 1) / ratio;
     if (visible > cap) visible = cap;
@@ -1146,210 +1207,83 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
         for (int i = tid; i < k; i += DS4_TOPK_THREADS) o[i] = i < visible ? i : -1;
         return;
     }
-    const int per = (visible + DS4_TOPK_THREADS - 1) / DS4_TOPK_THREADS;  // rows a lane
-    const int i0 = warp * 32 * per;
-    const int span = visible - i0 - lane;
-    const int nj = span <= 0 ? 0 : (span + 31) / 32 < per ? (span + 31) / 32 : per;  // mine
-    const bool held = per <= DS4_TOPK_REG;
-    unsigned int keys[DS4_TOPK_REG];
-    auto load = [&](int c) {
+    unsigned int prefix = 0, mask = 0;
+    int left = k;  // how many still to take among keys matching the prefix
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < DS4_TOPK_WARPS * 256; i += DS4_TOPK_THREADS) (&hist[0][0])[i] = 0;
+        __syncthreads();
+        // 8 loads in flight per thread before the adds; the loop is warp-uniform (the
+        // first pass's adds are warp-wide).
+        for (int b0 = tid & ~31; b0 < visible; b0 += DS4_TOPK_THREADS * 8) {
+            unsigned int keys[8];
 #pragma unroll
-        for (int j = 0; j < DS4_TOPK_REG; ++j)
-            keys[j] = c + j < nj ? ds4_key(s[i0 + 32 * (c + j) + lane]) : 0u;
-    };
-    // f(key, valid, row) over this lane's rows, in order; warp-uniform (per is the
-    // block's), so f may use ballots.
-    auto each = [&](auto&& f) {
-        for (int c = 0; c < per; c += DS4_TOPK_REG) {
-            if (!held) load(c);
+            for (int j = 0; j < 8; ++j) {
+                const int i = b0 + lane + DS4_TOPK_THREADS * j;
+                keys[j] = i < visible ? ds4_key(s[i]) : 0u;
+            }
 #pragma unroll
-            for (int j = 0; j < DS4_TOPK_REG; ++j) {
-                if (c + j >= per) break;
-                f(keys[j], c + j < nj, i0 + 32 * (c + j) + lane);
+            for (int j = 0; j < 8; ++j) {
+                const bool on =
+                    b0 + lane + DS4_TOPK_THREADS * j < visible && (keys[j] & mask) == prefix;
+                const unsigned int bin = (keys[j] >> shift) & 255u;
+                // The top byte (sign, exponent) of similar scores is a few bins: one add
+                // per bin per warp; later bytes spread out, where plain adds are cheaper.
+                if (shift == 24) gpu_warp_hist_add(hist[warp], bin, on);
+                else if (on) atomicAdd(&hist[warp][bin], 1u);
             }
         }
-    };
-    if (held) load(0);
-    if (tid == 0) {
-        sh_mlo = 0xffffffffu;
-        sh_mhi = 0u;
-        sh_n = sh_gt = 0u;
+        __syncthreads();
+        // Thread i < 256 looks at bin c = 255 - i: with `above` keys in higher bins, the
+        // k-th best is in c when above < left <= above + count(c) (exactly one such bin).
+        int cnt = 0;
+        if (tid < 256)
+            for (int w = 0; w < DS4_TOPK_WARPS; ++w) cnt += (int)hist[w][255 - tid];
+        const int incl = ds4_block_scan(cnt, buf);  // (threads >= 256 add nothing)
+        if (tid < 256 && incl - cnt < left && incl >= left) {
+            sh_prefix = prefix | ((unsigned int)(255 - tid) << shift);
+            sh_left = left - (incl - cnt);
+        }
+        __syncthreads();
+        prefix = sh_prefix;
+        left = sh_left;
+        mask |= 255u << shift;
     }
-    // m: this lane's largest key (no rows: left out).
-    unsigned int m = 0u;
-    each([&](unsigned int key, bool, int) { m = key > m ? key : m; });
-    unsigned int mlo = nj > 0 ? m : 0xffffffffu, mhi = m;
-#pragma unroll
-    for (int sh = 16; sh > 0; sh >>= 1) {
-        const unsigned int a = (unsigned int)__float_as_int(gpu_shfl_xor(__int_as_float((int)mlo), sh));
-        const unsigned int b = (unsigned int)__float_as_int(gpu_shfl_xor(__int_as_float((int)mhi), sh));
-        mlo = a < mlo ? a : mlo;
-        mhi = b > mhi ? b : mhi;
-    }
-    __syncthreads();  // sh_* set
-    if (lane == 0) {
-        atomicMin(&sh_mlo, mlo);
-        atomicMax(&sh_mhi, mhi);
-    }
-    __syncthreads();
-    const unsigned int hi = sh_mhi;  // the largest key
+    // prefix is now the k-th best key: take every key above it, then `left` equal keys,
+    // both in index order (the same selection on every run, so the attention's sums are
+    // reproducible). Warp w owns rows [w seg, (w + 1) seg), read 32 at a time: its
+    // counts, the warps before it give its first output slots, then it writes its rows.
+    const int seg = (visible + 32 * DS4_TOPK_WARPS - 1) / (32 * DS4_TOPK_WARPS) * 32;
+    const int i0 = warp * seg, i1 = i0 + seg < visible ? i0 + seg : visible;
     const unsigned int below = (1u << lane) - 1u;
-    // One pass: the keys visit() gives that lie in [plo, phi], binned; [plo, phi] becomes
-    // the bin holding the pleft-th best, pleft the rank within it; returns its count.
-    // agg (visit warp-uniform): a warp whose keys share one bin adds them at once (ties
-    // by the thousand, e.g. a cache's unwritten rows, serialised every add).
-    auto pass = [&](auto&& visit, bool agg, unsigned int& plo, unsigned int& phi,
-                    int& pleft) -> int {
-        const int used = 32 - __clz((int)(phi - plo));  // bits of the range's width
-        const int shift = used > DS4_TOPK_BIN_BITS ? used - DS4_TOPK_BIN_BITS : 0;
-        for (int i = tid; i < DS4_TOPK_BINS; i += DS4_TOPK_THREADS) hist[i] = 0u;
-        __syncthreads();
-        visit([&](unsigned int key, bool v) {
-            const bool on = v && key >= plo && key <= phi;
-            const unsigned int bin = (key - plo) >> shift;
-            if (agg) {
-                const unsigned int act = gpu_ballot(on);
-                if (act == 0u) return;
-                const int leader = __ffs((int)act) - 1;
-                const unsigned int lb = (unsigned int)__float_as_int(gpu_shfl(__int_as_float((int)bin), leader));
-                if (gpu_ballot(on && bin == lb) == act) {
-                    if (lane == leader) atomicAdd(&hist[lb], (unsigned int)__popc(act));
-                    return;
-                }
-            }
-            if (on) atomicAdd(&hist[bin], 1u);
-        });
-        __syncthreads();
-        // Thread i: the DS4_TOPK_BPT bins from hb = BINS - 1 - BPT i down, from the top;
-        // with `above` keys in higher bins, the k-th best is in bin c when
-        // above < left <= above + count(c).
-        const int hb = DS4_TOPK_BINS - 1 - DS4_TOPK_BPT * tid;
-        int cs[DS4_TOPK_BPT], mine = 0;
-#pragma unroll
-        for (int u = 0; u < DS4_TOPK_BPT; ++u) mine += cs[u] = (int)hist[hb - u];
-        const int incl = ds4_block_scan(mine, buf);
-        int above = incl - mine;
-        if (above < pleft && incl >= pleft) {
-            int bin = hb, cnt = 0;
-            bool found = false;
-#pragma unroll
-            for (int u = 0; u < DS4_TOPK_BPT; ++u) {  // (unrolled: cs stays in registers)
-                if (found) continue;
-                if (above + cs[u] >= pleft) {
-                    bin = hb - u;
-                    cnt = cs[u];
-                    found = true;
-                } else {
-                    above += cs[u];
-                }
-            }
-            const unsigned long long blo = (unsigned long long)plo + ((unsigned long long)bin << shift);
-            const unsigned long long bhi = blo + (1ull << shift) - 1ull;
-            sh_lo = (unsigned int)blo;
-            sh_hi = bhi < phi ? (unsigned int)bhi : phi;
-            sh_left = pleft - above;
-            sh_cnt = (unsigned int)cnt;
-        }
-        __syncthreads();
-        plo = sh_lo;
-        phi = sh_hi;
-        pleft = sh_left;
-        return (int)sh_cnt;
-    };
-    // L (see above), when at least k lanes have rows; else 0 (every key).
-    const int full = visible / (32 * per), rest = visible - full * 32 * per;
-    unsigned int L = 0u;
-    if (full * 32 + (rest < 32 ? rest : 32) >= k) {
-        unsigned int plo = sh_mlo, phi = hi;
-        int pleft = k;
-        if (plo != phi) pass([&](auto&& f) { f(m, nj > 0); }, false, plo, phi, pleft);
-        L = plo;  // (every lane's largest the same: the max, k times at least)
+    int g = 0, e = 0;
+    for (int i = i0; i < i1; i += 32) {
+        const unsigned int key = i + lane < i1 ? ds4_key(s[i + lane]) : 0u;
+        g += __popc(gpu_ballot(i + lane < i1 && key > prefix));
+        e += __popc(gpu_ballot(i + lane < i1 && key == prefix));
     }
-    // The keys >= L into list, at a lane's offset from a warp scan of the lanes' counts
-    // (past DS4_TOPK_LIST only counted); the keys > L counted too.
-    int cl = 0, cg = 0;
-    each([&](unsigned int key, bool v, int) {
-        cl += v && key >= L;
-        cg += v && key > L;
-    });
-    const int incl_l = ds4_warp_scan(cl), incl_g = ds4_warp_scan(cg);
-    unsigned int base = 0u;
-    if (lane == 31 && incl_l > 0) base = atomicAdd(&sh_n, (unsigned int)incl_l);
-    if (lane == 31 && incl_g > 0) atomicAdd(&sh_gt, (unsigned int)incl_g);
-    int at = (int)(unsigned int)__float_as_int(gpu_shfl(__int_as_float((int)base), 31)) + incl_l - cl;
-    each([&](unsigned int key, bool v, int) {
-        if (v && key >= L) {
-            if (at < DS4_TOPK_LIST) list[at] = key;
-            ++at;
-        }
-    });
-    __syncthreads();
-    const int nl = (int)sh_n;
-    const bool use_list = nl <= DS4_TOPK_LIST;
-    auto listed = [&](auto&& f) {
-        for (int i = tid; i < nl; i += DS4_TOPK_THREADS) f(list[i], true);
-    };
-    auto regs = [&](auto&& f) { each([&](unsigned int key, bool v, int) { f(key, v); }); };
-    // Fewer than k keys above L: L is the k-th best (many rows tied at L).
-    unsigned int lo = L, top = sh_gt < (unsigned int)k ? L : hi;
-    int left = k;  // how many still to take among the keys in [lo, top]
-    while (lo != top) {  // block-uniform: lo, top and left come from shared memory
-        const int cnt = use_list ? pass(listed, false, lo, top, left) : pass(regs, true, lo, top, left);
-        if (lo == top || cnt > 32) continue;
-        // At most 32 keys in [lo, top]: one warp ranks them.
-        if (tid == 0) sh_n = 0u;
-        __syncthreads();
-        auto gather = [&](unsigned int key, bool v) {
-            if (v && key >= lo && key <= top) cand[atomicAdd(&sh_n, 1u)] = key;
-        };
-        if (use_list) listed(gather);
-        else regs(gather);
-        __syncthreads();
-        if (warp == 0) {
-            const unsigned int x = lane < cnt ? cand[lane] : 0u;
-            int gt = 0, ge = 0;
-            for (int j = 0; j < cnt; ++j) {
-                gt += cand[j] > x;
-                ge += cand[j] >= x;
-            }
-            if (lane < cnt && gt < left && ge >= left) sh_kth = x;  // equal keys: same value
-        }
-        __syncthreads();
-        lo = top = sh_kth;
+    if (lane == 0) {
+        wg[warp] = g;
+        we[warp] = e;
     }
-    const unsigned int kth = lo;
-    // Every key above kth, then equal keys up to k, both in index order (the same
-    // selection on every run, so the attention's sums are reproducible): the lanes'
-    // counts, a block scan of the warps' totals for each warp's first output slots, then
-    // the rows by ballots where a warp has any.
-    int gl = 0, el = 0;
-    each([&](unsigned int key, bool v, int) {
-        gl += v && key > kth;
-        el += v && key == kth;
-    });
-    const int wgt = __float_as_int(gpu_shfl(__int_as_float(ds4_warp_scan(gl)), 31));
-    const int wge = __float_as_int(gpu_shfl(__int_as_float(ds4_warp_scan(el)), 31));
-    const int ig = ds4_block_scan(lane == 0 ? wgt : 0, buf);
-    const int ie = ds4_block_scan(lane == 0 ? wge : 0, buf);
-    // ig / ie at lane 0 of warp w: the totals of warps 0..w; at lane 31 of the last warp
-    // the block's.
-    int og = __float_as_int(gpu_shfl(__int_as_float(ig), 0)) - wgt;
-    int oe = __float_as_int(gpu_shfl(__int_as_float(ie), 0)) - wge;
-    if (tid == DS4_TOPK_THREADS - 1) sh_cnt = (unsigned int)ig;  // rows above kth
     __syncthreads();
-    const int first_eq = (int)sh_cnt, n_eq = k - first_eq;
-    each([&](unsigned int key, bool v, int row) {
-        const bool gt = v && key > kth, eq = v && key == kth;
-        if (gpu_ballot(gt || eq) == 0u) return;
-        const unsigned int bg = gpu_ballot(gt), be = gpu_ballot(eq);
-        if (gt) o[og + __popc(bg & below)] = row;
-        if (eq) {
+    int og = 0, oe = 0;
+    for (int w = 0; w < warp; ++w) {
+        og += wg[w];
+        oe += we[w];
+    }
+    const int first_eq = k - left;
+    for (int i = i0; i < i1; i += 32) {
+        const bool in = i + lane < i1;
+        const unsigned int key = in ? ds4_key(s[i + lane]) : 0u;
+        const unsigned int bg = gpu_ballot(in && key > prefix), be = gpu_ballot(in && key == prefix);
+        if (in && key > prefix) o[og + __popc(bg & below)] = i + lane;
+        if (in && key == prefix) {
             const int slot = oe + __popc(be & below);
-            if (slot < n_eq) o[first_eq + slot] = row;
+            if (slot < left) o[first_eq + slot] = i + lane;
         }
         og += __popc(bg);
         oe += __popc(be);
-    });
+    }
 }
 
 // ---------------------------------------------------------------------------------

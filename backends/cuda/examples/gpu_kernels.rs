@@ -19,7 +19,10 @@ use std::time::Instant;
 use std::sync::atomic::Ordering;
 
 use moe_backend_cuda::{
-    ops::{mmq_kernel, FORCE_MMQ_DP4A, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID},
+    ops::{
+        mmq_kernel, FORCE_HC_GSYNC, FORCE_MMQ_DP4A, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE,
+        OP_MATMUL_ID,
+    },
     rt,
 };
 use moe_plugin_api::{into_result, ops, types, Backend, BlockQ8_1, OpParams, TensorRef};
@@ -808,14 +811,119 @@ fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     ok
 }
 
+/// HC_POST_PRE for one token at V4-Flash's width (d 4096, 4 streams: 32 blocks) with its
+/// blocks waiting for each other (gsync) against the last-block form, from the same
+/// random inputs: the streams after the post and the weights bit for bit, x within 1e-5
+/// of its largest value (only its norm's sum differs: the Gram matrix against the sum
+/// of squares); then the gsync form again 200 times, each bit-identical to the first (a
+/// barrier that let a block read a share before it was written would not repeat). Post
+/// inputs: none, a block's output, the MoE's outputs; and the output head (pre only).
+fn hc_post_pre_gsync(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== HC_POST_PRE, blocks waiting for each other vs the last block ==");
+    let (d, hc, k) = (4096usize, 4usize, 6usize);
+    let site_nm = 2 * hc + hc * hc;
+    let mut all = true;
+    for (name, head, post) in [
+        ("site, no post", false, 0),
+        ("site, block post", false, 1),
+        ("site, MoE post", false, 2),
+        ("head, block post", true, 1),
+    ] {
+        let nm = if head { hc } else { site_nm };
+        let mut v = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| s * rng.f32()).collect() };
+        let streams = v(d * hc, 1.0);
+        let fnw = v(hc * d * nm, 0.02);
+        let scale = v(if head { 1 } else { 3 }, 1.0);
+        let base = v(nm, 1.0);
+        let norm_w: Vec<f32> = v(d, 0.5).iter().map(|x| 1.0 + x).collect();
+        // The previous site's weights as the post reads them: pre, post, comb >= 0.
+        let wts: Vec<f32> = v(site_nm, 1.0).iter().map(|x| x.abs()).collect();
+        let (block, y, rw, shared) = (v(d, 1.0), v(d * k, 1.0), v(k, 1.0), v(d, 1.0));
+        let b = |x: &[f32]| g.buf(&f32_bytes(x));
+        let (bs, bf, bsc, bb, bn) = (b(&streams), b(&fnw), b(&scale), b(&base), b(&norm_w));
+        let (bo, bw, bm, by) = (g.zeros(d * 4), b(&wts), g.zeros(nm * 4), g.zeros(4));
+        let (bblk, byy, brw, bsh) = (b(&block), b(&y), b(&rw), b(&shared));
+        let f = |buf, dims: [usize; 3]| {
+            t(
+                buf,
+                0,
+                types::F32,
+                0,
+                [dims[0] as u64, dims[1] as u64, dims[2] as u64, 1],
+            )
+        };
+        let mut args = vec![
+            f(bs, [d, hc, 1]),
+            f(bf, [hc * d, nm, 1]),
+            f(bsc, [if head { 1 } else { 3 }, 1, 1]),
+            f(bb, [nm, 1, 1]),
+            f(bn, [d, 1, 1]),
+            f(bo, [d, 1, 1]),
+            f(bw, [site_nm, 1, 1]),
+            f(bm, [nm, 1, 1]),
+            t(by, 0, types::I32, 0, [1, 1, 1, 1]),
+        ];
+        match post {
+            1 => args.push(f(bblk, [d, 1, 1])),
+            2 => args.extend([f(byy, [d, k, 1]), f(brw, [k, 1, 1]), f(bsh, [d, 1, 1])]),
+            _ => {}
+        }
+        let mut prm = OpParams::default();
+        prm.f[0] = 1e-6;
+        prm.f[1] = 1e-6;
+        prm.i = [20, head as i64, 0, 0, 0, 0, 0, 0];
+        // One run from the inputs above: (streams, x, weights) after it.
+        let run = |force: u8| {
+            FORCE_HC_GSYNC.store(force, Ordering::Relaxed);
+            into_result((g.be.upload)(bs, 0, f32_bytes(&streams).as_slice().into())).unwrap();
+            into_result((g.be.upload)(bw, 0, f32_bytes(&wts).as_slice().into())).unwrap();
+            g.op_with(ops::HC_POST_PRE, prm, &args);
+            let out = (
+                g.read_f32(bs, 0, d * hc),
+                g.read_f32(bo, 0, d),
+                g.read_f32(bw, 0, nm),
+            );
+            FORCE_HC_GSYNC.store(0, Ordering::Relaxed);
+            out
+        };
+        let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
+        let last = run(2);
+        let first = run(1);
+        let xmax = last.1.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let xdiff = last
+            .1
+            .iter()
+            .zip(&first.1)
+            .fold(0f32, |m, (p, q)| m.max((p - q).abs()))
+            / xmax;
+        let same = bits(&last.0, &first.0) && bits(&last.2, &first.2);
+        let repeats = (0..200).all(|_| {
+            let r = run(1);
+            bits(&r.0, &first.0) && bits(&r.1, &first.1) && bits(&r.2, &first.2)
+        });
+        let ok = same && xdiff <= 1e-5 && repeats && xmax > 0.0;
+        all &= ok;
+        println!(
+            "{name:<17}: streams + weights bit-identical {same}, x max rel diff {xdiff:.2e}, 200 repeats bit-identical {repeats} {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"hc_post_pre_gsync\",\"case\":\"{name}\",\"same\":{same},\"x_rel\":{xdiff:e},\"repeats\":{repeats},\"ok\":{ok}}}"
+        ));
+        for buf in [bs, bf, bsc, bb, bn, bo, bw, bm, by, bblk, byy, brw, bsh] {
+            into_result((g.be.free)(buf)).unwrap();
+        }
+    }
+    all
+}
+
 /// TOPK_ROWS (DeepSeek-V4's indexer selection) against its definition: the k best
 /// visible rows (ties: lower index), as the rows above the k-th score in index order then
 /// the rows equal to it in index order; all visible rows and -1s when no more than k are
-/// visible. Tokens: a decode step at 128K (32768 of the 40000 rows visible: the most the
-/// kernel keeps in registers), every row visible with 65 distinct scores (ties at the
-/// k-th; past the registers, so re-read each pass), fewer visible than k, 1000 visible,
-/// 25000 visible with ties (in registers), and 32768 visible of which all but the last
-/// 136 are 0.0 (a cache seeked to depth: ties by the thousand at the k-th).
+/// visible. Tokens: a decode step at 128K (32768 of the 40000 rows visible), every row
+/// visible with 65 distinct scores (ties at the k-th), fewer visible than k, 1000
+/// visible, 25000 visible with ties, and 32768 visible of which all but the last 136 are
+/// 0.0 (a cache seeked to depth, as `bench` does: ties by the thousand at the k-th).
 fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== TOPK_ROWS vs its definition ==");
     let (cap, k, ratio) = (40000usize, 512usize, 4i64);
@@ -1376,6 +1484,7 @@ fn main() {
     }
     all_ok &= id_multi(&g, &mut rng, &mut json);
     all_ok &= swiglu_id(&g, &mut rng, &mut json);
+    all_ok &= hc_post_pre_gsync(&g, &mut rng, &mut json);
     all_ok &= topk_rows(&g, &mut rng, &mut json);
     all_ok &= index_scores(&g, &mut rng, &mut json);
     all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);

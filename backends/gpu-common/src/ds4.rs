@@ -349,6 +349,25 @@ const HCF_MAX_TOKENS: u64 = 16;
 const HCF_MAX_D: u64 = 8192;
 /// Threads of a `ds4_hc_post_pre` block (DS4_HCF_THREADS).
 const HCF_THREADS: u64 = 512;
+/// Most blocks of a `ds4_hc_post_pre` launch that wait for each other (gsync;
+/// DS4_HCF_GSYNC_BLOCKS): few enough to be resident together on any device.
+const HCF_GSYNC_BLOCKS: u64 = 64;
+
+/// Overrides `MOE_GPU_HC_GSYNC` when set (tests): 1 on, 2 off, 0 as the variable says.
+pub static FORCE_HC_GSYNC: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Whether one token's `ds4_hc_post_pre` blocks wait for each other and each writes its
+/// own columns of x (the default: depth-0 / 4096 decode +2-3% on the 43-layer V4-Flash
+/// shape, H200 2026-12-03), instead of the last block to finish writing all of them.
+/// `MOE_GPU_HC_GSYNC=0` turns it off (A/B runs; read once).
+fn hc_gsync() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match FORCE_HC_GSYNC.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => *ON.get_or_init(|| !env_off("MOE_GPU_HC_GSYNC")),
+    }
+}
 
 /// The ops HC_POST_PRE stands for, where its kernel does not apply: HC_POST (when it
 /// has post inputs), MATMUL (the mixes) and HC_PRE, in that order.
@@ -440,7 +459,10 @@ pub unsafe fn hc_post_pre(
     }
     let hcp = hc.next_power_of_two();
     let nb = d.div_ceil(HCF_THREADS / hcp);
-    let part = gpu.scratch((nb * n * (nm + 1) * 4) as usize)?;
+    let gsync = n == 1 && nb <= HCF_GSYNC_BLOCKS && hc_gsync();
+    // A block's share: the mixes, the sum of squares, with gsync the Gram entries.
+    let share = nm + 1 + if gsync { hc * (hc + 1) / 2 } else { 0 };
+    let part = gpu.scratch((nb * n * share * 4) as usize)?;
     hc_params(gpu, [s, fnw, scale, base, norm_w, out, wts], d, hc, p, head)?
         .p(part)
         .p(gpu.ptr(&sync, 4)?)
@@ -451,6 +473,7 @@ pub unsafe fn hc_post_pre(
         .i(k)
         .p(pshared)
         .i((!head && p.i[2] != 0) as i32)
+        .i(gsync as i32)
         .launch(gpu, "ds4_hc_post_pre", (nb, n, 1), HCF_THREADS as u32)?;
     Ok(None)
 }

@@ -2160,11 +2160,11 @@ mod run_tests {
         let moe = [f(4096, 6, 1), f(6, 1, 1), f(4096, 1, 1)];
         for post in [&[][..], &moe[..1], &moe[..2], &moe[..]] {
             let (l, sc) = names(&site, &post_pre_args(1, false, post));
-            assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 22)]);
+            assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 23)]);
             assert_eq!(sc, [32 * 25 * 4]);
         }
         let (l, _) = names(&head, &post_pre_args(1, true, &moe[..1]));
-        assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 22)]);
+        assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 23)]);
         // Longer chunks, and the head's weights for 2 tokens: HC_POST, the mixes, HC_PRE.
         let (l, _) = names(&site, &post_pre_args(17, false, &[f(4096, 17, 1)]));
         let l: Vec<_> = l.iter().map(|x| x.0).collect();
