@@ -216,6 +216,10 @@ GPU_DEV unsigned int gpu_load_acquire_u32(unsigned int* p) {
     unsigned int v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+#elif defined(GPU_CUDA)
+    const unsigned int v = *(volatile unsigned int*)p;
+    __threadfence();
+    return v;
 #else
     return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 #endif

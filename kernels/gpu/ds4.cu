@@ -430,8 +430,9 @@ extern "C" __global__ void __launch_bounds__(256)
 // power of two, hc <= 4): it applies the post (ds4_post_value, the bits of
 // ds4_hc_post; post_mode 1: of `block`, 2: of the MoE's y / rw / shared, 0: none),
 // then writes its share of the mixes (fn's rows against its new stream values) and of
-// the streams' sum of squares to part[t][b][0..nm]. The token's last block to finish
-// (the count in sync[t], which it puts back to zero) sums the shares in block order
+// the streams' sum of squares to part[t][b][0..nm] (gsync: the Gram shares after them).
+// The token's last block to finish (the count in sync[t]'s low 16 bits, which it puts
+// back to zero) sums the shares in block order
 // (the same bits whichever block is last) and runs mHC pre as ds4_hc_pre does: warp 0
 // the Sinkhorn (defer = 1: its logits, for ds4_hc_sinkhorn), the other warps the
 // collapse and norm. The constants (fn, base, scale, norm_w) are loaded before the
@@ -439,8 +440,9 @@ extern "C" __global__ void __launch_bounds__(256)
 // site's are written (nm a token; with head_mode only for one token, as the head's
 // weights are packed tighter). Needs hc <= 4, d % 4 == 0,
 // d <= DS4_HCF_MAX_D, streams / out / norm_w 16-byte aligned.
-//   gsync = 1 (one token, at most DS4_HCF_GSYNC_BLOCKS blocks, so all are resident: a
-// dependent launch starts only once every block has started): no last block. Each block
+//   gsync = 1 (one token; the host keeps the blocks to DS4_HCF_GSYNC_BLOCKS and to the
+// device's multiprocessors, so all of them are resident at once; kernels queued after
+// it on the stream start only once each of its blocks has): no last block. Each block
 // also writes its columns' share of the streams' Gram matrix G (G_ab = sum_i s_a[i]
 // s_b[i], a <= b), all blocks wait for each other on sync[t] (count in the low 16 bits,
 // a generation above), then each sums the shares itself (the same order, so the same
@@ -502,7 +504,7 @@ GPU_DEV void ds4_hcf_write_wts(int t, int lane, int hc, int nm, int head_mode, i
 // ds4_hc_post_pre's end with gsync (see there): every block waits for the token's
 // others, then takes the weights and writes its own columns of x.
 GPU_DEV void ds4_hcf_grid_tail(int t, int b, int nb, int tid, int lane, int warp, int hc, int C,
-                               int nm, int np, int pr, int head_mode, int defer, int iters,
+                               int nm, int pr, int head_mode, int defer, int iters,
                                float eps, float hc_eps, int d, long long hd, const float* part,
                                unsigned int* __restrict__ sync, float base_t, float scale_t,
                                float nw1, const float* sv, float* mix, float* M, float* B,
@@ -527,7 +529,8 @@ GPU_DEV void ds4_hcf_grid_tail(int t, int b, int nb, int tid, int lane, int warp
     for (int a = 0, q = 0; a < hc; ++a)
         for (int a2 = a; a2 < hc; ++a2, ++q)
             x2 += (a == a2 ? 1.0f : 2.0f) * Wn[a] * Wn[a2] * mix[nm + 1 + q];
-    const float rr = 1.0f / sqrtf(x2 / (float)d + eps);
+    // (streams that nearly cancel could round it below 0; a sum of squares cannot be)
+    const float rr = 1.0f / sqrtf(fmaxf(x2, 0.0f) / (float)d + eps);
     const int i = b * C + tid;
     if (tid < C && i < d) {
         float x = 0.0f;
@@ -537,7 +540,6 @@ GPU_DEV void ds4_hcf_grid_tail(int t, int b, int nb, int tid, int lane, int warp
         out[(long long)t * d + i] = nw1 * (x * rr);
     }
     if (b == 0 && warp == 0) ds4_hcf_write_wts(t, lane, hc, nm, head_mode, defer, iters, hc_eps, M, B, S, Wn, wts);
-    (void)np;
 }
 
 extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
@@ -572,8 +574,8 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
             wv[q][u] = (r < nm && hv < hc && iv < d) ? fn[r * hd + (long long)hv * d + iv] : 0.0f;
         }
     }
-    // The last block's constants: base and scale (threads < nm), this thread's norm
-    // weights for the collapse (warps 1..).
+    // The constants of the end: base and scale (threads < nm), this thread's norm
+    // weights for the last block's collapse (warps 1..) or, with gsync, for its column.
     const int ct = tid - 32, nct = DS4_HCF_THREADS - 32, d4 = d / 4;
     const float base_t = tid < nm ? base[tid] : 0.0f;
     const float scale_t = tid < (head_mode ? 1 : 3) ? scale[tid] : 0.0f;
@@ -581,7 +583,8 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
 #pragma unroll
     for (int u = 0; u < DS4_HCF_X4; ++u) {
         const int c = ct + u * nct;
-        nw[u] = (ct >= 0 && c < d4) ? ((const gpu_f4*)norm_w)[c] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+        nw[u] = (!gsync && ct >= 0 && c < d4) ? ((const gpu_f4*)norm_w)[c]
+                                              : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
     }
     const float nw1 = gsync && tid < C && b * C + tid < d ? norm_w[b * C + tid] : 0.0f;
     gpu_count_launch(counters, KID_DS4_HC_POST_PRE);
@@ -629,7 +632,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     const float ssq = ds4_block_sum(nv * nv, sh, DS4_HCF_THREADS);
     if (tid == 0) mine[nm] = ssq;
     if (gsync) {
-        ds4_hcf_grid_tail(t, b, nb, tid, lane, warp, hc, C, nm, np, pr, head_mode, defer, iters, eps,
+        ds4_hcf_grid_tail(t, b, nb, tid, lane, warp, hc, C, nm, pr, head_mode, defer, iters, eps,
                           hc_eps, d, hd, part, sync, base_t, scale_t, nw1, sv, mix, M, B, Wn, S,
                           wts, out);
         return;

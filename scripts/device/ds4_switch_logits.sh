@@ -4,7 +4,7 @@
 # replay), once with the defaults and once per setting (VAR=VALUE[,VAR=VALUE...]);
 # prints each setting against the defaults: bit-identical, max |diff| over the largest
 # |logit|, top-1 agreement. Carry .dev/ds4. E.g.
-#   bash scripts/device/ds4_switch_logits.sh MOE_GPU_HC_GSYNC=1
+#   bash scripts/device/ds4_switch_logits.sh MOE_GPU_HC_GSYNC=0 MOE_DS4_HC_FUSED=0
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/device/cuda_env.sh

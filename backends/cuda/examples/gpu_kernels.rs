@@ -811,24 +811,30 @@ fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     ok
 }
 
-/// HC_POST_PRE for one token at V4-Flash's width (d 4096, 4 streams: 32 blocks) with its
-/// blocks waiting for each other (gsync) against the last-block form, from the same
-/// random inputs: the streams after the post and the weights bit for bit, x within 1e-5
-/// of its largest value (only its norm's sum differs: the Gram matrix against the sum
-/// of squares); then the gsync form again 200 times, each bit-identical to the first (a
-/// barrier that let a block read a share before it was written would not repeat). Post
-/// inputs: none, a block's output, the MoE's outputs; and the output head (pre only).
+/// HC_POST_PRE for one token with its blocks waiting for each other (gsync) against the
+/// last-block form, from the same random inputs: the streams after the post and the
+/// weights bit for bit, x within 1e-5 of its largest value (only its norm's sum
+/// differs: the Gram matrix against the sum of squares); then the gsync form again 200
+/// times, each bit-identical to the first (a barrier that let a block read a share
+/// before it was written would not repeat), and the last-block form once more (on a
+/// counter whose generation bits are now set): bit-identical to its first run. Each run
+/// must launch `ds4_hc_post_pre` once. V4-Flash's width (d 4096, 4 streams: 32 blocks)
+/// with no post (the streams kept), a block's output, the MoE's outputs, and the output
+/// head (pre only); 1, 2 and 3 streams (8, 4 and 8 blocks; d 1000 ends mid-block).
 fn hc_post_pre_gsync(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== HC_POST_PRE, blocks waiting for each other vs the last block ==");
-    let (d, hc, k) = (4096usize, 4usize, 6usize);
-    let site_nm = 2 * hc + hc * hc;
+    let k = 6usize;
     let mut all = true;
-    for (name, head, post) in [
-        ("site, no post", false, 0),
-        ("site, block post", false, 1),
-        ("site, MoE post", false, 2),
-        ("head, block post", true, 1),
+    for (name, d, hc, head, post) in [
+        ("4 x 4096, no post", 4096usize, 4usize, false, 0),
+        ("4 x 4096, block post", 4096, 4, false, 1),
+        ("4 x 4096, MoE post", 4096, 4, false, 2),
+        ("4 x 4096, head", 4096, 4, true, 1),
+        ("1 x 4096, MoE post", 4096, 1, false, 2),
+        ("2 x 1000, MoE post", 1000, 2, false, 2),
+        ("3 x 1000, block post", 1000, 3, false, 1),
     ] {
+        let site_nm = 2 * hc + hc * hc;
         let nm = if head { hc } else { site_nm };
         let mut v = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| s * rng.f32()).collect() };
         let streams = v(d * hc, 1.0);
@@ -872,17 +878,23 @@ fn hc_post_pre_gsync(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         prm.f[0] = 1e-6;
         prm.f[1] = 1e-6;
         prm.i = [20, head as i64, 0, 0, 0, 0, 0, 0];
-        // One run from the inputs above: (streams, x, weights) after it.
+        // One run from the inputs above: (streams, x, weights) after it; counts the
+        // runs that did not launch `ds4_hc_post_pre` exactly once in `stray`.
+        let stray = std::cell::Cell::new(0u32);
         let run = |force: u8| {
             FORCE_HC_GSYNC.store(force, Ordering::Relaxed);
             into_result((g.be.upload)(bs, 0, f32_bytes(&streams).as_slice().into())).unwrap();
             into_result((g.be.upload)(bw, 0, f32_bytes(&wts).as_slice().into())).unwrap();
+            let before = g.counters();
             g.op_with(ops::HC_POST_PRE, prm, &args);
             let out = (
                 g.read_f32(bs, 0, d * hc),
                 g.read_f32(bo, 0, d),
                 g.read_f32(bw, 0, nm),
             );
+            if device_launches(&before, &g.counters(), "ds4_hc_post_pre") != 1 {
+                stray.set(stray.get() + 1);
+            }
             FORCE_HC_GSYNC.store(0, Ordering::Relaxed);
             out
         };
@@ -897,14 +909,14 @@ fn hc_post_pre_gsync(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             .fold(0f32, |m, (p, q)| m.max((p - q).abs()))
             / xmax;
         let same = bits(&last.0, &first.0) && bits(&last.2, &first.2);
-        let repeats = (0..200).all(|_| {
-            let r = run(1);
-            bits(&r.0, &first.0) && bits(&r.1, &first.1) && bits(&r.2, &first.2)
-        });
-        let ok = same && xdiff <= 1e-5 && repeats && xmax > 0.0;
+        let same3 = |a: &(Vec<f32>, Vec<f32>, Vec<f32>), b: &(Vec<f32>, Vec<f32>, Vec<f32>)| {
+            bits(&a.0, &b.0) && bits(&a.1, &b.1) && bits(&a.2, &b.2)
+        };
+        let repeats = (0..200).all(|_| same3(&run(1), &first)) && same3(&run(2), &last);
+        let ok = same && xdiff <= 1e-5 && repeats && xmax > 0.0 && stray.get() == 0;
         all &= ok;
         println!(
-            "{name:<17}: streams + weights bit-identical {same}, x max rel diff {xdiff:.2e}, 200 repeats bit-identical {repeats} {}",
+            "{name:<21}: streams + weights bit-identical {same}, x max rel diff {xdiff:.2e}, 200 repeats bit-identical {repeats} {}",
             if ok { "ok" } else { "FAIL" }
         );
         json.push(format!(

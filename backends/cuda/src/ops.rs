@@ -96,6 +96,12 @@ impl plan::Gpu for Stream<'_> {
         self.module
             .launch(self.raw, l.name, l.grid, l.block, params)
     }
+
+    fn multiprocessors(&self) -> u32 {
+        rt::runtime()
+            .and_then(|r| r.device(self.device))
+            .map_or(0, |d| d.multiprocessors.max(0) as u32)
+    }
 }
 
 /// Instantiated graphs per (stream, key).

@@ -350,7 +350,9 @@ const HCF_MAX_D: u64 = 8192;
 /// Threads of a `ds4_hc_post_pre` block (DS4_HCF_THREADS).
 const HCF_THREADS: u64 = 512;
 /// Most blocks of a `ds4_hc_post_pre` launch that wait for each other (gsync;
-/// DS4_HCF_GSYNC_BLOCKS): few enough to be resident together on any device.
+/// DS4_HCF_GSYNC_BLOCKS). They must all be resident at once: the host also keeps them
+/// to the device's multiprocessors (one 512-thread block each at the least), so a
+/// device of unknown size, or a small one, gets the last-block form.
 const HCF_GSYNC_BLOCKS: u64 = 64;
 
 /// Overrides `MOE_GPU_HC_GSYNC` when set (tests): 1 on, 2 off, 0 as the variable says.
@@ -459,7 +461,7 @@ pub unsafe fn hc_post_pre(
     }
     let hcp = hc.next_power_of_two();
     let nb = d.div_ceil(HCF_THREADS / hcp);
-    let gsync = n == 1 && nb <= HCF_GSYNC_BLOCKS && hc_gsync();
+    let gsync = n == 1 && nb <= HCF_GSYNC_BLOCKS.min(gpu.multiprocessors() as u64) && hc_gsync();
     // A block's share: the mixes, the sum of squares, with gsync the Gram entries.
     let share = nm + 1 + if gsync { hc * (hc + 1) / 2 } else { 0 };
     let part = gpu.scratch((nb * n * share * 4) as usize)?;

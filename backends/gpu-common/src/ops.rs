@@ -1128,6 +1128,11 @@ pub trait Gpu {
     /// `params` must match the kernel's signature, and every device pointer in them
     /// must be valid for what the kernel touches.
     unsafe fn launch(&self, l: Launch, params: &[*mut c_void]) -> Result<(), String>;
+    /// Multiprocessors (CUDA SMs, AMD compute units) of the stream's device; 0 where
+    /// unknown. Kernels whose blocks wait for each other launch only as many as this.
+    fn multiprocessors(&self) -> u32 {
+        0
+    }
 }
 
 /// One token's MATMUL_ID (`p.sort` is None): x's q8_1 quantisation into scratch, then
@@ -2014,6 +2019,9 @@ mod run_tests {
                 .push((l.name, l.grid, params.len()));
             Ok(())
         }
+        fn multiprocessors(&self) -> u32 {
+            132
+        }
     }
 
     fn t(type_id: u32, dims: [u64; 4]) -> TensorRef {
@@ -2156,13 +2164,18 @@ mod run_tests {
             (l, g.scratch.into_inner())
         };
         // One token, each kind of post input: one launch, 4096 / (512 / 4) = 32 blocks,
-        // each with 25 partial sums in scratch.
+        // each with 25 partial sums in scratch, 35 with the Gram shares of blocks that
+        // wait for each other (the default where the device has 32 multiprocessors).
         let moe = [f(4096, 6, 1), f(6, 1, 1), f(4096, 1, 1)];
-        for post in [&[][..], &moe[..1], &moe[..2], &moe[..]] {
-            let (l, sc) = names(&site, &post_pre_args(1, false, post));
-            assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 23)]);
-            assert_eq!(sc, [32 * 25 * 4]);
+        for (force, share) in [(1, 35), (2, 25)] {
+            crate::ds4::FORCE_HC_GSYNC.store(force, std::sync::atomic::Ordering::Relaxed);
+            for post in [&[][..], &moe[..1], &moe[..2], &moe[..]] {
+                let (l, sc) = names(&site, &post_pre_args(1, false, post));
+                assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 23)]);
+                assert_eq!(sc, [32 * share * 4]);
+            }
         }
+        crate::ds4::FORCE_HC_GSYNC.store(0, std::sync::atomic::Ordering::Relaxed);
         let (l, _) = names(&head, &post_pre_args(1, true, &moe[..1]));
         assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 23)]);
         // Longer chunks, and the head's weights for 2 tokens: HC_POST, the mixes, HC_PRE.
