@@ -458,6 +458,14 @@ extern "C" __global__ void __launch_bounds__(256)
 #define DS4_HCF_MAX_D 8192  // <= 4 * (DS4_HCF_THREADS - 32) * DS4_HCF_X4
 #define DS4_HCF_GSYNC_BLOCKS 64
 #define DS4_HCF_PAIRS 10  // Gram entries a <= b of 4 streams (<= DS4_HCF_WARPS)
+// Gram entry q of hc streams as the pair (a, a2), a <= a2, in row order: (0, 0), (0, 1),
+// .. (0, hc - 1), (1, 1), .. One definition for the shares and for |x|^2.
+GPU_DEV void ds4_gram_pair(int hc, int q, int& a, int& a2) {
+    a = 0;
+    while (q >= hc - a) q -= hc - a++;
+    a2 = a + q;
+}
+
 // The parts of ds4_hc_post_pre's end that both of its forms run.
 // The token's mixes and sum of squares from the blocks' shares (in block order: the
 // same bits in whichever block sums them, mix[nm + 1..] the Gram shares' sums too), then
@@ -524,11 +532,13 @@ GPU_DEV void ds4_hcf_grid_tail(int t, int b, int nb, int tid, int lane, int warp
     __syncthreads();
     ds4_hcf_weights(t, nb, tid, lane, warp, hc, nm, pr, head_mode, eps, hc_eps, hd, part, base_t,
                     scale_t, mix, M, B, Wn, S);
-    // |x|^2 from the Gram matrix (entries a <= a2 in row order after mix[nm]).
+    // |x|^2 from the Gram matrix (its entries after mix[nm]).
     float x2 = 0.0f;
-    for (int a = 0, q = 0; a < hc; ++a)
-        for (int a2 = a; a2 < hc; ++a2, ++q)
-            x2 += (a == a2 ? 1.0f : 2.0f) * Wn[a] * Wn[a2] * mix[nm + 1 + q];
+    for (int q = 0; q < pr - nm - 1; ++q) {
+        int a, a2;
+        ds4_gram_pair(hc, q, a, a2);
+        x2 += (a == a2 ? 1.0f : 2.0f) * Wn[a] * Wn[a2] * mix[nm + 1 + q];
+    }
     // (streams that nearly cancel could round it below 0; a sum of squares cannot be)
     const float rr = 1.0f / sqrtf(fmaxf(x2, 0.0f) / (float)d + eps);
     const int i = b * C + tid;
@@ -620,14 +630,14 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
         a = gpu_warp_sum(a);
         if (lane == 0) mine[r] = a;
     }
-    if (warp >= DS4_HCF_WARPS - np) {  // Gram entry q = (a, a2), a <= a2, from the top warp
-        int q = DS4_HCF_WARPS - 1 - warp, a = 0;
-        while (q >= hc - a) q -= hc - a++;
-        const int a2 = a + q;
+    if (warp >= DS4_HCF_WARPS - np) {  // Gram entry q, from the top warp down
+        const int q = DS4_HCF_WARPS - 1 - warp;
+        int a, a2;
+        ds4_gram_pair(hc, q, a, a2);
         float g = 0.0f;
         for (int c = lane; c < C; c += 32) g += sv[a * C + c] * sv[a2 * C + c];
         g = gpu_warp_sum(g);
-        if (lane == 0) mine[nm + 1 + DS4_HCF_WARPS - 1 - warp] = g;
+        if (lane == 0) mine[nm + 1 + q] = g;
     }
     const float ssq = ds4_block_sum(nv * nv, sh, DS4_HCF_THREADS);
     if (tid == 0) mine[nm] = ssq;
