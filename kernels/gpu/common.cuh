@@ -151,6 +151,18 @@ GPU_DEV float gpu_add(float a, float b) { return __fadd_rn(a, b); }
 GPU_DEV float gpu_sub(float a, float b) { return __fsub_rn(a, b); }
 #endif
 
+// (float)v for |v| < 2^22, exactly, from two full-rate operations: v added to the bits of
+// 1.5 * 2^23 lands in its mantissa, and subtracting 1.5 * 2^23 leaves v. For the integer
+// sums of the quantised kernels, whose conversions are otherwise a slower unit's work.
+// GPU_PLAIN_I2F (a compile option, for A/B runs): the plain conversion; the same bits.
+GPU_DEV float gpu_i2f_small(int v) {
+#if defined(GPU_PLAIN_I2F)
+    return (float)v;
+#else
+    return __int_as_float(0x4b400000 + v) - 12582912.0f;
+#endif
+}
+
 // Counts one launch of kernel `id`: the first thread of the first block adds 1.
 // Programmatic dependent launch (CUDA, sm_90 on): the CUDA backend lets a kernel's
 // blocks start while its predecessor drains, and every kernel waits here, first thing,

@@ -154,7 +154,7 @@ GPU_DEV void rf2_half(const unsigned int (&w)[R], const float (&A)[R], const flo
             cq = gpu_dp4a(c1[r], qa.y, cq);
             cq = gpu_dp4a(c2[r], qc.x, cq);
             cq = gpu_dp4a(c3[r], qc.y, cq);
-            const float t = gpu_sub(gpu_mul(A[r], (float)cq), gpu_mul(B[r], (float)sq));
+            const float t = gpu_sub(gpu_mul(A[r], gpu_i2f_small(cq)), gpu_mul(B[r], gpu_i2f_small(sq)));
             acc[r][c] = gpu_add(acc[r][c], gpu_mul(d, t));
         }
     }
@@ -184,7 +184,7 @@ GPU_DEV void rf2_block_affine(const unsigned int (&w0)[R], const unsigned int (&
             cq = gpu_dp4a((int)((w1[r] >> 2) & 0x03030303u), q2.y, cq);
             cq = gpu_dp4a((int)((w1[r] >> 4) & 0x03030303u), q3.x, cq);
             cq = gpu_dp4a((int)((w1[r] >> 6) & 0x03030303u), q3.y, cq);
-            const float t = gpu_sub(gpu_mul(A[r], (float)cq), gpu_mul(B[r], (float)sq));
+            const float t = gpu_sub(gpu_mul(A[r], gpu_i2f_small(cq)), gpu_mul(B[r], gpu_i2f_small(sq)));
             acc[r][c] = gpu_add(acc[r][c], gpu_mul(d, t));
         }
     }
@@ -621,7 +621,7 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int j = 0; j < 8; ++j) a[j] = aq[lane][blk * 8 + j];
             const float d = ad[lane][blk];
-            const float s0 = (float)asq[lane][blk * 2], s1 = (float)asq[lane][blk * 2 + 1];
+            const float s0 = gpu_i2f_small(asq[lane][blk * 2]), s1 = gpu_i2f_small(asq[lane][blk * 2 + 1]);
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const int row = warp * 8 + i;
@@ -634,8 +634,8 @@ extern "C" __global__ void __launch_bounds__(256)
                 q1 = gpu_dp4a(wr[5], a[5], q1);
                 q1 = gpu_dp4a(wr[6], a[6], q1);
                 q1 = gpu_dp4a(wr[7], a[7], q1);
-                const float t0 = wa[row][blk * 2] * (float)q0 - wb[row][blk * 2] * s0;
-                const float t1 = wa[row][blk * 2 + 1] * (float)q1 - wb[row][blk * 2 + 1] * s1;
+                const float t0 = wa[row][blk * 2] * gpu_i2f_small(q0) - wb[row][blk * 2] * s0;
+                const float t1 = wa[row][blk * 2 + 1] * gpu_i2f_small(q1) - wb[row][blk * 2 + 1] * s1;
                 acc[i] += d * (t0 + t1);
             }
         }
@@ -653,7 +653,8 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // ---------------------------------------------------------------------------------
 // MMQ on matrix units: a 256-thread block (8 warps) computes a 128-row x 64-column
-// tile; warp w owns rows 32*(w&3).., columns 32*(w>>2)... Per stage it stages 4
+// tile; warp w owns rows 32*(w&3).., columns 32*(w>>2).. (a column tile of at most 16:
+// rows 16w.., columns 0..15; see mma_row). Per stage it stages 4
 // weight blocks of 128 rows (codes widened to int8: affine c, two-scale c-1 = kv) and
 // 4 activation blocks of 64 columns in shared memory. The integer sums run on the
 // matrix units; the per-16-weight scales are applied in f32 per k-block:
@@ -675,35 +676,48 @@ typedef int rf_v4i __attribute__((ext_vector_type(4)));
 typedef int rf_v8i __attribute__((ext_vector_type(8)));
 #endif
 
-// Per lane: 32 output elements of the warp's 32x32 sub-tile; row/column of element i.
+// A warp's sub-tile is MT x NT mma tiles: 16 rows by 8 columns each on CUDA (NT even),
+// 16 x 16 (NT / 2 of them across) on RDNA. MT = 2, NT = 4: 32 rows x 32 columns, the
+// wide layout (8 warps as 4 x 2 over the 128 x 64 tile); MT = 1, NT = 2: 16 x 16, the
+// narrow one (8 warps down the 128 rows, the tile's first 16 columns), for column tiles
+// of at most 16 (a routed expert's few tokens in prefill), where the wide layout would
+// leave half the warps idle and the rest computing mostly empty columns.
+#define MMA_NE(MT, NT) ((MT) * (NT) * 4)  // output elements a lane
+// Row / column of element i of a lane's MMA_NE elements.
 #if defined(RF_MMA_WMMA)
-// 2x2 tiles of 16x16; lane l holds rows 2j + l/16, column l%16 of each (j = 0..7).
-GPU_DEV int mma_row(int i, int lane) { return ((i >> 4) << 4) + 2 * (i & 7) + (lane >> 4); }
-GPU_DEV int mma_col(int i, int lane) { return (((i >> 3) & 1) << 4) + (lane & 15); }
+// Tile i / 8 (row-major over MT x NT / 2); lane l holds rows 2j + l/16, column l%16 of
+// each (j = i % 8).
+template <int MT, int NT>
+GPU_DEV int mma_row(int i, int lane) { return ((i >> 3) / (NT / 2)) * 16 + 2 * (i & 7) + (lane >> 4); }
+template <int MT, int NT>
+GPU_DEV int mma_col(int i, int lane) { return ((i >> 3) % (NT / 2)) * 16 + (lane & 15); }
 #else
-// 2x4 tiles of 16x8 (mma.sync C layout): g = lane/4, t = lane%4; element j of a tile
-// is row g + 8*(j/2), column 2t + j%2.
-GPU_DEV int mma_row(int i, int lane) { return ((i >> 4) << 4) + (lane >> 2) + ((i & 2) << 2); }
-GPU_DEV int mma_col(int i, int lane) { return (((i >> 2) & 3) << 3) + 2 * (lane & 3) + (i & 1); }
+// Tile i / 4 (row-major over MT x NT, mma.sync C layout): g = lane/4, t = lane%4;
+// element j = i % 4 of a tile is row g + 8*(j/2), column 2t + j%2.
+template <int MT, int NT>
+GPU_DEV int mma_row(int i, int lane) { return ((i >> 2) / NT) * 16 + (lane >> 2) + ((i & 2) << 2); }
+template <int MT, int NT>
+GPU_DEV int mma_col(int i, int lane) { return ((i >> 2) % NT) * 8 + 2 * (lane & 3) + (i & 1); }
 #endif
 
-// Integer dot products of the warp's 32 rows (ws, row stride MMA_LD words) with its 32
-// columns (as_) over word range [w0, w0 + nw) of the staged k (nw = 4: one half, 8:
-// the whole block); out[i] for element i as mapped above.
-GPU_DEV void mma_tile_dot(const int* ws, const int* as_, int w0, int nw, int (&out)[32]) {
+// Integer dot products of the warp's 16 MT rows (ws, row stride MMA_LD words) with its
+// 8 NT columns (as_) over word range [w0, w0 + nw) of the staged k (nw = 4: one half,
+// 8: the whole block); out[i] for element i as mapped above.
+template <int MT, int NT>
+GPU_DEV void mma_tile_dot(const int* ws, const int* as_, int w0, int nw, int (&out)[MMA_NE(MT, NT)]) {
     const int lane = threadIdx.x & 31;
 #if defined(RF_MMA_PTX)
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < MT; ++mt) {
         const int* r0 = ws + (mt * 16 + g) * MMA_LD + w0 + t;
         const int* r1 = r0 + 8 * MMA_LD;
         const int a0 = r0[0], a1 = r1[0];
         const int a2 = nw == 8 ? r0[4] : 0, a3 = nw == 8 ? r1[4] : 0;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
+        for (int nt = 0; nt < NT; ++nt) {
             const int* c = as_ + (nt * 8 + g) * MMA_LD + w0 + t;
-            int* d = out + (mt * 4 + nt) * 4;
+            int* d = out + (mt * NT + nt) * 4;
             if (nw == 8) {
                 asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
                              "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
@@ -720,9 +734,9 @@ GPU_DEV void mma_tile_dot(const int* ws, const int* as_, int w0, int nw, int (&o
 #elif defined(RF_MMA_WMMA)
     const int l = lane & 15;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
+        for (int nt = 0; nt < NT / 2; ++nt) {
             rf_v8i acc = {0, 0, 0, 0, 0, 0, 0, 0};
             for (int k = 0; k < nw; k += 4) {
                 const int* ra = ws + (mt * 16 + l) * MMA_LD + w0 + k;
@@ -732,14 +746,14 @@ GPU_DEV void mma_tile_dot(const int* ws, const int* as_, int w0, int nw, int (&o
                 acc = __builtin_amdgcn_wmma_i32_16x16x16_iu8_w32(true, a, true, b, acc, false);
             }
 #pragma unroll
-            for (int j = 0; j < 8; ++j) out[(mt * 2 + nt) * 8 + j] = acc[j];
+            for (int j = 0; j < 8; ++j) out[(mt * (NT / 2) + nt) * 8 + j] = acc[j];
         }
     }
 #else
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-        const int* ra = ws + mma_row(i, lane) * MMA_LD + w0;
-        const int* rb = as_ + mma_col(i, lane) * MMA_LD + w0;
+    for (int i = 0; i < MMA_NE(MT, NT); ++i) {
+        const int* ra = ws + mma_row<MT, NT>(i, lane) * MMA_LD + w0;
+        const int* rb = as_ + mma_col<MT, NT>(i, lane) * MMA_LD + w0;
         int s = 0;
         for (int k = 0; k < nw; ++k) s = gpu_dp4a(ra[k], rb[k], s);
         out[i] = s;
@@ -1562,7 +1576,7 @@ GPU_DEV float fp4_block_dot_q8(const unsigned int* v, int b0, bool odd, const gp
         n1 = gpu_dp4a((int)nb, (int)a[t].w, n1);
     }
     const unsigned int e = odd ? v[b0 + 4] >> 16 : v[b0 + 4] & 0xffffu;
-    return d * (sm.sc[e & 255u] * (float)(p0 - n0) + sm.sc[e >> 8] * (float)(p1 - n1));
+    return d * (sm.sc[e & 255u] * gpu_i2f_small(p0 - n0) + sm.sc[e >> 8] * gpu_i2f_small(p1 - n1));
 }
 
 // Blocks i0 .. i0 + NB of run g (i0 a multiple of 4: v holds R rows' words from block
@@ -1760,7 +1774,7 @@ struct mma_smem {
     int acol[MMA_BN], ocol[MMA_BN];
 };
 
-template <int TY>
+template <int TY, bool NARROW>
 GPU_DEV void mma_tile(mma_smem& sm, const unsigned char* __restrict__ w, long long row_bytes,
                       int nb, int m, int r0, int ncols, const q8_1_block* __restrict__ act,
                       float* __restrict__ out, int affine) {
@@ -1774,7 +1788,8 @@ GPU_DEV void mma_tile(mma_smem& sm, const unsigned char* __restrict__ w, long lo
     float(*ads)[MMA_KB] = sm.ads;
     int* lut8 = sm.lut8;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const int wr = (warp & 3) * 32, wc = (warp >> 2) * 32;
+    constexpr int MT = NARROW ? 1 : 2, NT = NARROW ? 2 : 4, NE = MMA_NE(MT, NT);
+    const int wr = NARROW ? warp * 16 : (warp & 3) * 32, wc = NARROW ? 0 : (warp >> 2) * 32;
     const bool halves = TY == DT_ROCMFP4 || (TY == MT_107 && !affine);
     // Valid columns come first: a warp whose 32 columns are all past them (an expert
     // with few tokens) skips its products. (Skipping column tiles within a warp
@@ -1785,9 +1800,9 @@ GPU_DEV void mma_tile(mma_smem& sm, const unsigned char* __restrict__ w, long lo
         lut8[t] = (t & 8 ? -mag : mag) & 0xff;
     }
     if (TY == DT_ROCMFP4) __syncthreads();
-    float acc[32];
+    float acc[NE];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < NE; ++i) acc[i] = 0.0f;
 
     // Software pipeline: the next stage's global loads are issued (into registers)
     // before this stage's products, so their latency hides behind the matrix work.
@@ -1889,7 +1904,7 @@ GPU_DEV void mma_tile(mma_smem& sm, const unsigned char* __restrict__ w, long lo
                 s = gpu_dp4a(0x01010101, araw[j].y, s);
             }
             ad[col][blk] = adr;
-            ads[col][blk] = adr * (float)s;
+            ads[col][blk] = adr * gpu_i2f_small(s);
         }
         __syncthreads();
         if (kb0 + MMA_KB < nb) load(kb0 + MMA_KB);
@@ -1898,24 +1913,24 @@ GPU_DEV void mma_tile(mma_smem& sm, const unsigned char* __restrict__ w, long lo
 #pragma unroll 1
         for (int blk = 0; blk < (busy ? MMA_KB : 0); ++blk) {
             if (!halves) {
-                int s[32];
-                mma_tile_dot(ws, as_, blk * 8, 8, s);
+                int s[NE];
+                mma_tile_dot<MT, NT>(ws, as_, blk * 8, 8, s);
 #pragma unroll
-                for (int i = 0; i < 32; ++i) {
-                    const int row = wr + mma_row(i, lane), col = wc + mma_col(i, lane);
+                for (int i = 0; i < NE; ++i) {
+                    const int row = wr + mma_row<MT, NT>(i, lane), col = wc + mma_col<MT, NT>(i, lane);
                     const float ds = ad[col][blk] * wa[row][blk * 2];
-                    acc[i] = fmaf(ds, (float)s[i], acc[i]);
+                    acc[i] = fmaf(ds, gpu_i2f_small(s[i]), acc[i]);
                     if (TY == MT_107) acc[i] = fmaf(-wo[row][blk], ads[col][blk], acc[i]);
                 }
             } else {
-                int s0[32], s1[32];
-                mma_tile_dot(ws, as_, blk * 8, 4, s0);
-                mma_tile_dot(ws, as_, blk * 8 + 4, 4, s1);
+                int s0[NE], s1[NE];
+                mma_tile_dot<MT, NT>(ws, as_, blk * 8, 4, s0);
+                mma_tile_dot<MT, NT>(ws, as_, blk * 8 + 4, 4, s1);
 #pragma unroll
-                for (int i = 0; i < 32; ++i) {
-                    const int row = wr + mma_row(i, lane), col = wc + mma_col(i, lane);
-                    const float v = fmaf(wa[row][blk * 2], (float)s0[i],
-                                         wa[row][blk * 2 + 1] * (float)s1[i]);
+                for (int i = 0; i < NE; ++i) {
+                    const int row = wr + mma_row<MT, NT>(i, lane), col = wc + mma_col<MT, NT>(i, lane);
+                    const float v = fmaf(wa[row][blk * 2], gpu_i2f_small(s0[i]),
+                                         wa[row][blk * 2 + 1] * gpu_i2f_small(s1[i]));
                     acc[i] = fmaf(ad[col][blk], v, acc[i]);
                 }
             }
@@ -1923,19 +1938,33 @@ GPU_DEV void mma_tile(mma_smem& sm, const unsigned char* __restrict__ w, long lo
         __syncthreads();
     }
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-        const int gr = r0 + wr + mma_row(i, lane), oc = ocol[wc + mma_col(i, lane)];
+    for (int i = 0; i < NE; ++i) {
+        const int gr = r0 + wr + mma_row<MT, NT>(i, lane), oc = ocol[wc + mma_col<MT, NT>(i, lane)];
         if (gr < m && oc >= 0) out[(long long)oc * m + gr] = acc[i];
     }
 }
 
-// mma_tile for a run-time type (MT_107, DT_Q8_0, DT_ROCMFP4).
+// mma_tile for a run-time type (MT_107, DT_Q8_0, DT_ROCMFP4): the narrow warp layout
+// for a column tile of at most 16 columns (MMQ_NARROW_OFF, a compile option: never;
+// A/B runs), else the wide one.
+template <int TY>
+GPU_DEV void mma_tile_w(mma_smem& sm, const unsigned char* __restrict__ w, long long row_bytes,
+                        int nb, int m, int r0, int ncols, const q8_1_block* __restrict__ act,
+                        float* __restrict__ out, int affine) {
+#if !defined(MMQ_NARROW_OFF)
+    if (ncols <= 16) {  // (the same for the whole block)
+        mma_tile<TY, true>(sm, w, row_bytes, nb, m, r0, ncols, act, out, affine);
+        return;
+    }
+#endif
+    mma_tile<TY, false>(sm, w, row_bytes, nb, m, r0, ncols, act, out, affine);
+}
 GPU_DEV void mma_tile_any(mma_smem& sm, int ty, const unsigned char* __restrict__ w,
                           long long row_bytes, int nb, int m, int r0, int ncols,
                           const q8_1_block* __restrict__ act, float* __restrict__ out, int affine) {
-    if (ty == MT_107) mma_tile<MT_107>(sm, w, row_bytes, nb, m, r0, ncols, act, out, affine);
-    else if (ty == DT_Q8_0) mma_tile<DT_Q8_0>(sm, w, row_bytes, nb, m, r0, ncols, act, out, affine);
-    else mma_tile<DT_ROCMFP4>(sm, w, row_bytes, nb, m, r0, ncols, act, out, affine);
+    if (ty == MT_107) mma_tile_w<MT_107>(sm, w, row_bytes, nb, m, r0, ncols, act, out, affine);
+    else if (ty == DT_Q8_0) mma_tile_w<DT_Q8_0>(sm, w, row_bytes, nb, m, r0, ncols, act, out, affine);
+    else mma_tile_w<DT_ROCMFP4>(sm, w, row_bytes, nb, m, r0, ncols, act, out, affine);
 }
 
 // Columns c0 .. c0 + 63 of a dense product with n columns.
@@ -1956,7 +1985,7 @@ extern "C" __global__ void __launch_bounds__(256)
     gpu_count_launch(counters, KID_MMQ_MMA_107);
     __shared__ mma_smem sm;
     mma_dense_cols(sm, blockIdx.y * MMA_BN, n);
-    mma_tile<MT_107>(sm, w, (long long)nb * RF2_BLOCK_BYTES, nb, m, blockIdx.x * MMA_BM,
+    mma_tile_w<MT_107>(sm, w, (long long)nb * RF2_BLOCK_BYTES, nb, m, blockIdx.x * MMA_BM,
                      n - (int)blockIdx.y * MMA_BN, act, out, affine);
 }
 

@@ -331,45 +331,48 @@ fn dense_mmq(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
             }
         }
         into_result((g.be.free)(bw)).unwrap();
-        // Grouped: 8 experts of 300 x 2048, 64 tokens x 6 slots (48 pairs per expert).
-        let (k, m, experts, slots, n_tok) = (2048usize, 300usize, 8usize, 6usize, 64usize);
-        let (w, wv) = random_dense(rng, ty, experts * m, k);
-        let pairs = n_tok * slots;
-        let x: Vec<f32> = (0..n_tok * k).map(|_| rng.f32()).collect();
-        let ids: Vec<i32> = (0..pairs)
-            .map(|p| {
-                if rng.below(10) == 0 {
-                    -1
-                } else {
-                    ((p % slots + rng.below(2) as usize * slots) % experts) as i32
-                }
-            })
-            .collect();
-        let (before, gr, wr, zeros) = run_dense_id(
-            g,
-            ty,
-            (&w, &wv),
-            &x,
-            &quant(&x, k),
-            &ids,
-            [k, m, experts, slots, n_tok],
-        );
-        let want_kernel = if tiles {
-            "mmq_mma_id"
-        } else {
-            "matvec_dense_rows_id"
-        };
-        let e = if zeros { nmse(&gr, &wr) } else { f64::INFINITY };
-        report(
-            ty,
-            "id",
-            k,
-            m,
-            pairs,
-            e,
-            ran(&before, want_kernel),
-            want_kernel,
-        );
+        // Grouped: 8 experts of 300 x 2048, 6 slots; 64 tokens (48 pairs per expert: the
+        // wide warp layout) and 16 (12: column tiles of at most 16, the narrow one).
+        for n_tok in [64usize, 16] {
+            let (k, m, experts, slots) = (2048usize, 300usize, 8usize, 6usize);
+            let (w, wv) = random_dense(rng, ty, experts * m, k);
+            let pairs = n_tok * slots;
+            let x: Vec<f32> = (0..n_tok * k).map(|_| rng.f32()).collect();
+            let ids: Vec<i32> = (0..pairs)
+                .map(|p| {
+                    if rng.below(10) == 0 {
+                        -1
+                    } else {
+                        ((p % slots + rng.below(2) as usize * slots) % experts) as i32
+                    }
+                })
+                .collect();
+            let (before, gr, wr, zeros) = run_dense_id(
+                g,
+                ty,
+                (&w, &wv),
+                &x,
+                &quant(&x, k),
+                &ids,
+                [k, m, experts, slots, n_tok],
+            );
+            let want_kernel = if tiles {
+                "mmq_mma_id"
+            } else {
+                "matvec_dense_rows_id"
+            };
+            let e = if zeros { nmse(&gr, &wr) } else { f64::INFINITY };
+            report(
+                ty,
+                "id",
+                k,
+                m,
+                pairs,
+                e,
+                ran(&before, want_kernel),
+                want_kernel,
+            );
+        }
     }
     all_ok
 }

@@ -57,6 +57,7 @@ pub fn compile(arch: &str) -> Result<(Arc<Vec<u8>>, bool), String> {
         "-default-device".to_string(),
     ];
     opts.extend(pdl_early().map(str::to_string));
+    opts.extend(ab_defines().into_iter().map(str::to_string));
     let (maj, min) = nvrtc_version();
     let ver = format!("nvrtc {maj}.{min}");
     let file = kernels::cache_file(&src, &opts, &ver, arch, "cubin");
@@ -131,6 +132,23 @@ fn pdl_early() -> Option<&'static str> {
         Ok("small") => Some("-DGPU_PDL_EARLY_SMALL=1"),
         _ => None,
     }
+}
+
+/// Compile-time kernel switches for A/B runs, each the same sums as the default:
+/// `MOE_GPU_PLAIN_I2F=1` converts the quantised kernels' integer sums with the plain
+/// int-to-float instruction instead of `gpu_i2f_small` (the same bits);
+/// `MOE_GPU_MMQ_NARROW=0` keeps the wide warp layout for MMQ column tiles of at most 16
+/// columns (the same sums in the same order).
+fn ab_defines() -> Vec<&'static str> {
+    let set = |var: &str, val: &str| std::env::var_os(var).is_some_and(|v| v == val);
+    let mut d = Vec::new();
+    if set("MOE_GPU_PLAIN_I2F", "1") {
+        d.push("-DGPU_PLAIN_I2F=1");
+    }
+    if set("MOE_GPU_MMQ_NARROW", "0") {
+        d.push("-DMMQ_NARROW_OFF=1");
+    }
+    d
 }
 
 impl Module {
