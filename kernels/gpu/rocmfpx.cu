@@ -38,6 +38,8 @@
 #define KID_MATVEC_DENSE_Q8_MULTI 41
 #define KID_MATVEC_DENSE_Q8_ID 42
 #define KID_QUANTIZE_Q8_1_SWIGLU 43
+#define KID_MMB_DENSE 50
+#define KID_MMB_ID 51
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -2034,5 +2036,313 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         mma_tile_any(sm, ty, w + (long long)e * expert_bytes, row_bytes, nb, m, r0, end - c0, act,
                      out, affine);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Prefill products on bf16 matrix units (MMB; CUDA sm_80+, opt-in: MOE_GPU_MMB=1; on the
+// H200 10% slower end to end than the int8 tiles, 16x closer to the CPU's sums on the
+// ROCmFP4 fixture - docs/notes/ds4-gpu-h200.md, 2026-12-03 22:07): type-107 (both meanings) and
+// ROCmFP4 (100) weights are decoded to bf16 with their scales folded in (107 affine:
+// c S - O and two-scale: (c - 1) E rounded to bf16; ROCmFP4's values are exact), the
+// f32 activations are rounded to bf16 as they are staged (no q8_1 pass), and the
+// matrix units accumulate in f32 over the whole k. The int8 tiles above must scale
+// every output element once a 32-value block in f32 (5 - 7 instructions per element
+// and block, most of their work); here nothing follows the products but the store.
+// Tile and warp layouts as mma_tile's (128 x 64, wide 32 x 32 or narrow 16 x 16 a
+// warp); a stage is MMB_KB k-blocks. Weight decode: 107 through a table of prmt
+// selectors (a code byte -> two pairs of bf16 picked from the block's four values),
+// ROCmFP4 through a table of signed code pairs as bf16 times the half's scale.
+#define MMB_KB 2
+#define MMB_LD (MMB_KB * 16 + 4)  // 32-bit words a staged row (bf16 pairs) + 4 pad
+
+struct mmb_smem {
+    unsigned int wq[MMA_BM * MMB_LD];
+    unsigned int aq[MMA_BN * MMB_LD];
+    unsigned int lut[256];
+    int acol[MMA_BN], ocol[MMA_BN];
+};
+
+// Two floats as bf16 (round to nearest even) in one word, lo in the low half.
+GPU_DEV unsigned int gpu_bf16x2(float lo, float hi) {
+#if defined(RF_MMA_PTX)
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    const unsigned int a = (unsigned int)__float_as_int(lo), b = (unsigned int)__float_as_int(hi);
+    const unsigned int ra = (a + 0x7fffu + ((a >> 16) & 1u)) >> 16;
+    const unsigned int rb = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+    return ra | (rb << 16);
+#endif
+}
+
+// Both bf16 halves of a times those of b (exact here: code magnitudes times scales).
+GPU_DEV unsigned int gpu_bf16x2_mul(unsigned int a, unsigned int b) {
+#if defined(RF_MMA_PTX)
+    unsigned int r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
+    return r;
+#else
+    const float lo = __int_as_float((int)(a << 16)) * __int_as_float((int)(b << 16));
+    const float hi = __int_as_float((int)(a & 0xffff0000u)) * __int_as_float((int)(b & 0xffff0000u));
+    return gpu_bf16x2(lo, hi);
+#endif
+}
+
+// The decode table of type TY, entry t: 107: for code byte t (codes c0..c3), the prmt
+// selectors of (c0, c1) in the low half and (c2, c3) in the high half, picking bf16
+// value c (bytes 2c, 2c + 1) of a block's four; ROCmFP4: codes (t & 15, t >> 4) as
+// signed bf16 magnitudes.
+template <int TY>
+GPU_DEV unsigned int mmb_lut(unsigned int t) {
+    if (TY == MT_107) {
+        unsigned int s = 0;
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const unsigned int c0 = (t >> (4 * p)) & 3u, c1 = (t >> (4 * p + 2)) & 3u;
+            s |= (0x1010u + 34u * c0 + 8704u * c1) << (16 * p);
+        }
+        return s;
+    }
+    float v[2];
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        const int c = (int)((t >> (4 * p)) & 15u), mm = c & 7;
+        const float a = (float)(mm <= 4 ? mm : 2 * mm - 4);
+        v[p] = c & 8 ? -a : a;
+    }
+    return gpu_bf16x2(v[0], v[1]);
+}
+
+// Raw words of one weight block: 107: the two code words and the scale bytes; ROCmFP4:
+// the four code words and the scale bytes.
+template <int TY>
+GPU_DEV constexpr int mmb_raw_words() {
+    return TY == MT_107 ? 3 : 5;
+}
+
+// One block's 32 values as 16 bf16 pairs (value 2j in the low half of dst[j]).
+template <int TY>
+GPU_DEV void mmb_decode(const unsigned int (&r)[mmb_raw_words<TY>()], int affine,
+                        const unsigned int* lut, unsigned int* dst) {
+    if (TY == MT_107) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            // Half h's four values (affine: both halves the same).
+            const float e = ue4m3(h && !affine ? r[2] >> 8 : r[2]);
+            const float o = affine ? ue4m3(r[2] >> 8) : e;  // value c = c e - o
+            const unsigned int t0 = gpu_bf16x2(-o, e - o);
+            const unsigned int t1 = gpu_bf16x2(2.0f * e - o, 3.0f * e - o);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const unsigned int sel = lut[(r[h] >> (8 * i)) & 255u];
+                dst[8 * h + 2 * i] = gpu_perm(t0, t1, sel);
+                dst[8 * h + 2 * i + 1] = gpu_perm(t0, t1, sel >> 16);
+            }
+        }
+    } else {
+        const float e0 = ue4m3(r[4]), e1 = ue4m3(r[4] >> 8);
+        const unsigned int s0 = gpu_bf16x2(e0, e0), s1 = gpu_bf16x2(e1, e1);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            // Bytes 4q..4q+3: values 4q.. (low nibbles, scale 0), 16 + 4q.. (high, scale 1).
+            const unsigned int w = r[q];
+            dst[2 * q] = gpu_bf16x2_mul(lut[(w & 0xfu) | ((w >> 4) & 0xf0u)], s0);
+            dst[2 * q + 1] = gpu_bf16x2_mul(lut[((w >> 16) & 0xfu) | ((w >> 20) & 0xf0u)], s0);
+            dst[8 + 2 * q] = gpu_bf16x2_mul(lut[((w >> 4) & 0xfu) | ((w >> 8) & 0xf0u)], s1);
+            dst[8 + 2 * q + 1] = gpu_bf16x2_mul(lut[((w >> 20) & 0xfu) | ((w >> 24) & 0xf0u)], s1);
+        }
+    }
+}
+
+// The warp's bf16 products over one staged k16 step s: as mma_tile_dot's layout.
+template <int MT, int NT>
+GPU_DEV void mmb_tile_dot(const unsigned int* ws, const unsigned int* as_, int s,
+                          float (&acc)[MMA_NE(MT, NT)]) {
+#if defined(RF_MMA_PTX)
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const unsigned int* r0 = ws + (mt * 16 + g) * MMB_LD + 8 * s + t;
+        const unsigned int* r1 = r0 + 8 * MMB_LD;
+        const unsigned int a0 = r0[0], a1 = r1[0], a2 = r0[4], a3 = r1[4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const unsigned int* c = as_ + (nt * 8 + g) * MMB_LD + 8 * s + t;
+            float* d = acc + (mt * NT + nt) * 4;
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(c[0]), "r"(c[4]));
+        }
+    }
+#else
+    // (never launched off CUDA sm_80+: the backends pick the int8 tiles there)
+    (void)ws;
+    (void)as_;
+    (void)s;
+    (void)acc;
+#endif
+}
+
+// Columns acol[] (f32 columns of x, k values each; -1: zeros) of the MMB tile at rows r0..
+template <int TY, bool NARROW>
+GPU_DEV void mmb_tile(mmb_smem& sm, const unsigned char* __restrict__ w, long long row_bytes,
+                      int nb, int m, int r0, int ncols, const float* __restrict__ x,
+                      float* __restrict__ out, int affine) {
+    constexpr int MT = NARROW ? 1 : 2, NT = NARROW ? 2 : 4, NE = MMA_NE(MT, NT);
+    constexpr int NW = mmb_raw_words<TY>();
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int wr = NARROW ? warp * 16 : (warp & 3) * 32, wc = NARROW ? 0 : (warp >> 2) * 32;
+    const long long k = (long long)nb * 32;
+    float acc[NE];
+#pragma unroll
+    for (int i = 0; i < NE; ++i) acc[i] = 0.0f;
+    // Thread t stages weight block (row t / 2, block t % 2) and activation values
+    // 16 (t % 4).. of column t / 4; the next stage's loads are issued before this
+    // stage's products (software pipeline, as mma_tile).
+    const int wrow = t >> 1, wblk = t & 1, acl = t >> 2, apart = t & 3;
+    const int gcol = sm.acol[acl];
+    unsigned int wraw[NW];
+    gpu_f4 araw[4];
+    auto load = [&](int kb0) {
+        const int gr = r0 + wrow, gb = kb0 + wblk;
+        if (gr < m && gb < nb) {
+            const unsigned char* bp = w + gr * row_bytes + (long long)gb * mma_block_bytes<TY>();
+            if (TY == MT_107) {
+                wraw[0] = gpu_load_u32_a2(bp);
+                wraw[1] = gpu_load_u32_a2(bp + 4);
+                wraw[2] = gpu_load_u16(bp + 8);
+            } else {
+#pragma unroll
+                for (int q = 0; q < 4; ++q) wraw[q] = gpu_load_u32_a2(bp + 4 * q);
+                wraw[4] = gpu_load_u16(bp + 16);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < NW; ++j) wraw[j] = 0u;  // zero scales: zero values
+        }
+        const long long k0 = (long long)kb0 * 32 + 16 * apart;
+        if (gcol >= 0 && k0 < k) {
+            const gpu_f4* xp = (const gpu_f4*)(x + (long long)gcol * k + k0);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) araw[j] = xp[j];
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) araw[j] = gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+        }
+    };
+    load(0);
+    for (int kb0 = 0; kb0 < nb; kb0 += MMB_KB) {
+        {
+            unsigned int v[16];
+            mmb_decode<TY>(wraw, affine, sm.lut, v);
+            gpu_u4* dst = (gpu_u4*)(sm.wq + wrow * MMB_LD + 16 * wblk);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) dst[j] = gpu_u4{v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]};
+            unsigned int a[8];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                a[2 * j] = gpu_bf16x2(araw[j].x, araw[j].y);
+                a[2 * j + 1] = gpu_bf16x2(araw[j].z, araw[j].w);
+            }
+            gpu_u4* da = (gpu_u4*)(sm.aq + acl * MMB_LD + 8 * apart);
+            da[0] = gpu_u4{a[0], a[1], a[2], a[3]};
+            da[1] = gpu_u4{a[4], a[5], a[6], a[7]};
+        }
+        __syncthreads();
+        if (kb0 + MMB_KB < nb) load(kb0 + MMB_KB);
+        if (wc < ncols) {  // (valid columns come first: a warp past them has none)
+            const unsigned int* ws = sm.wq + wr * MMB_LD;
+            const unsigned int* as_ = sm.aq + wc * MMB_LD;
+#pragma unroll
+            for (int s = 0; s < 2 * MMB_KB; ++s) mmb_tile_dot<MT, NT>(ws, as_, s, acc);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < NE; ++i) {
+        const int gr = r0 + wr + mma_row<MT, NT>(i, lane), oc = sm.ocol[wc + mma_col<MT, NT>(i, lane)];
+        if (gr < m && oc >= 0) out[(long long)oc * m + gr] = acc[i];
+    }
+}
+
+// The table, then the tile in the narrow layout for at most 16 columns, else the wide.
+template <int TY>
+GPU_DEV void mmb_tile_w(mmb_smem& sm, const unsigned char* __restrict__ w, long long row_bytes,
+                        int nb, int m, int r0, int ncols, const float* __restrict__ x,
+                        float* __restrict__ out, int affine) {
+    if (ncols <= 16) mmb_tile<TY, true>(sm, w, row_bytes, nb, m, r0, ncols, x, out, affine);
+    else mmb_tile<TY, false>(sm, w, row_bytes, nb, m, r0, ncols, x, out, affine);
+}
+
+template <int TY>
+GPU_DEV void mmb_lut_fill(mmb_smem& sm) {
+    sm.lut[threadIdx.x] = mmb_lut<TY>(threadIdx.x);  // (256 threads)
+}
+
+// Columns c0 .. c0 + 63 of a dense product with n columns (the table filled, then a
+// barrier).
+GPU_DEV void mmb_dense_cols(mmb_smem& sm, int c0, int n) {
+    if (threadIdx.x < MMA_BN) {
+        const int c = c0 + (int)threadIdx.x;
+        sm.acol[threadIdx.x] = sm.ocol[threadIdx.x] = c < n ? c : -1;
+    }
+    __syncthreads();
+}
+
+// out[c*m + r] = sum_i W[r][i] * x[c*k + i] for type-107 (ty 107, `affine`) or ROCmFP4
+// (ty 100) weights, x f32 (16-byte aligned). grid = (ceil(m / 128), ceil(n / 64)),
+// block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    mmb_dense(const unsigned char* __restrict__ w, long long row_bytes, int ty, int nb, int m,
+              int n, const float* __restrict__ x, float* __restrict__ out, int affine,
+              unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMB_DENSE);
+    __shared__ mmb_smem sm;
+    const int r0 = blockIdx.x * MMA_BM, ncols = n - (int)blockIdx.y * MMA_BN;
+    if (ty == MT_107) mmb_lut_fill<MT_107>(sm);
+    else mmb_lut_fill<DT_ROCMFP4>(sm);
+    mmb_dense_cols(sm, blockIdx.y * MMA_BN, n);
+    if (ty == MT_107) mmb_tile_w<MT_107>(sm, w, row_bytes, nb, m, r0, ncols, x, out, affine);
+    else mmb_tile_w<DT_ROCMFP4>(sm, w, row_bytes, nb, m, r0, ncols, x, out, affine);
+}
+
+// The grouped form (MATMUL_ID, pairs sorted by moe_sort; as mmq_mma_id): block row y
+// takes the y-th non-empty list, its pairs as tiles of 64 columns over 128 rows of
+// that expert; the masked list gets zeros. x: f32 columns of k (per pair or per token).
+// grid = (ceil(m / 128), min(pairs, n_experts) + 1), block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    mmb_id(const unsigned char* __restrict__ w, long long expert_bytes, long long row_bytes,
+           int ty, int nb, int m, int n_experts, const float* __restrict__ x, int act_per_pair,
+           int n_slots, const int* __restrict__ offsets, const int* __restrict__ active,
+           const int* __restrict__ sorted, float* __restrict__ out, int affine,
+           unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMB_ID);
+    __shared__ mmb_smem sm;
+    if ((int)blockIdx.y >= active[0]) return;
+    const int e = active[1 + blockIdx.y], r0 = blockIdx.x * MMA_BM;
+    const int begin = offsets[e], end = offsets[e + 1];
+    if (e == n_experts) {
+        for (int i = begin; i < end; ++i)
+            for (int r = r0 + (int)threadIdx.x; r < r0 + MMA_BM && r < m; r += 256)
+                out[(long long)sorted[i] * m + r] = 0.0f;
+        return;
+    }
+    if (ty == MT_107) mmb_lut_fill<MT_107>(sm);
+    else mmb_lut_fill<DT_ROCMFP4>(sm);
+    for (int c0 = begin; c0 < end; c0 += MMA_BN) {
+        __syncthreads();  // the last tile's stores have read ocol (and the table is in)
+        if (threadIdx.x < MMA_BN) {
+            const int i = c0 + (int)threadIdx.x;
+            const int p = i < end ? sorted[i] : -1;
+            sm.acol[threadIdx.x] = p < 0 ? -1 : (act_per_pair ? p : p / n_slots);
+            sm.ocol[threadIdx.x] = p;
+        }
+        __syncthreads();
+        const unsigned char* we = w + (long long)e * expert_bytes;
+        if (ty == MT_107) mmb_tile_w<MT_107>(sm, we, row_bytes, nb, m, r0, end - c0, x, out, affine);
+        else mmb_tile_w<DT_ROCMFP4>(sm, we, row_bytes, nb, m, r0, end - c0, x, out, affine);
     }
 }

@@ -20,12 +20,21 @@ use std::sync::atomic::Ordering;
 
 use moe_backend_cuda::{
     ops::{
-        mmq_kernel, FORCE_HC_GSYNC, FORCE_MMQ_DP4A, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE,
-        OP_MATMUL_ID,
+        mmq_kernel, FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_Q8_DECODE, FP2_AFFINE,
+        FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
 use moe_plugin_api::{into_result, ops, types, Backend, BlockQ8_1, OpParams, TensorRef};
+
+/// Whether prefill products of type 107 / ROCmFP4 take the bf16 tiles (`mmb_dense`,
+/// `mmb_id`) on a device of compute capability `cc`: sm_80 on, with MOE_GPU_MMB=1 or
+/// forced by a test.
+fn mmb(cc: (i32, i32)) -> bool {
+    cc.0 >= 8
+        && (FORCE_MMB.load(Ordering::Relaxed)
+            || std::env::var_os("MOE_GPU_MMB").is_some_and(|v| v == "1"))
+}
 
 struct Rng(u64);
 impl Rng {
@@ -292,15 +301,21 @@ fn dense_mmq(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
         let key = format!("{name}.device");
         g.counters().get(&key) > before.get(&key)
     };
-    for ty in [8u32, 100] {
+    // ROCmFP4 twice where the bf16 tiles exist: as configured, then forced onto them.
+    let runs: Vec<(u32, bool)> = [(8u32, false), (100, false), (100, true)]
+        .into_iter()
+        .filter(|&(_, force)| !force || (tiles && cc.0 >= 8))
+        .collect();
+    for (ty, force) in runs {
+        FORCE_MMB.store(force, Ordering::Relaxed);
         // m not a multiple of the 128-row tile: the edge rows are exercised.
         let (k, m) = (4096usize, 1000usize);
         let (w, wv) = random_dense(rng, ty, m, k);
         let bw = g.buf(&w);
-        let want_kernel = if tiles {
-            "mmq_mma_dense"
-        } else {
-            "matvec_dense"
+        let want_kernel = match (tiles, ty == 100 && mmb(cc)) {
+            (true, true) => "mmb_dense",
+            (true, false) => "mmq_mma_dense",
+            _ => "matvec_dense",
         };
         for n in [16usize, 100] {
             let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
@@ -356,10 +371,10 @@ fn dense_mmq(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
                 &ids,
                 [k, m, experts, slots, n_tok],
             );
-            let want_kernel = if tiles {
-                "mmq_mma_id"
-            } else {
-                "matvec_dense_rows_id"
+            let want_kernel = match (tiles, ty == 100 && mmb(cc)) {
+                (true, true) => "mmb_id",
+                (true, false) => "mmq_mma_id",
+                _ => "matvec_dense_rows_id",
             };
             let e = if zeros { nmse(&gr, &wr) } else { f64::INFINITY };
             report(
@@ -373,6 +388,7 @@ fn dense_mmq(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
                 want_kernel,
             );
         }
+        FORCE_MMB.store(false, Ordering::Relaxed);
     }
     all_ok
 }
@@ -1299,16 +1315,23 @@ fn main() {
                 .collect();
             let want = ref_matmul(&w, m, k, &act, variant == FP2_AFFINE);
             let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * nmax * 4));
-            // n > 8 runs twice where the tensor-core MMQ exists: it, then the dp4a one.
-            let runs: Vec<(usize, bool)> = ns
+            // n > 8 runs each tile kernel the device has: as configured (the int8
+            // tensor-core one from sm_80), the bf16 one, then the dp4a one (mode 0, 1, 2).
+            let runs: Vec<(usize, u8)> = ns
                 .iter()
                 .flat_map(|&n| {
-                    let both = n > 8 && mmq_kernel(dev.cc) != "mmq_dp4a_107";
-                    std::iter::once((n, false)).chain(both.then_some((n, true)))
+                    let modes: &[u8] = match (n > 8, mmq_kernel(dev.cc) != "mmq_dp4a_107") {
+                        (false, _) => &[0],
+                        (true, true) if dev.cc.0 >= 8 => &[0, 1, 2],
+                        (true, true) => &[0, 2],
+                        (true, false) => &[0],
+                    };
+                    modes.iter().map(move |&mode| (n, mode))
                 })
                 .collect();
-            for &(n, force) in &runs {
-                FORCE_MMQ_DP4A.store(force, Ordering::Relaxed);
+            for &(n, mode) in &runs {
+                FORCE_MMB.store(mode == 1, Ordering::Relaxed);
+                FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
                 let before = g.counters();
                 g.op(
                     ops::MATMUL,
@@ -1328,10 +1351,13 @@ fn main() {
                     .collect();
                 let expect_kernel = if n <= 8 {
                     format!("mmvq_107_n{n}")
+                } else if mmb(dev.cc) {
+                    "mmb_dense".to_string()
                 } else {
                     mmq_kernel(dev.cc).to_string()
                 };
                 FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
+                FORCE_MMB.store(false, Ordering::Relaxed);
                 let e = nmse(&got, &want[..m * n]);
                 let ok = e <= 5e-4 && ran == [expect_kernel.clone()];
                 all_ok &= ok;
@@ -1369,12 +1395,25 @@ fn main() {
             let w = random_weights(&mut rng, experts * m, k);
             let ebytes = m * k / 32 * 10;
             let bw = g.buf(&w);
-            for n_tok in [1usize, 2, 4, 8, 9, 16, 256] {
+            // 16 and 256 tokens take the tiles: again forced onto the bf16 ones.
+            let runs: Vec<(usize, bool)> = [1usize, 2, 4, 8, 9, 16, 256]
+                .into_iter()
+                .map(|n| (n, false))
+                .chain(
+                    [(16, true), (256, true)]
+                        .into_iter()
+                        .filter(|_| dev.cc.0 >= 8),
+                )
+                .collect();
+            for (n_tok, force) in runs {
+                FORCE_MMB.store(force, Ordering::Relaxed);
                 let pairs = n_tok * slots;
                 // From 4 pairs per expert on matrix-unit devices: the MMQ tiles, which sum
                 // in another order than MMVQ (so no bit-identity asked of them).
                 let tiles = pairs >= 4 * experts && mmq_kernel(dev.cc) == "mmq_mma_107";
-                let kernel = if tiles {
+                let kernel = if tiles && mmb(dev.cc) {
+                    "mmb_id"
+                } else if tiles {
                     "mmq_mma_id"
                 } else if n_tok == 1 {
                     "mmvq_id_107" // one token: no sort
@@ -1493,6 +1532,7 @@ fn main() {
                 for b in [bx, bi, bo, bp] {
                     into_result((g.be.free)(b)).unwrap();
                 }
+                FORCE_MMB.store(false, Ordering::Relaxed);
             }
             into_result((g.be.free)(bw)).unwrap();
         }
@@ -1571,16 +1611,25 @@ fn main() {
             );
             json.push(format!("{{\"bench\":\"mmvq\",\"k\":{k},\"m\":{rows},\"n\":{n},\"us\":{:.2},\"gbps\":{gbps:.1},\"of_copy\":{:.3}}}", ms * 1e3, gbps * 1e9 / copy_bw));
         }
-        // MMQ on one expert-sized and on a 16-expert-tall matrix, 512 columns; each
-        // MMQ kernel the device has (tensor-core, then dp4a).
-        let mmq_runs: Vec<(u64, usize, bool)> = [(m as u64, 512usize), (16 * m as u64, 512)]
+        // MMQ on one expert-sized and on a 16-expert-tall matrix, 512 columns; each tile
+        // kernel the device has (bf16, int8 tensor-core, dp4a: mode 0, 1, 2).
+        let mmq_runs: Vec<(u64, usize, u8)> = [(m as u64, 512usize), (16 * m as u64, 512)]
             .into_iter()
-            .flat_map(|(mr, n)| [(mr, n, false), (mr, n, true)])
-            .filter(|&(_, _, force)| !force || mmq_kernel(dev.cc) != "mmq_dp4a_107")
+            .flat_map(|(mr, n)| [(mr, n, 0u8), (mr, n, 1), (mr, n, 2)])
+            .filter(|&(_, _, mode)| match mode {
+                0 => true,
+                1 => dev.cc.0 >= 8 && !mmb(dev.cc),
+                _ => mmq_kernel(dev.cc) != "mmq_dp4a_107",
+            })
             .collect();
-        for (mrows, n, force) in mmq_runs {
-            FORCE_MMQ_DP4A.store(force, Ordering::Relaxed);
-            let kname = mmq_kernel(dev.cc);
+        for (mrows, n, mode) in mmq_runs {
+            FORCE_MMB.store(mode == 1, Ordering::Relaxed);
+            FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
+            let kname = if mmb(dev.cc) {
+                "mmb_dense"
+            } else {
+                mmq_kernel(dev.cc)
+            };
             let ms = g.time(10, || {
                 g.op(
                     ops::MATMUL,
@@ -1594,6 +1643,7 @@ fn main() {
             let tf = 2.0 * mrows as f64 * k as f64 * n as f64 / (ms * 1e-3) / 1e12;
             let gbps = (mrows as f64 * k as f64 / 32.0 * 10.0) / (ms * 1e-3) / 1e9;
             FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
+            FORCE_MMB.store(false, Ordering::Relaxed);
             println!(
                 "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
                 kname,

@@ -29,6 +29,15 @@ use crate::{
 /// Forces the dp4a MMQ kernel even where the tensor-core one runs (benchmarks and
 /// parity comparisons only; off by default).
 pub static FORCE_MMQ_DP4A: AtomicBool = AtomicBool::new(false);
+/// Tests: the bf16 MMB tiles without `MOE_GPU_MMB=1` (see `bf16_tiles`).
+pub static FORCE_MMB: AtomicBool = AtomicBool::new(false);
+
+/// `MOE_GPU_MMB=1`: prefill products of type 107 / ROCmFP4 on the bf16 tiles (more
+/// accurate, measured slower: see the README).
+fn mmb_env() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MOE_GPU_MMB").is_some_and(|v| v == "1"))
+}
 
 /// The MMQ kernel MATMUL uses for more than 8 columns on a device of compute capability
 /// `cc`: `mmq_mma_107` (mma.sync int8) from sm_80, else `mmq_dp4a_107`.
@@ -101,6 +110,14 @@ impl plan::Gpu for Stream<'_> {
         rt::runtime()
             .and_then(|r| r.device(self.device))
             .map_or(0, |d| d.multiprocessors.max(0) as u32)
+    }
+
+    fn bf16_tiles(&self) -> bool {
+        // mma.sync on bf16 and cvt.rn.bf16x2: sm_80 on; opt-in.
+        (mmb_env() || FORCE_MMB.load(Ordering::Relaxed))
+            && rt::runtime()
+                .and_then(|r| r.device(self.device))
+                .is_ok_and(|d| d.cc.0 >= 8)
     }
 }
 

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 50] = [
+pub const KERNELS: [&str; 52] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -60,6 +60,8 @@ pub const KERNELS: [&str; 50] = [
     "ds4_attention_merge",
     "ds4_index_scores_mm",
     "ds4_index_scores_mm_tc",
+    "mmb_dense",
+    "mmb_id",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

@@ -1133,6 +1133,28 @@ pub trait Gpu {
     fn multiprocessors(&self) -> u32 {
         0
     }
+    /// Whether prefill products of type 107 / ROCmFP4 take the bf16 MMB tiles (`mmb_dense`
+    /// / `mmb_id`: CUDA sm_80+, opt-in) instead of the int8 MMQ ones.
+    fn bf16_tiles(&self) -> bool {
+        false
+    }
+}
+
+/// Whether a product of weight type `ty` on MMQ tiles takes the bf16 tiles instead: the
+/// device runs them, the type is 107 or ROCmFP4, and the f32 input `x` is 16-byte
+/// aligned (the tiles load it four values at a time).
+pub fn takes_mmb(gpu: &impl Gpu, ty: u32, x: u64) -> bool {
+    matches!(ty, TYPE_Q2_0_ROCMFP2 | TYPE_ROCMFP4) && x.is_multiple_of(16) && gpu.bf16_tiles()
+}
+
+/// The bf16 tiles' launch for a dense product of `m` rows and `n` columns.
+pub fn mmb_dense_launch(m: u64, n: u64) -> Launch {
+    let (bm, bn) = mmq_tile(MMQ_MMA);
+    Launch {
+        name: "mmb_dense",
+        grid: (m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1),
+        block: 256,
+    }
 }
 
 /// One token's MATMUL_ID (`p.sort` is None): x's q8_1 quantisation into scratch, then
@@ -1228,6 +1250,11 @@ pub fn run(
                         gpu.launch(p.launch, &kargs!(pw, rb, k, m, px, po, rows))
                     }
                     DenseLayout::F32Wide => gpu.launch(p.launch, &kargs!(pw, k, m, px, po)),
+                    DenseLayout::Mmq if takes_mmb(gpu, ty as u32, px) => {
+                        let (mut nb, mut affine) = (k / 32, 0i32);
+                        let l = mmb_dense_launch(m as u64, n as u64);
+                        gpu.launch(l, &kargs!(pw, rb, ty, nb, m, n, px, po, affine))
+                    }
                     DenseLayout::Mmq => {
                         let (q, mut n_blocks) = quantize(k as u64, n as u64);
                         let mut pq = gpu.scratch(n_blocks as usize * Q8_BYTES as usize)?;
@@ -1243,6 +1270,16 @@ pub fn run(
             }
             ops::MATMUL => {
                 let p = matmul(args, backend, mmq, ptr)?;
+                if let (Some(mut nn), true) = (p.n_cols, mmq == MMQ_MMA) {
+                    if takes_mmb(gpu, TYPE_Q2_0_ROCMFP2, p.x) {
+                        let (mut pw, mut px, mut po, mut a) = (p.w, p.x, p.out, p.affine);
+                        let (mut nb, mut mm) = (p.blocks, p.m);
+                        let mut rb = p.blocks as i64 * BLOCK_BYTES as i64;
+                        let mut ty = TYPE_Q2_0_ROCMFP2 as i32;
+                        let l = mmb_dense_launch(p.m as u64, p.n);
+                        return gpu.launch(l, &kargs!(pw, rb, ty, nb, mm, nn, px, po, a));
+                    }
+                }
                 let mut pq = gpu.scratch(p.q8_bytes)?;
                 let (q, mut n_blocks) = quantize(p.k, p.n);
                 let mut px = p.x;
@@ -1260,10 +1297,13 @@ pub fn run(
                     return launch_id_one_token(gpu, &p, 0, 0, None);
                 };
                 let base = gpu.scratch(p.layout.bytes)?;
-                let (q, mut n_blocks) = quantize(p.k, p.x_cols);
+                let mmb = p.grouped.name == "mmq_mma_id" && takes_mmb(gpu, p.ty as u32, p.x);
                 let (mut px, mut pq) = (p.x, base);
-                let mut planes = rf2_planes(p.grouped.name);
-                gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?;
+                if !mmb {
+                    let (q, mut n_blocks) = quantize(p.k, p.x_cols);
+                    let mut planes = rf2_planes(p.grouped.name);
+                    gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?;
+                }
                 let mut poff = base + p.layout.offsets;
                 let mut pact = base + p.layout.active;
                 let mut psorted = base + p.layout.sorted;
@@ -1271,7 +1311,20 @@ pub fn run(
                 let (mut pw, mut ebytes, mut nb, mut mm) = (p.w, p.expert_bytes, p.blocks, p.m);
                 let (mut pp, mut ns, mut po, mut a) = (p.per_pair, p.slots, p.out, p.affine);
                 gpu.launch(sort, &kargs!(pi, np, ne, poff, pact, psorted))?;
-                if p.grouped.name == "mmq_mma_id" {
+                if mmb {
+                    // The bf16 tiles read the f32 input itself.
+                    let (mut rb, mut ty) = (p.row_bytes, p.ty);
+                    let l = Launch {
+                        name: "mmb_id",
+                        ..p.grouped
+                    };
+                    gpu.launch(
+                        l,
+                        &kargs!(
+                            pw, ebytes, rb, ty, nb, mm, ne, px, pp, ns, poff, pact, psorted, po, a
+                        ),
+                    )
+                } else if p.grouped.name == "mmq_mma_id" {
                     let (mut rb, mut ty) = (p.row_bytes, p.ty);
                     gpu.launch(
                         p.grouped,
