@@ -1969,13 +1969,38 @@ GPU_DEV void mma_tile_any(mma_smem& sm, int ty, const unsigned char* __restrict_
     else mma_tile_w<DT_ROCMFP4>(sm, w, row_bytes, nb, m, r0, ncols, act, out, affine);
 }
 
-// Columns c0 .. c0 + 63 of a dense product with n columns.
-GPU_DEV void mma_dense_cols(mma_smem& sm, int c0, int n) {
+// Columns c0 .. c0 + 63 of a dense product with n columns (SM: a tile kernel's shared
+// memory, with acol / ocol).
+template <typename SM>
+GPU_DEV void tile_dense_cols(SM& sm, int c0, int n) {
     if (threadIdx.x < MMA_BN) {
         const int c = c0 + (int)threadIdx.x;
         sm.acol[threadIdx.x] = sm.ocol[threadIdx.x] = c < n ? c : -1;
     }
     __syncthreads();
+}
+
+// A grouped tile's columns: sorted pairs c0 .. c0 + 63 of a list ending at `end`, each
+// reading activation column p (per pair) or p / n_slots (per token), -1 past the end.
+template <typename SM>
+GPU_DEV void tile_pair_cols(SM& sm, int c0, int end, const int* __restrict__ sorted,
+                            int act_per_pair, int n_slots) {
+    __syncthreads();  // the last tile's stores have read ocol
+    if (threadIdx.x < MMA_BN) {
+        const int i = c0 + (int)threadIdx.x;
+        const int p = i < end ? sorted[i] : -1;
+        sm.acol[threadIdx.x] = p < 0 ? -1 : (act_per_pair ? p : p / n_slots);
+        sm.ocol[threadIdx.x] = p;
+    }
+    __syncthreads();
+}
+
+// The masked list of a grouped tile kernel: zeros in rows r0 .. r0 + 127 of its pairs.
+GPU_DEV void tile_zero_list(float* __restrict__ out, const int* __restrict__ sorted, int begin,
+                            int end, int r0, int m) {
+    for (int i = begin; i < end; ++i)
+        for (int r = r0 + (int)threadIdx.x; r < r0 + MMA_BM && r < m; r += 256)
+            out[(long long)sorted[i] * m + r] = 0.0f;
 }
 
 // out[c*m + r] = sum_i W[r][i] * x_c[i] for type-107 weights, x as q8_1.
@@ -1986,7 +2011,7 @@ extern "C" __global__ void __launch_bounds__(256)
                 unsigned int* counters) {
     gpu_count_launch(counters, KID_MMQ_MMA_107);
     __shared__ mma_smem sm;
-    mma_dense_cols(sm, blockIdx.y * MMA_BN, n);
+    tile_dense_cols(sm, blockIdx.y * MMA_BN, n);
     mma_tile_w<MT_107>(sm, w, (long long)nb * RF2_BLOCK_BYTES, nb, m, blockIdx.x * MMA_BM,
                      n - (int)blockIdx.y * MMA_BN, act, out, affine);
 }
@@ -1998,7 +2023,7 @@ extern "C" __global__ void __launch_bounds__(256)
                   unsigned int* counters) {
     gpu_count_launch(counters, KID_MMQ_MMA_DENSE);
     __shared__ mma_smem sm;
-    mma_dense_cols(sm, blockIdx.y * MMA_BN, n);
+    tile_dense_cols(sm, blockIdx.y * MMA_BN, n);
     mma_tile_any(sm, ty, w, row_bytes, nb, m, blockIdx.x * MMA_BM, n - (int)blockIdx.y * MMA_BN,
                  act, out, 0);
 }
@@ -2020,20 +2045,11 @@ extern "C" __global__ void __launch_bounds__(256)
     const int e = active[1 + blockIdx.y], r0 = blockIdx.x * MMA_BM;
     const int begin = offsets[e], end = offsets[e + 1];
     if (e == n_experts) {
-        for (int i = begin; i < end; ++i)
-            for (int r = r0 + (int)threadIdx.x; r < r0 + MMA_BM && r < m; r += 256)
-                out[(long long)sorted[i] * m + r] = 0.0f;
+        tile_zero_list(out, sorted, begin, end, r0, m);
         return;
     }
     for (int c0 = begin; c0 < end; c0 += MMA_BN) {
-        __syncthreads(); // the last tile's stores have read ocol
-        if (threadIdx.x < MMA_BN) {
-            const int i = c0 + (int)threadIdx.x;
-            const int p = i < end ? sorted[i] : -1;
-            sm.acol[threadIdx.x] = p < 0 ? -1 : (act_per_pair ? p : p / n_slots);
-            sm.ocol[threadIdx.x] = p;
-        }
-        __syncthreads();
+        tile_pair_cols(sm, c0, end, sorted, act_per_pair, n_slots);
         mma_tile_any(sm, ty, w + (long long)e * expert_bytes, row_bytes, nb, m, r0, end - c0, act,
                      out, affine);
     }
@@ -2282,16 +2298,6 @@ GPU_DEV void mmb_lut_fill(mmb_smem& sm) {
     sm.lut[threadIdx.x] = mmb_lut<TY>(threadIdx.x);  // (256 threads)
 }
 
-// Columns c0 .. c0 + 63 of a dense product with n columns (the table filled, then a
-// barrier).
-GPU_DEV void mmb_dense_cols(mmb_smem& sm, int c0, int n) {
-    if (threadIdx.x < MMA_BN) {
-        const int c = c0 + (int)threadIdx.x;
-        sm.acol[threadIdx.x] = sm.ocol[threadIdx.x] = c < n ? c : -1;
-    }
-    __syncthreads();
-}
-
 // out[c*m + r] = sum_i W[r][i] * x[c*k + i] for type-107 (ty 107, `affine`) or ROCmFP4
 // (ty 100) weights, x f32 (16-byte aligned). grid = (ceil(m / 128), ceil(n / 64)),
 // block = 256.
@@ -2304,7 +2310,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const int r0 = blockIdx.x * MMA_BM, ncols = n - (int)blockIdx.y * MMA_BN;
     if (ty == MT_107) mmb_lut_fill<MT_107>(sm);
     else mmb_lut_fill<DT_ROCMFP4>(sm);
-    mmb_dense_cols(sm, blockIdx.y * MMA_BN, n);
+    tile_dense_cols(sm, blockIdx.y * MMA_BN, n);  // (also orders the table)
     if (ty == MT_107) mmb_tile_w<MT_107>(sm, w, row_bytes, nb, m, r0, ncols, x, out, affine);
     else mmb_tile_w<DT_ROCMFP4>(sm, w, row_bytes, nb, m, r0, ncols, x, out, affine);
 }
@@ -2325,22 +2331,13 @@ extern "C" __global__ void __launch_bounds__(256)
     const int e = active[1 + blockIdx.y], r0 = blockIdx.x * MMA_BM;
     const int begin = offsets[e], end = offsets[e + 1];
     if (e == n_experts) {
-        for (int i = begin; i < end; ++i)
-            for (int r = r0 + (int)threadIdx.x; r < r0 + MMA_BM && r < m; r += 256)
-                out[(long long)sorted[i] * m + r] = 0.0f;
+        tile_zero_list(out, sorted, begin, end, r0, m);
         return;
     }
     if (ty == MT_107) mmb_lut_fill<MT_107>(sm);
     else mmb_lut_fill<DT_ROCMFP4>(sm);
     for (int c0 = begin; c0 < end; c0 += MMA_BN) {
-        __syncthreads();  // the last tile's stores have read ocol (and the table is in)
-        if (threadIdx.x < MMA_BN) {
-            const int i = c0 + (int)threadIdx.x;
-            const int p = i < end ? sorted[i] : -1;
-            sm.acol[threadIdx.x] = p < 0 ? -1 : (act_per_pair ? p : p / n_slots);
-            sm.ocol[threadIdx.x] = p;
-        }
-        __syncthreads();
+        tile_pair_cols(sm, c0, end, sorted, act_per_pair, n_slots);  // (orders the table too)
         const unsigned char* we = w + (long long)e * expert_bytes;
         if (ty == MT_107) mmb_tile_w<MT_107>(sm, we, row_bytes, nb, m, r0, end - c0, x, out, affine);
         else mmb_tile_w<DT_ROCMFP4>(sm, we, row_bytes, nb, m, r0, end - c0, x, out, affine);
