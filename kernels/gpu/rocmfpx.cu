@@ -1995,12 +1995,21 @@ GPU_DEV void tile_pair_cols(SM& sm, int c0, int end, const int* __restrict__ sor
     __syncthreads();
 }
 
-// The masked list of a grouped tile kernel: zeros in rows r0 .. r0 + 127 of its pairs.
-GPU_DEV void tile_zero_list(float* __restrict__ out, const int* __restrict__ sorted, int begin,
-                            int end, int r0, int m) {
+// The list block row y of a grouped tile kernel takes: the y-th non-empty one, expert e
+// with pairs begin .. end of `sorted`. False when there is none, or when it is the masked
+// list (e = n_experts), whose rows r0 .. r0 + 127 of its pairs get zeros here.
+GPU_DEV bool tile_list(const int* __restrict__ active, const int* __restrict__ offsets,
+                       const int* __restrict__ sorted, int n_experts, float* __restrict__ out,
+                       int r0, int m, int& e, int& begin, int& end) {
+    if ((int)blockIdx.y >= active[0]) return false;
+    e = active[1 + blockIdx.y];
+    begin = offsets[e];
+    end = offsets[e + 1];
+    if (e != n_experts) return true;
     for (int i = begin; i < end; ++i)
         for (int r = r0 + (int)threadIdx.x; r < r0 + MMA_BM && r < m; r += 256)
             out[(long long)sorted[i] * m + r] = 0.0f;
+    return false;
 }
 
 // out[c*m + r] = sum_i W[r][i] * x_c[i] for type-107 weights, x as q8_1.
@@ -2041,13 +2050,9 @@ extern "C" __global__ void __launch_bounds__(256)
                float* __restrict__ out, int affine, unsigned int* counters) {
     gpu_count_launch(counters, KID_MMQ_MMA_ID);
     __shared__ mma_smem sm;
-    if ((int)blockIdx.y >= active[0]) return;
-    const int e = active[1 + blockIdx.y], r0 = blockIdx.x * MMA_BM;
-    const int begin = offsets[e], end = offsets[e + 1];
-    if (e == n_experts) {
-        tile_zero_list(out, sorted, begin, end, r0, m);
-        return;
-    }
+    const int r0 = blockIdx.x * MMA_BM;
+    int e, begin, end;
+    if (!tile_list(active, offsets, sorted, n_experts, out, r0, m, e, begin, end)) return;
     for (int c0 = begin; c0 < end; c0 += MMA_BN) {
         tile_pair_cols(sm, c0, end, sorted, act_per_pair, n_slots);
         mma_tile_any(sm, ty, w + (long long)e * expert_bytes, row_bytes, nb, m, r0, end - c0, act,
@@ -2327,13 +2332,9 @@ extern "C" __global__ void __launch_bounds__(256)
            unsigned int* counters) {
     gpu_count_launch(counters, KID_MMB_ID);
     __shared__ mmb_smem sm;
-    if ((int)blockIdx.y >= active[0]) return;
-    const int e = active[1 + blockIdx.y], r0 = blockIdx.x * MMA_BM;
-    const int begin = offsets[e], end = offsets[e + 1];
-    if (e == n_experts) {
-        tile_zero_list(out, sorted, begin, end, r0, m);
-        return;
-    }
+    const int r0 = blockIdx.x * MMA_BM;
+    int e, begin, end;
+    if (!tile_list(active, offsets, sorted, n_experts, out, r0, m, e, begin, end)) return;
     if (ty == MT_107) mmb_lut_fill<MT_107>(sm);
     else mmb_lut_fill<DT_ROCMFP4>(sm);
     for (int c0 = begin; c0 < end; c0 += MMA_BN) {

@@ -1311,25 +1311,23 @@ pub fn run(
                 let (mut pw, mut ebytes, mut nb, mut mm) = (p.w, p.expert_bytes, p.blocks, p.m);
                 let (mut pp, mut ns, mut po, mut a) = (p.per_pair, p.slots, p.out, p.affine);
                 gpu.launch(sort, &kargs!(pi, np, ne, poff, pact, psorted))?;
-                if mmb {
-                    // The bf16 tiles read the f32 input itself.
+                if p.grouped.name == "mmq_mma_id" {
+                    // The bf16 tiles read the f32 input itself, the int8 ones its q8_1.
                     let (mut rb, mut ty) = (p.row_bytes, p.ty);
-                    let l = Launch {
-                        name: "mmb_id",
-                        ..p.grouped
+                    let (l, mut act) = match mmb {
+                        true => (
+                            Launch {
+                                name: "mmb_id",
+                                ..p.grouped
+                            },
+                            px,
+                        ),
+                        false => (p.grouped, pq),
                     };
                     gpu.launch(
                         l,
                         &kargs!(
-                            pw, ebytes, rb, ty, nb, mm, ne, px, pp, ns, poff, pact, psorted, po, a
-                        ),
-                    )
-                } else if p.grouped.name == "mmq_mma_id" {
-                    let (mut rb, mut ty) = (p.row_bytes, p.ty);
-                    gpu.launch(
-                        p.grouped,
-                        &kargs!(
-                            pw, ebytes, rb, ty, nb, mm, ne, pq, pp, ns, poff, pact, psorted, po, a
+                            pw, ebytes, rb, ty, nb, mm, ne, act, pp, ns, poff, pact, psorted, po, a
                         ),
                     )
                 } else {
