@@ -40,6 +40,8 @@
 #define KID_QUANTIZE_Q8_1_SWIGLU 43
 #define KID_MMB_DENSE 50
 #define KID_MMB_ID 51
+#define KID_MATVEC_FP4_MMA 52
+#define KID_MATVEC_FP4_MMA_ID 53
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -1423,6 +1425,7 @@ extern "C" __global__ void __launch_bounds__(128)
 // word with every bit 3 flipped) into two sums.
 #define FP4_RUNS_MAX_K 8192
 #define FP4_RUNS_MAX_THREADS 512  // threads a block (see matvec_fp4_runs_q8)
+#define FP4M_LD 33  // staged words (gpu_u4) a run in the matrix-unit kernel (see fp4_mma_smem)
 
 // Threads sharing a row: the largest power of two <= min(k / 256, 32).
 GPU_DEV int fp4_runs_lanes(int k) {
@@ -1529,9 +1532,11 @@ struct fp4_src_norm {
 };
 
 // Quantise the source's k values into the shared layout: thread t handles 4 values at a
-// time (8 threads a block of 32, adjacent lanes).
-template <typename SRC>
-GPU_DEV void fp4_q8_stage(const SRC& src, int k, fp4_q8_smem& sm) {
+// time (8 threads a block of 32, adjacent lanes). Word t of block i of a run holds (see
+// fp4_q8_smem) x / y / z / w; PAIRED (the matrix-unit kernel, fp4_mma_smem) keeps a
+// half's two words side by side, (x, z, y, w), its runs FP4M_LD apart unswizzled.
+template <bool PAIRED, typename SRC>
+GPU_DEV void fp4_q8_stage(const SRC& src, int k, gpu_u4* xq, float (*ds)[FP4_RUNS_MAX_K / 256]) {
     for (int c = threadIdx.x; c < k / 4; c += blockDim.x) {
         const gpu_f4 v = src.at(c);
         float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
@@ -1545,12 +1550,26 @@ GPU_DEV void fp4_q8_stage(const SRC& src, int k, fp4_q8_smem& sm) {
         const unsigned int q3 = (unsigned int)(int)roundf(v.w * inv) & 0xffu;
         const int b = c >> 3, cb = c & 7, run = b >> 3, i = b & 7;
         const int t = cb & 3, half = cb >> 2;
-        unsigned int* slot = (unsigned int*)&sm.xq[32 * run + ((4 * i + t) ^ (run & 7))];
         // Half 0 -> words x, z at bytes 0 / 2; half 1 -> words y, w at bytes 1 / 3.
-        slot[half] = (q0 | (q1 << 16)) << (8 * half);
-        slot[2 + half] = (q2 | (q3 << 16)) << (8 * half);
-        if (cb == 0) sm.ds[i][run] = d;
+        const unsigned int lo = (q0 | (q1 << 16)) << (8 * half), hi = (q2 | (q3 << 16)) << (8 * half);
+        if (PAIRED) {
+            unsigned int* slot = (unsigned int*)&xq[FP4M_LD * run + 4 * i + t];
+            slot[2 * half] = lo;
+            slot[2 * half + 1] = hi;
+        } else {
+            unsigned int* slot = (unsigned int*)&xq[32 * run + ((4 * i + t) ^ (run & 7))];
+            slot[half] = lo;
+            slot[2 + half] = hi;
+        }
+        if (cb == 0) ds[i][run] = d;
     }
+}
+
+// A block's part of a row's sum from its two half-blocks' integer sums s0 / s1, the
+// activations' scale d and the weights' scale bytes e (half 0 low): both decode kernels
+// take it from here, so their sums are the same bits.
+GPU_DEV float fp4_block_scaled(float d, unsigned int e, int s0, int s1, const float* sc) {
+    return d * (sc[e & 255u] * gpu_i2f_small(s0) + sc[e >> 8] * gpu_i2f_small(s1));
 }
 
 // Block i of a run (32 values, words from b0 = 9 i / 2; odd i starts mid-word) against
@@ -1578,7 +1597,7 @@ GPU_DEV float fp4_block_dot_q8(const unsigned int* v, int b0, bool odd, const gp
         n1 = gpu_dp4a((int)nb, (int)a[t].w, n1);
     }
     const unsigned int e = odd ? v[b0 + 4] >> 16 : v[b0 + 4] & 0xffffu;
-    return d * (sm.sc[e & 255u] * gpu_i2f_small(p0 - n0) + sm.sc[e >> 8] * gpu_i2f_small(p1 - n1));
+    return fp4_block_scaled(d, e, p0 - n0, p1 - n1, sm.sc);
 }
 
 // Blocks i0 .. i0 + NB of run g (i0 a multiple of 4: v holds R rows' words from block
@@ -1621,7 +1640,7 @@ GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_byte
     fp4_run_load<R>(rows, j, run);
     if (wait) gpu_count_launch(counters, kid);
     src.begin(k);  // after the wait: the source is the previous kernel's output
-    fp4_q8_stage(src, k, sm);
+    fp4_q8_stage<false>(src, k, sm.xq, sm.ds);
     for (int i = t; i < 256; i += blockDim.x) sm.sc[i] = ue4m3(i);
     __syncthreads();
     for (int g = j; g < runs; g += L) {
@@ -1672,6 +1691,185 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     const fp4_src_x src = {xe};
     if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
     else fp4_runs_q8<1>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
+}
+
+// ---------------------------------------------------------------------------------
+// ROCmFP4 decode mat-vec with its integer products on the matrix units (matvec_fp4_mma;
+// CUDA sm_80+ mma.sync, elsewhere the same layout on dp4a). The runs kernel above is
+// bound by its decode, not by the weights' bytes (wq_b: 12.5 us cold, 10.6 us from L2,
+// 5.8 us for a plain read): every 8 weights take four byte permutes and eight dp4a, and
+// each dp4a does half its products, because the two half-blocks' scales differ and an
+// activation word carries one half's values in every other byte. Here a warp takes 16
+// rows: lane (g = lane / 4, q = lane % 4) holds one run of rows g and g + 8, and one
+// m16n8k32 product takes a code word of each (the permutes' 8 magnitudes a row, as the
+// runs kernel makes them) against a B whose column 2q + h holds lane q's run's half-h
+// activations and zeros elsewhere: C's column (q, h) is then lane q's own half-block sum
+// for each row, nothing added across runs. Two products a word (the positive and the
+// negative codes' magnitudes) replace sixteen dp4a. The integer sums are those of
+// fp4_block_dot_q8, the block scales fp4_block_scaled's, the blocks go in the same
+// order and the runs are added as fp4_runs_store's butterfly adds them: the same bits as
+// the runs kernel, for whose one-run-a-thread plans it can stand in (opt-in,
+// MOE_GPU_FP4_MMA: measured slower on the H200 2026-12-03, wq_b 10.57 us vs 11.00 but
+// wo_b 15.7 vs 12.9 and decode -2%: with a third fewer instructions the decode products
+// are no faster, so their issue count is not what bounds them).
+// A block is S = runs / 4 warps along k (warp ks's lanes take runs 4 ks + q) by G
+// (`groups`) groups of 16 rows: 32 S G threads. Needs k % 1024 == 0, k <=
+// FP4_RUNS_MAX_K, S G <= 16, w / row_bytes / x 16-byte aligned.
+#define FP4M_MAX_THREADS 512
+// A zero run for lanes with no B column, 16 words past the last run (other banks).
+#define FP4M_ZERO (FP4_RUNS_MAX_K / 256 * FP4M_LD + 4)
+struct alignas(8) fp4m_u2 {  // B's two words, one 8-byte shared load
+    unsigned int x, y;
+};
+struct fp4_mma_smem {
+    gpu_u4 xq[FP4M_ZERO + 32];  // run r's word t of block i at FP4M_LD r + 4 i + t
+    float ds[8][FP4_RUNS_MAX_K / 256];
+    float sc[256];
+    float part[FP4M_MAX_THREADS / 32 * 64];  // row sums by run (S > 1): 16 G rows x 4 S runs
+};
+
+// C (+)= A B for one code word of the lane's rows a / b (pa: positive codes' magnitudes,
+// na: negative codes'; byte i of _lo / _hi holds values of k slots 4q + i / 16 + 4q + i),
+// with B's words b0 / b1 (the mma.sync layout); off CUDA the same sums from the lane's
+// own staged words own (x, z, y, w).
+GPU_DEV void fp4_mma_word(unsigned int wa, unsigned int wb, unsigned int b0, unsigned int b1,
+                          const gpu_u4& own, int (&cp)[4], int (&cn)[4]) {
+    const unsigned int tl = 0x03020100u, th = 0x0a080604u;  // magnitudes of codes 0..7
+    const unsigned int na = wa ^ 0x88888888u, nb = wb ^ 0x88888888u;
+    const int pal = (int)gpu_perm(tl, th, wa), pah = (int)gpu_perm(tl, th, wa >> 16);
+    const int pbl = (int)gpu_perm(tl, th, wb), pbh = (int)gpu_perm(tl, th, wb >> 16);
+    const int nal = (int)gpu_perm(tl, th, na), nah = (int)gpu_perm(tl, th, na >> 16);
+    const int nbl = (int)gpu_perm(tl, th, nb), nbh = (int)gpu_perm(tl, th, nb >> 16);
+#if defined(RF_MMA_PTX)
+    (void)own;
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+r"(cp[0]), "+r"(cp[1]), "+r"(cp[2]), "+r"(cp[3])
+                 : "r"(pal), "r"(pbl), "r"(pah), "r"(pbh), "r"(b0), "r"(b1));
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+r"(cn[0]), "+r"(cn[1]), "+r"(cn[2]), "+r"(cn[3])
+                 : "r"(nal), "r"(nbl), "r"(nah), "r"(nbh), "r"(b0), "r"(b1));
+#else
+    (void)b0;
+    (void)b1;
+    const int x = (int)own.x, z = (int)own.y, y = (int)own.z, w = (int)own.w;
+    cp[0] = gpu_dp4a(pah, z, gpu_dp4a(pal, x, cp[0]));
+    cp[1] = gpu_dp4a(pah, w, gpu_dp4a(pal, y, cp[1]));
+    cp[2] = gpu_dp4a(pbh, z, gpu_dp4a(pbl, x, cp[2]));
+    cp[3] = gpu_dp4a(pbh, w, gpu_dp4a(pbl, y, cp[3]));
+    cn[0] = gpu_dp4a(nah, z, gpu_dp4a(nal, x, cn[0]));
+    cn[1] = gpu_dp4a(nah, w, gpu_dp4a(nal, y, cn[1]));
+    cn[2] = gpu_dp4a(nbh, z, gpu_dp4a(nbl, x, cn[2]));
+    cn[3] = gpu_dp4a(nbh, w, gpu_dp4a(nbl, y, cn[3]));
+#endif
+}
+
+template <typename SRC>
+GPU_DEV void fp4_mma_rows(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                          SRC src, float* __restrict__ out, bool wait, unsigned int* counters,
+                          int kid, int groups, fp4_mma_smem& sm) {
+    const int runs = k >> 8, S = runs >> 2, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3, j = 4 * (warp % S) + q;  // this lane's run
+    const int ra = (warp / S) * 16 + g, rb0 = blockIdx.x * groups * 16;  // row a in the block
+    const unsigned char* rows[2];
+    float acc[2];
+    rows[0] = w + (long long)(rb0 + ra < m ? rb0 + ra : m - 1) * row_bytes;
+    rows[1] = w + (long long)(rb0 + ra + 8 < m ? rb0 + ra + 8 : m - 1) * row_bytes;
+    acc[0] = acc[1] = 0.0f;
+    fp4_run<2> run;
+    fp4_run_load<2>(rows, j, run);  // before the wait: the weights never change
+    if (wait) gpu_count_launch(counters, kid);
+    src.begin(k);
+    fp4_q8_stage<true>(src, k, sm.xq, sm.ds);
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.sc[i] = ue4m3(i);
+    for (int i = threadIdx.x; i < 32; i += blockDim.x) sm.xq[FP4M_ZERO + i] = gpu_u4{0u, 0u, 0u, 0u};
+    __syncthreads();
+    const gpu_u4* own = sm.xq + FP4M_LD * j;
+    // B: lane (g, q) holds column g (lane g / 2's run, half g % 2) at the k slots of q:
+    // that run's half when q is g / 2, else zeros.
+    const unsigned int* bsrc = (const unsigned int*)(q == (g >> 1) ? own : sm.xq + FP4M_ZERO) + 2 * (g & 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int b0 = (9 * i) >> 1;  // block i's first word (odd i: from its upper half)
+        const bool odd = i & 1;
+        int cp[4] = {0, 0, 0, 0}, cn[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            const unsigned int* va = run.v[0];
+            const unsigned int* vb = run.v[1];
+            const unsigned int wa = odd ? (va[b0 + t] >> 16) | (va[b0 + t + 1] << 16) : va[b0 + t];
+            const unsigned int wb = odd ? (vb[b0 + t] >> 16) | (vb[b0 + t + 1] << 16) : vb[b0 + t];
+#if defined(RF_MMA_PTX)
+            const fp4m_u2 bw = *(const fp4m_u2*)(bsrc + 4 * (4 * i + t));
+            fp4_mma_word(wa, wb, bw.x, bw.y, own[0], cp, cn);
+#else
+            (void)bsrc;
+            fp4_mma_word(wa, wb, 0u, 0u, own[4 * i + t], cp, cn);
+#endif
+        }
+        const float d = sm.ds[i][j];
+        const unsigned int ea = odd ? run.v[0][b0 + 4] >> 16 : run.v[0][b0 + 4] & 0xffffu;
+        const unsigned int eb = odd ? run.v[1][b0 + 4] >> 16 : run.v[1][b0 + 4] & 0xffffu;
+        acc[0] += fp4_block_scaled(d, ea, cp[0] - cn[0], cp[1] - cn[1], sm.sc);
+        acc[1] += fp4_block_scaled(d, eb, cp[2] - cn[2], cp[3] - cn[3], sm.sc);
+    }
+    // A row's runs added as fp4_runs_store's butterfly over `runs` lanes adds them (at
+    // step o, value jj < o + value jj + o): within the warp when S = 1, else in shared
+    // memory, one thread a row.
+    if (S == 1) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            for (int o = 2; o > 0; o >>= 1) acc[r] += gpu_shfl_xor(acc[r], o);
+            const int row = rb0 + ra + 8 * r;
+            if (q == 0 && row < m) out[row] = acc[r];
+        }
+        return;
+    }
+    sm.part[ra * runs + j] = acc[0];
+    sm.part[(ra + 8) * runs + j] = acc[1];
+    __syncthreads();
+    for (int r = threadIdx.x; r < 16 * groups; r += blockDim.x) {
+        float* v = sm.part + r * runs;
+        for (int o = runs / 2; o > 0; o >>= 1)
+            for (int jj = 0; jj < o; ++jj) v[jj] = v[jj] + v[jj + o];
+        if (rb0 + r < m) out[rb0 + r] = v[0];
+    }
+}
+
+// One f32 column of ROCmFP4 weights. grid = ceil(m / (16 groups)), block = 32 S groups
+// (S = k / 1024).
+extern "C" __global__ void __launch_bounds__(FP4M_MAX_THREADS, 1)
+    matvec_fp4_mma(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                   const float* __restrict__ x, float* __restrict__ out, int groups,
+                   unsigned int* counters) {
+    __shared__ fp4_mma_smem sm;
+    fp4_mma_rows(w, row_bytes, k, m, fp4_src_x{x}, out, true, counters, KID_MATVEC_FP4_MMA, groups, sm);
+}
+
+// The grouped form (pairs and ids as matvec_fp4_runs_q8_id): block row y is pair p, with
+// expert ids[p]'s rows and activation column p (per_pair) or p / n_slots; ids outside
+// 0..E give zeros. grid = (ceil(m / (16 groups)), pairs), block as matvec_fp4_mma.
+extern "C" __global__ void __launch_bounds__(FP4M_MAX_THREADS, 1)
+    matvec_fp4_mma_id(const unsigned char* __restrict__ w, long long expert_bytes,
+                      long long row_bytes, int k, int m, int n_experts,
+                      const float* __restrict__ x, int per_pair, int n_slots,
+                      const int* __restrict__ ids, float* __restrict__ out, int groups,
+                      unsigned int* counters) {
+    __shared__ fp4_mma_smem sm;
+    gpu_count_launch(counters, KID_MATVEC_FP4_MMA_ID);
+    const int p = blockIdx.y, e = ids[p];
+    float* o = out + (long long)p * m;
+    if (e < 0 || e >= n_experts) {  // the same for the whole block
+        for (int i = threadIdx.x; i < 16 * groups; i += blockDim.x) {
+            const int r = blockIdx.x * 16 * groups + i;
+            if (r < m) o[r] = 0.0f;
+        }
+        return;
+    }
+    const unsigned char* we = w + (long long)e * expert_bytes;
+    const float* xe = x + (long long)(per_pair ? p : p / n_slots) * k;
+    fp4_mma_rows(we, row_bytes, k, m, fp4_src_x{xe}, o, false, counters, 0, groups, sm);
 }
 
 // Decode mat-vec of f32 weights with few rows (the mHC mixes: 24 rows of 16384; the

@@ -20,8 +20,8 @@ use std::sync::atomic::Ordering;
 
 use moe_backend_cuda::{
     ops::{
-        mmq_kernel, FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_Q8_DECODE, FP2_AFFINE,
-        FP2_TWO_SCALE, OP_MATMUL_ID,
+        mmq_kernel, FORCE_FP4_MMA, FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_Q8_DECODE,
+        FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -531,7 +531,8 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                     .sum::<f64>()]
             })
         };
-        let e = rel(&g.read_f32(bo, 0, m), &want_v);
+        let got = g.read_f32(bo, 0, m);
+        let e = rel(&got, &want_v);
         let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
         report(
             format!("{name} matmul {k} x {m}"),
@@ -539,6 +540,42 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             ran(&before, want),
             want,
         );
+        // The runs kernel's products on the matrix units (matvec_fp4_mma, forced at both
+        // block widths): within the tolerance of the reference and the runs kernel's
+        // bits exactly (the same integer sums, scales and order of additions).
+        if want == "matvec_fp4_runs_q8" && k % 1024 == 0 {
+            for threads in [256u64, 512] {
+                FORCE_FP4_MMA.store(threads, Ordering::Relaxed);
+                let bm = g.zeros(m * 4);
+                let before = g.counters();
+                g.op(
+                    ops::MATMUL,
+                    &[
+                        t(bw, 0, ty, 0, [k as u64, m as u64, 1, 1]),
+                        t(bx, 0, types::F32, 0, [k as u64, 1, 1, 1]),
+                        t(bm, 0, types::F32, 0, [m as u64, 1, 1, 1]),
+                    ],
+                );
+                let mma = g.read_f32(bm, 0, m);
+                let same = mma
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                let e = if same {
+                    rel(&mma, &want_v)
+                } else {
+                    f64::INFINITY
+                };
+                report(
+                    format!("{name} matmul {k} x {m}, mma {threads}"),
+                    e,
+                    ran(&before, "matvec_fp4_mma"),
+                    "matvec_fp4_mma",
+                );
+                into_result((g.be.free)(bm)).unwrap();
+            }
+            FORCE_FP4_MMA.store(0, Ordering::Relaxed);
+        }
         for b in [bw, bx, bo] {
             into_result((g.be.free)(b)).unwrap();
         }
@@ -583,6 +620,27 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             ran(&before, want),
             want,
         );
+        // Its matrix-unit form: zeros for the masked slot, the runs kernel's bits.
+        if want == "matvec_fp4_runs_q8_id" {
+            for threads in [256u64, 512] {
+                FORCE_FP4_MMA.store(threads, Ordering::Relaxed);
+                let (before, gm, _, zeros) =
+                    run_dense_id(g, ty, (&w, &wv), &x, &act, &ids, [k, m, experts, slots, 1]);
+                let same = gm.iter().zip(&gr).all(|(a, b)| a.to_bits() == b.to_bits());
+                let e = if zeros && same {
+                    rel(&gm, &wr)
+                } else {
+                    f64::INFINITY
+                };
+                report(
+                    format!("{name} id {k} x {m}, {slots} slots, mma {threads}"),
+                    e,
+                    ran(&before, "matvec_fp4_mma_id"),
+                    "matvec_fp4_mma_id",
+                );
+            }
+            FORCE_FP4_MMA.store(0, Ordering::Relaxed);
+        }
     }
     FORCE_Q8_DECODE.store(false, Ordering::Relaxed);
     // MATMUL_MULTI: four products of one input (two ROCmFP4, two Q8_0, row counts not

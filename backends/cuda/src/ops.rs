@@ -17,7 +17,7 @@ use cudarc::driver::{result as cu, sys};
 pub use moe_gpu_common::ds4::FORCE_HC_GSYNC;
 use moe_gpu_common::ops::{self as plan, bytes_of, check_placement, Launch};
 pub use moe_gpu_common::ops::{
-    FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID, TYPE_Q2_0_ROCMFP2,
+    FORCE_FP4_MMA, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID, TYPE_Q2_0_ROCMFP2,
 };
 use moe_plugin_api::{ops, OpParams, TensorRef};
 
@@ -32,11 +32,26 @@ pub static FORCE_MMQ_DP4A: AtomicBool = AtomicBool::new(false);
 /// Tests: the bf16 MMB tiles without `MOE_GPU_MMB=1` (see `bf16_tiles`).
 pub static FORCE_MMB: AtomicBool = AtomicBool::new(false);
 
-/// `MOE_GPU_MMB=1`: prefill products of type 107 / ROCmFP4 on the bf16 tiles (more
-/// accurate, measured slower: see the README).
-fn mmb_env() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("MOE_GPU_MMB").is_some_and(|v| v == "1"))
+/// `MOE_GPU_MMB`: which prefill products of type 107 / ROCmFP4 take the bf16 tiles (more
+/// accurate, measured slower: see the README); read once.
+fn mmb_env() -> MmbMode {
+    static MODE: std::sync::OnceLock<MmbMode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("MOE_GPU_MMB").as_deref() {
+        Ok("1") => MmbMode::All,
+        Ok("wide") => MmbMode::Wide,
+        _ => MmbMode::Off,
+    })
+}
+
+/// Which prefill products `MOE_GPU_MMB` sends to the bf16 tiles: none (unset), all
+/// (`1`), or (`wide`) those with at least a whole tile's columns (MMA_BN, 64) an expert:
+/// the dense products and the output projection's groups of a long chunk, not the routed
+/// experts' few tokens each (the bf16 decode of a staged weight is paid once a tile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MmbMode {
+    Off,
+    All,
+    Wide,
 }
 
 /// The MMQ kernel MATMUL uses for more than 8 columns on a device of compute capability
@@ -112,9 +127,14 @@ impl plan::Gpu for Stream<'_> {
             .map_or(0, |d| d.multiprocessors.max(0) as u32)
     }
 
-    fn bf16_tiles(&self) -> bool {
+    fn bf16_tiles(&self, cols: u64) -> bool {
         // mma.sync on bf16 and cvt.rn.bf16x2: sm_80 on; opt-in.
-        (mmb_env() || FORCE_MMB.load(Ordering::Relaxed))
+        let on = match mmb_env() {
+            MmbMode::All => true,
+            MmbMode::Wide => cols >= 64,
+            MmbMode::Off => false,
+        };
+        (on || FORCE_MMB.load(Ordering::Relaxed))
             && rt::runtime()
                 .and_then(|r| r.device(self.device))
                 .is_ok_and(|d| d.cc.0 >= 8)

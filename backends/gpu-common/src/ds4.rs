@@ -1081,7 +1081,11 @@ unsafe fn matmul_id_dense_inner(
         let per_block = crate::ops::fp4_runs_rows_per_block(k, plan);
         return common(px, false)?.i(plan.rows as i32).launch(
             gpu,
-            "matvec_fp4_runs_q8_id",
+            if plan.mma {
+                "matvec_fp4_mma_id"
+            } else {
+                "matvec_fp4_runs_q8_id"
+            },
             (m.div_ceil(per_block), pairs, 1),
             plan.threads as u32,
         );

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 52] = [
+pub const KERNELS: [&str; 54] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -62,6 +62,8 @@ pub const KERNELS: [&str; 52] = [
     "ds4_index_scores_mm_tc",
     "mmb_dense",
     "mmb_id",
+    "matvec_fp4_mma",
+    "matvec_fp4_mma_id",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

@@ -393,11 +393,55 @@ fn fp4_runs_off() -> bool {
 /// Largest k `matvec_fp4_runs_q8` stages (FP4_RUNS_MAX_K in kernels/gpu/rocmfpx.cu).
 pub const FP4_RUNS_MAX_K: u64 = 8192;
 
-/// How `matvec_fp4_runs_q8` runs a product: rows per thread and threads per block.
+/// How `matvec_fp4_runs_q8` runs a product: rows per thread and threads per block; with
+/// `mma`, `matvec_fp4_mma` instead, `rows` then its groups of 16 rows a block.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 pub struct RunsPlan {
     pub rows: u64,
     pub threads: u64,
+    pub mma: bool,
+}
+
+/// Forces `matvec_fp4_mma` on (its threads a block, 256 or 512) or off (1) for the
+/// ROCmFP4 decode products the runs kernel would take, over `MOE_GPU_FP4_MMA` (0: as
+/// the variable says; device tests).
+pub static FORCE_FP4_MMA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Threads a block of `matvec_fp4_mma` (the runs kernel's one-run-a-thread products
+/// with their integer sums on the matrix units: the same bits), or None for the runs
+/// kernel: [`FORCE_FP4_MMA`], else `MOE_GPU_FP4_MMA` (0 off, 256 or 512; read once),
+/// else off (43 layers, depth 0, H200 2026-12-03: tg32 151.0 / 150.4 at 256 and 150.3 at
+/// 512 against 153.9 / 156.4 without).
+pub fn fp4_mma_threads() -> Option<u64> {
+    static ENV: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    match FORCE_FP4_MMA.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| {
+            std::env::var("MOE_GPU_FP4_MMA")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|t| matches!(t, 256 | 512))
+        }),
+        1 => None,
+        t => Some(t),
+    }
+}
+
+/// `plan` on `matvec_fp4_mma` at `threads` a block ([`fp4_mma_threads`]) where k is whole
+/// 1024-value groups (each warp's four lanes a row take four runs): k / 1024 warps along
+/// k, as many groups of 16 rows as fill the threads (at least one).
+fn fp4_mma_plan(k: u64, plan: RunsPlan, threads: Option<u64>) -> RunsPlan {
+    match threads {
+        Some(t) if k.is_multiple_of(1024) => {
+            let along_k = k / 1024;
+            let groups = (t / (32 * along_k)).max(1);
+            RunsPlan {
+                rows: groups,
+                threads: 32 * along_k * groups,
+                mma: true,
+            }
+        }
+        _ => plan,
+    }
 }
 
 /// [`RunsPlan`] of `matvec_fp4_runs_q8` (8-bit activations, dp4a) for one column of
@@ -427,7 +471,17 @@ pub fn fp4_runs(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<RunsP
         (_, FP4_RUNS_MAX_K) => (2, 512),
         _ => (1, 256),
     };
-    fits.then_some(RunsPlan { rows, threads })
+    fits.then(|| {
+        fp4_mma_plan(
+            k,
+            RunsPlan {
+                rows,
+                threads,
+                mma: false,
+            },
+            fp4_mma_threads(),
+        )
+    })
 }
 
 /// [`RunsPlan`] of `matvec_fp4_runs_q8_id` for one token's grouped product (`tokens` ==
@@ -448,10 +502,11 @@ pub fn fp4_runs_id(
 ) -> Option<RunsPlan> {
     let all = m * pairs;
     fp4_runs(ty, k, all, tokens, w, x).map(|p| {
-        if all < 16384 {
+        if all < 16384 && !p.mma {
             RunsPlan {
                 rows: 2,
                 threads: 512,
+                mma: false,
             }
         } else {
             p
@@ -463,6 +518,9 @@ pub fn fp4_runs_id(
 /// 32) (fp4_runs_lanes in the kernel); a block of `threads` covers rows * threads / that
 /// rows.
 pub fn fp4_runs_rows_per_block(k: u64, plan: RunsPlan) -> u64 {
+    if plan.mma {
+        return 16 * plan.rows;
+    }
     let mut l = 1;
     while 2 * l <= k / 256 && l < 32 {
         l *= 2;
@@ -561,7 +619,11 @@ pub fn matmul_dense(
             block: 128,
         },
         DenseLayout::Fp4Runs(r) => Launch {
-            name: "matvec_fp4_runs_q8",
+            name: if r.mma {
+                "matvec_fp4_mma"
+            } else {
+                "matvec_fp4_runs_q8"
+            },
             grid: (
                 to_i32(m.div_ceil(fp4_runs_rows_per_block(k, r)), "m")? as u32,
                 1,
@@ -1133,18 +1195,20 @@ pub trait Gpu {
     fn multiprocessors(&self) -> u32 {
         0
     }
-    /// Whether prefill products of type 107 / ROCmFP4 take the bf16 MMB tiles (`mmb_dense`
-    /// / `mmb_id`: CUDA sm_80+, opt-in) instead of the int8 MMQ ones.
-    fn bf16_tiles(&self) -> bool {
+    /// Whether prefill products of type 107 / ROCmFP4 with `cols` columns an expert (a
+    /// dense product's all, a grouped one's on average) take the bf16 MMB tiles
+    /// (`mmb_dense` / `mmb_id`: CUDA sm_80+, opt-in) instead of the int8 MMQ ones.
+    fn bf16_tiles(&self, cols: u64) -> bool {
+        let _ = cols;
         false
     }
 }
 
-/// Whether a product of weight type `ty` on MMQ tiles takes the bf16 tiles instead: the
-/// device runs them, the type is 107 or ROCmFP4, and the f32 input `x` is 16-byte
-/// aligned (the tiles load it four values at a time).
-pub fn takes_mmb(gpu: &impl Gpu, ty: u32, x: u64) -> bool {
-    matches!(ty, TYPE_Q2_0_ROCMFP2 | TYPE_ROCMFP4) && x.is_multiple_of(16) && gpu.bf16_tiles()
+/// Whether a product of weight type `ty` on MMQ tiles, `cols` columns an expert, takes the
+/// bf16 tiles instead: the device runs them for that width, the type is 107 or ROCmFP4,
+/// and the f32 input `x` is 16-byte aligned (the tiles load it four values at a time).
+pub fn takes_mmb(gpu: &impl Gpu, ty: u32, x: u64, cols: u64) -> bool {
+    matches!(ty, TYPE_Q2_0_ROCMFP2 | TYPE_ROCMFP4) && x.is_multiple_of(16) && gpu.bf16_tiles(cols)
 }
 
 /// The bf16 tiles' launch for a dense product of `m` rows and `n` columns.
@@ -1250,7 +1314,7 @@ pub fn run(
                         gpu.launch(p.launch, &kargs!(pw, rb, k, m, px, po, rows))
                     }
                     DenseLayout::F32Wide => gpu.launch(p.launch, &kargs!(pw, k, m, px, po)),
-                    DenseLayout::Mmq if takes_mmb(gpu, ty as u32, px) => {
+                    DenseLayout::Mmq if takes_mmb(gpu, ty as u32, px, n as u64) => {
                         let (mut nb, mut affine) = (k / 32, 0i32);
                         let l = mmb_dense_launch(m as u64, n as u64);
                         gpu.launch(l, &kargs!(pw, rb, ty, nb, m, n, px, po, affine))
@@ -1271,7 +1335,7 @@ pub fn run(
             ops::MATMUL => {
                 let p = matmul(args, backend, mmq, ptr)?;
                 if let (Some(mut nn), true) = (p.n_cols, mmq == MMQ_MMA) {
-                    if takes_mmb(gpu, TYPE_Q2_0_ROCMFP2, p.x) {
+                    if takes_mmb(gpu, TYPE_Q2_0_ROCMFP2, p.x, p.n) {
                         let (mut pw, mut px, mut po, mut a) = (p.w, p.x, p.out, p.affine);
                         let (mut nb, mut mm) = (p.blocks, p.m);
                         let mut rb = p.blocks as i64 * BLOCK_BYTES as i64;
@@ -1297,7 +1361,8 @@ pub fn run(
                     return launch_id_one_token(gpu, &p, 0, 0, None);
                 };
                 let base = gpu.scratch(p.layout.bytes)?;
-                let mmb = p.grouped.name == "mmq_mma_id" && takes_mmb(gpu, p.ty as u32, p.x);
+                let cols = (p.pairs / p.experts.max(1)) as u64;
+                let mmb = p.grouped.name == "mmq_mma_id" && takes_mmb(gpu, p.ty as u32, p.x, cols);
                 let (mut px, mut pq) = (p.x, base);
                 if !mmb {
                     let (q, mut n_blocks) = quantize(p.k, p.x_cols);
@@ -1830,7 +1895,13 @@ mod tests {
         // thread, 256 threads: 128 rows a block; wo_b (k = 8192: 32 threads a row) 2 rows a
         // thread, 512 threads: 32 rows a block; the shared expert's down (k = 2048: 8
         // threads a row) 1 row, 256 threads; under 4096 rows: the rows layout.
-        let runs = |rows, threads| DenseLayout::Fp4Runs(RunsPlan { rows, threads });
+        let runs = |rows, threads| {
+            DenseLayout::Fp4Runs(RunsPlan {
+                rows,
+                threads,
+                mma: false,
+            })
+        };
         let rows = DenseLayout::Rows;
         // Not whole runs (k = 4000) or over the staged k (below): the rows layout (or
         // matvec_dense), however many rows.
@@ -1850,6 +1921,32 @@ mod tests {
             "matvec_dense_rows"
         );
         assert_eq!(one(TYPE_ROCMFP4, 1024, 32768, 1, 0x2008).0, "matvec_dense");
+        // The matrix-unit form of those plans: k / 1024 warps along k, groups of 16 rows
+        // filling the threads asked for; k not whole 1024-value groups keeps the runs.
+        let base = RunsPlan {
+            rows: 2,
+            threads: 512,
+            mma: false,
+        };
+        let mma = |rows, threads| RunsPlan {
+            rows,
+            threads,
+            mma: true,
+        };
+        for (k, t, want) in [
+            (8192, 256, mma(1, 256)),
+            (8192, 512, mma(2, 512)),
+            (4096, 512, mma(4, 512)),
+            (2048, 256, mma(4, 256)),
+            (1024, 256, mma(8, 256)),
+            (1024, 512, mma(16, 512)),
+        ] {
+            let p = fp4_mma_plan(k, base, Some(t));
+            assert_eq!(p, want, "{k} at {t}");
+            assert_eq!(fp4_runs_rows_per_block(k, p), 16 * want.rows);
+        }
+        assert_eq!(fp4_mma_plan(1280, base, Some(256)), base);
+        assert_eq!(fp4_mma_plan(8192, base, None), base);
         // A few rows of f32 (an mHC mix): a 1024-thread block per row.
         assert_eq!(
             one(types::F32, 16384, 24, 1, 0x2000),
