@@ -1467,13 +1467,32 @@ GPU_DEV void fp4_runs_store(float (&acc)[R], int L, int j, int r0, int m, float*
     }
 }
 
-// A masked pair of a grouped runs kernel: zeros for this block's rows.
-GPU_DEV void fp4_runs_zero(float* __restrict__ o, int m, int k, int rows) {
-    const int nt = blockDim.x, per_block = rows * nt / fp4_runs_lanes(k);
-    for (int i = threadIdx.x; i < per_block; i += nt) {
+// Pair blockIdx.y of a grouped decode product: expert ids[p]'s weights, or null for an
+// id outside 0..E after this block's `per_block` rows of the pair's output o are zeroed
+// (the same for the whole block).
+GPU_DEV const unsigned char* fp4_pair_weights(const unsigned char* w, long long expert_bytes,
+                                              int n_experts, const int* __restrict__ ids,
+                                              float* __restrict__ o, int m, int per_block) {
+    const int e = ids[blockIdx.y];
+    if (e >= 0 && e < n_experts) return w + (long long)e * expert_bytes;
+    for (int i = threadIdx.x; i < per_block; i += blockDim.x) {
         const int r = blockIdx.x * per_block + i;
         if (r < m) o[r] = 0.0f;
     }
+    return nullptr;
+}
+
+// A runs-kernel thread's rows: lane j of the L (fp4_runs_lanes) sharing R rows from r0,
+// their pointers and zeroed sums, and run j of each loaded.
+template <int R>
+GPU_DEV void fp4_runs_begin(const unsigned char* __restrict__ w, long long row_bytes, int L, int m,
+                            int& j, int& r0, const unsigned char* (&rows)[R], float (&acc)[R],
+                            fp4_run<R>& run) {
+    const int t = threadIdx.x;
+    j = t & (L - 1);
+    r0 = (blockIdx.x * ((int)blockDim.x / L) + t / L) * R;
+    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
+    fp4_run_load<R>(rows, j, run);
 }
 
 // The quantised activations of one block of 32 values, as the dot below reads them: for
@@ -1631,13 +1650,12 @@ template <int R, typename SRC>
 GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
                          SRC src, float* __restrict__ out, bool wait, unsigned int* counters,
                          int kid, fp4_q8_smem& sm) {
-    const int L = fp4_runs_lanes(k), runs = k >> 8, t = threadIdx.x, j = t & (L - 1);
-    const int r0 = (blockIdx.x * ((int)blockDim.x / L) + t / L) * R;
+    const int L = fp4_runs_lanes(k), runs = k >> 8, t = threadIdx.x;
+    int j, r0;
     const unsigned char* rows[R];
     float acc[R];
-    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
     fp4_run<R> run;
-    fp4_run_load<R>(rows, j, run);
+    fp4_runs_begin<R>(w, row_bytes, L, m, j, r0, rows, acc, run);
     if (wait) gpu_count_launch(counters, kid);
     src.begin(k);  // after the wait: the source is the previous kernel's output
     fp4_q8_stage<false>(src, k, sm.xq, sm.ds);
@@ -1680,13 +1698,11 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
                           unsigned int* counters) {
     __shared__ fp4_q8_smem sm;
     gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_ID);
-    const int p = blockIdx.y, e = ids[p];
+    const int p = blockIdx.y;
     float* o = out + (long long)p * m;
-    if (e < 0 || e >= n_experts) {  // the same for the whole block
-        fp4_runs_zero(o, m, k, rows);
-        return;
-    }
-    const unsigned char* we = w + (long long)e * expert_bytes;
+    const unsigned char* we = fp4_pair_weights(w, expert_bytes, n_experts, ids, o, m,
+                                               rows * (int)blockDim.x / fp4_runs_lanes(k));
+    if (!we) return;
     const float* xe = x + (long long)(per_pair ? p : p / n_slots) * k;
     const fp4_src_x src = {xe};
     if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
@@ -1858,16 +1874,10 @@ extern "C" __global__ void __launch_bounds__(FP4M_MAX_THREADS, 1)
                       unsigned int* counters) {
     __shared__ fp4_mma_smem sm;
     gpu_count_launch(counters, KID_MATVEC_FP4_MMA_ID);
-    const int p = blockIdx.y, e = ids[p];
+    const int p = blockIdx.y;
     float* o = out + (long long)p * m;
-    if (e < 0 || e >= n_experts) {  // the same for the whole block
-        for (int i = threadIdx.x; i < 16 * groups; i += blockDim.x) {
-            const int r = blockIdx.x * 16 * groups + i;
-            if (r < m) o[r] = 0.0f;
-        }
-        return;
-    }
-    const unsigned char* we = w + (long long)e * expert_bytes;
+    const unsigned char* we = fp4_pair_weights(w, expert_bytes, n_experts, ids, o, m, 16 * groups);
+    if (!we) return;
     const float* xe = x + (long long)(per_pair ? p : p / n_slots) * k;
     fp4_mma_rows(we, row_bytes, k, m, fp4_src_x{xe}, o, false, counters, 0, groups, sm);
 }

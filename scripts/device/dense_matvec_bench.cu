@@ -373,13 +373,12 @@ __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     runs_floor_variant(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
                        const float* __restrict__ x, float* __restrict__ out) {
     __shared__ fp4_q8_smem sm;
-    const int L = fp4_runs_lanes(k), runs = k >> 8, t = threadIdx.x, j = t & (L - 1);
-    const int r0 = (blockIdx.x * ((int)blockDim.x / L) + t / L) * R;
+    const int L = fp4_runs_lanes(k), runs = k >> 8, t = threadIdx.x;
+    int j, r0;
     const unsigned char* rows[R];
     float acc[R];
-    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
     fp4_run<R> run;
-    fp4_run_load<R>(rows, j, run);
+    fp4_runs_begin<R>(w, row_bytes, L, m, j, r0, rows, acc, run);
     unsigned int h = 0;
     if (STAGE) {
         gpu_count_launch(nullptr, 0);
