@@ -36,6 +36,11 @@ fn mmb(cc: (i32, i32)) -> bool {
             || std::env::var_os("MOE_GPU_MMB").is_some_and(|v| v == "1"))
 }
 
+/// Whether two runs' outputs are the same bits, value for value.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
+}
+
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -432,7 +437,7 @@ fn id_multi(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             g.read_f32(outs[i], 0, m * slots),
             g.read_f32(outs[2 + i], 0, m * slots),
         );
-        a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits())
+        same_bits(&a, &b)
     });
     let ok = same && launches == (1, 1);
     println!(
@@ -506,15 +511,19 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         let (w, wv) = random_dense(rng, ty, m, k);
         let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
         let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * 4));
+        // The product into output buffer o.
+        let matmul = |o| {
+            g.op(
+                ops::MATMUL,
+                &[
+                    t(bw, 0, ty, 0, [k as u64, m as u64, 1, 1]),
+                    t(bx, 0, types::F32, 0, [k as u64, 1, 1, 1]),
+                    t(o, 0, types::F32, 0, [m as u64, 1, 1, 1]),
+                ],
+            )
+        };
         let before = g.counters();
-        g.op(
-            ops::MATMUL,
-            &[
-                t(bw, 0, ty, 0, [k as u64, m as u64, 1, 1]),
-                t(bx, 0, types::F32, 0, [k as u64, 1, 1, 1]),
-                t(bo, 0, types::F32, 0, [m as u64, 1, 1, 1]),
-            ],
-        );
+        matmul(bo);
         let want_v = if want.ends_with("_q8") || q8 {
             ref_values(
                 &wv,
@@ -548,20 +557,9 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                 FORCE_FP4_MMA.store(threads, Ordering::Relaxed);
                 let bm = g.zeros(m * 4);
                 let before = g.counters();
-                g.op(
-                    ops::MATMUL,
-                    &[
-                        t(bw, 0, ty, 0, [k as u64, m as u64, 1, 1]),
-                        t(bx, 0, types::F32, 0, [k as u64, 1, 1, 1]),
-                        t(bm, 0, types::F32, 0, [m as u64, 1, 1, 1]),
-                    ],
-                );
+                matmul(bm);
                 let mma = g.read_f32(bm, 0, m);
-                let same = mma
-                    .iter()
-                    .zip(&got)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                let e = if same {
+                let e = if same_bits(&mma, &got) {
                     rel(&mma, &want_v)
                 } else {
                     f64::INFINITY
@@ -626,7 +624,7 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                 FORCE_FP4_MMA.store(threads, Ordering::Relaxed);
                 let (before, gm, _, zeros) =
                     run_dense_id(g, ty, (&w, &wv), &x, &act, &ids, [k, m, experts, slots, 1]);
-                let same = gm.iter().zip(&gr).all(|(a, b)| a.to_bits() == b.to_bits());
+                let same = same_bits(&gm, &gr);
                 let e = if zeros && same {
                     rel(&gm, &wr)
                 } else {
@@ -872,7 +870,7 @@ fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         g.read_f32(out1, 0, m * slots),
         g.read_f32(out2, 0, m * slots),
     );
-    let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+    let same = same_bits(&a, &b);
     let ok = same && launches == (1, 0, 1);
     println!(
         "affine {k} x {m}, {slots} slots, clamp 7: bit-identical {same}, launches (fused quantise, swiglu, grouped) {launches:?} {}",
@@ -975,7 +973,6 @@ fn hc_post_pre_gsync(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             FORCE_HC_GSYNC.store(0, Ordering::Relaxed);
             out
         };
-        let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
         let last = run(2);
         let first = run(1);
         let xmax = last.1.iter().fold(0f32, |m, x| m.max(x.abs()));
@@ -985,9 +982,9 @@ fn hc_post_pre_gsync(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             .zip(&first.1)
             .fold(0f32, |m, (p, q)| m.max((p - q).abs()))
             / xmax;
-        let same = bits(&last.0, &first.0) && bits(&last.2, &first.2);
+        let same = same_bits(&last.0, &first.0) && same_bits(&last.2, &first.2);
         let same3 = |a: &(Vec<f32>, Vec<f32>, Vec<f32>), b: &(Vec<f32>, Vec<f32>, Vec<f32>)| {
-            bits(&a.0, &b.0) && bits(&a.1, &b.1) && bits(&a.2, &b.2)
+            same_bits(&a.0, &b.0) && same_bits(&a.1, &b.1) && same_bits(&a.2, &b.2)
         };
         let repeats = (0..200).all(|_| same3(&run(1), &first)) && same3(&run(2), &last);
         let ok = same && xdiff <= 1e-5 && repeats && xmax > 0.0 && stray.get() == 0;
@@ -1552,10 +1549,7 @@ fn main() {
                         zeros &= gs.iter().all(|v| v.to_bits() == 0);
                         continue;
                     }
-                    bit &= gs
-                        .iter()
-                        .zip(&per[p * m..(p + 1) * m])
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    bit &= same_bits(gs, &per[p * m..(p + 1) * m]);
                     if p % stride != 0 {
                         continue;
                     }

@@ -1081,11 +1081,7 @@ unsafe fn matmul_id_dense_inner(
         let per_block = crate::ops::fp4_runs_rows_per_block(k, plan);
         return common(px, false)?.i(plan.rows as i32).launch(
             gpu,
-            if plan.mma {
-                "matvec_fp4_mma_id"
-            } else {
-                "matvec_fp4_runs_q8_id"
-            },
+            plan.kernel(true),
             (m.div_ceil(per_block), pairs, 1),
             plan.threads as u32,
         );

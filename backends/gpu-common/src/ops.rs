@@ -402,6 +402,18 @@ pub struct RunsPlan {
     pub mma: bool,
 }
 
+impl RunsPlan {
+    /// The kernel the plan launches, plain or `grouped` (one token's MATMUL_ID).
+    pub fn kernel(&self, grouped: bool) -> &'static str {
+        match (self.mma, grouped) {
+            (false, false) => "matvec_fp4_runs_q8",
+            (false, true) => "matvec_fp4_runs_q8_id",
+            (true, false) => "matvec_fp4_mma",
+            (true, true) => "matvec_fp4_mma_id",
+        }
+    }
+}
+
 /// Forces `matvec_fp4_mma` on (its threads a block, 256 or 512) or off (1) for the
 /// ROCmFP4 decode products the runs kernel would take, over `MOE_GPU_FP4_MMA` (0: as
 /// the variable says; device tests).
@@ -619,11 +631,7 @@ pub fn matmul_dense(
             block: 128,
         },
         DenseLayout::Fp4Runs(r) => Launch {
-            name: if r.mma {
-                "matvec_fp4_mma"
-            } else {
-                "matvec_fp4_runs_q8"
-            },
+            name: r.kernel(false),
             grid: (
                 to_i32(m.div_ceil(fp4_runs_rows_per_block(k, r)), "m")? as u32,
                 1,
