@@ -42,6 +42,8 @@
 #define KID_MMB_ID 51
 #define KID_MATVEC_FP4_MMA 52
 #define KID_MATVEC_FP4_MMA_ID 53
+#define KID_MATMUL_F32_TILES 54
+#define KID_MATMUL_F32_REDUCE 55
 
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
@@ -1550,38 +1552,42 @@ struct fp4_src_norm {
     }
 };
 
-// Quantise the source's k values into the shared layout: thread t handles 4 values at a
-// time (8 threads a block of 32, adjacent lanes). Word t of block i of a run holds (see
+// Quantise chunk c (values 4c..4c+3, v) into the shared layout: 8 adjacent lanes hold a
+// block of 32, so a block's amax is theirs. Word t of block i of a run holds (see
 // fp4_q8_smem) x / y / z / w; PAIRED (the matrix-unit kernel, fp4_mma_smem) keeps a
 // half's two words side by side, (x, z, y, w), its runs FP4M_LD apart unswizzled.
+template <bool PAIRED>
+GPU_DEV void fp4_q8_chunk(const gpu_f4 v, int c, gpu_u4* xq, float (*ds)[FP4_RUNS_MAX_K / 256]) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, gpu_shfl_xor(amax, o));
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    const unsigned int q0 = (unsigned int)(int)roundf(v.x * inv) & 0xffu;
+    const unsigned int q1 = (unsigned int)(int)roundf(v.y * inv) & 0xffu;
+    const unsigned int q2 = (unsigned int)(int)roundf(v.z * inv) & 0xffu;
+    const unsigned int q3 = (unsigned int)(int)roundf(v.w * inv) & 0xffu;
+    const int b = c >> 3, cb = c & 7, run = b >> 3, i = b & 7;
+    const int t = cb & 3, half = cb >> 2;
+    // Half 0 -> words x, z at bytes 0 / 2; half 1 -> words y, w at bytes 1 / 3.
+    const unsigned int lo = (q0 | (q1 << 16)) << (8 * half), hi = (q2 | (q3 << 16)) << (8 * half);
+    if (PAIRED) {
+        unsigned int* slot = (unsigned int*)&xq[FP4M_LD * run + 4 * i + t];
+        slot[2 * half] = lo;
+        slot[2 * half + 1] = hi;
+    } else {
+        unsigned int* slot = (unsigned int*)&xq[32 * run + ((4 * i + t) ^ (run & 7))];
+        slot[half] = lo;
+        slot[2 + half] = hi;
+    }
+    if (cb == 0) ds[i][run] = d;
+}
+
+// Quantise the source's k values into the shared layout (fp4_q8_chunk): thread t takes
+// chunks t, t + blockDim, ... (the same for a warp's lanes: k / 4 is whole 64s).
 template <bool PAIRED, typename SRC>
 GPU_DEV void fp4_q8_stage(const SRC& src, int k, gpu_u4* xq, float (*ds)[FP4_RUNS_MAX_K / 256]) {
-    for (int c = threadIdx.x; c < k / 4; c += blockDim.x) {
-        const gpu_f4 v = src.at(c);
-        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, gpu_shfl_xor(amax, o));
-        const float d = amax / 127.0f;
-        const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-        const unsigned int q0 = (unsigned int)(int)roundf(v.x * inv) & 0xffu;
-        const unsigned int q1 = (unsigned int)(int)roundf(v.y * inv) & 0xffu;
-        const unsigned int q2 = (unsigned int)(int)roundf(v.z * inv) & 0xffu;
-        const unsigned int q3 = (unsigned int)(int)roundf(v.w * inv) & 0xffu;
-        const int b = c >> 3, cb = c & 7, run = b >> 3, i = b & 7;
-        const int t = cb & 3, half = cb >> 2;
-        // Half 0 -> words x, z at bytes 0 / 2; half 1 -> words y, w at bytes 1 / 3.
-        const unsigned int lo = (q0 | (q1 << 16)) << (8 * half), hi = (q2 | (q3 << 16)) << (8 * half);
-        if (PAIRED) {
-            unsigned int* slot = (unsigned int*)&xq[FP4M_LD * run + 4 * i + t];
-            slot[2 * half] = lo;
-            slot[2 * half + 1] = hi;
-        } else {
-            unsigned int* slot = (unsigned int*)&xq[32 * run + ((4 * i + t) ^ (run & 7))];
-            slot[half] = lo;
-            slot[2 + half] = hi;
-        }
-        if (cb == 0) ds[i][run] = d;
-    }
+    for (int c = threadIdx.x; c < k / 4; c += blockDim.x) fp4_q8_chunk<PAIRED>(src.at(c), c, xq, ds);
 }
 
 // A block's part of a row's sum from its two half-blocks' integer sums s0 / s1, the
@@ -1906,6 +1912,95 @@ extern "C" __global__ void __launch_bounds__(1024)
         const float v = gpu_warp_sum(sh[lane]);
         if (lane == 0 && (int)blockIdx.x < m) out[blockIdx.x] = v;
     }
+}
+
+// f32 products of many columns (a prefill chunk's mHC mixes and router):
+// out[c m + r] = sum_i W[r][i] x_c[i] on FP32 multiply-adds from shared-memory tiles.
+// matvec_dense re-reads a row's weights for every 8 columns and ran the 512-column
+// mixes at ~3.5 TFLOP/s. Here a block takes 32 rows x 64 columns over one slice of k
+// (`span` values, a multiple of F32T_BK; grid z = slice), staging 32 values of k at a
+// time transposed, and each thread keeps 2 rows x 4 columns. Each sum runs over its
+// slice in order of k; with more than one slice, slice z writes out + z n m and
+// matmul_f32_reduce adds the slices in order, so the bits never depend on scheduling.
+// Needs k % 4 == 0, w and x 16-byte aligned. grid = (ceil(m / 32), ceil(n / 64), slices),
+// block = 256.
+#define F32T_BM 32
+#define F32T_BN 64
+#define F32T_BK 32
+extern "C" __global__ void __launch_bounds__(256)
+    matmul_f32_tiles(const float* __restrict__ w, int k, int m, const float* __restrict__ x, int n,
+                     int span, float* __restrict__ out, unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATMUL_F32_TILES);
+    // ws[i][r]: value i of this step for row r; xs[i][c] the same for column c (rows
+    // padded so the transposed stores spread over the banks; xs's stay 16-byte aligned).
+    __shared__ float ws[F32T_BK][F32T_BM + 1];
+    __shared__ __attribute__((aligned(16))) float xs[F32T_BK][F32T_BN + 4];
+    const int t = threadIdx.x, tx = t & 15, ty = t >> 4;
+    const int r0 = blockIdx.x * F32T_BM, c0 = blockIdx.y * F32T_BN;
+    const int k0 = blockIdx.z * span, k1 = k0 + span < k ? k0 + span : k;
+    float acc[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    for (int kb = k0; kb < k1; kb += F32T_BK) {
+        // 32 rows x 8 float4 of w (one a thread), 64 columns x 8 float4 of x (two);
+        // past the ends zeros (k1 and every i are multiples of 4).
+        const gpu_f4 zero = {0.0f, 0.0f, 0.0f, 0.0f};
+        {
+            const int r = t >> 3, q = t & 7, i = kb + 4 * q;
+            const gpu_f4 v = r0 + r < m && i < k1 ? *(const gpu_f4*)(w + (long long)(r0 + r) * k + i) : zero;
+            ws[4 * q][r] = v.x;
+            ws[4 * q + 1][r] = v.y;
+            ws[4 * q + 2][r] = v.z;
+            ws[4 * q + 3][r] = v.w;
+        }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int e = t + 256 * u, c = e >> 3, q = e & 7, i = kb + 4 * q;
+            const gpu_f4 v = c0 + c < n && i < k1 ? *(const gpu_f4*)(x + (long long)(c0 + c) * k + i) : zero;
+            xs[4 * q][c] = v.x;
+            xs[4 * q + 1][c] = v.y;
+            xs[4 * q + 2][c] = v.z;
+            xs[4 * q + 3][c] = v.w;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int i = 0; i < F32T_BK; ++i) {
+            const float a0 = ws[i][2 * ty], a1 = ws[i][2 * ty + 1];
+            const gpu_f4 b = *(const gpu_f4*)&xs[i][4 * tx];
+            acc[0][0] = fmaf(a0, b.x, acc[0][0]);
+            acc[0][1] = fmaf(a0, b.y, acc[0][1]);
+            acc[0][2] = fmaf(a0, b.z, acc[0][2]);
+            acc[0][3] = fmaf(a0, b.w, acc[0][3]);
+            acc[1][0] = fmaf(a1, b.x, acc[1][0]);
+            acc[1][1] = fmaf(a1, b.y, acc[1][1]);
+            acc[1][2] = fmaf(a1, b.z, acc[1][2]);
+            acc[1][3] = fmaf(a1, b.w, acc[1][3]);
+        }
+        __syncthreads();
+    }
+    float* o = out + (long long)blockIdx.z * n * m;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int r = r0 + 2 * ty + i, c = c0 + 4 * tx + j;
+            if (r < m && c < n) o[(long long)c * m + r] = acc[i][j];
+        }
+}
+
+// out[i] = part[i] + part[len + i] + ... over `slices` parts, in that order (the end of
+// matmul_f32_tiles with slices of k). grid = ceil(len / 256), block = 256.
+extern "C" __global__ void __launch_bounds__(256)
+    matmul_f32_reduce(const float* __restrict__ part, int slices, long long len,
+                      float* __restrict__ out, unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATMUL_F32_REDUCE);
+    const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
+    if (i >= len) return;
+    float s = part[i];
+    for (int z = 1; z < slices; ++z) s += part[(long long)z * len + i];
+    out[i] = s;
 }
 
 // out[i*cols + j] = value j of row ids[i]; grid = (ceil(cols/256), n_ids).
@@ -2233,16 +2328,19 @@ extern "C" __global__ void __launch_bounds__(256)
                      n - (int)blockIdx.y * MMA_BN, act, out, affine);
 }
 
-// The same for Q8_0 (ty 8) or ROCmFP4 (ty 100) weights (prefill of the dense products).
+// The same for Q8_0 (ty 8) or ROCmFP4 (ty 100) weights (prefill of the dense products),
+// bn (64 or 16) columns a tile: 16 takes the narrow warp layout, for products whose
+// 64-column tiles would leave most multiprocessors idle (4x the blocks, each weight
+// tile decoded 4x as often). grid = (ceil(m / 128), ceil(n / bn)), block = 256.
 extern "C" __global__ void __launch_bounds__(256)
     mmq_mma_dense(const unsigned char* __restrict__ w, long long row_bytes, int ty, int nb, int m,
-                  int n, const q8_1_block* __restrict__ act, float* __restrict__ out,
+                  int n, const q8_1_block* __restrict__ act, float* __restrict__ out, int bn,
                   unsigned int* counters) {
     gpu_count_launch(counters, KID_MMQ_MMA_DENSE);
     __shared__ mma_smem sm;
-    tile_dense_cols(sm, blockIdx.y * MMA_BN, n);
-    mma_tile_any(sm, ty, w, row_bytes, nb, m, blockIdx.x * MMA_BM, n - (int)blockIdx.y * MMA_BN,
-                 act, out, 0);
+    const int c0 = (int)blockIdx.y * bn, end = n < c0 + bn ? n : c0 + bn;
+    tile_dense_cols(sm, c0, end);
+    mma_tile_any(sm, ty, w, row_bytes, nb, m, blockIdx.x * MMA_BM, end - c0, act, out, 0);
 }
 
 // Grouped MMQ (MATMUL_ID with many pairs per expert; pairs sorted by moe_sort as for

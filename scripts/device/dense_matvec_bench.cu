@@ -397,6 +397,120 @@ __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     if (h == 0x9e3779b9u) out[r0] = 1.0f;  // keeps the loads
 }
 
+// ---- candidates (2026-12-04): the runs kernel's occupancy and load order ----
+// The committed runs kernel holds 2 rows' runs a thread at 128 registers, 16 warps an SM:
+// its decode after the data lands (+3.2 - 3.8 us) runs on 4 warps a scheduler. Here the
+// same sums (the same bits) with: MINB blocks an SM (the registers capped to fit them,
+// so R = 1 at 64), IL the two rows' words loaded interleaved (row 0 q, row 1 q, ...: the
+// first block's dots then wait for the first loads of both rows only), XFIRST the
+// weights' loads issued after x is staged (is x's staging slowed by queueing behind
+// them?).
+template <int R>
+__device__ void fp4_run_load_il(const unsigned char* const (&rows)[R], int g, fp4_run<R>& run) {
+#pragma unroll
+    for (int q = 0; q < 9; ++q)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const gpu_u4 u = ((const gpu_u4*)(rows[r] + 144 * g))[q];
+            run.v[r][4 * q] = u.x;
+            run.v[r][4 * q + 1] = u.y;
+            run.v[r][4 * q + 2] = u.z;
+            run.v[r][4 * q + 3] = u.w;
+        }
+}
+// fp4_q8_stage with each thread's loads of x issued in groups of 4 before any is used
+// (the committed loop's chunks each wait for their own load: at k = 8192 and 256
+// threads, 8 round trips to L2 behind the weights' traffic). The same values.
+template <int NT>
+__device__ void fp4_q8_stage_hoisted(const float* __restrict__ x, int k, gpu_u4* xq,
+                                     float (*ds)[FP4_RUNS_MAX_K / 256]) {
+    for (int c0 = threadIdx.x; c0 < k / 4; c0 += 4 * NT) {
+        gpu_f4 vv[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (c0 + u * NT < k / 4) vv[u] = ((const gpu_f4*)x)[c0 + u * NT];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int c = c0 + u * NT;
+            if (c >= k / 4) break;  // the same for the whole warp (k / 4 % 64 == 0)
+            fp4_q8_chunk<false>(vv[u], c, xq, ds);
+        }
+    }
+}
+
+// The runs kernel streaming its runs: a thread takes V runs of one row (lanes L = runs /
+// V a row), two in flight (registers, double-buffered), so the dots of one overlap the
+// next one's loads, instead of every weight landing before any dot. Each run's sum is
+// kept apart and the V are added in the committed butterfly's order (virtual lane j + L
+// i of the committed kernel's runs / 1 lanes), so the bits are the committed kernel's.
+// x staged as fp4_q8_stage_hoisted. Needs runs % V == 0 and runs / V <= 32.
+template <int V, int NT, int MINB>
+__global__ void __launch_bounds__(NT, MINB)
+    runs_pipe_variant(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                      const float* __restrict__ x, float* __restrict__ out) {
+    __shared__ fp4_q8_smem sm;
+    const int runs = k >> 8, L = runs / V, t = threadIdx.x;
+    const int j = t & (L - 1), r0 = blockIdx.x * (NT / L) + t / L;
+    const unsigned char* rows[1];
+    float acc0[1];
+    rows_block_start<1>(w, row_bytes, r0, m, rows, acc0);
+    fp4_run<1> buf[2];
+    fp4_run_load<1>(rows, j, buf[0]);
+    if (V > 1) fp4_run_load<1>(rows, j + L, buf[1]);
+    gpu_count_launch(nullptr, 0);
+    fp4_q8_stage_hoisted<NT>(x, k, sm.xq, sm.ds);
+    for (int i = t; i < 256; i += NT) sm.sc[i] = ue4m3(i);
+    __syncthreads();
+    float a[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        float acc[1] = {0.0f};
+        fp4_run_dot_q8<1>(buf[i & 1], j + L * i, sm, acc);
+        a[i] = acc[0];
+        if (i + 2 < V) fp4_run_load<1>(rows, j + L * (i + 2), buf[i & 1]);
+    }
+#pragma unroll
+    for (int o = V / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < o; ++i) a[i] += a[i + o];
+    for (int o = L / 2; o > 0; o >>= 1) a[0] += gpu_shfl_xor(a[0], o);
+    if (j == 0 && r0 < m) out[r0] = a[0];
+}
+
+template <int R, bool IL, bool XFIRST, int NT, int MINB, bool HOIST = false>
+__global__ void __launch_bounds__(NT, MINB)
+    runs_cand_variant(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                      const float* __restrict__ x, float* __restrict__ out) {
+    __shared__ fp4_q8_smem sm;
+    const int L = fp4_runs_lanes(k), runs = k >> 8, t = threadIdx.x;
+    const int j = t & (L - 1), r0 = (blockIdx.x * (NT / L) + t / L) * R;
+    const unsigned char* rows[R];
+    float acc[R];
+    fp4_run<R> run;
+    rows_block_start<R>(w, row_bytes, r0, m, rows, acc);
+    if (!XFIRST) {
+        if (IL) fp4_run_load_il<R>(rows, j, run);
+        else fp4_run_load<R>(rows, j, run);
+    }
+    gpu_count_launch(nullptr, 0);
+    if (HOIST) fp4_q8_stage_hoisted<NT>(x, k, sm.xq, sm.ds);
+    else fp4_q8_stage<false>(fp4_src_x{x}, k, sm.xq, sm.ds);
+    for (int i = t; i < 256; i += NT) sm.sc[i] = ue4m3(i);
+    if (XFIRST) {
+        if (IL) fp4_run_load_il<R>(rows, j, run);
+        else fp4_run_load<R>(rows, j, run);
+    }
+    __syncthreads();
+    for (int g = j; g < runs; g += L) {
+        if (g != j) {
+            if (IL) fp4_run_load_il<R>(rows, g, run);
+            else fp4_run_load<R>(rows, g, run);
+        }
+        fp4_run_dot_q8<R>(run, g, sm, acc);
+    }
+    fp4_runs_store<R>(acc, L, j, r0, m, out);
+}
+
 // ---- candidate (2026-12-01; measured 2026-12-02: no gain, round 10 of the notes) ----
 // Half runs. matvec_fp4_runs_q8 keeps a thread's whole runs in registers (36 words each,
 // loaded before the dependent-launch wait), which caps an SM at 16 warps, and Nsight
@@ -885,6 +999,66 @@ int main(int argc, char** argv) {
                         }, false);
                     }
                 }
+            // The candidates above, each checked bit for bit against the committed kernel.
+            {
+                std::vector<float> want(s.m), have(s.m);
+                auto bits = [&](auto launch) {
+                    CK(cudaMemset(dout, 0, (size_t)s.m * 4));
+                    launch(dw);
+                    CK(cudaDeviceSynchronize());
+                    CK(cudaMemcpy(have.data(), dout, (size_t)s.m * 4, cudaMemcpyDeviceToHost));
+                };
+                const int Rc = s.m >= 16384 || s.k == FP4_RUNS_MAX_K ? 2 : 1;
+                const int ntc = s.m >= 16384 ? 256 : s.k == FP4_RUNS_MAX_K ? 512 : 256;
+                bits([&](unsigned char* w) {
+                    matvec_fp4_runs_q8<<<(s.m + Rc * ntc / L - 1) / (Rc * ntc / L), ntc>>>(w, row_bytes, s.k, s.m,
+                                                                                          dx, dout, Rc, nullptr);
+                });
+                want = have;
+#define RUNS_CAND(R, IL, XF, NT, MINB, HO)                                                               \
+    {                                                                                            \
+        auto kern = runs_cand_variant<R, IL, XF, NT, MINB, HO>;                                      \
+        cudaFuncAttributes fa;                                                                   \
+        CK(cudaFuncGetAttributes(&fa, kern));                                                    \
+        const int gb = (s.m + R * NT / L - 1) / (R * NT / L);                                   \
+        bits([&](unsigned char* w) { kern<<<gb, NT>>>(w, row_bytes, s.k, s.m, dx, dout); });     \
+        const bool same = !memcmp(want.data(), have.data(), (size_t)s.m * 4);                    \
+        char nm[128];                                                                            \
+        snprintf(nm, sizeof nm, "runs cand R=%d %d thr x %d blk/SM%s%s%s (%d regs, %zu B local, %s)", R, NT, \
+                 MINB, IL ? " interleaved" : "", XF ? " x first" : "", HO ? " hoisted x" : "", fa.numRegs,  \
+                 fa.localSizeBytes,                                                              \
+                 same ? "same bits" : "DIFFERENT bits");                                          \
+        row(nm, [&] { kern<<<gb, NT>>>(dw, row_bytes, s.k, s.m, dx, dout); }, true);             \
+    }
+                RUNS_CAND(2, false, false, 512, 1, false)
+                RUNS_CAND(2, false, false, 512, 1, true)
+                RUNS_CAND(2, false, false, 256, 2, false)
+                RUNS_CAND(2, false, false, 256, 2, true)
+                RUNS_CAND(1, false, false, 256, 2, true)
+#undef RUNS_CAND
+#define RUNS_PIPE(V, NT)                                                                             \
+    if ((s.k >> 8) % V == 0 && (s.k >> 8) / V <= 32) {                                               \
+        auto kern = runs_pipe_variant<V, NT, 512 / NT>;                                              \
+        cudaFuncAttributes fa;                                                                       \
+        CK(cudaFuncGetAttributes(&fa, kern));                                                        \
+        const int Lp = (s.k >> 8) / V, gb = (s.m + NT / Lp - 1) / (NT / Lp);                        \
+        bits([&](unsigned char* w) { kern<<<gb, NT>>>(w, row_bytes, s.k, s.m, dx, dout); });         \
+        const bool same = !memcmp(want.data(), have.data(), (size_t)s.m * 4);                        \
+        char nm[128];                                                                                \
+        snprintf(nm, sizeof nm, "runs pipe V=%d, %d thr, %d blocks (%d regs, %zu B local, %s)", V, NT, gb, \
+                 fa.numRegs, fa.localSizeBytes, same ? "same bits" : "DIFFERENT bits");             \
+        row(nm, [&] { kern<<<gb, NT>>>(dw, row_bytes, s.k, s.m, dx, dout); }, true);                 \
+    }
+                RUNS_PIPE(2, 128)
+                RUNS_PIPE(2, 256)
+                RUNS_PIPE(2, 512)
+                RUNS_PIPE(4, 128)
+                RUNS_PIPE(4, 256)
+                RUNS_PIPE(4, 512)
+                RUNS_PIPE(8, 128)
+                RUNS_PIPE(8, 256)
+#undef RUNS_PIPE
+            }
             // The same products with their integer sums on the matrix units (the same bits).
             if (s.k % 1024 == 0)
                 for (int nt : {256, 512}) {

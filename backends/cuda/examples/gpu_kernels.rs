@@ -757,6 +757,73 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all_ok
 }
 
+/// f32 products of many columns (a prefill chunk's mHC mixes and router, and odd shapes:
+/// rows and columns past a tile, k not whole steps of 32, one slice of k) on
+/// `matmul_f32_tiles` (+ `matmul_f32_reduce`), and 15 columns on `matvec_dense`: within
+/// 1e-5 of the largest value of an f64 reference, and a second run bit-identical (the
+/// slices are added in order).
+fn f32_tiles_check(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== f32 products of many columns vs f64 reference ==");
+    let mut all_ok = true;
+    for (k, m, n, want) in [
+        (16384usize, 24usize, 512usize, "matmul_f32_tiles"),
+        (4096, 256, 512, "matmul_f32_tiles"),
+        (1000, 37, 70, "matmul_f32_tiles"),
+        (300, 130, 16, "matmul_f32_tiles"),
+        (4096, 24, 15, "matvec_dense"),
+    ] {
+        let w: Vec<f32> = (0..m * k).map(|_| rng.f32()).collect();
+        let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+        let (bw, bx) = (g.buf(&f32_bytes(&w)), g.buf(&f32_bytes(&x)));
+        let run = |o| {
+            g.op(
+                ops::MATMUL,
+                &[
+                    t(bw, 0, types::F32, 0, [k as u64, m as u64, 1, 1]),
+                    t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
+                    t(o, 0, types::F32, 0, [m as u64, n as u64, 1, 1]),
+                ],
+            )
+        };
+        let (b1, b2) = (g.zeros(m * n * 4), g.zeros(m * n * 4));
+        let key = format!("{want}.device");
+        let before = g.counters().get(&key).copied().unwrap_or(0);
+        run(b1);
+        let ran = g.counters().get(&key).copied().unwrap_or(0) > before;
+        run(b2);
+        let (got, again) = (g.read_f32(b1, 0, m * n), g.read_f32(b2, 0, m * n));
+        let want_v = par_rows(m, n, |r| {
+            (0..n)
+                .map(|c| {
+                    w[r * k..(r + 1) * k]
+                        .iter()
+                        .zip(&x[c * k..(c + 1) * k])
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum()
+                })
+                .collect()
+        });
+        let top = want_v.iter().fold(0f64, |a, v| a.max(v.abs()));
+        let e = got
+            .iter()
+            .zip(&want_v)
+            .fold(0f64, |a, (&g, w)| a.max((g as f64 - w).abs()))
+            / top;
+        let same = same_bits(&got, &again);
+        let ok = ran && e <= 1e-5 && same;
+        all_ok &= ok;
+        println!(
+            "f32 matmul {k} x {m}, {n} columns {e:>10.2e} {want:<18} repeat {} {}",
+            if same { "same bits" } else { "DIFFERS" },
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"f32_tiles\",\"case\":\"{k}x{m}x{n}\",\"rel\":{e:e},\"kernel\":\"{want}\",\"ran\":{ran},\"same\":{same},\"ok\":{ok}}}"
+        ));
+    }
+    all_ok
+}
+
 fn nmse(got: &[f32], want: &[f64]) -> f64 {
     let (mut e, mut s) = (0f64, 0f64);
     for (g, w) in got.iter().zip(want) {
@@ -1596,6 +1663,7 @@ fn main() {
     all_ok &= index_scores(&g, &mut rng, &mut json);
     all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);
     all_ok &= dense_decode(&g, &mut rng, &mut json);
+    all_ok &= f32_tiles_check(&g, &mut rng, &mut json);
     if quick {
         println!("\nparity: {}", if all_ok { "ALL OK" } else { "FAILURES" });
         return;

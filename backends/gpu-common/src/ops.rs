@@ -34,6 +34,29 @@ pub const MMQ_DP4A: &str = "mmq_dp4a_107";
 /// Columns from which a Q8_0 / ROCmFP4 MATMUL runs `mmq_mma_dense` (q8_1 activations on
 /// the matrix units) instead of the f32 mat-vec, 8 columns at a time.
 pub const MMQ_MIN_COLS: u64 = 16;
+/// Columns a tile of `mmq_mma_dense` for `[k, m]` weights against `n` columns: 16 (the
+/// narrow warp layout, 4x the blocks) where 64-column tiles would make fewer blocks
+/// than `MOE_GPU_MMQ_DENSE_NARROW` (read once), else 64. Off by default (0): on the H200
+/// (2026-12-04, depth 0, 43 layers) pp512 fell from 1647 / 1646 to 1597 / 1597 at 70
+/// (`wq_a`, `wkv`, the output groups narrow), 1524 / 1525 at 140 (the shared expert's
+/// gate / up too) and 1393 at 300: a weight tile decoded 4x as often costs more than the
+/// idle multiprocessors.
+pub fn mmq_dense_cols(m: u64, n: u64) -> u64 {
+    static BELOW: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let below = *BELOW.get_or_init(|| {
+        std::env::var("MOE_GPU_MMQ_DENSE_NARROW")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    let (bm, bn) = mmq_tile(MMQ_MMA);
+    if m.div_ceil(bm) * n.div_ceil(bn) < below {
+        16
+    } else {
+        bn
+    }
+}
+
 /// Pairs per expert (on average) from which MATMUL_ID runs `mmq_mma_id`.
 pub const MMQ_MIN_PAIRS_PER_EXPERT: u64 = 4;
 
@@ -342,6 +365,9 @@ pub enum DenseLayout {
     F32Wide,
     /// `quantize_q8_1` of the input into scratch, then `mmq_mma_dense` (see [`mmq_type`]).
     Mmq,
+    /// `matmul_f32_tiles` over this many slices of k of `span` values each, then (more
+    /// than one slice) `matmul_f32_reduce` from scratch (see [`f32_tiles`]).
+    F32Tiles { slices: u64, span: u64 },
 }
 
 /// One column of f32 weights with at most 1024 rows (the mHC mixes, the router) runs
@@ -355,6 +381,47 @@ pub fn f32_wide(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> bool {
         && w.is_multiple_of(16)
         && x.is_multiple_of(16)
         && !dense_rows_off()
+}
+
+/// `MOE_GPU_F32_TILES=0` keeps f32 products of many columns on `matvec_dense` (A/B runs;
+/// read once).
+fn f32_tiles_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| crate::ds4::env_off("MOE_GPU_F32_TILES"))
+}
+
+/// Tile of `matmul_f32_tiles` (rows, columns) and its step along k (F32T_BM / F32T_BN /
+/// F32T_BK in kernels/gpu/rocmfpx.cu).
+pub const F32_TILE: (u64, u64, u64) = (32, 64, 32);
+
+/// Blocks a `matmul_f32_tiles` launch aims for: two for each of an H200's 132
+/// multiprocessors.
+const F32_TILES_BLOCKS: u64 = 264;
+
+/// f32 weights `[k, m]` against `n` >= 16 columns (a prefill chunk's mHC mixes and router)
+/// with k whole float4s and weights and activations 16-byte aligned: `matmul_f32_tiles`'s
+/// (slices, span), k cut into slices of `span` values (a multiple of the tile's step)
+/// while the tiles alone are too few blocks, each slice at least 256 values, at most 32
+/// slices. None: `matvec_dense` (or decode's `matvec_f32_wide`).
+pub fn f32_tiles(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<(u64, u64)> {
+    if ty != types::F32
+        || n < 16
+        || k == 0
+        || !k.is_multiple_of(4)
+        || !w.is_multiple_of(16)
+        || !x.is_multiple_of(16)
+        || f32_tiles_off()
+    {
+        return None;
+    }
+    let (bm, bn, bk) = F32_TILE;
+    let tiles = m.div_ceil(bm) * n.div_ceil(bn);
+    let mut slices = 1;
+    while slices < 32 && tiles * slices < F32_TILES_BLOCKS && k / (2 * slices) >= 256 {
+        slices *= 2;
+    }
+    let span = k.div_ceil(slices).div_ceil(bk) * bk;
+    Some((k.div_ceil(span), span))
 }
 
 /// `MOE_GPU_ID_NOSORT=0`: one token's MATMUL_ID sorts too (A/B runs; read once).
@@ -622,6 +689,10 @@ pub fn matmul_dense(
         (Some(r), _) => DenseLayout::Fp4Runs(r),
         (None, Some(r)) => DenseLayout::Rows(r as i32),
         (None, None) if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
+        (None, None) if f32_tiles(w.type_id, k, m, n, pw, px).is_some() => {
+            let (slices, span) = f32_tiles(w.type_id, k, m, n, pw, px).unwrap_or_default();
+            DenseLayout::F32Tiles { slices, span }
+        }
         (None, None) => DenseLayout::Warps(parts as i32),
     };
     let launch = match layout {
@@ -644,8 +715,17 @@ pub fn matmul_dense(
             grid: (m as u32, 1, 1),
             block: 1024,
         },
+        DenseLayout::F32Tiles { slices, .. } => Launch {
+            name: "matmul_f32_tiles",
+            grid: (
+                to_i32(m.div_ceil(F32_TILE.0), "m")? as u32,
+                to_i32(n.div_ceil(F32_TILE.1), "n")? as u32,
+                slices as u32,
+            ),
+            block: 256,
+        },
         DenseLayout::Mmq => {
-            let (bm, bn) = mmq_tile(MMQ_MMA);
+            let (bm, bn) = (mmq_tile(MMQ_MMA).0, mmq_dense_cols(m, n));
             Launch {
                 name: "mmq_mma_dense",
                 grid: (
@@ -1322,6 +1402,23 @@ pub fn run(
                         gpu.launch(p.launch, &kargs!(pw, rb, k, m, px, po, rows))
                     }
                     DenseLayout::F32Wide => gpu.launch(p.launch, &kargs!(pw, k, m, px, po)),
+                    DenseLayout::F32Tiles { slices, span } => {
+                        let mut span = to_i32(span, "span")?;
+                        if slices == 1 {
+                            return gpu.launch(p.launch, &kargs!(pw, k, m, px, n, span, po));
+                        }
+                        // Each slice's sums into scratch, then added in slice order.
+                        let len = m as u64 * n as u64;
+                        let mut part = gpu.scratch((slices * len * 4) as usize)?;
+                        gpu.launch(p.launch, &kargs!(pw, k, m, px, n, span, part))?;
+                        let (mut sl, mut ln) = (slices as i32, len as i64);
+                        let reduce = Launch {
+                            name: "matmul_f32_reduce",
+                            grid: (to_i32(len.div_ceil(256), "m n")? as u32, 1, 1),
+                            block: 256,
+                        };
+                        gpu.launch(reduce, &kargs!(part, sl, ln, po))
+                    }
                     DenseLayout::Mmq if takes_mmb(gpu, ty as u32, px, n as u64) => {
                         let (mut nb, mut affine) = (k / 32, 0i32);
                         let l = mmb_dense_launch(m as u64, n as u64);
@@ -1333,7 +1430,8 @@ pub fn run(
                         let mut planes = 0i32; // the MMQ tile reads values in order
                         gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?;
                         let mut nb = k / 32;
-                        gpu.launch(p.launch, &kargs!(pw, rb, ty, nb, m, n, pq, po))
+                        let mut bn = mmq_dense_cols(m as u64, n as u64) as i32;
+                        gpu.launch(p.launch, &kargs!(pw, rb, ty, nb, m, n, pq, po, bn))
                     }
                     DenseLayout::Warps(mut parts) => {
                         gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, n, po, parts))
@@ -1962,6 +2060,27 @@ mod tests {
         );
         assert_eq!(one(types::F32, 16384, 1025, 1, 0x2000).0, "matvec_dense");
         assert_eq!(one(types::F32, 16384, 24, 2, 0x2000).0, "matvec_dense");
+        // 16 columns or more of f32 (a prefill chunk's mHC mix, router): tiles over slices
+        // of k until 264 blocks; misaligned activations or k not whole float4s: matvec_dense.
+        assert_eq!(
+            one(types::F32, 16384, 24, 512, 0x2000),
+            (
+                "matmul_f32_tiles",
+                1,
+                256,
+                DenseLayout::F32Tiles {
+                    slices: 32,
+                    span: 512
+                }
+            )
+        );
+        assert_eq!(f32_tiles(types::F32, 4096, 256, 512, 0, 0), Some((8, 512)));
+        assert_eq!(f32_tiles(types::F32, 1000, 37, 70, 0, 0), Some((2, 512)));
+        assert_eq!(f32_tiles(types::F32, 300, 4096, 4096, 0, 0), Some((1, 320)));
+        assert_eq!(f32_tiles(types::F32, 16384, 24, 15, 0, 0), None);
+        assert_eq!(f32_tiles(types::F32, 1002, 24, 64, 0, 0), None);
+        assert_eq!(f32_tiles(types::F16, 4096, 24, 64, 0, 0), None);
+        assert_eq!(one(types::F32, 16384, 24, 512, 0x2004).0, "matvec_dense");
         assert_eq!(one(types::F32, 16384, 24, 1, 0x2004).0, "matvec_dense");
         // More columns, few rows, other types or misaligned activations: matvec_dense.
         assert_eq!(one(TYPE_Q8_0, 4096, 1024, 2, 0x2000).0, "matvec_dense");
@@ -1981,6 +2100,11 @@ mod tests {
             "mmq_mma_dense"
         );
         assert_eq!(one(TYPE_Q8_0, 4096, 1024, 15, 0x2000).0, "matvec_dense");
+        // 64-column tiles unless MOE_GPU_MMQ_DENSE_NARROW is set (not in tests).
+        assert_eq!(
+            (mmq_dense_cols(512, 512), mmq_dense_cols(32768, 17)),
+            (64, 64)
+        );
         assert_eq!(one(types::F16, 4096, 1024, 64, 0x2000).0, "matvec_dense");
         assert_eq!(
             one_on(MMQ_DP4A, TYPE_Q8_0, 4096, 1024, 64, 0x2000).0,
@@ -2247,7 +2371,7 @@ mod run_tests {
                 ("quantize_q8_1", 4),
                 ("mmvq_id_107", 14),
                 ("quantize_q8_1", 4),
-                ("mmq_mma_dense", 8),
+                ("mmq_mma_dense", 9),
                 ("quantize_q8_1", 4),
                 ("moe_sort", 6),
                 ("mmq_mma_id", 15),
@@ -2334,10 +2458,19 @@ mod run_tests {
         crate::ds4::FORCE_HC_GSYNC.store(0, std::sync::atomic::Ordering::Relaxed);
         let (l, _) = names(&head, &post_pre_args(1, true, &moe[..1]));
         assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 23)]);
-        // Longer chunks, and the head's weights for 2 tokens: HC_POST, the mixes, HC_PRE.
+        // Longer chunks, and the head's weights for 2 tokens: HC_POST, the mixes (from 16
+        // columns on tiles over slices of k, added up after), HC_PRE.
         let (l, _) = names(&site, &post_pre_args(17, false, &[f(4096, 17, 1)]));
         let l: Vec<_> = l.iter().map(|x| x.0).collect();
-        assert_eq!(l, ["ds4_hc_post", "matvec_dense", "ds4_hc_pre"]);
+        assert_eq!(
+            l,
+            [
+                "ds4_hc_post",
+                "matmul_f32_tiles",
+                "matmul_f32_reduce",
+                "ds4_hc_pre"
+            ]
+        );
         let (l, _) = names(&head, &post_pre_args(2, true, &[]));
         let l: Vec<_> = l.iter().map(|x| x.0).collect();
         assert_eq!(l, ["matvec_dense", "ds4_hc_pre"]);
