@@ -400,9 +400,10 @@ const F32_TILES_BLOCKS: u64 = 264;
 
 /// f32 weights `[k, m]` against `n` >= 16 columns (a prefill chunk's mHC mixes and router)
 /// with k whole float4s and weights and activations 16-byte aligned: `matmul_f32_tiles`'s
-/// (slices, span), k cut into slices of `span` values (a multiple of the tile's step)
-/// while the tiles alone are too few blocks, each slice at least 256 values, at most 32
-/// slices. None: `matvec_dense` (or decode's `matvec_f32_wide`).
+/// (slices, span), k cut into slices of `span` values (a multiple of the tile's step, the
+/// last slice what is left) while the tiles alone are too few blocks and the slices would
+/// still average 256 values or more, at most 32 slices. None: `matvec_dense` (or decode's
+/// `matvec_f32_wide`).
 pub fn f32_tiles(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<(u64, u64)> {
     if ty != types::F32
         || n < 16
@@ -689,11 +690,10 @@ pub fn matmul_dense(
         (Some(r), _) => DenseLayout::Fp4Runs(r),
         (None, Some(r)) => DenseLayout::Rows(r as i32),
         (None, None) if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
-        (None, None) if f32_tiles(w.type_id, k, m, n, pw, px).is_some() => {
-            let (slices, span) = f32_tiles(w.type_id, k, m, n, pw, px).unwrap_or_default();
-            DenseLayout::F32Tiles { slices, span }
-        }
-        (None, None) => DenseLayout::Warps(parts as i32),
+        (None, None) => match f32_tiles(w.type_id, k, m, n, pw, px) {
+            Some((slices, span)) => DenseLayout::F32Tiles { slices, span },
+            None => DenseLayout::Warps(parts as i32),
+        },
     };
     let launch = match layout {
         DenseLayout::Rows(r) => Launch {
@@ -2077,6 +2077,8 @@ mod tests {
         assert_eq!(f32_tiles(types::F32, 4096, 256, 512, 0, 0), Some((8, 512)));
         assert_eq!(f32_tiles(types::F32, 1000, 37, 70, 0, 0), Some((2, 512)));
         assert_eq!(f32_tiles(types::F32, 300, 4096, 4096, 0, 0), Some((1, 320)));
+        // Slices of whole steps: 28 of 288 values and a last one of 136.
+        assert_eq!(f32_tiles(types::F32, 8200, 24, 512, 0, 0), Some((29, 288)));
         assert_eq!(f32_tiles(types::F32, 16384, 24, 15, 0, 0), None);
         assert_eq!(f32_tiles(types::F32, 1002, 24, 64, 0, 0), None);
         assert_eq!(f32_tiles(types::F16, 4096, 24, 64, 0, 0), None);
