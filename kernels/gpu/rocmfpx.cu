@@ -1927,6 +1927,14 @@ extern "C" __global__ void __launch_bounds__(1024)
 #define F32T_BM 32
 #define F32T_BN 64
 #define F32T_BK 32
+// Values 4q..4q+3 of a step's row or column j into the transposed stage s.
+template <int LD>
+GPU_DEV void f32t_put(float (*s)[LD], int q, int j, const gpu_f4 v) {
+    s[4 * q][j] = v.x;
+    s[4 * q + 1][j] = v.y;
+    s[4 * q + 2][j] = v.z;
+    s[4 * q + 3][j] = v.w;
+}
 extern "C" __global__ void __launch_bounds__(256)
     matmul_f32_tiles(const float* __restrict__ w, int k, int m, const float* __restrict__ x, int n,
                      int span, float* __restrict__ out, unsigned int* counters) {
@@ -1949,20 +1957,12 @@ extern "C" __global__ void __launch_bounds__(256)
         const gpu_f4 zero = {0.0f, 0.0f, 0.0f, 0.0f};
         {
             const int r = t >> 3, q = t & 7, i = kb + 4 * q;
-            const gpu_f4 v = r0 + r < m && i < k1 ? *(const gpu_f4*)(w + (long long)(r0 + r) * k + i) : zero;
-            ws[4 * q][r] = v.x;
-            ws[4 * q + 1][r] = v.y;
-            ws[4 * q + 2][r] = v.z;
-            ws[4 * q + 3][r] = v.w;
+            f32t_put(ws, q, r, r0 + r < m && i < k1 ? *(const gpu_f4*)(w + (long long)(r0 + r) * k + i) : zero);
         }
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
             const int e = t + 256 * u, c = e >> 3, q = e & 7, i = kb + 4 * q;
-            const gpu_f4 v = c0 + c < n && i < k1 ? *(const gpu_f4*)(x + (long long)(c0 + c) * k + i) : zero;
-            xs[4 * q][c] = v.x;
-            xs[4 * q + 1][c] = v.y;
-            xs[4 * q + 2][c] = v.z;
-            xs[4 * q + 3][c] = v.w;
+            f32t_put(xs, q, c, c0 + c < n && i < k1 ? *(const gpu_f4*)(x + (long long)(c0 + c) * k + i) : zero);
         }
         __syncthreads();
 #pragma unroll 8

@@ -461,17 +461,19 @@ fn id_multi(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// activations rounded to q8_1 in the kernel, so the reference takes them as
 /// `BlockQ8_1::quantize` rounds them; `_id` for one token's grouped product, a masked
 /// slot giving exact zeros), the rest on `matvec_dense_rows` (f32 activations).
+/// Largest |got - want| over the largest |want|.
+fn rel(got: &[f32], want: &[f64]) -> f64 {
+    let top = want.iter().fold(0f64, |a, v| a.max(v.abs()));
+    let e = got
+        .iter()
+        .zip(want)
+        .fold(0f64, |a, (&g, w)| a.max((g as f64 - w).abs()));
+    e / top
+}
+
 fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== Q8_0 / ROCmFP4 decode products (f32 activations) vs f64 reference ==");
     let mut all_ok = true;
-    let rel = |got: &[f32], want: &[f64]| {
-        let top = want.iter().fold(0f64, |a, v| a.max(v.abs()));
-        let e = got
-            .iter()
-            .zip(want)
-            .fold(0f64, |a, (&g, w)| a.max((g as f64 - w).abs()));
-        e / top
-    };
     let ran = |before: &std::collections::BTreeMap<String, u64>, name: &str| {
         let key = format!("{name}.device");
         g.counters().get(&key) > before.get(&key)
@@ -803,12 +805,7 @@ fn f32_tiles_check(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                 })
                 .collect()
         });
-        let top = want_v.iter().fold(0f64, |a, v| a.max(v.abs()));
-        let e = got
-            .iter()
-            .zip(&want_v)
-            .fold(0f64, |a, (&g, w)| a.max((g as f64 - w).abs()))
-            / top;
+        let e = rel(&got, &want_v);
         let same = same_bits(&got, &again);
         let ok = ran && e <= 1e-5 && same;
         all_ok &= ok;
