@@ -237,6 +237,27 @@ GPU_DEV unsigned int gpu_load_acquire_u32(unsigned int* p) {
 #endif
 }
 
+// Every block of a group of nb (all resident at once) waits here for the group's others.
+// sync counts arrivals in its low 16 bits and a generation above them: the last block to
+// arrive zeroes the count and starts the next generation, so launch after launch (graph
+// replays) reuse the word with no reset. The fences order each block's global writes
+// before the barrier ahead of the other blocks' reads after it (read those from L2:
+// gpu_load_l2).
+GPU_DEV void gpu_group_barrier(unsigned int* sync, unsigned int nb) {
+    __syncthreads();  // every thread's writes before thread 0's fence
+    if (threadIdx.x == 0) {
+        gpu_fence();
+        const unsigned int old = atomicAdd(sync, 1u);
+        if ((old & 0xffffu) == nb - 1u)
+            atomicAdd(sync, 0x10000u - nb);  // count 0, next generation
+        else
+            while (((gpu_load_acquire_u32(sync) ^ old) >> 16) == 0u) {
+            }
+        gpu_fence();
+    }
+    __syncthreads();
+}
+
 // Every kernel's first statement: the dependent-launch wait, then the launch counter.
 GPU_DEV void gpu_count_launch(unsigned int* counters, int id) {
     gpu_grid_wait();

@@ -29,6 +29,7 @@
 #define KID_DS4_ATTENTION_MERGE 47
 #define KID_DS4_INDEX_SCORES_MM 48
 #define KID_DS4_INDEX_SCORES_MM_TC 49
+#define KID_DS4_ATTENTION_DEC 56
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -518,18 +519,7 @@ GPU_DEV void ds4_hcf_grid_tail(int t, int b, int nb, int tid, int lane, int warp
                                float nw1, const float* sv, float* mix, float* M, float* B,
                                float* Wn, float* S, float* __restrict__ wts,
                                float* __restrict__ out) {
-    __syncthreads();  // every share written before thread 0's fence
-    if (tid == 0) {
-        gpu_fence();
-        const unsigned int old = atomicAdd(sync + t, 1u);
-        if ((old & 0xffffu) == (unsigned int)(nb - 1))
-            atomicAdd(sync + t, 0x10000u - (unsigned int)nb);  // count 0, next generation
-        else
-            while (((gpu_load_acquire_u32(sync + t) ^ old) >> 16) == 0u) {
-            }
-        gpu_fence();
-    }
-    __syncthreads();
+    gpu_group_barrier(sync + t, (unsigned int)nb);
     ds4_hcf_weights(t, nb, tid, lane, warp, hc, nm, pr, head_mode, eps, hc_eps, hd, part, base_t,
                     scale_t, mix, M, B, Wn, S);
     // |x|^2 from the Gram matrix (its entries after mix[nm]).
@@ -1523,48 +1513,21 @@ GPU_DEV float ds4_dot4(gpu_f4 a, gpu_f4 b, float acc) {
     return acc + a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
-extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
-    ds4_attention_heads(const float* __restrict__ q, const float* __restrict__ kv,
-                        const float* __restrict__ ring, const float* __restrict__ rows,
-                        const int* __restrict__ sel, const float* __restrict__ sinks,
-                        const int* __restrict__ pos, int heads, int hd, int window, int ratio,
-                        int mode, int k_sel, int cap, float scale, float* __restrict__ out,
-                        int kper, float* __restrict__ part, unsigned int* counters) {
-    gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS);
-    __shared__ gpu_f4 ks[DS4_ATH_TILE][DS4_HEAD_MAX / 4];
-    __shared__ int kok[DS4_ATH_TILE];
-    __shared__ float se[DS4_ATH_WARPS][32];
-    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int h0 = blockIdx.x * DS4_ATH_HEADS + warp * DS4_ATH_HPW;
-    const int p0 = pos[0], p = pos[t], hd4 = hd / 4;
-    gpu_f4 qr[DS4_ATH_HPW][DS4_ATH_J], acc[DS4_ATH_HPW][DS4_ATH_J];
-#pragma unroll
-    for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
-        const gpu_f4* qh = (const gpu_f4*)(q + ((long long)t * heads + h0 + hh) * hd);
-#pragma unroll
-        for (int j = 0; j < DS4_ATH_J; ++j) {
-            const int c = 32 * j + lane;
-            qr[hh][j] = h0 + hh < heads && c < hd4 ? qh[c] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
-            acc[hh][j] = gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
-        }
-    }
-    int first, n_win;
-    const int n_keys = ds4_att_keys(p, window, mode, ratio, cap, k_sel, first, n_win);
-    // This lane's head (lane / 16) of the warp: its running max and sum.
-    const int mh = lane / DS4_ATH_TILE, mk = lane % DS4_ATH_TILE;
-    const bool head_ok = h0 + mh < heads;
-    float m = DS4_NEG_INF, l = 0.0f;
+// ds4_attention_heads' online softmax over keys k_begin .. k_end of token t for a warp's
+// DS4_ATH_HPW heads (queries qr): DS4_ATH_TILE keys at a time staged in ks by the whole
+// block, then scored and folded into acc, and into m and l for this lane's head (lane /
+// 16). Every thread of the block calls it with the same key range.
+GPU_DEV void ds4_ath_keys(const gpu_f4 (&qr)[DS4_ATH_HPW][DS4_ATH_J],
+                          gpu_f4 (&acc)[DS4_ATH_HPW][DS4_ATH_J], float& m, float& l,
+                          gpu_f4 (*ks)[DS4_HEAD_MAX / 4], int* kok, float (*se)[32], int t, int p0,
+                          int hd, int hd4, int first, int n_win, const float* __restrict__ kv,
+                          const float* ring, int window, int mode,
+                          const int* __restrict__ sel, int k_sel, const float* __restrict__ rows,
+                          int cap, int k_begin, int k_end, bool head_ok, float scale) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int mk = lane % DS4_ATH_TILE;
     // Thread -> (first tile row, float4 column) of the staging loop.
     const int rpp = (int)blockDim.x / hd4, r0 = (int)threadIdx.x / hd4, c0 = (int)threadIdx.x % hd4;
-    // Split z takes an equal share of the token's keys (at least kper, whole tiles): the
-    // grid is sized for the most keys a token can have (a replayed graph serves every
-    // position), so a short context spreads its few keys over the first splits rather
-    // than leaving them all to split 0.
-    int share = (n_keys + (int)gridDim.z - 1) / (int)gridDim.z;
-    share = (share > kper ? share : kper) + DS4_ATH_TILE - 1;
-    share -= share % DS4_ATH_TILE;
-    const int k_begin = kper > 0 ? (int)blockIdx.z * share : 0;
-    const int k_end = kper > 0 && k_begin + share < n_keys ? k_begin + share : n_keys;
     for (int k0 = k_begin; k0 < k_end; k0 += DS4_ATH_TILE) {
         const int nt = k_end - k0 < DS4_ATH_TILE ? k_end - k0 : DS4_ATH_TILE;
         __syncthreads();  // the last tile read by every warp
@@ -1662,23 +1625,90 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
         }
         gpu_syncwarp();  // se read before the next tile's writes
     }
+}
+
+// A warp's DS4_ATH_HPW heads h0 .. of one token's queries q ([heads][hd]) into qr, lane
+// holding float4s 32 j + lane (zeros past hd and heads), and acc zeroed.
+GPU_DEV void ds4_ath_load_q(const float* __restrict__ q, int heads, int hd, int h0,
+                            gpu_f4 (&qr)[DS4_ATH_HPW][DS4_ATH_J],
+                            gpu_f4 (&acc)[DS4_ATH_HPW][DS4_ATH_J]) {
+    const int lane = threadIdx.x & 31, hd4 = hd / 4;
+#pragma unroll
+    for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
+        const gpu_f4* qh = (const gpu_f4*)(q + (long long)(h0 + hh) * hd);
+#pragma unroll
+        for (int j = 0; j < DS4_ATH_J; ++j) {
+            const int c = 32 * j + lane;
+            qr[hh][j] = h0 + hh < heads && c < hd4 ? qh[c] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+            acc[hh][j] = gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+        }
+    }
+}
+
+// The keys block z of the heads kernels takes for position p (ds4_att_keys' first and
+// n_win too): all of them (kper = 0), or split z's equal share of them (at least kper,
+// whole tiles). The grid is sized for the most keys a token can have (a replayed graph
+// serves every position), so a short context spreads its few keys over the first splits
+// rather than leaving them all to split 0.
+GPU_DEV void ds4_ath_range(int p, int window, int mode, int ratio, int cap, int k_sel, int kper,
+                           int& first, int& n_win, int& k_begin, int& k_end) {
+    const int n_keys = ds4_att_keys(p, window, mode, ratio, cap, k_sel, first, n_win);
+    int share = (n_keys + (int)gridDim.z - 1) / (int)gridDim.z;
+    share = (share > kper ? share : kper) + DS4_ATH_TILE - 1;
+    share -= share % DS4_ATH_TILE;
+    k_begin = kper > 0 ? (int)blockIdx.z * share : 0;
+    k_end = kper > 0 && k_begin + share < n_keys ? k_begin + share : n_keys;
+}
+
+// A split's partial sums of one head (slot of `slots`): the unnormalised values at
+// part[slot hd], its max and sum at part[slots hd + 2 slot]. A split without keys
+// writes max -inf (the merge weighs it at 0) and values 0 (acc as it was zeroed: the
+// merge may load them before it knows the weight). Called by the whole warp.
+GPU_DEV void ds4_ath_store_part(float* part, long long slots, long long slot, int hd, float mf,
+                                float lf, const gpu_f4 (&acc)[DS4_ATH_J]) {
+    const int lane = threadIdx.x & 31;
+    if (lane == 0) {
+        part[slots * hd + 2 * slot] = mf;
+        part[slots * hd + 2 * slot + 1] = lf;
+    }
+    gpu_f4* pa = (gpu_f4*)(part + slot * hd);
+#pragma unroll
+    for (int j = 0; j < DS4_ATH_J; ++j)
+        if (32 * j + lane < hd / 4) pa[32 * j + lane] = acc[j];
+}
+
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
+    ds4_attention_heads(const float* __restrict__ q, const float* __restrict__ kv,
+                        const float* __restrict__ ring, const float* __restrict__ rows,
+                        const int* __restrict__ sel, const float* __restrict__ sinks,
+                        const int* __restrict__ pos, int heads, int hd, int window, int ratio,
+                        int mode, int k_sel, int cap, float scale, float* __restrict__ out,
+                        int kper, float* __restrict__ part, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS);
+    __shared__ gpu_f4 ks[DS4_ATH_TILE][DS4_HEAD_MAX / 4];
+    __shared__ int kok[DS4_ATH_TILE];
+    __shared__ float se[DS4_ATH_WARPS][32];
+    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h0 = blockIdx.x * DS4_ATH_HEADS + warp * DS4_ATH_HPW;
+    const int p0 = pos[0], p = pos[t], hd4 = hd / 4;
+    gpu_f4 qr[DS4_ATH_HPW][DS4_ATH_J], acc[DS4_ATH_HPW][DS4_ATH_J];
+    ds4_ath_load_q(q + (long long)t * heads * hd, heads, hd, h0, qr, acc);
+    int first, n_win, k_begin, k_end;
+    ds4_ath_range(p, window, mode, ratio, cap, k_sel, kper, first, n_win, k_begin, k_end);
+    // This lane's head (lane / 16) of the warp: its running max and sum.
+    const bool head_ok = h0 + lane / DS4_ATH_TILE < heads;
+    float m = DS4_NEG_INF, l = 0.0f;
+    ds4_ath_keys(qr, acc, m, l, ks, kok, se, t, p0, hd, hd4, first, n_win, kv, ring, window, mode,
+                 sel, k_sel, rows, cap, k_begin, k_end, head_ok, scale);
 #pragma unroll
     for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
         const int h = h0 + hh;
         const float mf = gpu_shfl(m, hh * DS4_ATH_TILE), lf = gpu_shfl(l, hh * DS4_ATH_TILE);
         if (h >= heads) continue;  // the same for the whole warp
         if (part) {
-            const long long slot = ((long long)t * heads + h) * gridDim.z + blockIdx.z;
-            const long long slots = (long long)gridDim.y * heads * gridDim.z;
-            if (lane == 0) {
-                part[slots * hd + 2 * slot] = mf;
-                part[slots * hd + 2 * slot + 1] = lf;
-            }
-            if (mf == DS4_NEG_INF) continue;  // no keys: the merge skips this split
-            gpu_f4* pa = (gpu_f4*)(part + slot * hd);
-#pragma unroll
-            for (int j = 0; j < DS4_ATH_J; ++j)
-                if (32 * j + lane < hd4) pa[32 * j + lane] = acc[hh][j];
+            ds4_ath_store_part(part, (long long)gridDim.y * heads * gridDim.z,
+                               ((long long)t * heads + h) * gridDim.z + blockIdx.z, hd, mf, lf,
+                               acc[hh]);
             continue;
         }
         const float sink = sinks[h], mx = fmaxf(sink, mf);
@@ -1694,65 +1724,199 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
     }
 }
 
+// Merging one head's splits (slots slot0 .. slot0 + splits - 1 of `slots`, as
+// ds4_ath_store_part wrote them: an earlier launch, or other blocks of this one before a
+// gpu_group_barrier, whose acquire fence makes plain loads see their writes), warp 0's
+// part: every split's max and sum at once (splits <= 64: two a
+// lane), then the common max with the sink, each split's weight exp(m_s - max) into ws
+// (0 for a split without keys, whose values were never written) and the denominator
+// into *den by shuffles.
+GPU_DEV void ds4_atm_weights(float* part, long long slots, long long slot0, int hd, int splits,
+                             float sink, float* ws, float* den_s) {
+    const int lane = threadIdx.x & 31;
+    const float* ml = part + slots * hd;
+    float m[2], l[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int s = lane + 32 * i;
+        m[i] = s < splits ? ml[2 * (slot0 + s)] : DS4_NEG_INF;
+        l[i] = s < splits ? ml[2 * (slot0 + s) + 1] : 0.0f;
+    }
+    const float mx = gpu_warp_max(fmaxf(sink, fmaxf(m[0], m[1])));
+    float den = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float w = m[i] == DS4_NEG_INF ? 0.0f : expf(m[i] - mx);
+        den += w == 0.0f ? 0.0f : l[i] * w;
+        if (lane + 32 * i < splits) ws[lane + 32 * i] = w;
+    }
+    den = gpu_warp_sum(den);
+    if (lane == 0) *den_s = den + expf(sink - mx);
+}
+
+// Float4 column c of the merged head: the splits' values weighed by ws, over den (eight
+// splits' loads in flight at a time, predicated rather than branched around).
+GPU_DEV gpu_f4 ds4_atm_column(float* part, long long slot0, int hd, int splits,
+                              const float* ws, float den, int c) {
+    gpu_f4 a = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) {
+        const float w = ws[s];
+        // (plain loads: inline assembly would stop this partial unroll, being convergent)
+        const gpu_f4 v = w != 0.0f ? ((const gpu_f4*)(part + (slot0 + s) * hd))[c]
+                                   : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+        a.x += v.x * w;
+        a.y += v.y * w;
+        a.z += v.z * w;
+        a.w += v.w * w;
+    }
+    return gpu_f4{a.x / den, a.y / den, a.z / den, a.w / den};
+}
+
 // The splits of ds4_attention_heads (kper > 0) added up for head h of token t: their
 // maxima and the sink give the common scale, each split's sums weigh in at
-// exp(m_s - max), splits without keys not at all. store = 1 (one token) also writes
-// its K=V row into the ring (ds4_window_store's work; every split has read the window
-// by now). grid = (heads, n), block = 128.
+// exp(m_s - max), splits without keys at 0. Thread (group g, float4 column c) loads
+// splits g, g + DS4_ATM_GROUPS, .. of column c all at once, before the weights are
+// known (a split without keys wrote zeros there), so the values' round trip to memory
+// overlaps the weights' instead of following it; the groups' sums are then added in
+// group order. store = 1 (one token) also writes its K=V row into the ring
+// (ds4_window_store's work; every split has read the window by now).
+// grid = (heads, n), block = DS4_ATM_THREADS.
 #define DS4_ATM_MAX_SPLITS 64
-extern "C" __global__ void __launch_bounds__(128)
-    ds4_attention_merge(const float* __restrict__ part, int splits, const float* __restrict__ sinks,
+#define DS4_ATM_THREADS 512
+#define DS4_ATM_GROUPS (DS4_ATM_THREADS / (DS4_HEAD_MAX / 4))
+#define DS4_ATM_PER (DS4_ATM_MAX_SPLITS / DS4_ATM_GROUPS)
+extern "C" __global__ void __launch_bounds__(DS4_ATM_THREADS)
+    ds4_attention_merge(float* part, int splits, const float* __restrict__ sinks,
                         int heads, int hd, float* __restrict__ out, const float* __restrict__ kv,
                         const int* __restrict__ pos, int window, int store, float* __restrict__ ring,
                         unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_ATTENTION_MERGE);
     __shared__ float ws[DS4_ATM_MAX_SPLITS];
     __shared__ float den_s;
+    __shared__ gpu_f4 sums[DS4_ATM_GROUPS - 1][DS4_HEAD_MAX / 4];
     const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     if (store && h == 0 && t == 0)
-        for (int i = tid; i < hd; i += 128) ring[(long long)(pos[0] % window) * hd + i] = kv[i];
+        for (int i = tid; i < hd; i += DS4_ATM_THREADS) ring[(long long)(pos[0] % window) * hd + i] = kv[i];
     const long long slot0 = ((long long)t * heads + h) * splits;
-    const float* ml = part + (long long)gridDim.y * heads * splits * hd;
-    if (tid < 32) {
-        // The first warp reads every split's max and sum at once (splits <= 64: two a
-        // lane), then the common max, the weights and the denominator by shuffles.
-        const float sink = sinks[h];
-        float m[2], l[2];
+    const long long slots = (long long)gridDim.y * heads * splits;
+    const int c = tid % (DS4_HEAD_MAX / 4), g = tid / (DS4_HEAD_MAX / 4);
+    const bool col = c < hd / 4;
+    gpu_f4 v[DS4_ATM_PER];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int s = tid + 32 * i;
-            m[i] = s < splits ? ml[2 * (slot0 + s)] : DS4_NEG_INF;
-            l[i] = s < splits ? ml[2 * (slot0 + s) + 1] : 0.0f;
-        }
-        const float mx = gpu_warp_max(fmaxf(sink, fmaxf(m[0], m[1])));
-        float den = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            // (a split without keys: weight 0; its values were never written)
-            const float w = m[i] == DS4_NEG_INF ? 0.0f : expf(m[i] - mx);
-            den += w == 0.0f ? 0.0f : l[i] * w;
-            if (tid + 32 * i < splits) ws[tid + 32 * i] = w;
-        }
-        den = gpu_warp_sum(den);
-        if (tid == 0) den_s = den + expf(sink - mx);
+    for (int i = 0; i < DS4_ATM_PER; ++i) {
+        const int s = g + DS4_ATM_GROUPS * i;
+        v[i] = col && s < splits ? ((const gpu_f4*)(part + (slot0 + s) * hd))[c]
+                                 : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
     }
+    if (tid < 32) ds4_atm_weights(part, slots, slot0, hd, splits, sinks[h], ws, &den_s);
     __syncthreads();
-    const float den = den_s;
-    gpu_f4* o = (gpu_f4*)(out + ((long long)t * heads + h) * hd);
-    for (int c = tid; c < hd / 4; c += 128) {
-        gpu_f4 a = {0.0f, 0.0f, 0.0f, 0.0f};
-        // Eight splits' loads in flight at a time (predicated, not branched around).
-#pragma unroll 8
-        for (int s = 0; s < splits; ++s) {
-            const float w = ws[s];
-            const gpu_f4 v = w != 0.0f ? ((const gpu_f4*)(part + (slot0 + s) * hd))[c]
-                                       : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
-            a.x += v.x * w;
-            a.y += v.y * w;
-            a.z += v.z * w;
-            a.w += v.w * w;
+    gpu_f4 a = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < DS4_ATM_PER; ++i) {
+        const int s = g + DS4_ATM_GROUPS * i;
+        const float w = s < splits ? ws[s] : 0.0f;
+        ds4_axpy4(a, w, v[i]);
+    }
+    if (g > 0) sums[g - 1][c] = a;
+    __syncthreads();
+    if (g == 0 && col) {
+#pragma unroll
+        for (int k = 0; k < DS4_ATM_GROUPS - 1; ++k) ds4_axpy4(a, 1.0f, sums[k][c]);
+        const float den = den_s;
+        ((gpu_f4*)(out + ((long long)t * heads + h) * hd))[c] =
+            gpu_f4{a.x / den, a.y / den, a.z / den, a.w / den};
+    }
+}
+
+// The rotary of float4 column c of a head of hd (values 4c .. 4c + 3: pairs (x, y) and
+// (z, w)) where its pairs lie in the trailing 2 n_pairs values, as ds4_rotate does it.
+GPU_DEV void ds4_rotate4(gpu_f4& v, int c, int hd, int n_pairs, const float* __restrict__ inv_freq,
+                         float p, float mscale, int inverse) {
+    const int tail = hd - 2 * n_pairs, i = 4 * c;
+    if (i >= tail && i < hd) ds4_rotate(v.x, v.y, p, inv_freq[(i - tail) / 2], mscale, inverse);
+    if (i + 2 >= tail && i + 2 < hd)
+        ds4_rotate(v.z, v.w, p, inv_freq[(i + 2 - tail) / 2], mscale, inverse);
+}
+
+// ds4_attention_heads over key splits for one token (a decode step) in one launch, with
+// ds4_attention's rotaries inside (inv_freq set: q RMS-normed (plain, eps) and rotated
+// on its trailing 2 n_pairs values, the output inverse-rotated) and the splits merged
+// without a launch of their own: block (x, z) scores split z of the token's keys (as
+// with kper) for head group x and writes its partial sums to `part`; then the group's
+// blocks wait for each other (sync[x]; the host keeps the grid to the multiprocessors,
+// so every block is resident) and block z merges heads z, z + splits, .. of its group as
+// ds4_attention_merge does. A decode step had the block-a-head kernel read every key
+// from L2 once a head (64 times); here once a group of DS4_ATH_HEADS heads. store = 1
+// also writes the token's K=V row into the ring (slot p % window, which no key of this
+// step reads). Needs what ds4_attention_heads needs. grid = (ceil(heads /
+// DS4_ATH_HEADS), 1, splits <= DS4_ATM_MAX_SPLITS), block = 32 * DS4_ATH_WARPS. (Two
+// blocks an SM, so that a long context's splits of one tile each fit the device at once;
+// -D DS4_ATD_MIN_BLOCKS=1 for benchmark builds.)
+#ifndef DS4_ATD_MIN_BLOCKS
+#define DS4_ATD_MIN_BLOCKS 2
+#endif
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, DS4_ATD_MIN_BLOCKS)
+    ds4_attention_dec(const float* __restrict__ q, const float* __restrict__ kv, float* ring,
+                      const float* __restrict__ rows, const int* __restrict__ sel,
+                      const float* __restrict__ sinks, const int* __restrict__ pos, int heads,
+                      int hd, int window, int ratio, int mode, int k_sel, int cap, float scale,
+                      float* __restrict__ out, int kper, float* part, unsigned int* sync,
+                      const float* __restrict__ inv_freq, int n_pairs, float eps, float mscale,
+                      int store, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_DEC);
+    __shared__ gpu_f4 ks[DS4_ATH_TILE][DS4_HEAD_MAX / 4];
+    __shared__ int kok[DS4_ATH_TILE];
+    __shared__ float se[DS4_ATH_WARPS][32];
+    __shared__ float ws[DS4_ATM_MAX_SPLITS];
+    __shared__ float den_s;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = blockIdx.x, z = blockIdx.z;
+    const int h0 = g * DS4_ATH_HEADS + warp * DS4_ATH_HPW, p = pos[0], hd4 = hd / 4;
+    const int splits = (int)gridDim.z;
+    if (store && g == 0 && z == 0)
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ring[(long long)(p % window) * hd + i] = kv[i];
+    gpu_f4 qr[DS4_ATH_HPW][DS4_ATH_J], acc[DS4_ATH_HPW][DS4_ATH_J];
+    ds4_ath_load_q(q, heads, hd, h0, qr, acc);
+    if (inv_freq) {
+#pragma unroll
+        for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int j = 0; j < DS4_ATH_J; ++j) ss = ds4_dot4(qr[hh][j], qr[hh][j], ss);
+            const float r = 1.0f / sqrtf(gpu_warp_sum(ss) / (float)hd + eps);
+#pragma unroll
+            for (int j = 0; j < DS4_ATH_J; ++j) {
+                gpu_f4 v = {qr[hh][j].x * r, qr[hh][j].y * r, qr[hh][j].z * r, qr[hh][j].w * r};
+                ds4_rotate4(v, 32 * j + lane, hd, n_pairs, inv_freq, (float)p, mscale, 0);
+                qr[hh][j] = v;
+            }
         }
-        o[c] = gpu_f4{a.x / den, a.y / den, a.z / den, a.w / den};
+    }
+    int first, n_win, k_begin, k_end;
+    ds4_ath_range(p, window, mode, ratio, cap, k_sel, kper, first, n_win, k_begin, k_end);
+    const bool head_ok = h0 + lane / DS4_ATH_TILE < heads;
+    float m = DS4_NEG_INF, l = 0.0f;
+    ds4_ath_keys(qr, acc, m, l, ks, kok, se, 0, p, hd, hd4, first, n_win, kv, ring, window, mode,
+                 sel, k_sel, rows, cap, k_begin, k_end, head_ok, scale);
+    const long long slots = (long long)heads * splits;
+#pragma unroll
+    for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
+        const float mf = gpu_shfl(m, hh * DS4_ATH_TILE), lf = gpu_shfl(l, hh * DS4_ATH_TILE);
+        if (h0 + hh < heads)  // (the same for the whole warp)
+            ds4_ath_store_part(part, slots, (long long)(h0 + hh) * splits + z, hd, mf, lf, acc[hh]);
+    }
+    gpu_group_barrier(sync + g, (unsigned int)splits);
+    for (int hm = z; hm < DS4_ATH_HEADS; hm += splits) {
+        const int h = g * DS4_ATH_HEADS + hm;
+        if (h >= heads) break;  // (the same for the whole block)
+        if (warp == 0) ds4_atm_weights(part, slots, (long long)h * splits, hd, splits, sinks[h], ws, &den_s);
+        __syncthreads();
+        for (int c = threadIdx.x; c < hd4; c += blockDim.x) {
+            gpu_f4 v = ds4_atm_column(part, (long long)h * splits, hd, splits, ws, den_s, c);
+            if (inv_freq) ds4_rotate4(v, c, hd, n_pairs, inv_freq, (float)p, mscale, 1);
+            ((gpu_f4*)(out + (long long)h * hd))[c] = v;
+        }
+        __syncthreads();  // ws and den_s read before the next head's
     }
 }
 

@@ -45,7 +45,8 @@ pub const ABI_MAJOR: u32 = 1;
 /// 3: SWIGLU_MATMUL_ID (`backend::ops` 31), HC_POST of the MoE's outputs (4 or 5 args).
 /// 4: HC_POST_PRE and HC_SINKHORN (`backend::ops` 32, 33), HC_PRE's deferred Sinkhorn,
 ///    the rotaries inside SPARSE_ATTENTION (a 9th argument) and INDEX_SCORES (a 6th).
-pub const ABI_MINOR: u32 = 4;
+/// 5: SPARSE_ATTENTION's sync words (a 10th argument).
+pub const ABI_MINOR: u32 = 5;
 
 /// Explicit ABI version carried by every root module.
 #[repr(C)]

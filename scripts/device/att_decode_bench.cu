@@ -1,7 +1,8 @@
 // A decode step's attention (one token, 64 heads of 512 sharing one K=V head, a window of
 // 128) on the V4-Flash shapes, timed alone: ds4_attention (a block a head, 16 warps, the
 // depth-0 path) against ds4_attention_heads over key splits + ds4_attention_merge (the
-// long-context path) at several split sizes. Every launch follows an L2 flush, as in a
+// long-context path) at several split sizes, and ds4_attention_dec (the same splits
+// merged in one launch). Every launch follows an L2 flush, as in a
 // decode step, where a layer's ~150 MB of weights pass through L2 between two visits of
 // its cache; the flush's own time (a graph of flushes alone) is taken off. Built and run
 // by scripts/device/att_decode_bench.sh (nvcc). Prints a markdown table of us per
@@ -52,6 +53,9 @@ int main(int argc, char** argv) {
     const long long nflush = 40ll << 20;  // 160 MB
     float *flush, *part, *out[2];
     int *pos, *sel;
+    unsigned int* sync;
+    CK(cudaMalloc(&sync, 64 * 4));
+    CK(cudaMemset(sync, 0, 64 * 4));
     CK(cudaMalloc(&flush, nflush * 4));
     CK(cudaMalloc(&part, (size_t)heads * 64 * (hd + 2) * 4));
     for (auto& o : out) CK(cudaMalloc(&o, (size_t)heads * hd * 4));
@@ -96,6 +100,23 @@ int main(int argc, char** argv) {
         std::vector<float> ref((size_t)heads * hd), got(ref.size());
         CK(cudaStreamSynchronize(st));
         CK(cudaMemcpy(ref.data(), out[0], ref.size() * 4, cudaMemcpyDeviceToHost));
+        // The one-launch form (ds4_attention_dec: splits merged after a barrier of each
+        // head group's blocks), at the engine's split count (33 on 132 SMs) and fewer.
+        for (int most : {33, 16, 8}) {
+            const int splits = std::min(most, (max_keys + 15) / 16);
+            auto run_dec = [&] {
+                ds4_attention_dec<<<dim3(heads / DS4_ATH_HEADS, 1, splits), 32 * DS4_ATH_WARPS, 0, st>>>(
+                    q, kv, ring, rows, sel, sinks, pos, heads, hd, window, c.ratio, c.mode, c.k_sel, c.cap, scale,
+                    out[1], 16, part, sync, nullptr, 0, 1e-6f, 1.0f, 0, nullptr);
+            };
+            const double us = graph_us(st, reps, [&] { flush_only(); run_dec(); }) - flush_us;
+            CK(cudaStreamSynchronize(st));
+            CK(cudaMemcpy(got.data(), out[1], got.size() * 4, cudaMemcpyDeviceToHost));
+            float md = 0.0f;
+            for (size_t i = 0; i < got.size(); ++i) md = fmaxf(md, fabsf(got[i] - ref[i]));
+            printf("| %s | %d | one launch, splits merged after a barrier | %d x %d | %.2f | %.2e |\n", c.name,
+                   keys, heads / DS4_ATH_HEADS, splits, us, md);
+        }
         // kmin: the fewest keys a split takes; splits: as the engine would size the grid.
         for (int kmin : {16, 32}) {
             int splits = (max_keys + kmin - 1) / kmin;
@@ -107,7 +128,7 @@ int main(int argc, char** argv) {
             };
             auto run_split = [&] {
                 run_heads();
-                ds4_attention_merge<<<dim3(heads, 1), 128, 0, st>>>(part, splits, sinks, heads, hd, out[1], kv, pos,
+                ds4_attention_merge<<<dim3(heads, 1), DS4_ATM_THREADS, 0, st>>>(part, splits, sinks, heads, hd, out[1], kv, pos,
                                                                    window, 0, ring, nullptr);
             };
             const double us = graph_us(st, reps, [&] { flush_only(); run_split(); }) - flush_us;

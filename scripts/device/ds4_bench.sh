@@ -68,7 +68,9 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # top-k takes every visible row); MOE_DS4_IDX_SHORT=0 (indexer layers score and take
     # their top-k even while it would take every visible row): summation order only;
     # MOE_GPU_HC_GSYNC=0 (a decode step's mHC site finished by its last block, x's norm
-    # summed from x, not from the streams' Gram matrix): summation order only. The
+    # summed from x, not from the streams' Gram matrix): summation order only;
+    # MOE_GPU_ATT_SPLIT=1,MOE_GPU_ATT_DEC=1 (the split attention merged in the same launch,
+    # ds4_attention_dec): summation order only. The
     # indexer's switches run with MOE_DS4_IDX_SHORT=0 (8 tokens never score otherwise) and
     # are compared with the MOE_DS4_IDX_SHORT=0 run; a setting's comma-joined variables are
     # set together.
@@ -78,7 +80,7 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
         MOE_DS4_HC_FUSED=0 MOE_DS4_HC_DEFER=0 MOE_DS4_ATT_ROPE=1 MOE_DS4_IDX_ROPE=1,MOE_DS4_IDX_SHORT=0
         MOE_GPU_IDX_GROUPS=4,MOE_DS4_IDX_SHORT=0 MOE_GPU_ATT_STORE=0
         MOE_GPU_ATT_SPLIT=0 MOE_GPU_ATT_HEADS=0 MOE_GPU_IDX_MM=1,MOE_DS4_IDX_SHORT=0
-        MOE_DS4_IDX_SHORT=0 MOE_GPU_HC_GSYNC=0)
+        MOE_DS4_IDX_SHORT=0 MOE_GPU_HC_GSYNC=0 MOE_GPU_ATT_SPLIT=1,MOE_GPU_ATT_DEC=1)
     for v in base repeat "${switches[@]}"; do
         env $([[ $v == *=* ]] && echo "${v//,/ }") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
             logits --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_${v//[=,]/_}.npy"

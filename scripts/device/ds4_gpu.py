@@ -14,7 +14,9 @@ Prefill runs Q8_0 / ROCmFP4 products of 16+ columns on the q8_1 MMQ tiles (8-bit
 activations, as llama.cpp does); "exact" columns rerun prefill with
 MOE_GPU_EXACT_PREFILL=1 (f32 activations: the CPU's sums up to order); "split vs dec"
 reruns decode with MOE_GPU_ATT_SPLIT=1 (the long-context attention: each token's keys
-split over blocks, then merged; summation order only)."""
+split over blocks, then merged by a second launch) and "1-launch vs dec" with
+MOE_GPU_ATT_DEC=1 too (the same splits merged in the same launch, ds4_attention_dec),
+against the fixtures' own decode (a block a head); summation order only."""
 import json
 import os
 import subprocess
@@ -70,7 +72,8 @@ def main():
     cpu, gpu = config("cpu"), config("cuda")
     rows = []
     print(f"{'fixture':20} {'type':5} {'gpu vs cpu':>10} {'gpu vs oracle':>13} {'pre vs dec':>10} "
-          f"{'dev vs host glue':>16} {'exact vs cpu':>12} {'exact vs dec':>12} {'split vs dec':>12} {'top-1':>6} "
+          f"{'dev vs host glue':>16} {'exact vs cpu':>12} {'exact vs dec':>12} {'split vs dec':>12} "
+          f"{'1-launch vs dec':>15} {'top-1':>6} "
           f"{'greedy':>7} {'gpu s':>6}")
     only = os.environ.get("ONLY")  # e.g. ONLY=tiny_mixed.f32: the runs named so
     for name, ty in RUNS:
@@ -97,11 +100,14 @@ def main():
                 got[(backend, mode)] = np.load(out)
             if backend == "cuda":
                 secs = time.time() - t0
-                # Decode with the long-context attention (keys split over blocks + merge), which
-                # the fixtures' short contexts would not pick.
+                # Decode with the long-context attention (keys split over blocks, merged by a
+                # second launch or in the same one), which the fixtures' short contexts would
+                # not pick.
                 for key, env, mode in (("hostglue", {"MOE_DS4_HOST_GLUE": "1"}, "prefill"),
                                        ("exact", {"MOE_GPU_EXACT_PREFILL": "1"}, "prefill"),
-                                       ("split", {"MOE_GPU_ATT_SPLIT": "1"}, "decode")):
+                                       ("split", {"MOE_GPU_ATT_SPLIT": "1"}, "decode"),
+                                       ("dec1", {"MOE_GPU_ATT_SPLIT": "1", "MOE_GPU_ATT_DEC": "1"},
+                                        "decode")):
                     out = W / f"{name}.{ty}.cuda.{key}.npy"
                     moeserve(cfg, "logits", "--model", model, "--tokens", toks, "--out", out, "--mode", mode,
                              env=env)
@@ -116,12 +122,14 @@ def main():
                    gpu_prefill_vs_decode=rel(gp, gd), device_vs_host_glue=rel(gp, got[("cuda", "hostglue")]),
                    exact_prefill_vs_cpu=rel(ge, cp), exact_prefill_vs_decode=rel(ge, gd),
                    split_decode_vs_decode=rel(got[("cuda", "split")], gd),
+                   one_launch_decode_vs_decode=rel(got[("cuda", "dec1")], gd),
                    top1_vs_cpu=float((gp.argmax(1) == cp.argmax(1)).mean()),
                    greedy_equals_oracle=greedy_same, gpu_seconds=secs)
         rows.append(row)
         print(f"{name:20} {ty:5} {row['gpu_vs_cpu']:10.3g} {row['gpu_vs_oracle']:13.3g} "
               f"{row['gpu_prefill_vs_decode']:10.3g} {row['device_vs_host_glue']:16.3g} {row['exact_prefill_vs_cpu']:12.3g} "
               f"{row['exact_prefill_vs_decode']:12.3g} {row['split_decode_vs_decode']:12.3g} "
+              f"{row['one_launch_decode_vs_decode']:15.3g} "
               f"{row['top1_vs_cpu']:6.3f} {str(greedy_same):>7} {secs:6.1f}",
               flush=True)
     (OUT / "ds4_gpu.json").write_text(json.dumps(rows, indent=1))

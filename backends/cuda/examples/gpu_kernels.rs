@@ -20,8 +20,8 @@ use std::sync::atomic::Ordering;
 
 use moe_backend_cuda::{
     ops::{
-        mmq_kernel, FORCE_FP4_MMA, FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_Q8_DECODE,
-        FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
+        mmq_kernel, FORCE_ATT_DEC, FORCE_FP4_MMA, FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A,
+        FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -1067,6 +1067,240 @@ fn hc_post_pre_gsync(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all
 }
 
+/// One decode step's SPARSE_ATTENTION (DeepSeek-V4's, one shared K=V head, sink logits,
+/// q's norm + rotary and the output's inverse rotary inside) against an f64 reference
+/// written from the op's definition: with the sync words (ABI 1.5) and the one-launch
+/// form forced on (`MOE_GPU_ATT_DEC=1` in the engine) it must launch `ds4_attention_dec`
+/// once (keys split over blocks, merged in the same launch), without them
+/// `ds4_attention` (a block a head); with the sync words after an inv_freq of no values
+/// (no rotary) and not forced, `ds4_attention_heads` over key splits then
+/// `ds4_attention_merge` (against the reference without rotaries). All within 1e-5 of
+/// the largest reference value; 50 reruns of the one-launch form bit-identical (its barrier words reused); the
+/// token's row stored in the ring. Cases: V4-Flash widths (64 heads x 512, window 128,
+/// 64 rotated values) at position 520 with every compressed row (258 keys), at 131071
+/// with the indexer's 512 selected (some -1 or past the rows), at 131071 with 1024 rows
+/// of ratio 128, at position 5 (7 keys), and 20 heads x 128 with the window only.
+fn attention_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== SPARSE_ATTENTION, one decode step, vs f64 reference ==");
+    let mut all = true;
+    for (name, heads, hd, window, pairs, p, mode, ratio, cap, k_sel) in [
+        (
+            "64 x 512, p 520, rows",
+            64usize,
+            512usize,
+            128usize,
+            32usize,
+            520usize,
+            1i64,
+            4usize,
+            200usize,
+            0usize,
+        ),
+        (
+            "64 x 512, p 131071, 512 selected",
+            64,
+            512,
+            128,
+            32,
+            131071,
+            2,
+            4,
+            32768,
+            512,
+        ),
+        (
+            "64 x 512, p 131071, ratio 128",
+            64,
+            512,
+            128,
+            32,
+            131071,
+            1,
+            128,
+            1024,
+            0,
+        ),
+        ("64 x 512, p 5", 64, 512, 128, 32, 5, 1, 4, 40, 0),
+        ("20 x 128, window only", 20, 128, 16, 8, 100, 0, 4, 1, 0),
+    ] {
+        let mut v = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.f32()).collect() };
+        let (q, kv, ring, rows, sinks) =
+            (v(hd * heads), v(hd), v(hd * window), v(hd * cap), v(heads));
+        let sel: Vec<i32> = (0..k_sel.max(1))
+            .map(|j| match j % 50 {
+                7 => -1,
+                9 => (cap + 3) as i32, // past the rows: skipped
+                _ => rng.below(cap as u64) as i32,
+            })
+            .collect();
+        let inv: Vec<f32> = (0..pairs)
+            .map(|k| 10000f32.powf(-(k as f32) / pairs as f32))
+            .collect();
+        let (scale, eps, mscale) = (1.0 / (hd as f32).sqrt(), 1e-6f32, 0.9f32);
+        // Reference: q normed and rotated (the angle p * f rounded to f32, as the kernels
+        // take it), softmax over the keys with the sink, the output inverse-rotated.
+        let tail = hd - 2 * pairs;
+        let rot = |x: &mut [f64], inverse: bool| {
+            for k in 0..pairs {
+                let ang = (p as f32 * inv[k]) as f64;
+                let (c, mut sn) = (ang.cos() * mscale as f64, ang.sin() * mscale as f64);
+                if inverse {
+                    sn = -sn;
+                }
+                let (a, b) = (x[tail + 2 * k], x[tail + 2 * k + 1]);
+                x[tail + 2 * k] = a * c - b * sn;
+                x[tail + 2 * k + 1] = b * c + a * sn;
+            }
+        };
+        let mut keys: Vec<&[f32]> = (p.saturating_sub(window - 1)..=p)
+            .map(|qp| {
+                if qp == p {
+                    &kv[..]
+                } else {
+                    &ring[(qp % window) * hd..(qp % window + 1) * hd]
+                }
+            })
+            .collect();
+        match mode {
+            1 => keys.extend((0..((p + 1) / ratio).min(cap)).map(|r| &rows[r * hd..(r + 1) * hd])),
+            2 => keys.extend(
+                sel.iter()
+                    .filter(|&&r| r >= 0 && (r as usize) < cap)
+                    .map(|&r| &rows[r as usize * hd..(r as usize + 1) * hd]),
+            ),
+            _ => {}
+        }
+        // With `rope` q's norm + rotary and the output's inverse rotary, else neither.
+        let reference = |rope: bool| -> Vec<f64> {
+            let mut want = vec![0f64; hd * heads];
+            for h in 0..heads {
+                let qh = &q[h * hd..(h + 1) * hd];
+                let ms = qh.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / hd as f64;
+                let r = if rope {
+                    1.0 / (ms + eps as f64).sqrt()
+                } else {
+                    1.0
+                };
+                let mut qn: Vec<f64> = qh.iter().map(|&x| x as f64 * r).collect();
+                if rope {
+                    rot(&mut qn, false);
+                }
+                let lg: Vec<f64> = keys
+                    .iter()
+                    .map(|k| {
+                        scale as f64 * qn.iter().zip(*k).map(|(a, &b)| a * b as f64).sum::<f64>()
+                    })
+                    .collect();
+                let mx = lg.iter().fold(sinks[h] as f64, |m, &x| m.max(x));
+                let den =
+                    (sinks[h] as f64 - mx).exp() + lg.iter().map(|x| (x - mx).exp()).sum::<f64>();
+                let o = &mut want[h * hd..(h + 1) * hd];
+                for (k, x) in keys.iter().zip(&lg) {
+                    let e = (x - mx).exp() / den;
+                    for (oi, &ki) in o.iter_mut().zip(*k) {
+                        *oi += e * ki as f64;
+                    }
+                }
+                if rope {
+                    rot(o, true);
+                }
+            }
+            want
+        };
+        let (want, want_plain) = (reference(true), reference(false));
+        let b = |x: &[f32]| g.buf(&f32_bytes(x));
+        let i32b = |x: &[i32]| g.buf(&x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        let (bq, bkv, bring, brows, bsk, binv) =
+            (b(&q), b(&kv), b(&ring), b(&rows), b(&sinks), b(&inv));
+        let (bsel, bpos, bout) = (i32b(&sel), i32b(&[p as i32]), g.zeros(hd * heads * 4));
+        let groups = heads.div_ceil(16);
+        let bsync = g.zeros(groups * 4);
+        let f = |buf, dims: [usize; 3]| {
+            t(
+                buf,
+                0,
+                types::F32,
+                0,
+                [dims[0] as u64, dims[1] as u64, dims[2] as u64, 1],
+            )
+        };
+        let mut args = vec![
+            f(bq, [hd, heads, 1]),
+            f(bkv, [hd, 1, 1]),
+            f(bring, [hd, window, 1]),
+            f(brows, [hd, cap, 1]),
+            t(bsel, 0, types::I32, 0, [k_sel.max(1) as u64, 1, 1, 1]),
+            f(bsk, [heads, 1, 1]),
+            t(bpos, 0, types::I32, 0, [1, 1, 1, 1]),
+            f(bout, [hd, heads, 1]),
+            f(binv, [pairs, 1, 1]),
+        ];
+        let mut prm = OpParams::default();
+        prm.f[..3].copy_from_slice(&[scale, eps, mscale]);
+        // (the long-context hint at every position: the one-launch form is the split one)
+        prm.i[..4].copy_from_slice(&[ratio as i64, mode, pairs as i64, 1]);
+        let err = |got: &[f32], want: &[f64]| {
+            let top = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+            got.iter()
+                .zip(want)
+                .fold(0f64, |m, (&a, b)| m.max((a as f64 - b).abs()))
+                / top
+        };
+        // The ring as the op leaves it: the token's row at p % window, the rest as given.
+        let mut ring_want = ring.clone();
+        ring_want[(p % window) * hd..(p % window + 1) * hd].copy_from_slice(&kv);
+        let run = |args: &[TensorRef]| {
+            into_result((g.be.upload)(bring, 0, f32_bytes(&ring).as_slice().into())).unwrap();
+            let before = g.counters();
+            g.op_with(ops::SPARSE_ATTENTION, prm, args);
+            let out = g.read_f32(bout, 0, hd * heads);
+            let stored = same_bits(&g.read_f32(bring, 0, hd * window), &ring_want);
+            let after = g.counters();
+            let n = |k: &str| device_launches(&before, &after, k);
+            (
+                out,
+                stored,
+                n("ds4_attention_dec"),
+                n("ds4_attention"),
+                (n("ds4_attention_heads"), n("ds4_attention_merge")),
+            )
+        };
+        let head = run(&args);
+        args.push(t(bsync, 0, types::I32, 0, [groups as u64, 1, 1, 1]));
+        FORCE_ATT_DEC.store(true, Ordering::Relaxed); // (opt-in in the engine)
+        let dec = run(&args);
+        let repeats = (0..50).all(|_| same_bits(&run(&args).0, &dec.0));
+        FORCE_ATT_DEC.store(false, Ordering::Relaxed);
+        // Without the rotaries (an inv_freq of no values before the sync words) and not
+        // forced: the heads kernel over key splits, then ds4_attention_merge.
+        args[8] = t(binv, 0, types::F32, 0, [0, 1, 1, 1]);
+        let split = run(&args);
+        let (e_dec, e_head) = (err(&dec.0, &want), err(&head.0, &want));
+        let e_split = err(&split.0, &want_plain);
+        let launches = (dec.2, dec.3, dec.4) == (1, 0, (0, 0))
+            && (head.2, head.3) == (0, 1)
+            && (split.2, split.3, split.4) == (0, 0, (1, 1));
+        let stored = dec.1 && head.1 && split.1;
+        let ok = e_dec.max(e_head).max(e_split) <= 1e-5 && repeats && stored && launches;
+        all &= ok;
+        println!(
+            "{name:<34}: {:>4} keys, one launch {e_dec:.2e}, block a head {e_head:.2e}, splits + merge (no rotary) {e_split:.2e}, 50 reruns bit-identical {repeats}, ring stored {}, launches {} {}",
+            keys.len(),
+            stored,
+            if launches { "as expected" } else { "WRONG" },
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"attention_decode\",\"case\":\"{name}\",\"keys\":{},\"dec_rel\":{e_dec:e},\"head_rel\":{e_head:e},\"split_rel\":{e_split:e},\"repeats\":{repeats},\"launches\":{launches},\"ok\":{ok}}}",
+            keys.len()
+        ));
+        for buf in [bq, bkv, bring, brows, bsk, binv, bsel, bpos, bout, bsync] {
+            into_result((g.be.free)(buf)).unwrap();
+        }
+    }
+    all
+}
+
 /// TOPK_ROWS (DeepSeek-V4's indexer selection) against its definition: the k best
 /// visible rows (ties: lower index), as the rows above the k-th score in index order then
 /// the rows equal to it in index order; all visible rows and -1s when no more than k are
@@ -1656,6 +1890,7 @@ fn main() {
     all_ok &= id_multi(&g, &mut rng, &mut json);
     all_ok &= swiglu_id(&g, &mut rng, &mut json);
     all_ok &= hc_post_pre_gsync(&g, &mut rng, &mut json);
+    all_ok &= attention_decode(&g, &mut rng, &mut json);
     all_ok &= topk_rows(&g, &mut rng, &mut json);
     all_ok &= index_scores(&g, &mut rng, &mut json);
     all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);

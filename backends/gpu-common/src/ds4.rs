@@ -19,8 +19,9 @@ pub const HEAD_MAX: u64 = 512;
 /// `ds4_attention_heads`: heads a block, warps a block (DS4_ATH_HEADS, DS4_ATH_WARPS).
 const ATT_HEADS_PER_BLOCK: u64 = 16;
 const ATT_HEADS_WARPS: u32 = 8;
-/// `ds4_attention_merge`'s most splits (DS4_ATM_MAX_SPLITS).
+/// `ds4_attention_merge`'s most splits and threads (DS4_ATM_MAX_SPLITS, DS4_ATM_THREADS).
 const ATT_MAX_SPLITS: u64 = 64;
+const ATT_MERGE_THREADS: u32 = 512;
 /// The split attention's partial sums stay within this much scratch (one token at 64
 /// splits of 64 heads of 512: 8.4 MB); larger steps keep `ds4_attention`.
 const ATT_SPLIT_MAX_BYTES: u64 = 16 << 20;
@@ -568,7 +569,9 @@ fn rotary(
     width: u64,
     op: &str,
 ) -> Result<(u64, u64), String> {
-    let Some(t) = inv else {
+    // (From ABI 1.5 an inv_freq of no values stands for none: SPARSE_ATTENTION's sync
+    // after it without the rotary.)
+    let Some(t) = inv.filter(|t| t.numel() > 0) else {
         return Ok((0, 0));
     };
     let pairs = pairs.max(0) as u64;
@@ -769,6 +772,30 @@ fn att_splits(max_keys: u64) -> (u64, u64) {
     )
 }
 
+/// `MOE_GPU_ATT_DEC=1`: a decode step's split attention (the long-context hint) in one
+/// launch, `ds4_attention_dec`, instead of the heads kernel + `ds4_attention_merge`.
+/// Opt-in: alone on the H200 it is faster at 640 keys, but in the replayed decode graph
+/// at depth 131072 it measured 3% slower (2026-12-04, docs/notes/ds4-gpu-h200.md). Read
+/// once; tests may force it (FORCE_ATT_DEC).
+fn att_dec_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    FORCE_ATT_DEC.load(std::sync::atomic::Ordering::Relaxed)
+        || *ON.get_or_init(|| env_force("MOE_GPU_ATT_DEC") == Some(true))
+}
+
+/// Forces `ds4_attention_dec` on for a decode step's split attention (device tests).
+pub static FORCE_ATT_DEC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Splits a head group for `ds4_attention_dec`: as [`att_splits`], but the whole grid
+/// (groups x splits) within two blocks a multiprocessor (DS4_ATD_MIN_BLOCKS), so that
+/// every block is resident while the group's blocks wait for each other; None where that
+/// leaves no split (or the backend reports no multiprocessor count: HIP keeps the
+/// launches apart).
+fn att_dec_splits(max_keys: u64, groups: u64, multiprocessors: u32) -> Option<u64> {
+    let fit = 2 * multiprocessors as u64 / groups.max(1);
+    (fit >= 1).then(|| att_splits(max_keys).1.min(fit))
+}
+
 /// Chunks of at least this many tokens take `ds4_attention_heads` (a block per 16 heads
 /// of a token, the keys staged once for all of them) in one pass; fewer keep a block per
 /// head (16 warps a head while the grid is small), or with the long-context hint the
@@ -777,7 +804,9 @@ const ATT_HEADS_MIN_TOKENS: u64 = 16;
 
 unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
     // From ABI 1.4 a 9th tensor, inv_freq: q's norm + rotary and the output's inverse
-    // rotary happen in the kernel.
+    // rotary happen in the kernel; from ABI 1.5 a 10th, sync: a word per head group for
+    // the one-launch decode form's barrier.
+    let (a, sync) = split_extra(a, 10);
     let (a, inv) = split_extra(a, 9);
     let [q, kv, ring, rows, sel, sinks, pos, out] = args(a, "sparse_attention")?;
     let (hd, heads, n) = (q.dims[0], q.dims[1], q.dims[2] * q.dims[3]);
@@ -835,16 +864,48 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     // aligned. A chunk of 16 tokens or more: one pass over each token's keys; fewer (a
     // decode step), with the long-context hint (i[3] = 1): the keys split over blocks,
     // then ds4_attention_merge.
-    let heads_ok = pinv == 0
-        && hd.is_multiple_of(4)
+    let aligned = hd.is_multiple_of(4)
         && [pq, pkv, pr, prows, pout]
             .iter()
             .all(|p| p.is_multiple_of(16))
         && !att_heads_off();
+    let heads_ok = pinv == 0 && aligned;
     let grid_heads = heads.div_ceil(ATT_HEADS_PER_BLOCK);
     // One token: its row goes into the ring from the last kernel (its slot is outside
     // the window that kernel reads); more, or MOE_GPU_ATT_STORE=0: ds4_window_store after.
     let store = n == 1 && !att_store_off();
+    // The most keys a token can have: the window and every compressed row or selected
+    // one (a replayed graph serves any position with the grid sized here).
+    let max_keys = window
+        + match mode {
+            1 => cap,
+            2 => k_sel,
+            _ => 0,
+        };
+    // The split form (a decode step far into a long context) in one launch where the
+    // backend can keep the whole grid resident.
+    let split = att_split(p.i[3] == 1);
+    if let (Some(sync), true) = (sync, n == 1 && aligned && split && att_dec_on()) {
+        if let Some(splits) = att_dec_splits(max_keys, grid_heads, gpu.multiprocessors()) {
+            holds(&sync, types::I32, grid_heads, "sparse_attention sync")?;
+            let part = gpu.scratch((heads * splits * (hd + 2) * 4) as usize)?;
+            return att
+                .i(to_i32(ATT_SPLIT_MIN_KEYS, "keys a split")?)
+                .p(part)
+                .p(gpu.ptr(&sync, 4)?)
+                .p(pinv)
+                .i(pairs as i32)
+                .f(p.f[1])
+                .f(p.f[2])
+                .i(store as i32)
+                .launch(
+                    gpu,
+                    "ds4_attention_dec",
+                    (grid_heads, 1, splits),
+                    32 * ATT_HEADS_WARPS,
+                );
+        }
+    }
     if heads_ok && n >= ATT_HEADS_MIN_TOKENS {
         att.i(0).p(0).launch(
             gpu,
@@ -852,18 +913,11 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
             (grid_heads, n, 1),
             32 * ATT_HEADS_WARPS,
         )?;
-    } else if let Some((kper, splits)) = (heads_ok && att_split(p.i[3] == 1))
+    } else if let Some((kper, splits)) = (heads_ok && split)
         .then(|| {
             // Sized for the most keys a token can have (the grid is replayed at any
             // position): the window and every compressed row or selected one.
-            att_splits(
-                window
-                    + match mode {
-                        1 => cap,
-                        2 => k_sel,
-                        _ => 0,
-                    },
-            )
+            att_splits(max_keys)
         })
         .filter(|&(_, splits)| n * heads * splits * (hd + 2) * 4 <= ATT_SPLIT_MAX_BYTES)
     {
@@ -886,7 +940,7 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
             .i(wi)
             .i(store as i32)
             .p(pr)
-            .launch(gpu, "ds4_attention_merge", (heads, n, 1), 128)?;
+            .launch(gpu, "ds4_attention_merge", (heads, n, 1), ATT_MERGE_THREADS)?;
         if store {
             return Ok(());
         }
@@ -1130,8 +1184,9 @@ mod tests {
     /// One recorded launch: (kernel, grid, block, parameter count).
     type Launched = (&'static str, (u32, u32, u32), u32, usize);
 
+    /// Records launches; reports `.1` multiprocessors (0: unknown, as the trait's default).
     #[derive(Default)]
-    struct Rec(RefCell<Vec<Launched>>);
+    struct Rec(RefCell<Vec<Launched>>, u32);
 
     impl Gpu for Rec {
         fn ptr(&self, _t: &TensorRef, _align: u64) -> Result<u64, String> {
@@ -1145,6 +1200,9 @@ mod tests {
                 .borrow_mut()
                 .push((l.name, l.grid, l.block, params.len()));
             Ok(())
+        }
+        fn multiprocessors(&self) -> u32 {
+            self.1
         }
     }
 
@@ -1173,7 +1231,10 @@ mod tests {
     use crate::kernels::signatures;
 
     fn run_ok(op: u32, p: OpParams, a: &[TensorRef]) -> Vec<Launched> {
-        let g = Rec::default();
+        run_on(Rec::default(), op, p, a)
+    }
+
+    fn run_on(g: Rec, op: u32, p: OpParams, a: &[TensorRef]) -> Vec<Launched> {
         run(&g, op, &p, a)
             .expect("an op of this module")
             .unwrap_or_else(|e| panic!("op {op}: {e}"));
@@ -1385,6 +1446,75 @@ mod tests {
                 ("ds4_attention_merge", (8, 1, 1)),
             ]
         );
+        // One token with a sync word a head group (ABI 1.5) on a device that reports its
+        // multiprocessors, ds4_attention_dec forced on: one launch, the splits as the split form's
+        // (24 keys at most: 2), the ring store inside; with inv_freq or without.
+        FORCE_ATT_DEC.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut dec = one.to_vec();
+        dec.extend([f([16, 1, 1, 1]), i([1, 1, 1, 1])]);
+        let dec_prm = prm(&[0.1, 1e-6, 1.0], &[4, 2, 16, 1]);
+        let l = run_on(
+            Rec(Default::default(), 132),
+            ops::SPARSE_ATTENTION,
+            dec_prm,
+            &dec,
+        );
+        assert_eq!(
+            l.iter().map(|x| (x.0, x.1, x.2)).collect::<Vec<_>>(),
+            [("ds4_attention_dec", (1, 1, 2), 256)]
+        );
+        // An inv_freq of no values: the same launch, no rotary inside.
+        let mut plain = one.to_vec();
+        plain.extend([f([0, 1, 1, 1]), i([1, 1, 1, 1])]);
+        let l = run_on(
+            Rec(Default::default(), 132),
+            ops::SPARSE_ATTENTION,
+            prm(&[0.1], &[4, 2, 0, 1]),
+            &plain,
+        );
+        assert_eq!((l[0].0, l.len()), ("ds4_attention_dec", 1));
+        // Without the long-context hint: a block a head.
+        let l = run_on(
+            Rec(Default::default(), 132),
+            ops::SPARSE_ATTENTION,
+            prm(&[0.1], &[4, 2]),
+            &plain,
+        );
+        assert_eq!((l[0].0, l.len()), ("ds4_attention", 1));
+        // Without a multiprocessor count (HIP) the launches stay apart.
+        let l = run_on(Rec::default(), ops::SPARSE_ATTENTION, dec_prm, &dec);
+        assert_eq!((l[0].0, l.len()), ("ds4_attention", 1));
+        // A sync tensor with fewer words than head groups is refused.
+        let mut wide = att_for(40, 1).to_vec();
+        wide.extend([f([16, 1, 1, 1]), i([2, 1, 1, 1])]);
+        let e = run(
+            &Rec(Default::default(), 132),
+            ops::SPARSE_ATTENTION,
+            &dec_prm,
+            &wide,
+        )
+        .unwrap()
+        .unwrap_err();
+        assert!(e.contains("sparse_attention sync"), "{e}");
+        FORCE_ATT_DEC.store(false, std::sync::atomic::Ordering::Relaxed);
+        // Not forced (nor MOE_GPU_ATT_DEC=1): the heads kernel + merge.
+        let l = run_on(
+            Rec(Default::default(), 132),
+            ops::SPARSE_ATTENTION,
+            prm(&[0.1], &[4, 2, 0, 1]),
+            &plain,
+        );
+        assert_eq!(
+            l.iter().map(|x| x.0).collect::<Vec<_>>(),
+            ["ds4_attention_heads", "ds4_attention_merge"]
+        );
+        // The one-launch form's splits: the split form's, within the multiprocessors.
+        assert_eq!(att_dec_splits(128 + 512, 4, 132), Some(40));
+        assert_eq!(att_dec_splits(128 + 32768, 4, 132), Some(64));
+        assert_eq!(att_dec_splits(128 + 32768, 8, 132), Some(33));
+        assert_eq!(att_dec_splits(24, 4, 132), Some(2));
+        assert_eq!(att_dec_splits(24, 4, 0), None);
+        assert_eq!(att_dec_splits(24, 300, 132), None);
         // Split sizes: a split a tile of 16 keys, at most 64 splits a head group.
         assert_eq!(att_splits(24), (16, 2));
         assert_eq!(att_splits(128 + 512), (16, 40));

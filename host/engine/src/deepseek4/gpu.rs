@@ -70,6 +70,8 @@ struct Work {
     streams: Tensor,
     /// mHC post + pre's block counts (HC_POST_PRE), zero between ops.
     hc_sync: Tensor,
+    /// The decode attention's barrier words (a word per 16 heads), zero at first.
+    att_sync: Tensor,
     mix: Tensor,
     wts: Tensor,
     x: Tensor,
@@ -185,6 +187,9 @@ pub(super) struct GpuPath {
     /// q's norm and rotary, and the output's inverse rotary, in the attention kernel
     /// (SPARSE_ATTENTION's inv_freq, ABI 1.4; opt-in, see `probe_att_rope`).
     att_rope: bool,
+    /// SPARSE_ATTENTION takes its sync words (ABI 1.5: a decode step's attention in one
+    /// launch, see `probe_att_sync`).
+    att_sync: bool,
     /// The indexer queries' rotary in the scoring kernel (INDEX_SCORES' inv_freq, ABI
     /// 1.4; opt-in, see `probe_idx_rope`).
     idx_rope: bool,
@@ -213,6 +218,12 @@ fn upload(dev: &Arc<Device>, v: &[f32]) -> Result<Tensor> {
     if !v.is_empty() {
         t.upload_f32(v)?;
     }
+    Ok(t)
+}
+
+fn zeros_i32(dev: &Arc<Device>, n: usize) -> Result<Tensor> {
+    let t = dev.i32(n)?;
+    t.upload_i32(&vec![0; n])?;
     Ok(t)
 }
 
@@ -346,6 +357,7 @@ impl GpuPath {
             post_combine: probe_post_combine(dev),
             hc_fused: probe_hc_fused(dev),
             att_rope: probe_att_rope(dev),
+            att_sync: probe_att_sync(dev),
             idx_rope: probe_idx_rope(dev),
             hc_defer: !sides.is_empty() && probe_hc_sinkhorn(dev),
             sides,
@@ -400,11 +412,8 @@ impl GpuPath {
             pos: dev.i32(n)?,
             want: dev.i32(n)?,
             streams: f(d * hc * n)?,
-            hc_sync: {
-                let t = dev.i32(n)?;
-                t.upload_i32(&vec![0; n])?;
-                t
-            },
+            hc_sync: zeros_i32(dev, n)?,
+            att_sync: zeros_i32(dev, p.n_head.div_ceil(16))?,
             mix: f(nm * n)?,
             wts: f(nm * n)?,
             x: f(d * n)?,
@@ -990,12 +999,18 @@ impl GpuPath {
         let mut a = vec![q, kv, st.ring.r, rows, sel, dl.sinks.r, pos, att];
         let scale = (hd as f32).powf(-0.5);
         let long = kind.long as i64;
+        let sync = v(&w.att_sync, [nh.div_ceil(16), 1, 1, 1]);
         if att_rope {
-            // q's norm + rotary and the output's inverse rotary in the attention op.
-            a.push(inv.r);
+            // q's norm + rotary and the output's inverse rotary in the attention op, and
+            // the words its one-launch decode form's blocks wait on.
+            a.extend([inv.r, sync]);
             let prm = pr(&[scale, p.eps, *ms], &[ratio as i64, mode, pairs, long]);
             op(ops::SPARSE_ATTENTION, prm, &a)?;
         } else {
+            // (a decode step: the sync words after an inv_freq of no values)
+            if n == 1 && self.att_sync {
+                a.extend([v(&w.att_sync, [0, 1, 1, 1]), sync]);
+            }
             op(
                 ops::SPARSE_ATTENTION,
                 pr(&[scale], &[ratio as i64, mode, 0, long]),
@@ -1295,6 +1310,28 @@ fn probe_att_rope(dev: &Arc<Device>) -> bool {
             q.r, kv.r, ring.r, rows.r, sel.r, sinks.r, pos.r, out.r, inv.r,
         ];
         dev.op(ops::SPARSE_ATTENTION, pr(&[1.0, 1e-6, 1.0], &[0, 0, 1]), &a)
+    })
+}
+
+/// Whether the backend's SPARSE_ATTENTION takes sync words after an inv_freq of no
+/// values (ABI 1.5; its one-launch decode form's blocks wait on them): one tiny call.
+fn probe_att_sync(dev: &Arc<Device>) -> bool {
+    probe_op(dev, "SPARSE_ATTENTION's sync words", || {
+        let f = |k| filled(dev, k, 1);
+        // One head of 2, a window of 1, no compressed rows.
+        let (q, kv, ring, rows, sinks, out) = (f(2)?, f(2)?, f(2)?, f(2)?, f(1)?, f(2)?);
+        let (sel, pos, sync) = (dev.i32(1)?, dev.i32(1)?, dev.i32(1)?);
+        sel.upload_i32(&[0])?;
+        pos.upload_i32(&[0])?;
+        sync.upload_i32(&[0])?;
+        let none = TensorRef {
+            dims: [0, 1, 1, 1],
+            ..sync.r
+        };
+        let a = [
+            q.r, kv.r, ring.r, rows.r, sel.r, sinks.r, pos.r, out.r, none, sync.r,
+        ];
+        dev.op(ops::SPARSE_ATTENTION, pr(&[1.0], &[0, 0, 0]), &a)
     })
 }
 
