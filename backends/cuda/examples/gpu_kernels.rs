@@ -877,6 +877,17 @@ impl Gpu {
     }
 }
 
+/// An F32 tensor of `dims` (the fourth 1) at the start of `buf`.
+fn f32_t(buf: u64, dims: [usize; 3]) -> TensorRef {
+    t(
+        buf,
+        0,
+        types::F32,
+        0,
+        [dims[0] as u64, dims[1] as u64, dims[2] as u64, 1],
+    )
+}
+
 fn t(buffer: u64, offset: u64, type_id: u32, variant: u64, dims: [u64; 4]) -> TensorRef {
     TensorRef {
         buffer,
@@ -988,15 +999,7 @@ fn hc_post_pre_gsync(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         let (bs, bf, bsc, bb, bn) = (b(&streams), b(&fnw), b(&scale), b(&base), b(&norm_w));
         let (bo, bw, bm, by) = (g.zeros(d * 4), b(&wts), g.zeros(nm * 4), g.zeros(4));
         let (bblk, byy, brw, bsh) = (b(&block), b(&y), b(&rw), b(&shared));
-        let f = |buf, dims: [usize; 3]| {
-            t(
-                buf,
-                0,
-                types::F32,
-                0,
-                [dims[0] as u64, dims[1] as u64, dims[2] as u64, 1],
-            )
-        };
+        let f = f32_t;
         let mut args = vec![
             f(bs, [d, hc, 1]),
             f(bf, [hc * d, nm, 1]),
@@ -1215,15 +1218,7 @@ fn attention_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         let (bsel, bpos, bout) = (i32b(&sel), i32b(&[p as i32]), g.zeros(hd * heads * 4));
         let groups = heads.div_ceil(16);
         let bsync = g.zeros(groups * 4);
-        let f = |buf, dims: [usize; 3]| {
-            t(
-                buf,
-                0,
-                types::F32,
-                0,
-                [dims[0] as u64, dims[1] as u64, dims[2] as u64, 1],
-            )
-        };
+        let f = f32_t;
         let mut args = vec![
             f(bq, [hd, heads, 1]),
             f(bkv, [hd, 1, 1]),
