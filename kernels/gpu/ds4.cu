@@ -1729,8 +1729,7 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
 // gpu_group_barrier, whose acquire fence makes plain loads see their writes), warp 0's
 // part: every split's max and sum at once (splits <= 64: two a
 // lane), then the common max with the sink, each split's weight exp(m_s - max) into ws
-// (0 for a split without keys, whose values were never written) and the denominator
-// into *den by shuffles.
+// (0 for a split without keys) and the denominator into *den by shuffles.
 GPU_DEV void ds4_atm_weights(float* part, long long slots, long long slot0, int hd, int splits,
                              float sink, float* ws, float* den_s) {
     const int lane = threadIdx.x & 31;
@@ -1755,7 +1754,8 @@ GPU_DEV void ds4_atm_weights(float* part, long long slots, long long slot0, int 
 }
 
 // Float4 column c of the merged head: the splits' values weighed by ws, over den (eight
-// splits' loads in flight at a time, predicated rather than branched around).
+// splits' loads in flight at a time; splits of weight 0 not loaded, predicated rather
+// than branched around).
 GPU_DEV gpu_f4 ds4_atm_column(float* part, long long slot0, int hd, int splits,
                               const float* ws, float den, int c) {
     gpu_f4 a = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -1765,10 +1765,7 @@ GPU_DEV gpu_f4 ds4_atm_column(float* part, long long slot0, int hd, int splits,
         // (plain loads: inline assembly would stop this partial unroll, being convergent)
         const gpu_f4 v = w != 0.0f ? ((const gpu_f4*)(part + (slot0 + s) * hd))[c]
                                    : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
-        a.x += v.x * w;
-        a.y += v.y * w;
-        a.z += v.z * w;
-        a.w += v.w * w;
+        ds4_axpy4(a, w, v);
     }
     return gpu_f4{a.x / den, a.y / den, a.z / den, a.w / den};
 }

@@ -999,16 +999,19 @@ impl GpuPath {
         let mut a = vec![q, kv, st.ring.r, rows, sel, dl.sinks.r, pos, att];
         let scale = (hd as f32).powf(-0.5);
         let long = kind.long as i64;
-        let sync = v(&w.att_sync, [nh.div_ceil(16), 1, 1, 1]);
+        // The words the op's one-launch decode form waits on, where the backend takes them.
+        let sync = self
+            .att_sync
+            .then(|| v(&w.att_sync, [nh.div_ceil(16), 1, 1, 1]));
         if att_rope {
-            // q's norm + rotary and the output's inverse rotary in the attention op, and
-            // the words its one-launch decode form's blocks wait on.
-            a.extend([inv.r, sync]);
+            // q's norm + rotary and the output's inverse rotary in the attention op.
+            a.push(inv.r);
+            a.extend(sync);
             let prm = pr(&[scale, p.eps, *ms], &[ratio as i64, mode, pairs, long]);
             op(ops::SPARSE_ATTENTION, prm, &a)?;
         } else {
             // (a decode step: the sync words after an inv_freq of no values)
-            if n == 1 && self.att_sync {
+            if let (Some(sync), 1) = (sync, n) {
                 a.extend([v(&w.att_sync, [0, 1, 1, 1]), sync]);
             }
             op(
@@ -1320,10 +1323,7 @@ fn probe_att_sync(dev: &Arc<Device>) -> bool {
         let f = |k| filled(dev, k, 1);
         // One head of 2, a window of 1, no compressed rows.
         let (q, kv, ring, rows, sinks, out) = (f(2)?, f(2)?, f(2)?, f(2)?, f(1)?, f(2)?);
-        let (sel, pos, sync) = (dev.i32(1)?, dev.i32(1)?, dev.i32(1)?);
-        sel.upload_i32(&[0])?;
-        pos.upload_i32(&[0])?;
-        sync.upload_i32(&[0])?;
+        let (sel, pos, sync) = (zeros_i32(dev, 1)?, zeros_i32(dev, 1)?, zeros_i32(dev, 1)?);
         let none = TensorRef {
             dims: [0, 1, 1, 1],
             ..sync.r
