@@ -267,6 +267,56 @@ GPU_DEV void gpu_count_launch(unsigned int* counters, int id) {
     }
 }
 
+// Loads of the weights a decode step streams once (the step reads ~100 times the L2's
+// size): marked evict-first in L2, so that they do not push out what the step reads
+// again (activations, KV rows, kernel code). The hint changes no value.
+// GPU_NO_STREAM_HINT (a compile option): plain loads (A/B runs). Elsewhere: plain loads.
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GPU_NO_STREAM_HINT)
+#define GPU_STREAM_HINT 1
+#endif
+GPU_DEV unsigned long long gpu_stream_policy() {
+#if defined(GPU_STREAM_HINT)
+    unsigned long long p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+#else
+    return 0ull;
+#endif
+}
+// 16 bytes (16-byte aligned), 4 bytes (4-byte aligned), 2 bytes (2-byte aligned).
+GPU_DEV gpu_u4 gpu_load_stream_u4(const void* p) {
+#if defined(GPU_STREAM_HINT)
+    gpu_u4 v;
+    asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(gpu_stream_policy()));
+    return v;
+#else
+    return *(const gpu_u4*)p;
+#endif
+}
+GPU_DEV unsigned int gpu_load_stream_u32(const void* p) {
+#if defined(GPU_STREAM_HINT)
+    unsigned int v;
+    asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(gpu_stream_policy()));
+    return v;
+#else
+    return *(const unsigned int*)p;
+#endif
+}
+GPU_DEV unsigned int gpu_load_stream_u16(const unsigned char* p) {
+#if defined(GPU_STREAM_HINT)
+    unsigned short v;
+    asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(gpu_stream_policy()));
+    return (unsigned int)v;
+#else
+    return (unsigned int)*(const unsigned short*)p;
+#endif
+}
+GPU_DEV unsigned int gpu_load_stream_u32_a2(const unsigned char* p) {
+    return gpu_load_stream_u16(p) | (gpu_load_stream_u16(p + 2) << 16);
+}
+
 // Unaligned little-endian loads from byte-packed blocks (2-byte alignment assumed).
 GPU_DEV unsigned int gpu_load_u16(const unsigned char* p) {
     return (unsigned int)*(const unsigned short*)p;

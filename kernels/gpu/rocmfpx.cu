@@ -256,6 +256,17 @@ GPU_DEV void rf2_pair(const unsigned int (&v)[R][5], int p, const q8_1_block* co
     rf2_half<NC, R>(w, A, B, 2 * p + 1, 1, cols, acc);
 }
 
+// The ROCmFP2 decode products' weight loads: evict-first in L2 (gpu_load_stream_u32),
+// or plain with RF2_NO_STREAM_HINT (A/B runs).
+#if defined(RF2_NO_STREAM_HINT)
+#define RF2_STREAM false
+#else
+#define RF2_STREAM true
+#endif
+GPU_DEV unsigned int rf2_load_u32(const unsigned int* p) {
+    return RF2_STREAM ? gpu_load_stream_u32(p) : *p;
+}
+
 template <int NC, int R>
 GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
                           const q8_1_block* const (&cols)[NC], int affine, float (&acc)[R][NC]) {
@@ -274,14 +285,14 @@ GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
             for (int r = 0; r < R; ++r) {
                 const unsigned int* src = (const unsigned int*)rows[r] + 5 * p;
 #pragma unroll
-                for (int j = 0; j < 5; ++j) v[r][j] = src[j];
+                for (int j = 0; j < 5; ++j) v[r][j] = rf2_load_u32(src + j);
             }
             if (p2 < np) {
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     const unsigned int* src = (const unsigned int*)rows[r] + 5 * p2;
 #pragma unroll
-                    for (int j = 0; j < 5; ++j) v2[r][j] = src[j];
+                    for (int j = 0; j < 5; ++j) v2[r][j] = rf2_load_u32(src + j);
                 }
             }
             rf2_pair<NC, R>(v, p, cols, affine, acc);
@@ -295,8 +306,8 @@ GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const unsigned char* bp = rows[r] + (long long)blk * RF2_BLOCK_BYTES;
-                w[r] = gpu_load_u32_a2(bp + 4 * h);
-                e[r] = gpu_load_u16(bp + 8);
+                w[r] = RF2_STREAM ? gpu_load_stream_u32_a2(bp + 4 * h) : gpu_load_u32_a2(bp + 4 * h);
+                e[r] = RF2_STREAM ? gpu_load_stream_u16(bp + 8) : gpu_load_u16(bp + 8);
             }
             rf2_scales<R>(e, h, affine, A, B);
             rf2_half<NC, R>(w, A, B, blk, h, cols, acc);
@@ -1160,9 +1171,9 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     const unsigned char* blk = rows[r] + b * 34;
-                    wa[j][r] = gpu_load_u16(blk);
-                    wb[j][r] = gpu_load_u32_a2(blk + 2 + 8 * q);
-                    wc[j][r] = gpu_load_u32_a2(blk + 6 + 8 * q);
+                    wa[j][r] = gpu_load_stream_u16(blk);
+                    wb[j][r] = gpu_load_stream_u32_a2(blk + 2 + 8 * q);
+                    wc[j][r] = gpu_load_stream_u32_a2(blk + 6 + 8 * q);
                 }
             } else {
                 // Code byte i holds element i (low nibble, first scale), i + 16 (high, second).
@@ -1171,8 +1182,8 @@ GPU_DEV void dense_rows(const unsigned char* __restrict__ w, long long row_bytes
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     const unsigned char* blk = rows[r] + b * 18;
-                    wa[j][r] = gpu_load_u32_a2(blk + 4 * q);
-                    wb[j][r] = gpu_load_u16(blk + 16);
+                    wa[j][r] = gpu_load_stream_u32_a2(blk + 4 * q);
+                    wb[j][r] = gpu_load_stream_u16(blk + 16);
                     wc[j][r] = 0u;
                 }
             }
@@ -1337,14 +1348,14 @@ GPU_DEV void dense_rows_q8(const unsigned char* __restrict__ w, long long row_by
             float v;
             if (TY == DT_Q8_0) {
                 const unsigned char* blk8 = rows[r] + b * 34;
-                const int s = gpu_dp4a((int)gpu_load_u32_a2(blk8 + 2 + 8 * q), xa,
-                                       gpu_dp4a((int)gpu_load_u32_a2(blk8 + 6 + 8 * q), xc, 0));
-                v = gpu_mul(half_scale(gpu_load_u16(blk8)), small_int_float(s));
+                const int s = gpu_dp4a((int)gpu_load_stream_u32_a2(blk8 + 2 + 8 * q), xa,
+                                       gpu_dp4a((int)gpu_load_stream_u32_a2(blk8 + 6 + 8 * q), xc, 0));
+                v = gpu_mul(half_scale(gpu_load_stream_u16(blk8)), small_int_float(s));
             } else {
                 const unsigned char* blk4 = rows[r] + b * 18;
                 unsigned int lo, hi;
-                fp4_values8(gpu_load_u32_a2(blk4 + 4 * q), lo, hi);
-                const unsigned int e = gpu_load_u16(blk4 + 16);
+                fp4_values8(gpu_load_stream_u32_a2(blk4 + 4 * q), lo, hi);
+                const unsigned int e = gpu_load_stream_u16(blk4 + 16);
                 v = fmaf(sc[e >> 8], small_int_float(gpu_dp4a((int)hi, xc, 0)),
                          gpu_mul(sc[e & 255u], small_int_float(gpu_dp4a((int)lo, xa, 0))));
             }
@@ -1437,6 +1448,16 @@ GPU_DEV int fp4_runs_lanes(int k) {
 }
 
 // One run (8 blocks) of each of R rows, as 32-bit words.
+// The runs kernels' weight loads: evict-first in L2 (gpu_load_stream_u4), or plain with
+// RUNS_NO_STREAM_HINT (A/B runs).
+GPU_DEV gpu_u4 runs_load_u4(const gpu_u4* p) {
+#if defined(RUNS_NO_STREAM_HINT)
+    return *p;
+#else
+    return gpu_load_stream_u4(p);
+#endif
+}
+
 template <int R>
 struct fp4_run {
     unsigned int v[R][36];
@@ -1449,7 +1470,7 @@ GPU_DEV void fp4_run_load(const unsigned char* const (&rows)[R], int g, fp4_run<
         const gpu_u4* p = (const gpu_u4*)(rows[r] + 144 * g);
 #pragma unroll
         for (int q = 0; q < 9; ++q) {
-            const gpu_u4 u = p[q];
+            const gpu_u4 u = runs_load_u4(p + q);
             run.v[r][4 * q] = u.x;
             run.v[r][4 * q + 1] = u.y;
             run.v[r][4 * q + 2] = u.z;
@@ -1899,10 +1920,21 @@ extern "C" __global__ void __launch_bounds__(1024)
     __shared__ float sh[32];
     const float* row = w + (long long)blockIdx.x * k;
     float acc = 0.0f;
-#pragma unroll 4
-    for (int i = 4 * (int)threadIdx.x; i < k; i += 4096) {
-        const gpu_f4 a = *(const gpu_f4*)(row + i), b = *(const gpu_f4*)(x + i);
-        acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    // Four float4s of the row in flight at a time (unrolled by hand: the loads' inline
+    // assembly stops the compiler's partial unrolling), added in order of i.
+    for (int i0 = 4 * (int)threadIdx.x; i0 < k; i0 += 4 * 4096) {
+        gpu_u4 u[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (i0 + 4096 * j < k) u[j] = gpu_load_stream_u4(row + i0 + 4096 * j);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int i = i0 + 4096 * j;
+            if (i >= k) break;
+            const gpu_f4 b = *(const gpu_f4*)(x + i);
+            acc += __int_as_float((int)u[j].x) * b.x + __int_as_float((int)u[j].y) * b.y +
+                   __int_as_float((int)u[j].z) * b.z + __int_as_float((int)u[j].w) * b.w;
+        }
     }
     acc = gpu_warp_sum(acc);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

@@ -70,7 +70,9 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # MOE_GPU_HC_GSYNC=0 (a decode step's mHC site finished by its last block, x's norm
     # summed from x, not from the streams' Gram matrix): summation order only;
     # MOE_GPU_ATT_SPLIT=1,MOE_GPU_ATT_DEC=1 (the split attention merged in the same launch,
-    # ds4_attention_dec): summation order only. The
+    # ds4_attention_dec): summation order only; MOE_GPU_STREAM_HINT=0 (the decode
+    # products' weights read plainly, not evict-first in L2): only the loads differ, so
+    # bit-identical is expected (not run at full width yet). The
     # indexer's switches run with MOE_DS4_IDX_SHORT=0 (8 tokens never score otherwise) and
     # are compared with the MOE_DS4_IDX_SHORT=0 run; a setting's comma-joined variables are
     # set together.
@@ -80,7 +82,8 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
         MOE_DS4_HC_FUSED=0 MOE_DS4_HC_DEFER=0 MOE_DS4_ATT_ROPE=1 MOE_DS4_IDX_ROPE=1,MOE_DS4_IDX_SHORT=0
         MOE_GPU_IDX_GROUPS=4,MOE_DS4_IDX_SHORT=0 MOE_GPU_ATT_STORE=0
         MOE_GPU_ATT_SPLIT=0 MOE_GPU_ATT_HEADS=0 MOE_GPU_IDX_MM=1,MOE_DS4_IDX_SHORT=0
-        MOE_DS4_IDX_SHORT=0 MOE_GPU_HC_GSYNC=0 MOE_GPU_ATT_SPLIT=1,MOE_GPU_ATT_DEC=1)
+        MOE_DS4_IDX_SHORT=0 MOE_GPU_HC_GSYNC=0 MOE_GPU_ATT_SPLIT=1,MOE_GPU_ATT_DEC=1
+        MOE_GPU_STREAM_HINT=0)
     for v in base repeat "${switches[@]}"; do
         env $([[ $v == *=* ]] && echo "${v//,/ }") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
             logits --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_${v//[=,]/_}.npy"

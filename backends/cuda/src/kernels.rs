@@ -138,7 +138,10 @@ fn pdl_early() -> Option<&'static str> {
 /// `MOE_GPU_PLAIN_I2F=1` converts the quantised kernels' integer sums with the plain
 /// int-to-float instruction instead of `gpu_i2f_small` (the same bits);
 /// `MOE_GPU_MMQ_NARROW=0` keeps the wide warp layout for MMQ column tiles of at most 16
-/// columns (the same sums in the same order).
+/// columns (the same sums in the same order); `MOE_GPU_STREAM_HINT=0` reads the decode
+/// products' weights with plain loads instead of evict-first ones (the same values),
+/// `=runs` / `=rf2` / `=products` / `=mhc` only those of the ROCmFP4 runs kernels, the
+/// ROCmFP2 ones, both, or the mHC sites' mixes.
 fn ab_defines() -> Vec<&'static str> {
     let set = |var: &str, val: &str| std::env::var_os(var).is_some_and(|v| v == val);
     let mut d = Vec::new();
@@ -147,6 +150,14 @@ fn ab_defines() -> Vec<&'static str> {
     }
     if set("MOE_GPU_MMQ_NARROW", "0") {
         d.push("-DMMQ_NARROW_OFF=1");
+    }
+    match std::env::var("MOE_GPU_STREAM_HINT").as_deref() {
+        Ok("0") => d.push("-DGPU_NO_STREAM_HINT=1"),
+        Ok("runs") => d.push("-DRUNS_NO_STREAM_HINT=1"),
+        Ok("rf2") => d.push("-DRF2_NO_STREAM_HINT=1"),
+        Ok("products") => d.extend(["-DRUNS_NO_STREAM_HINT=1", "-DRF2_NO_STREAM_HINT=1"]),
+        Ok("mhc") => d.push("-DHC_NO_STREAM_HINT=1"),
+        _ => {}
     }
     d
 }
