@@ -267,9 +267,12 @@ GPU_DEV void gpu_count_launch(unsigned int* counters, int id) {
     }
 }
 
-// Loads of the weights a decode step streams once (the step reads ~100 times the L2's
-// size): marked evict-first in L2, so that they do not push out what the step reads
-// again (activations, KV rows, kernel code). The hint changes no value.
+// Loads of the weights a decode step streams once (6.3 GB a V4-Flash token, ~130 times
+// the H200's L2): marked evict-first in L2, so that they do not push out what the step
+// reads again (activations, KV rows, kernel code). The hint changes no value. Weights
+// only: the non-coherent loads carry no memory clobber, so the compiler may place them
+// before the dependent-launch wait (gpu_grid_wait); nothing an earlier kernel of the
+// stream writes may be read through them.
 // GPU_NO_STREAM_HINT (a compile option): plain loads (A/B runs). Elsewhere: plain loads.
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GPU_NO_STREAM_HINT)
 #define GPU_STREAM_HINT 1
@@ -283,7 +286,8 @@ GPU_DEV unsigned long long gpu_stream_policy() {
     return 0ull;
 #endif
 }
-// 16 bytes (16-byte aligned), 4 bytes (4-byte aligned), 2 bytes (2-byte aligned).
+// 16 bytes (16-byte aligned), 4 bytes (4-byte aligned), 2 bytes (2-byte aligned); the
+// _a2 form: 4 bytes, 2-byte aligned.
 GPU_DEV gpu_u4 gpu_load_stream_u4(const void* p) {
 #if defined(GPU_STREAM_HINT)
     gpu_u4 v;

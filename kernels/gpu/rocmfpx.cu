@@ -1447,7 +1447,6 @@ GPU_DEV int fp4_runs_lanes(int k) {
     return l;
 }
 
-// One run (8 blocks) of each of R rows, as 32-bit words.
 // The runs kernels' weight loads: evict-first in L2 (gpu_load_stream_u4), or plain with
 // RUNS_NO_STREAM_HINT (A/B runs).
 GPU_DEV gpu_u4 runs_load_u4(const gpu_u4* p) {
@@ -1458,6 +1457,7 @@ GPU_DEV gpu_u4 runs_load_u4(const gpu_u4* p) {
 #endif
 }
 
+// One run (8 blocks) of each of R rows, as 32-bit words.
 template <int R>
 struct fp4_run {
     unsigned int v[R][36];
@@ -1911,7 +1911,8 @@ extern "C" __global__ void __launch_bounds__(FP4M_MAX_THREADS, 1)
 
 // Decode mat-vec of f32 weights with few rows (the mHC mixes: 24 rows of 16384; the
 // router: 256 of 4096): a 1024-thread block per row, so each SM a row lands on has the
-// whole row's loads in flight at once. Needs k % 4 == 0, w and x 16-byte aligned.
+// whole row's loads in flight at once. w is read as weights (gpu_load_stream_u4): no
+// earlier kernel of the stream may write it. Needs k % 4 == 0, w and x 16-byte aligned.
 // grid = m, block = 1024.
 extern "C" __global__ void __launch_bounds__(1024)
     matvec_f32_wide(const float* __restrict__ w, int k, int m, const float* __restrict__ x,

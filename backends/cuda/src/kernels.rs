@@ -141,7 +141,8 @@ fn pdl_early() -> Option<&'static str> {
 /// columns (the same sums in the same order); `MOE_GPU_STREAM_HINT=0` reads the decode
 /// products' weights with plain loads instead of evict-first ones (the same values),
 /// `=runs` / `=rf2` / `=products` / `=mhc` only those of the ROCmFP4 runs kernels, the
-/// ROCmFP2 ones, both, or the mHC sites' mixes.
+/// ROCmFP2 mat-vecs, both, or the fused mHC site's mixes (the rows kernels and
+/// `matvec_f32_wide` keep the hint but with `=0`; other values: ignored).
 fn ab_defines() -> Vec<&'static str> {
     let set = |var: &str, val: &str| std::env::var_os(var).is_some_and(|v| v == val);
     let mut d = Vec::new();
