@@ -287,38 +287,46 @@ GPU_DEV unsigned long long gpu_stream_policy() {
 #endif
 }
 // 16 bytes (16-byte aligned), 4 bytes (4-byte aligned), 2 bytes (2-byte aligned); the
-// _a2 form: 4 bytes, 2-byte aligned.
+// _a2 form: 4 bytes, 2-byte aligned. HINT = false: plain loads (a kernel family's A/B
+// switch).
+template <bool HINT = true>
 GPU_DEV gpu_u4 gpu_load_stream_u4(const void* p) {
 #if defined(GPU_STREAM_HINT)
-    gpu_u4 v;
-    asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p), "l"(gpu_stream_policy()));
-    return v;
-#else
-    return *(const gpu_u4*)p;
+    if (HINT) {
+        gpu_u4 v;
+        asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p), "l"(gpu_stream_policy()));
+        return v;
+    }
 #endif
+    return *(const gpu_u4*)p;
 }
+template <bool HINT = true>
 GPU_DEV unsigned int gpu_load_stream_u32(const void* p) {
 #if defined(GPU_STREAM_HINT)
-    unsigned int v;
-    asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(gpu_stream_policy()));
-    return v;
-#else
-    return *(const unsigned int*)p;
+    if (HINT) {
+        unsigned int v;
+        asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(gpu_stream_policy()));
+        return v;
+    }
 #endif
+    return *(const unsigned int*)p;
 }
+template <bool HINT = true>
 GPU_DEV unsigned int gpu_load_stream_u16(const unsigned char* p) {
 #if defined(GPU_STREAM_HINT)
-    unsigned short v;
-    asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(gpu_stream_policy()));
-    return (unsigned int)v;
-#else
-    return (unsigned int)*(const unsigned short*)p;
+    if (HINT) {
+        unsigned short v;
+        asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(gpu_stream_policy()));
+        return (unsigned int)v;
+    }
 #endif
+    return (unsigned int)*(const unsigned short*)p;
 }
+template <bool HINT = true>
 GPU_DEV unsigned int gpu_load_stream_u32_a2(const unsigned char* p) {
-    return gpu_load_stream_u16(p) | (gpu_load_stream_u16(p + 2) << 16);
+    return gpu_load_stream_u16<HINT>(p) | (gpu_load_stream_u16<HINT>(p + 2) << 16);
 }
 
 // Unaligned little-endian loads from byte-packed blocks (2-byte alignment assumed).

@@ -542,15 +542,13 @@ GPU_DEV void ds4_hcf_grid_tail(int t, int b, int nb, int tid, int lane, int warp
     if (b == 0 && warp == 0) ds4_hcf_write_wts(t, lane, hc, nm, head_mode, defer, iters, hc_eps, M, B, S, Wn, wts);
 }
 
-// A value of an mHC site's mixes: evict-first in L2 like the products' weights (read once
-// a step), or plain with HC_NO_STREAM_HINT (A/B runs).
-GPU_DEV float ds4_hc_mix_load(const float* p) {
+// An mHC site's mixes are read once a step, like the products' weights: evict-first in
+// L2, or plain with HC_NO_STREAM_HINT (A/B runs).
 #if defined(HC_NO_STREAM_HINT)
-    return *p;
+#define HC_HINT false
 #else
-    return __int_as_float((int)gpu_load_stream_u32(p));
+#define HC_HINT true
 #endif
-}
 
 extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     ds4_hc_post_pre(float* streams, const float* __restrict__ fn, const float* __restrict__ scale,
@@ -582,7 +580,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
         for (int u = 0; u < DS4_HCF_VALS; ++u) {
             const int v = lane + 32 * u, hv = v / C, iv = b * C + v % C;
             wv[q][u] = (r < nm && hv < hc && iv < d)
-                           ? ds4_hc_mix_load(fn + r * hd + (long long)hv * d + iv)
+                           ? __int_as_float((int)gpu_load_stream_u32<HC_HINT>(fn + r * hd + (long long)hv * d + iv))
                            : 0.0f;
         }
     }

@@ -256,16 +256,13 @@ GPU_DEV void rf2_pair(const unsigned int (&v)[R][5], int p, const q8_1_block* co
     rf2_half<NC, R>(w, A, B, 2 * p + 1, 1, cols, acc);
 }
 
-// The ROCmFP2 decode products' weight loads: evict-first in L2 (gpu_load_stream_u32),
-// or plain with RF2_NO_STREAM_HINT (A/B runs).
+// The ROCmFP2 decode products' weight loads: evict-first in L2 (gpu_load_stream_*), or
+// plain with RF2_NO_STREAM_HINT (A/B runs).
 #if defined(RF2_NO_STREAM_HINT)
-#define RF2_STREAM false
+#define RF2_HINT false
 #else
-#define RF2_STREAM true
+#define RF2_HINT true
 #endif
-GPU_DEV unsigned int rf2_load_u32(const unsigned int* p) {
-    return RF2_STREAM ? gpu_load_stream_u32(p) : *p;
-}
 
 template <int NC, int R>
 GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
@@ -285,14 +282,14 @@ GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
             for (int r = 0; r < R; ++r) {
                 const unsigned int* src = (const unsigned int*)rows[r] + 5 * p;
 #pragma unroll
-                for (int j = 0; j < 5; ++j) v[r][j] = rf2_load_u32(src + j);
+                for (int j = 0; j < 5; ++j) v[r][j] = gpu_load_stream_u32<RF2_HINT>(src + j);
             }
             if (p2 < np) {
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     const unsigned int* src = (const unsigned int*)rows[r] + 5 * p2;
 #pragma unroll
-                    for (int j = 0; j < 5; ++j) v2[r][j] = rf2_load_u32(src + j);
+                    for (int j = 0; j < 5; ++j) v2[r][j] = gpu_load_stream_u32<RF2_HINT>(src + j);
                 }
             }
             rf2_pair<NC, R>(v, p, cols, affine, acc);
@@ -306,8 +303,8 @@ GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const unsigned char* bp = rows[r] + (long long)blk * RF2_BLOCK_BYTES;
-                w[r] = RF2_STREAM ? gpu_load_stream_u32_a2(bp + 4 * h) : gpu_load_u32_a2(bp + 4 * h);
-                e[r] = RF2_STREAM ? gpu_load_stream_u16(bp + 8) : gpu_load_u16(bp + 8);
+                w[r] = gpu_load_stream_u32_a2<RF2_HINT>(bp + 4 * h);
+                e[r] = gpu_load_stream_u16<RF2_HINT>(bp + 8);
             }
             rf2_scales<R>(e, h, affine, A, B);
             rf2_half<NC, R>(w, A, B, blk, h, cols, acc);
@@ -1449,13 +1446,11 @@ GPU_DEV int fp4_runs_lanes(int k) {
 
 // The runs kernels' weight loads: evict-first in L2 (gpu_load_stream_u4), or plain with
 // RUNS_NO_STREAM_HINT (A/B runs).
-GPU_DEV gpu_u4 runs_load_u4(const gpu_u4* p) {
 #if defined(RUNS_NO_STREAM_HINT)
-    return *p;
+#define RUNS_HINT false
 #else
-    return gpu_load_stream_u4(p);
+#define RUNS_HINT true
 #endif
-}
 
 // One run (8 blocks) of each of R rows, as 32-bit words.
 template <int R>
@@ -1470,7 +1465,7 @@ GPU_DEV void fp4_run_load(const unsigned char* const (&rows)[R], int g, fp4_run<
         const gpu_u4* p = (const gpu_u4*)(rows[r] + 144 * g);
 #pragma unroll
         for (int q = 0; q < 9; ++q) {
-            const gpu_u4 u = runs_load_u4(p + q);
+            const gpu_u4 u = gpu_load_stream_u4<RUNS_HINT>(p + q);
             run.v[r][4 * q] = u.x;
             run.v[r][4 * q + 1] = u.y;
             run.v[r][4 * q + 2] = u.z;

@@ -914,11 +914,7 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
             32 * ATT_HEADS_WARPS,
         )?;
     } else if let Some((kper, splits)) = (heads_ok && split)
-        .then(|| {
-            // Sized for the most keys a token can have (the grid is replayed at any
-            // position): the window and every compressed row or selected one.
-            att_splits(max_keys)
-        })
+        .then(|| att_splits(max_keys))
         .filter(|&(_, splits)| n * heads * splits * (hd + 2) * 4 <= ATT_SPLIT_MAX_BYTES)
     {
         let part = gpu.scratch((n * heads * splits * (hd + 2) * 4) as usize)?;
