@@ -240,12 +240,25 @@ GPU_DEV unsigned int gpu_load_acquire_u32(unsigned int* p) {
 // Every block of a group of nb (all resident at once) waits here for the group's others.
 // sync counts arrivals in its low 16 bits and a generation above them: the last block to
 // arrive zeroes the count and starts the next generation, so launch after launch (graph
-// replays) reuse the word with no reset. The fences order each block's global writes
-// before the barrier ahead of the other blocks' reads after it (read those from L2:
-// gpu_load_l2).
+// replays) reuse the word with no reset. Each block's global writes before the barrier
+// come ahead of the other blocks' reads after it (read those from L2: gpu_load_l2): on
+// CUDA sm_70+ the arrival is an acquire-release add and the wait an acquire load (the
+// block's threads' writes reach thread 0 through __syncthreads); elsewhere, or with
+// GPU_BARRIER_FENCES (A/B runs), full fences around plain atomics.
 GPU_DEV void gpu_group_barrier(unsigned int* sync, unsigned int nb) {
-    __syncthreads();  // every thread's writes before thread 0's fence
+    __syncthreads();  // every thread's writes before thread 0's arrival
     if (threadIdx.x == 0) {
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700 && !defined(GPU_BARRIER_FENCES)
+        unsigned int old;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(sync) : "memory");
+        if ((old & 0xffffu) == nb - 1u) {
+            const unsigned int next = 0x10000u - nb;  // count 0, next generation
+            asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(sync), "r"(next) : "memory");
+        } else {
+            while (((gpu_load_acquire_u32(sync) ^ old) >> 16) == 0u) {
+            }
+        }
+#else
         gpu_fence();
         const unsigned int old = atomicAdd(sync, 1u);
         if ((old & 0xffffu) == nb - 1u)
@@ -254,6 +267,7 @@ GPU_DEV void gpu_group_barrier(unsigned int* sync, unsigned int nb) {
             while (((gpu_load_acquire_u32(sync) ^ old) >> 16) == 0u) {
             }
         gpu_fence();
+#endif
     }
     __syncthreads();
 }

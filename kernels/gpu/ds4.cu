@@ -30,6 +30,7 @@
 #define KID_DS4_INDEX_SCORES_MM 48
 #define KID_DS4_INDEX_SCORES_MM_TC 49
 #define KID_DS4_ATTENTION_DEC 56
+#define KID_DS4_TOPK_ROWS_WIDE 57
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -1296,6 +1297,183 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
         }
         og += __popc(bg);
         oe += __popc(be);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// ds4_topk_rows for one token on many blocks: a decode step at long context, where the
+// one-block kernel took ~34 us for 32768 rows on the critical path. The same selection
+// and output. The NB blocks take equal slices (whole 32s) of the visible rows, and the
+// radix select runs over all of them: three passes (the keys' top 12 bits, then 10, then
+// 10) each add the blocks' histograms of the keys still in play into a shared one, wait
+// for each other, and pick the bin of the k-th best key from it; then each block posts
+// its counts above and equal to the k-th key, waits once more, and writes its rows into
+// the slots after the blocks before it (above the key, and equal to it among the first
+// `left`, in index order). Ties cost nothing more (a seeked cache's rows of 0.0 all land
+// in one bin of each pass). The blocks wait for each other, so they must all be
+// resident at once (NB <= DS4_TOPKW_MAX_BLOCKS and <= the multiprocessors; the host
+// sees to it). `work` (u32, DS4_TOPKW_WORDS, 16-byte aligned, zero before the first
+// launch; the barrier's count and the histograms are zero again after each): the
+// barrier, the blocks' counts above (DS4_TOPKW_G) and equal (DS4_TOPKW_E), the three
+// histograms (DS4_TOPKW_H). grid = NB, block = DS4_TOPKW_THREADS.
+#define DS4_TOPKW_THREADS 256
+#define DS4_TOPKW_MAX_BLOCKS 64
+#define DS4_TOPKW_BINS 4096   // the first pass: a key's top 12 bits
+#define DS4_TOPKW_BINS2 1024  // the next two: 10 bits each
+#define DS4_TOPKW_G 1
+#define DS4_TOPKW_E (DS4_TOPKW_G + DS4_TOPKW_MAX_BLOCKS)
+#define DS4_TOPKW_H (DS4_TOPKW_E + DS4_TOPKW_MAX_BLOCKS + 3)  // (16-byte aligned)
+#define DS4_TOPKW_WORDS (DS4_TOPKW_H + DS4_TOPKW_BINS + 2 * DS4_TOPKW_BINS2)
+
+// A word another block wrote (after a barrier): past L1.
+GPU_DEV unsigned int ds4_topkw_peek(const unsigned int* p) { return *(const volatile unsigned int*)p; }
+
+// Inclusive prefix sum of v over the block, and (total) the block's sum (buf: 32 ints of
+// shared memory, free again on return).
+GPU_DEV int ds4_topkw_scan(int v, int* buf, int& total) {
+    __shared__ int sh_total;
+    const int incl = ds4_block_scan(v, buf);
+    if (threadIdx.x == DS4_TOPKW_THREADS - 1) sh_total = incl;
+    __syncthreads();
+    total = sh_total;
+    __syncthreads();
+    return incl;
+}
+
+// One pass: the histogram of the slice's keys under (prefix, mask), NBINS bins from bit
+// shift, added to the shared one gh; the blocks wait for each other; then the bin of gh
+// that holds the need-th best key (1-based) joins prefix / mask, and need becomes its
+// rank in that bin. sh: NBINS words of shared memory; gh 16-byte aligned.
+template <int NBINS>
+GPU_DEV void ds4_topkw_pass(const float* __restrict__ scores, int s0, int s1, int shift,
+                            unsigned int& prefix, unsigned int& mask, int& need, unsigned int* sh,
+                            unsigned int* gh, unsigned int* sync, int* buf) {
+    constexpr int PER = NBINS / DS4_TOPKW_THREADS;  // bins a thread sums (a multiple of 4)
+    const int tid = threadIdx.x;
+    for (int i = tid; i < NBINS; i += DS4_TOPKW_THREADS) sh[i] = 0;
+    __syncthreads();
+    for (int i0 = s0; i0 < s1; i0 += 4 * DS4_TOPKW_THREADS) {  // (block-uniform)
+        unsigned int key[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int i = i0 + tid + j * DS4_TOPKW_THREADS;
+            key[j] = i < s1 ? ds4_key(scores[i]) : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const bool on = i0 + tid + j * DS4_TOPKW_THREADS < s1 && (key[j] & mask) == prefix;
+            gpu_warp_hist_add(sh, (key[j] >> shift) & (unsigned int)(NBINS - 1), on);
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < NBINS; i += DS4_TOPKW_THREADS)
+        if (sh[i]) atomicAdd(gh + i, sh[i]);
+    gpu_group_barrier(sync, gridDim.x);
+    // Thread i holds bins lo .. lo + PER - 1 (thread 0 the top ones), loaded at once
+    // from L2; a block scan finds the thread whose bins cross `need`, which walks them.
+    __shared__ int sh_bin, sh_above;
+    const int lo = NBINS - PER * (tid + 1);
+    unsigned int c[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j += 4) {
+        const gpu_f4 v = gpu_load_l2_f4((const float*)(gh + lo + j));
+        c[j] = (unsigned int)__float_as_int(v.x);
+        c[j + 1] = (unsigned int)__float_as_int(v.y);
+        c[j + 2] = (unsigned int)__float_as_int(v.z);
+        c[j + 3] = (unsigned int)__float_as_int(v.w);
+    }
+    int cnt = 0;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) cnt += (int)c[j];
+    int total;
+    const int incl = ds4_topkw_scan(cnt, buf, total);
+    if (incl - cnt < need && incl >= need) {
+        int acc = incl - cnt, bin = lo, above = acc;
+        bool found = false;
+#pragma unroll
+        for (int j = PER - 1; j >= 0; --j) {
+            if (!found && acc + (int)c[j] >= need) {
+                bin = lo + j;
+                above = acc;
+                found = true;
+            }
+            acc += (int)c[j];
+        }
+        sh_bin = bin;
+        sh_above = above;
+    }
+    __syncthreads();
+    prefix |= (unsigned int)sh_bin << shift;
+    mask |= (unsigned int)(NBINS - 1) << shift;
+    need -= sh_above;
+}
+
+extern "C" __global__ void __launch_bounds__(DS4_TOPKW_THREADS)
+    ds4_topk_rows_wide(const float* __restrict__ scores, const int* __restrict__ pos, int ratio,
+                       int cap, int k, int* __restrict__ sel, unsigned int* __restrict__ work,
+                       unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_TOPK_ROWS_WIDE);
+    __shared__ unsigned int sh[DS4_TOPKW_BINS];
+    __shared__ int buf[32];
+    const int b = blockIdx.x, nb = gridDim.x, tid = threadIdx.x;
+    int visible = (pos[0] + 1) / ratio;
+    if (visible > cap) visible = cap;
+    if (visible <= k) {
+        for (int i = b * DS4_TOPKW_THREADS + tid; i < k; i += nb * DS4_TOPKW_THREADS)
+            sel[i] = i < visible ? i : -1;
+        return;
+    }
+    const int per = ((visible + nb - 1) / nb + 31) & ~31;
+    const int s0 = b * per < visible ? b * per : visible, s1 = s0 + per < visible ? s0 + per : visible;
+    unsigned int* h1 = work + DS4_TOPKW_H;
+    unsigned int* h2 = h1 + DS4_TOPKW_BINS;
+    unsigned int* h3 = h2 + DS4_TOPKW_BINS2;
+    unsigned int prefix = 0, mask = 0;
+    int need = k;
+    ds4_topkw_pass<DS4_TOPKW_BINS>(scores, s0, s1, 20, prefix, mask, need, sh, h1, work, buf);
+    ds4_topkw_pass<DS4_TOPKW_BINS2>(scores, s0, s1, 10, prefix, mask, need, sh, h2, work, buf);
+    // Every block has read h1 (before the second pass's barrier): back to zero.
+    for (int i = b * DS4_TOPKW_THREADS + tid; i < DS4_TOPKW_BINS; i += nb * DS4_TOPKW_THREADS) h1[i] = 0;
+    ds4_topkw_pass<DS4_TOPKW_BINS2>(scores, s0, s1, 0, prefix, mask, need, sh, h3, work, buf);
+    for (int i = b * DS4_TOPKW_THREADS + tid; i < DS4_TOPKW_BINS2; i += nb * DS4_TOPKW_THREADS) h2[i] = 0;
+    // prefix is the k-th key; `left` = need of the keys equal to it are taken.
+    const unsigned int kth = prefix;
+    const int left = need, first_eq = k - left;
+    int g = 0, e = 0;
+    for (int i = s0 + tid; i < s1; i += DS4_TOPKW_THREADS) {
+        const unsigned int key = ds4_key(scores[i]);
+        g += key > kth;
+        e += key == kth;
+    }
+    int tg, te;
+    ds4_topkw_scan(g, buf, tg);
+    ds4_topkw_scan(e, buf, te);
+    if (tid == 0) {
+        work[DS4_TOPKW_G + b] = (unsigned int)tg;
+        work[DS4_TOPKW_E + b] = (unsigned int)te;
+    }
+    gpu_group_barrier(work, (unsigned int)nb);
+    for (int i = b * DS4_TOPKW_THREADS + tid; i < DS4_TOPKW_BINS2; i += nb * DS4_TOPKW_THREADS) h3[i] = 0;
+    // This block's first slots: the counts of the blocks before it.
+    int og = 0, oe = 0;
+    for (int w = tid; w < b; w += DS4_TOPKW_THREADS) {
+        og += (int)ds4_topkw_peek(work + DS4_TOPKW_G + w);
+        oe += (int)ds4_topkw_peek(work + DS4_TOPKW_E + w);
+    }
+    ds4_topkw_scan(og, buf, og);
+    ds4_topkw_scan(oe, buf, oe);
+    for (int i0 = s0; i0 < s1; i0 += DS4_TOPKW_THREADS) {  // (block-uniform)
+        const int i = i0 + tid;
+        const unsigned int key = i < s1 ? ds4_key(scores[i]) : 0u;
+        const int gt = i < s1 && key > kth, eq = i < s1 && key == kth;
+        // Both counts in one scan: at most DS4_TOPKW_THREADS each.
+        const int both = gt | (eq << 16);
+        int tot;
+        const int ex = ds4_topkw_scan(both, buf, tot) - both;
+        if (gt) sel[og + (ex & 0xffff)] = i;
+        if (eq && oe + (ex >> 16) < left) sel[first_eq + oe + (ex >> 16)] = i;
+        og += tot & 0xffff;
+        oe += tot >> 16;
     }
 }
 

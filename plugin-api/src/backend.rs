@@ -122,8 +122,12 @@ pub mod ops {
     pub const INDEX_SCORES: u32 = 20;
     /// Per token, the k best of its (pos+1)/i[0] visible scores (ties: lower index), or
     /// all when no more than k; -1 pads. args: scores (F32 [capacity, n]), pos, out (I32
-    /// [k, n]).
+    /// [k, n]). From ABI 1.6 a 4th, work (I32, at least TOPK_ROWS_WORK_WORDS, zero
+    /// before its first use, kept between calls and used by no other op): words a
+    /// backend may count on to split one token's selection over parallel work.
     pub const TOPK_ROWS: u32 = 21;
+    /// Words of TOPK_ROWS's work argument.
+    pub const TOPK_ROWS_WORK_WORDS: u64 = 16384;
     /// Attention with per-head sink logits over one shared K=V head: the sliding window
     /// (ring of `window` rows: positions older than the chunk at pos % window; stored
     /// after) plus compressed rows (i[1]: 0 none, 1 the (pos+1)/i[0] visible, 2 the

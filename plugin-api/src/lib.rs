@@ -46,7 +46,8 @@ pub const ABI_MAJOR: u32 = 1;
 /// 4: HC_POST_PRE and HC_SINKHORN (`backend::ops` 32, 33), HC_PRE's deferred Sinkhorn,
 ///    the rotaries inside SPARSE_ATTENTION (a 9th argument) and INDEX_SCORES (a 6th).
 /// 5: SPARSE_ATTENTION's sync words (a 10th argument).
-pub const ABI_MINOR: u32 = 5;
+/// 6: TOPK_ROWS's work words (a 4th argument).
+pub const ABI_MINOR: u32 = 6;
 
 /// Explicit ABI version carried by every root module.
 #[repr(C)]

@@ -1,5 +1,6 @@
 // The lightning indexer's top-k (ds4_topk_rows: a decode step's one block picks the 512
-// best of up to 40000 compressed rows) timed alone on the device, on several score
+// best of up to 40000 compressed rows; ds4_topk_rows_wide: the same on up to 64 blocks,
+// where the source has it, DS4_TOPKW) timed alone on the device, on several score
 // distributions and context depths. The scores stay in L2 between launches, as in a
 // decode step, where the index-score kernel has just written them. Every selection is
 // checked against the definition computed here on the host (the k best rows, ties to the
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     float* scores;
     int *pos, *sel;
+    unsigned int* work = nullptr;
     CK(cudaMalloc(&scores, (size_t)max_cap * 4));
     CK(cudaMalloc(&pos, 4));
     CK(cudaMalloc(&sel, k * 4));
@@ -86,7 +88,13 @@ int main(int argc, char** argv) {
     };
     const double floor_us = graph_us(st, reps, [&] { empty_block<<<1, DS4_TOPK_THREADS, 0, st>>>(nullptr); });
     printf("an empty block of %d threads: %.2f us a launch\n\n", DS4_TOPK_THREADS, floor_us);
+#ifdef DS4_TOPKW_WORDS
+    CK(cudaMalloc(&work, DS4_TOPKW_WORDS * 4));
+    CK(cudaMemset(work, 0, DS4_TOPKW_WORDS * 4));
+    printf("| case | visible rows | us a launch | selection | wide, 16 blocks: us | 32 | 64 | selection |\n|---|---|---|---|---|---|---|---|\n");
+#else
     printf("| case | visible rows | us a launch | selection |\n|---|---|---|---|\n");
+#endif
     bool all = true;
     for (const Case& c : cases) {
         std::vector<float> s(c.cap);
@@ -117,8 +125,30 @@ int main(int argc, char** argv) {
         int bad = 0;
         for (int i = 0; i < k; ++i) bad += got[i] != want[i];
         all = all && bad == 0;
-        printf("| %s | %d | %.2f | %s |\n", c.name, visible, us, bad ? "WRONG" : "as defined");
+        printf("| %s | %d | %.2f | %s |", c.name, visible, us, bad ? "WRONG" : "as defined");
         if (bad) fprintf(stderr, "%s: %d of %d entries differ\n", c.name, bad, k);
+#ifdef DS4_TOPKW_WORDS
+        // The host's grid (backends/gpu-common/src/ds4.rs) is 512 rows a block, at most
+        // 64 (64 at every case's capacity here); 16 and 32 blocks for comparison.
+        bool wok = true;
+        for (const int nb : {16, 32, DS4_TOPKW_MAX_BLOCKS}) {
+            CK(cudaMemset(sel, 0xff, k * 4));
+            auto wide = [&] {
+                ds4_topk_rows_wide<<<nb, DS4_TOPKW_THREADS, 0, st>>>(scores, pos, ratio, c.cap, k, sel, work, nullptr);
+            };
+            const double wus = graph_us(st, reps, wide);
+            CK(cudaStreamSynchronize(st));
+            CK(cudaMemcpy(got.data(), sel, k * 4, cudaMemcpyDeviceToHost));
+            int wbad = 0;
+            for (int i = 0; i < k; ++i) wbad += got[i] != want[i];
+            wok = wok && wbad == 0;
+            printf(" %.2f |", wus);
+            if (wbad) fprintf(stderr, "%s (wide, %d blocks): %d of %d entries differ\n", c.name, nb, wbad, k);
+        }
+        all = all && wok;
+        printf(" %s |", wok ? "as defined" : "WRONG");
+#endif
+        printf("\n");
     }
     printf("\n%s\n", all ? "ALL OK" : "FAILED");
     return all ? 0 : 1;

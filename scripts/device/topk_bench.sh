@@ -10,7 +10,7 @@ bin=${TMPDIR:-/tmp}/topk_bench
 date -u +"run: %Y-%m-%d %H:%M UTC"
 build() {
     "$NVCC" -O3 -std=c++17 -arch=sm_90 -Xptxas -v ${NVFLAGS:-} -DDS4_SRC="\"$1\"" -o "$2" scripts/device/topk_bench.cu 2>&1 |
-        grep -A3 "Compiling entry function .ds4_topk_rows." | grep -E "stack|registers" || true
+        grep -A3 -E "Compiling entry function .ds4_topk_rows(_wide)?." | grep -E "entry|stack|registers" || true
 }
 if [ -n "${OLD:-}" ]; then
     echo "## $OLD"

@@ -1328,11 +1328,17 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             t(bo, 0, types::I32, 0, [k as u64, n as u64, 1, 1]),
         ],
     );
-    let got: Vec<i32> = g
-        .read_f32(bo, 0, k * n)
-        .iter()
-        .map(|v| v.to_bits() as i32)
-        .collect();
+    let read_i32 = |b: u64, offset: u64, n: usize| -> Vec<i32> {
+        g.read_f32(b, offset, n)
+            .iter()
+            .map(|v| v.to_bits() as i32)
+            .collect()
+    };
+    let got = read_i32(bo, 0, k * n);
+    // One token at a time with the work words (ABI 1.6: the many-block form), twice:
+    // the second run also checks that the first left its words zero.
+    let words = ops::TOPK_ROWS_WORK_WORDS as usize;
+    let (bw, bo1) = (g.zeros(words * 4), g.zeros(k * 4));
     let mut ok = true;
     for (ti, &p) in pos.iter().enumerate() {
         let visible = ((p as usize + 1) / ratio as usize).min(cap);
@@ -1353,14 +1359,43 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             w
         };
         let same = got[ti * k..(ti + 1) * k] == want[..];
-        ok &= same;
+        let mut wide = [false; 2];
+        for run in &mut wide {
+            g.op_with(
+                ops::TOPK_ROWS,
+                prm,
+                &[
+                    t(
+                        bs,
+                        (ti * cap * 4) as u64,
+                        types::F32,
+                        0,
+                        [cap as u64, 1, 1, 1],
+                    ),
+                    t(bp, (ti * 4) as u64, types::I32, 0, [1, 1, 1, 1]),
+                    t(bo1, 0, types::I32, 0, [k as u64, 1, 1, 1]),
+                    t(bw, 0, types::I32, 0, [words as u64, 1, 1, 1]),
+                ],
+            );
+            *run = read_i32(bo1, 0, k) == want;
+        }
+        // The words the next call counts on: the barrier's count (its generation above
+        // it moves on) and the three histograms after 64 blocks' two counts and a pad
+        // (ds4_topk_rows_wide's layout).
+        let wv = read_i32(bw, 0, 132 + 4096 + 2 * 1024);
+        let clean = wv[0] & 0xffff == 0 && wv[132..].iter().all(|&v| v == 0);
+        ok &= same && wide[0] && wide[1] && clean;
+        let say = |b: bool| if b { "ok" } else { "FAIL" };
         println!(
-            "position {p:>6}: {visible:>5} visible, k {k}: {}",
-            if same { "ok" } else { "FAIL" }
+            "position {p:>6}: {visible:>5} visible, k {k}: one block a token {}, one token (work words) {} / again {}, words left zero {}",
+            say(same),
+            say(wide[0]),
+            say(wide[1]),
+            say(clean)
         );
     }
     json.push(format!("{{\"test\":\"topk_rows\",\"ok\":{ok}}}"));
-    for b in [bs, bp, bo] {
+    for b in [bs, bp, bo, bw, bo1] {
         into_result((g.be.free)(b)).unwrap();
     }
     ok

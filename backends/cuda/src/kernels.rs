@@ -142,7 +142,10 @@ fn pdl_early() -> Option<&'static str> {
 /// products' weights with plain loads instead of evict-first ones (the same values),
 /// `=runs` / `=rf2` / `=products` / `=mhc` only those of the ROCmFP4 runs kernels, the
 /// ROCmFP2 mat-vecs, both, or the fused mHC site's mixes (the rows kernels and
-/// `matvec_f32_wide` keep the hint but with `=0`; other values: ignored).
+/// `matvec_f32_wide` keep the hint but with `=0`; other values: ignored);
+/// `MOE_GPU_BARRIER_FENCES=1` has the kernels' group barriers (the mHC site's blocks,
+/// the many-block top-k) wait with full fences around plain atomics instead of
+/// acquire-release ones (the same values).
 fn ab_defines() -> Vec<&'static str> {
     let set = |var: &str, val: &str| std::env::var_os(var).is_some_and(|v| v == val);
     let mut d = Vec::new();
@@ -151,6 +154,9 @@ fn ab_defines() -> Vec<&'static str> {
     }
     if set("MOE_GPU_MMQ_NARROW", "0") {
         d.push("-DMMQ_NARROW_OFF=1");
+    }
+    if set("MOE_GPU_BARRIER_FENCES", "1") {
+        d.push("-DGPU_BARRIER_FENCES=1");
     }
     match std::env::var("MOE_GPU_STREAM_HINT").as_deref() {
         Ok("0") => d.push("-DGPU_NO_STREAM_HINT=1"),

@@ -703,9 +703,37 @@ fn idx_groups() -> u64 {
 
 /// `ds4_topk_rows`'s block (DS4_TOPK_THREADS).
 const TOPK_ROWS_THREADS: u32 = 1024;
+/// `ds4_topk_rows_wide`: threads and most blocks (DS4_TOPKW_THREADS, _MAX_BLOCKS), the
+/// work words it needs (DS4_TOPKW_WORDS), and the visible rows a block is sized for.
+const TOPKW_THREADS: u32 = 256;
+const TOPKW_MAX_BLOCKS: u64 = 64;
+const TOPKW_WORDS: u64 = 132 + 4096 + 2 * 1024;
+const _: () = assert!(TOPKW_WORDS <= ops::TOPK_ROWS_WORK_WORDS);
+const TOPKW_ROWS_PER_BLOCK: u64 = 512;
 
+/// Whether one token's selection may run on many blocks (`ds4_topk_rows_wide`, the
+/// default where the op has its work words); `MOE_GPU_TOPK_WIDE=0`: one block (A/B
+/// runs; read once).
+fn topk_wide() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !env_off("MOE_GPU_TOPK_WIDE"))
+}
+
+/// TOPK_ROWS: one block a token (`ds4_topk_rows`), or for one token with its work words
+/// (ABI 1.6, a 4th argument) and a capacity worth splitting, `ds4_topk_rows_wide` on
+/// up to TOPKW_MAX_BLOCKS blocks (no more than the multiprocessors: they wait for each
+/// other, so all must be resident at once).
 unsafe fn topk_rows(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
-    let [scores, pos, sel] = args(a, "topk_rows")?;
+    let (scores, pos, sel, work) = match a {
+        [s, p, o] => (*s, *p, *o, None),
+        [s, p, o, w] => (*s, *p, *o, Some(*w)),
+        _ => {
+            return Err(format!(
+                "topk_rows: expected 3 or 4 tensor arguments, got {}",
+                a.len()
+            ))
+        }
+    };
     let (cap, n, k) = (
         scores.dims[0],
         scores.numel() / scores.dims[0].max(1),
@@ -720,14 +748,29 @@ unsafe fn topk_rows(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(),
     holds(&scores, types::F32, 0, "topk_rows scores")?;
     holds(&pos, types::I32, n, "topk_rows positions")?;
     holds(&sel, types::I32, k * n, "topk_rows output")?;
-    KArgs::default()
+    if let Some(w) = &work {
+        holds(w, types::I32, TOPKW_WORDS, "topk_rows work words")?;
+    }
+    let blocks = cap
+        .div_ceil(TOPKW_ROWS_PER_BLOCK)
+        .min(TOPKW_MAX_BLOCKS)
+        .min(gpu.multiprocessors() as u64);
+    let args = KArgs::default()
         .p(f32p(gpu, &scores)?)
         .p(gpu.ptr(&pos, 4)?)
         .i(to_i32(ratio, "ratio")?)
         .i(to_i32(cap, "rows")?)
         .i(to_i32(k, "k")?)
-        .p(gpu.ptr(&sel, 4)?)
-        .launch(gpu, "ds4_topk_rows", (n, 1, 1), TOPK_ROWS_THREADS)
+        .p(gpu.ptr(&sel, 4)?);
+    match work {
+        Some(w) if n == 1 && blocks >= 2 && topk_wide() => args.p(gpu.ptr(&w, 16)?).launch(
+            gpu,
+            "ds4_topk_rows_wide",
+            (blocks, 1, 1),
+            TOPKW_THREADS,
+        ),
+        _ => args.launch(gpu, "ds4_topk_rows", (n, 1, 1), TOPK_ROWS_THREADS),
+    }
 }
 
 /// `MOE_GPU_ATT_STORE=0`: a decode step's window store stays a launch of its own (A/B
@@ -1387,6 +1430,26 @@ mod tests {
             prm(&[], &[4]),
             &[f([100, n, 1, 1]), i([n, 1, 1, 1]), i([8, n, 1, 1])],
         );
+        // With work words: one token over many blocks (512 rows a block, at most 64 and
+        // no more than the multiprocessors); several tokens, or one block's worth of
+        // rows, keep a block a token.
+        let words = i([ops::TOPK_ROWS_WORK_WORDS, 1, 1, 1]);
+        let topk = |cap: u64, n: u64, sms: u32| {
+            let a = [f([cap, n, 1, 1]), i([n, 1, 1, 1]), i([512, n, 1, 1]), words];
+            let l = run_on(
+                Rec(Default::default(), sms),
+                ops::TOPK_ROWS,
+                prm(&[], &[4]),
+                &a,
+            );
+            (l[0].0, l[0].1 .0)
+        };
+        assert_eq!(topk(40000, 1, 132), ("ds4_topk_rows_wide", 64));
+        assert_eq!(topk(8192, 1, 132), ("ds4_topk_rows_wide", 16));
+        assert_eq!(topk(40000, 1, 20), ("ds4_topk_rows_wide", 20));
+        assert_eq!(topk(40000, 2, 132), ("ds4_topk_rows", 2));
+        assert_eq!(topk(512, 1, 132), ("ds4_topk_rows", 1));
+        assert_eq!(topk(40000, 1, 0), ("ds4_topk_rows", 1));
         // q, kv, ring (16 rows), rows (40), sel (8 a token), sinks, pos, out.
         let att_for = |heads: u64, n: u64| {
             [
@@ -1665,7 +1728,18 @@ mod tests {
         );
         assert!(e.starts_with("router") && e.contains("17"), "{e}");
         let e = err(ops::TOPK_ROWS, prm(&[], &[4]), &[f([10, 1, 1, 1])]);
-        assert!(e.contains("expected 3 tensor arguments"), "{e}");
+        assert!(e.contains("expected 3 or 4 tensor arguments"), "{e}");
+        let e = err(
+            ops::TOPK_ROWS,
+            prm(&[], &[4]),
+            &[
+                f([10, 1, 1, 1]),
+                i([1, 1, 1, 1]),
+                i([4, 1, 1, 1]),
+                i([100, 1, 1, 1]),
+            ],
+        );
+        assert!(e.contains("topk_rows work words"), "{e}");
         let e = err(
             ops::HC_PRE,
             prm(&[], &[20, 0]),

@@ -72,6 +72,8 @@ struct Work {
     hc_sync: Tensor,
     /// The decode attention's barrier words (a word per 16 heads), zero at first.
     att_sync: Tensor,
+    /// TOPK_ROWS's work words (zero, kept between steps; see `topk_work`).
+    topk_work: Tensor,
     mix: Tensor,
     wts: Tensor,
     x: Tensor,
@@ -190,6 +192,9 @@ pub(super) struct GpuPath {
     /// SPARSE_ATTENTION takes its sync words (ABI 1.5: a decode step's attention in one
     /// launch, see `probe_att_sync`).
     att_sync: bool,
+    /// TOPK_ROWS takes its work words (ABI 1.6: one token's selection on many blocks,
+    /// see `probe_topk_work`).
+    topk_work: bool,
     /// The indexer queries' rotary in the scoring kernel (INDEX_SCORES' inv_freq, ABI
     /// 1.4; opt-in, see `probe_idx_rope`).
     idx_rope: bool,
@@ -358,6 +363,7 @@ impl GpuPath {
             hc_fused: probe_hc_fused(dev),
             att_rope: probe_att_rope(dev),
             att_sync: probe_att_sync(dev),
+            topk_work: probe_topk_work(dev),
             idx_rope: probe_idx_rope(dev),
             hc_defer: !sides.is_empty() && probe_hc_sinkhorn(dev),
             sides,
@@ -414,6 +420,7 @@ impl GpuPath {
             streams: f(d * hc * n)?,
             hc_sync: zeros_i32(dev, n)?,
             att_sync: zeros_i32(dev, p.n_head.div_ceil(16))?,
+            topk_work: zeros_i32(dev, ops::TOPK_ROWS_WORK_WORDS as usize)?,
             mix: f(nm * n)?,
             wts: f(nm * n)?,
             x: f(d * n)?,
@@ -964,11 +971,11 @@ impl GpuPath {
                 )?;
                 sd.op(ops::INDEX_SCORES, pr(&[sm, ws], &[ratio]), &a)?;
             }
-            sd.op(
-                ops::TOPK_ROWS,
-                pr(&[], &[ix.comp.ratio as i64]),
-                &[scores, pos, v(&w.sel, [p.idx_topk, n, 1, 1])],
-            )?;
+            let mut a = vec![scores, pos, v(&w.sel, [p.idx_topk, n, 1, 1])];
+            if self.topk_work {
+                a.push(w.topk_work.r);
+            }
+            sd.op(ops::TOPK_ROWS, pr(&[], &[ix.comp.ratio as i64]), &a)?;
             mode = 2;
         }
         mm(wv(&lay.q_b), q_res, v(&w.q, [nh * hd, n, 1, 1]))?;
@@ -1332,6 +1339,20 @@ fn probe_att_sync(dev: &Arc<Device>) -> bool {
             q.r, kv.r, ring.r, rows.r, sel.r, sinks.r, pos.r, out.r, none, sync.r,
         ];
         dev.op(ops::SPARSE_ATTENTION, pr(&[1.0], &[0, 0, 0]), &a)
+    })
+}
+
+/// Whether the backend's TOPK_ROWS takes work words (ABI 1.6; one token's selection
+/// then may run on many blocks): one tiny call.
+fn probe_topk_work(dev: &Arc<Device>) -> bool {
+    probe_op(dev, "TOPK_ROWS's work words", || {
+        let (scores, out) = (filled(dev, 2, 1)?, zeros_i32(dev, 1)?);
+        let (pos, work) = (
+            zeros_i32(dev, 1)?,
+            zeros_i32(dev, ops::TOPK_ROWS_WORK_WORDS as usize)?,
+        );
+        let a = [scores.r, pos.r, out.r, work.r];
+        dev.op(ops::TOPK_ROWS, pr(&[], &[1]), &a)
     })
 }
 
