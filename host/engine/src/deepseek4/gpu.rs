@@ -126,12 +126,19 @@ const ATT_LONG_FROM: usize = 4096;
 /// same keys in the same order) and skip the indexer's query and head-weight products,
 /// scores and top-k (its compressor still runs): depth-0 decode +12%, pp512 +3% on the
 /// 43-layer V4-Flash shape (H200, 2026-12-01). `MOE_DS4_IDX_SHORT=0` turns it off (A/B
-/// runs).
+/// runs). `wide_topk`: a token of it sees more than TOPK_WIDE_FROM_ROWS compressed rows,
+/// so the indexer's top-k gets its work words (TOPK_ROWS on many blocks).
 #[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
 struct StepKind {
     long: bool,
     short: bool,
+    wide_topk: bool,
 }
+
+/// Visible compressed rows from which a decode step's top-k runs on many blocks: alone
+/// on the H200 (2026-12-04, scripts/device/topk_bench.sh) the many-block form takes ~17
+/// us at any size, one block 11.4 us at 1024 rows and 20.4 at 8192.
+const TOPK_WIDE_FROM_ROWS: usize = 4096;
 
 impl StepKind {
     /// The kind of a step of `n` tokens from position `p0`, with indexer layers of
@@ -148,6 +155,7 @@ impl StepKind {
         StepKind {
             long: p0 + n > ATT_LONG_FROM,
             short,
+            wide_topk: idx_ratio > 0 && (p0 + n) / idx_ratio > TOPK_WIDE_FROM_ROWS,
         }
     }
 }
@@ -972,7 +980,7 @@ impl GpuPath {
                 sd.op(ops::INDEX_SCORES, pr(&[sm, ws], &[ratio]), &a)?;
             }
             let mut a = vec![scores, pos, v(&w.sel, [p.idx_topk, n, 1, 1])];
-            if self.topk_work {
+            if self.topk_work && kind.wide_topk {
                 a.push(w.topk_work.r);
             }
             sd.op(ops::TOPK_ROWS, pr(&[], &[ix.comp.ratio as i64]), &a)?;
@@ -1402,7 +1410,8 @@ mod tests {
             k(0, 1),
             StepKind {
                 long: false,
-                short: true
+                short: true,
+                wide_topk: false
             }
         );
         assert!(k(2050, 1).short && !k(2051, 1).short);
@@ -1412,9 +1421,12 @@ mod tests {
             k(4096, 1),
             StepKind {
                 long: true,
-                short: false
+                short: false,
+                wide_topk: false
             }
         );
+        // More than 4096 rows (4097 from position 16387) for the many-block top-k.
+        assert!(!k(16386, 1).wide_topk && k(16387, 1).wide_topk);
         assert!(!StepKind::decide(true, 0, 512, 0, 1).short); // no indexer layers
         assert!(!StepKind::decide(false, 4, 512, 0, 1).short); // switched off
     }
