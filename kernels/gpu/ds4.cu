@@ -1914,7 +1914,8 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
 
 // Merging one head's splits (slots slot0 .. slot0 + splits - 1 of `slots`, as
 // ds4_ath_store_part wrote them: an earlier launch, or other blocks of this one before a
-// gpu_group_barrier, whose acquire fence makes plain loads see their writes), warp 0's
+// gpu_group_barrier, whose acquire (thread 0's, then __syncthreads) makes plain loads see
+// their writes), warp 0's
 // part: every split's max and sum at once (splits <= 64: two a
 // lane), then the common max with the sink, each split's weight exp(m_s - max) into ws
 // (0 for a split without keys) and the denominator into *den by shuffles.

@@ -122,9 +122,10 @@ pub mod ops {
     pub const INDEX_SCORES: u32 = 20;
     /// Per token, the k best of its (pos+1)/i[0] visible scores (ties: lower index), or
     /// all when no more than k; -1 pads. args: scores (F32 [capacity, n]), pos, out (I32
-    /// [k, n]). From ABI 1.6 a 4th, work (I32, at least TOPK_ROWS_WORK_WORDS, zero
-    /// before its first use, kept between calls and used by no other op): words a
-    /// backend may count on to split one token's selection over parallel work.
+    /// [k, n]). From ABI 1.6 a 4th, work (I32, at least TOPK_ROWS_WORK_WORDS, 16-byte
+    /// aligned, zero before its first use, kept between calls, used by no other op and
+    /// by no two calls at once): words a backend may count on to split one token's
+    /// selection over parallel work.
     pub const TOPK_ROWS: u32 = 21;
     /// Words of TOPK_ROWS's work argument.
     pub const TOPK_ROWS_WORK_WORDS: u64 = 16384;

@@ -144,8 +144,8 @@ fn pdl_early() -> Option<&'static str> {
 /// ROCmFP2 mat-vecs, both, or the fused mHC site's mixes (the rows kernels and
 /// `matvec_f32_wide` keep the hint but with `=0`; other values: ignored);
 /// `MOE_GPU_BARRIER_FENCES=1` has the kernels' group barriers (the mHC site's blocks,
-/// the many-block top-k) wait with full fences around plain atomics instead of
-/// acquire-release ones (the same values).
+/// the many-block top-k, the one-launch decode attention's splits) wait with full
+/// fences around plain atomics instead of acquire-release ones (the same values).
 fn ab_defines() -> Vec<&'static str> {
     let set = |var: &str, val: &str| std::env::var_os(var).is_some_and(|v| v == val);
     let mut d = Vec::new();

@@ -137,8 +137,9 @@ struct StepKind {
 
 /// Visible compressed rows from which a decode step's top-k runs on many blocks: alone
 /// on the H200 (2026-12-04, scripts/device/topk_bench.sh) the many-block form takes ~17
-/// us at any size, one block 11.4 us at 1024 rows and 20.4 at 8192.
-const TOPK_WIDE_FROM_ROWS: usize = 4096;
+/// us at any size, one block 11.4 us at 1024 rows and 20.4 at 8192 (even at ~5000-5500
+/// if linear; the sizes between were not timed, so they keep one block).
+const TOPK_WIDE_FROM_ROWS: usize = 6144;
 
 impl StepKind {
     /// The kind of a step of `n` tokens from position `p0`, with indexer layers of
@@ -1425,8 +1426,8 @@ mod tests {
                 wide_topk: false
             }
         );
-        // More than 4096 rows (4097 from position 16387) for the many-block top-k.
-        assert!(!k(16386, 1).wide_topk && k(16387, 1).wide_topk);
+        // More than 6144 rows (6145 from position 24579) for the many-block top-k.
+        assert!(!k(24578, 1).wide_topk && k(24579, 1).wide_topk);
         assert!(!StepKind::decide(true, 0, 512, 0, 1).short); // no indexer layers
         assert!(!StepKind::decide(false, 4, 512, 0, 1).short); // switched off
     }
