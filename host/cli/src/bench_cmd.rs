@@ -1,8 +1,9 @@
 //! `moeserve bench`: prefill and decode throughput of a model, measured the way
 //! llama-bench does (pp: one batched pass over N prompt tokens; tg: N tokens decoded one
 //! at a time), so the two can be put side by side. At context depths > 0 the slot is
-//! first moved to that depth without running it (`CausalLm::seek`: the caches hold
-//! zeros, the step reads as many rows as a real one). With `--limits` it also measures,
+//! first moved to that depth without running it (`CausalLm::seek`: the step reads as
+//! many rows as a real one; DeepSeek-V4 fills them with unit-variance values, so its
+//! attention and index scores are a filled context's). With `--limits` it also measures,
 //! in the same run, the device's streaming bandwidth and ROCmFP2 matrix rate and reports
 //! decode as a fraction of bytes-per-token / bandwidth and prefill as a fraction of the
 //! matrix rate.

@@ -53,8 +53,8 @@ pub trait CausalLm: Send {
     /// Runs the batch; returns logits rows for entries with `want_logits`, in order.
     fn forward(&mut self, batch: &[BatchEntry]) -> Result<Vec<Vec<f32>>>;
     /// Benchmarks: puts slot `slot` at position `pos` as if `pos` tokens had run,
-    /// without running them (the caches keep whatever they hold), so a step at depth
-    /// `pos` costs what a real one does.
+    /// without running them (the caches get representative values, or keep whatever
+    /// they hold), so a step at depth `pos` costs what a real one does.
     fn seek(&mut self, _slot: u32, _pos: usize) -> Result<()> {
         anyhow::bail!("{}: seeking a slot is not supported", self.arch())
     }

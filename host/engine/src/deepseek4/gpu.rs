@@ -467,6 +467,49 @@ impl GpuPath {
         })
     }
 
+    /// Benchmarks (`seek`): fills `slot`'s caches as `pos` tokens would have, so a step
+    /// at that depth reads a filled context: the window's rows and the compressed and
+    /// indexer rows those positions close get unit-variance pseudo-random values (the
+    /// size of the RMS-normed rows a real context stores; a context of zeros ties every
+    /// index score at 0, which the top-k handles quicker than real scores), seeded by
+    /// layer. The compressors' partial windows stay as they are.
+    pub(super) fn fill(m: &mut Deepseek4, slot: usize, pos: usize) -> Result<()> {
+        let mut g = m.gpu.take().ok_or_else(|| anyhow!("no device path"))?;
+        let r = g.fill_inner(m, slot, pos);
+        m.gpu = Some(g);
+        r
+    }
+
+    fn fill_inner(&mut self, m: &Deepseek4, slot: usize, pos: usize) -> Result<()> {
+        if self.slots[slot].is_none() {
+            self.slots[slot] = Some(Self::slot_state(m, slot)?);
+        }
+        let st = self.slots[slot].as_ref().expect("set above");
+        // The first `rows` rows of t (rows of t.dims[0] values; capped at its capacity).
+        let fill = |t: &Tensor, rows: usize, seed: u64| -> Result<()> {
+            let dims = t.r.dims;
+            let n = rows.min(dims[1] as usize) * dims[0] as usize;
+            if n > 0 {
+                t.upload_f32(&unit_noise(n, seed))?;
+            }
+            Ok(())
+        };
+        for (l, (ls, lay)) in st.iter().zip(&m.layers).enumerate() {
+            let seed = 0x5eed_0000 + 4 * l as u64;
+            fill(&ls.ring, pos.min(m.p.window), seed)
+                .with_context(|| format!("layer {l}: filling the window"))?;
+            if let (Some(cs), Some(c)) = (&ls.comp, &lay.comp) {
+                fill(&cs.rows, pos / c.ratio, seed + 1)
+                    .with_context(|| format!("layer {l}: filling the compressed rows"))?;
+            }
+            if let (Some(cs), Some(ix)) = (&ls.idx, &lay.indexer) {
+                fill(&cs.rows, pos / ix.comp.ratio, seed + 2)
+                    .with_context(|| format!("layer {l}: filling the indexer's rows"))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Runs `tokens` of `slot` from position `p0`; returns the logits of the tokens
     /// whose chunk index is in `want` (ascending).
     pub(super) fn run(
@@ -1384,6 +1427,22 @@ fn probe_idx_rope(dev: &Arc<Device>) -> bool {
     })
 }
 
+/// `n` values of unit variance (uniform on [-sqrt 3, sqrt 3]) from a xorshift64* stream
+/// seeded by `seed`: the same values on every run.
+fn unit_noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let half = 3f32.sqrt();
+    (0..n)
+        .map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let u = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32;
+            (2.0 * u - 1.0) * half
+        })
+        .collect()
+}
+
 /// Sizes the device path handles (the kernels' limits); the host glue runs otherwise.
 pub(super) fn fits(p: &Ds4Params) -> bool {
     p.hc <= 8
@@ -1402,6 +1461,20 @@ pub(super) fn fits(p: &Ds4Params) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unit_noise_has_unit_variance_and_repeats() {
+        let v = unit_noise(100_000, 7);
+        let mean = v.iter().sum::<f32>() / v.len() as f32;
+        let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / v.len() as f32;
+        assert!(
+            mean.abs() < 0.02 && (var - 1.0).abs() < 0.02,
+            "mean {mean}, variance {var}"
+        );
+        assert!(v.iter().all(|x| x.abs() <= 3f32.sqrt()));
+        assert_eq!(v[..10], unit_noise(10, 7)[..]);
+        assert_ne!(v[..10], unit_noise(10, 8)[..]);
+    }
 
     #[test]
     fn step_kinds() {

@@ -1034,6 +1034,12 @@ impl CausalLm for Deepseek4 {
             .ok_or_else(|| anyhow!("slot {slot} outside 0..{n}"))?;
         st.reset();
         st.n_past = pos;
+        // The device caches as a filled context's (`MOE_DS4_SEEK_ZEROS=1`: left as they
+        // are, zeros where nothing ran; the benchmark's tables before 2026-12-04 14:00).
+        if std::env::var_os("MOE_DS4_SEEK_ZEROS").is_none_or(|v| v != "1") {
+            gpu::GpuPath::fill(self, slot as usize, pos)
+                .context("filling the caches for the seek")?;
+        }
         Ok(())
     }
 
