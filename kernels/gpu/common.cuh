@@ -245,27 +245,27 @@ GPU_DEV unsigned int gpu_load_acquire_u32(unsigned int* p) {
 // CUDA sm_70+ the arrival is an acquire-release add and the wait an acquire load (the
 // block's threads' writes reach thread 0 through __syncthreads); elsewhere, or with
 // GPU_BARRIER_FENCES (A/B runs), full fences around plain atomics.
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700 && !defined(GPU_BARRIER_FENCES)
+#define GPU_BARRIER_ACQREL 1
+#endif
 GPU_DEV void gpu_group_barrier(unsigned int* sync, unsigned int nb) {
     __syncthreads();  // every thread's writes before thread 0's arrival
     if (threadIdx.x == 0) {
-#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700 && !defined(GPU_BARRIER_FENCES)
+        const unsigned int next = 0x10000u - nb;  // the last one: count 0, next generation
         unsigned int old;
+#if defined(GPU_BARRIER_ACQREL)
         asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(sync) : "memory");
-        if ((old & 0xffffu) == nb - 1u) {
-            const unsigned int next = 0x10000u - nb;  // count 0, next generation
+        if ((old & 0xffffu) == nb - 1u)
             asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(sync), "r"(next) : "memory");
-        } else {
-            while (((gpu_load_acquire_u32(sync) ^ old) >> 16) == 0u) {
-            }
-        }
 #else
         gpu_fence();
-        const unsigned int old = atomicAdd(sync, 1u);
-        if ((old & 0xffffu) == nb - 1u)
-            atomicAdd(sync, 0x10000u - nb);  // count 0, next generation
-        else
+        old = atomicAdd(sync, 1u);
+        if ((old & 0xffffu) == nb - 1u) atomicAdd(sync, next);
+#endif
+        if ((old & 0xffffu) != nb - 1u)
             while (((gpu_load_acquire_u32(sync) ^ old) >> 16) == 0u) {
             }
+#if !defined(GPU_BARRIER_ACQREL)
         gpu_fence();
 #endif
     }

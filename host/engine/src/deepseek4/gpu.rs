@@ -474,17 +474,31 @@ impl GpuPath {
     /// index score at 0, which the top-k handles quicker than real scores), seeded by
     /// layer. The compressors' partial windows stay as they are.
     pub(super) fn fill(m: &mut Deepseek4, slot: usize, pos: usize) -> Result<()> {
+        Self::with_path(m, |g, m| g.fill_inner(m, slot, pos))
+    }
+
+    /// Runs `f` on the model's device path (taken out of `m` meanwhile, so `f` can read
+    /// the model while it changes the path).
+    fn with_path<T>(
+        m: &mut Deepseek4,
+        f: impl FnOnce(&mut GpuPath, &Deepseek4) -> Result<T>,
+    ) -> Result<T> {
         let mut g = m.gpu.take().ok_or_else(|| anyhow!("no device path"))?;
-        let r = g.fill_inner(m, slot, pos);
+        let r = f(&mut g, m);
         m.gpu = Some(g);
         r
     }
 
-    fn fill_inner(&mut self, m: &Deepseek4, slot: usize, pos: usize) -> Result<()> {
+    /// `slot`'s device state, allocated on first use.
+    fn state(&mut self, m: &Deepseek4, slot: usize) -> Result<&[LayerState]> {
         if self.slots[slot].is_none() {
             self.slots[slot] = Some(Self::slot_state(m, slot)?);
         }
-        let st = self.slots[slot].as_ref().expect("set above");
+        Ok(self.slots[slot].as_deref().expect("set above"))
+    }
+
+    fn fill_inner(&mut self, m: &Deepseek4, slot: usize, pos: usize) -> Result<()> {
+        let st = self.state(m, slot)?;
         // The first `rows` rows of t (rows of t.dims[0] values; capped at its capacity).
         let fill = |t: &Tensor, rows: usize, seed: u64| -> Result<()> {
             let dims = t.r.dims;
@@ -535,10 +549,7 @@ impl GpuPath {
             }
             return Ok(out);
         }
-        let mut g = m.gpu.take().ok_or_else(|| anyhow!("no device path"))?;
-        let r = g.run_inner(m, slot, tokens, p0, want);
-        m.gpu = Some(g);
-        r
+        Self::with_path(m, |g, m| g.run_inner(m, slot, tokens, p0, want))
     }
 
     fn run_inner(
@@ -551,9 +562,7 @@ impl GpuPath {
     ) -> Result<Vec<Vec<f32>>> {
         let (p, dev) = (&m.p, &m.dev);
         let n = tokens.len();
-        if self.slots[slot].is_none() {
-            self.slots[slot] = Some(Self::slot_state(m, slot)?);
-        }
+        self.state(m, slot)?;
         let single = n == 1 && want == [0];
         let kind = StepKind::of(self.idx_ratio, p.idx_topk, p0, n);
         if single && self.graph_kind[slot] != kind {
