@@ -239,6 +239,17 @@ impl Module {
                 value: std::mem::zeroed(),
             };
             attr.value.programmaticStreamSerializationAllowed = 1;
+            let mut attrs = [attr, attr];
+            let mut n_attrs = 1;
+            if crate::rt::stream_prio() != crate::rt::StreamPrio::Off {
+                let mut prio = 0;
+                if sys::cuStreamGetPriority(stream, &mut prio) == sys::CUresult::CUDA_SUCCESS {
+                    attrs[1].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PRIORITY;
+                    attrs[1].value = std::mem::zeroed();
+                    attrs[1].value.priority = prio;
+                    n_attrs = 2;
+                }
+            }
             let cfg = sys::CUlaunchConfig {
                 gridDimX: grid.0,
                 gridDimY: grid.1,
@@ -248,8 +259,8 @@ impl Module {
                 blockDimZ: 1,
                 sharedMemBytes: 0,
                 hStream: stream,
-                attrs: &mut attr,
-                numAttrs: 1,
+                attrs: attrs.as_mut_ptr(),
+                numAttrs: n_attrs,
             };
             sys::cuLaunchKernelEx(&cfg, f.0, all.as_mut_ptr(), std::ptr::null_mut())
                 .result()

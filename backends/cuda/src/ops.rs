@@ -176,7 +176,13 @@ fn graph_op(stream_id: u64, raw: sys::CUstream, op: u32, key: i64) -> Result<(),
             .map_err(|e| err("cuStreamBeginCapture", e)),
             ops::GRAPH_END => {
                 let g = cu::stream::end_capture(raw).map_err(|e| err("cuStreamEndCapture", e))?;
-                let exec = cu::graph::instantiate(g, sys::CUgraphInstantiate_flags(0));
+                // (node priorities: see rt::stream_prio)
+                let flags = if crate::rt::stream_prio() != crate::rt::StreamPrio::Off {
+                    sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY
+                } else {
+                    sys::CUgraphInstantiate_flags(0)
+                };
+                let exec = cu::graph::instantiate(g, flags);
                 let _ = cu::graph::destroy(g);
                 let exec = exec.map_err(|e| err("cuGraphInstantiate", e))?;
                 if let Some(old) = graphs().insert((stream_id, key), Exec(exec)) {
