@@ -34,6 +34,7 @@
 #define KID_MMVQ_ID_107 37
 #define KID_MATVEC_FP4_RUNS_Q8 38
 #define KID_MATVEC_FP4_RUNS_Q8_ID 39
+#define KID_MATVEC_FP4_RUNS_Q8_ID_SWIGLU 58
 #define KID_MATVEC_DENSE_ROWS_MULTI 40
 #define KID_MATVEC_DENSE_Q8_MULTI 41
 #define KID_MATVEC_DENSE_Q8_ID 42
@@ -1727,6 +1728,30 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     if (!we) return;
     const float* xe = x + (long long)(per_pair ? p : p / n_slots) * k;
     const fp4_src_x src = {xe};
+    if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
+    else fp4_runs_q8<1>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
+}
+
+// The grouped form on the clamped SwiGLU of gate g and up u (fp4_src_swiglu, the same
+// bits as ds4_swiglu) instead of x: SWIGLU_MATMUL_ID of ROCmFP4 weights for one token
+// (the shared expert's down as one "expert") without a SwiGLU launch. Arguments and
+// grid as matvec_fp4_runs_q8_id, g and u in place of x (16-byte aligned).
+extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
+    matvec_fp4_runs_q8_id_swiglu(const unsigned char* __restrict__ w, long long expert_bytes,
+                                 long long row_bytes, int k, int m, int n_experts,
+                                 const float* __restrict__ g, const float* __restrict__ u,
+                                 float lim, int per_pair, int n_slots,
+                                 const int* __restrict__ ids, float* __restrict__ out, int rows,
+                                 unsigned int* counters) {
+    __shared__ fp4_q8_smem sm;
+    gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_ID_SWIGLU);
+    const int p = blockIdx.y;
+    float* o = out + (long long)p * m;
+    const unsigned char* we = fp4_pair_weights(w, expert_bytes, n_experts, ids, o, m,
+                                               rows * (int)blockDim.x / fp4_runs_lanes(k));
+    if (!we) return;
+    const long long col = (long long)(per_pair ? p : p / n_slots) * k;
+    const fp4_src_swiglu src = {g + col, u + col, lim};
     if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
     else fp4_runs_q8<1>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
 }

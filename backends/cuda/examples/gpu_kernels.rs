@@ -958,7 +958,70 @@ fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     for b in [bw, bg, bu, bi].into_iter().chain(bufs) {
         into_result((g.be.free)(b)).unwrap();
     }
-    ok
+    ok & swiglu_id_fp4(g, rng, json)
+}
+
+/// SWIGLU_MATMUL_ID of ROCmFP4 weights for one token: the shared expert's down as one
+/// "expert" (id 0), and three pairs over four experts with one masked, each equal to
+/// SWIGLU then MATMUL_ID bit for bit, with the SwiGLU inside the runs kernel (one
+/// `matvec_fp4_runs_q8_id_swiglu` launch, no `ds4_swiglu`).
+fn swiglu_id_fp4(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    let mut all = true;
+    for (name, experts, ids) in [
+        ("one expert (the shared down)", 1usize, vec![0i32]),
+        ("3 pairs of 4 experts, one masked", 4, vec![2, -1, 0]),
+    ] {
+        let (k, m, slots) = (2048usize, 4096usize, ids.len());
+        let (w, _) = random_dense(rng, 100, experts * m, k);
+        let gate: Vec<f32> = (0..k * slots).map(|_| 12.0 * rng.f32()).collect();
+        let up: Vec<f32> = (0..k * slots).map(|_| 12.0 * rng.f32()).collect();
+        let (bw, bg, bu) = (g.buf(&w), g.buf(&f32_bytes(&gate)), g.buf(&f32_bytes(&up)));
+        let bi = g.buf(
+            &ids.iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        );
+        let nan = f32_bytes(&vec![f32::NAN; k.max(m) * slots]);
+        let bufs: Vec<u64> = (0..4).map(|_| g.buf(&nan)).collect();
+        let (act1, out1, act2, out2) = (bufs[0], bufs[1], bufs[2], bufs[3]);
+        let shape = [k, m, experts, slots, 1, slots];
+        let f = |b| t(b, 0, types::F32, 0, [k as u64, slots as u64, 1, 1]);
+        let mut lim = OpParams::default();
+        lim.f[0] = 7.0;
+        g.op_with(ops::SWIGLU, lim, &[f(bg), f(bu), f(act1)]);
+        g.op(
+            OP_MATMUL_ID,
+            &id_args([bw, act1, bi, out1], (100, 0), shape),
+        );
+        let [wr, _, ir, or] = id_args([bw, act2, bi, out2], (100, 0), shape);
+        let before = g.counters();
+        g.op_with(
+            ops::SWIGLU_MATMUL_ID,
+            lim,
+            &[wr, f(bg), f(bu), ir, or, f(act2)],
+        );
+        let after = g.counters();
+        let delta = |n: &str| device_launches(&before, &after, n);
+        let launches = (delta("matvec_fp4_runs_q8_id_swiglu"), delta("ds4_swiglu"));
+        let (a, b) = (
+            g.read_f32(out1, 0, m * slots),
+            g.read_f32(out2, 0, m * slots),
+        );
+        let same = same_bits(&a, &b);
+        let ok = same && launches == (1, 0);
+        all &= ok;
+        println!(
+            "ROCmFP4 {k} x {m}, {name}: bit-identical {same}, launches (fused runs, swiglu) {launches:?} {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"swiglu_id_fp4\",\"case\":\"{name}\",\"bit_identical\":{same},\"ok\":{ok}}}"
+        ));
+        for b in [bw, bg, bu, bi].into_iter().chain(bufs) {
+            into_result((g.be.free)(b)).unwrap();
+        }
+    }
+    all
 }
 
 /// HC_POST_PRE for one token with its blocks waiting for each other (gsync) against the

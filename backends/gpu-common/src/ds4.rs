@@ -1123,6 +1123,83 @@ unsafe fn transpose12(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
         .launch(gpu, "transpose12", (d0.div_ceil(256), d1, d2), 256)
 }
 
+/// SWIGLU_MATMUL_ID of ROCmFP4 weights for one token, where the runs kernel takes the
+/// product: `matvec_fp4_runs_q8_id_swiglu` computes the clamped SwiGLU of gate `g` and
+/// up `u` (`lim`) as it quantises its input, so no SwiGLU launch runs (the shared
+/// expert's down, one "expert"; `act` is not written). One pair takes the plain
+/// product's plan, more the grouped one's. None where it does not apply (other types,
+/// more tokens, unaligned, a matrix-unit plan): the caller runs SWIGLU, then MATMUL_ID.
+pub fn swiglu_matmul_id_runs(
+    gpu: &impl Gpu,
+    w: &TensorRef,
+    g: &TensorRef,
+    u: &TensorRef,
+    ids: &TensorRef,
+    out: &TensorRef,
+    lim: f32,
+) -> Option<Result<(), String>> {
+    if w.type_id != crate::ops::TYPE_ROCMFP4 {
+        return None;
+    }
+    let (k, m) = (w.dims[0], w.dims[1]);
+    let (n_slots, n_tok) = (ids.dims[0], ids.dims[1] * ids.dims[2] * ids.dims[3]);
+    let pairs = n_slots * n_tok;
+    let (pw, pg, pu) = (
+        gpu.ptr(w, 16).ok()?,
+        gpu.ptr(g, 16).ok()?,
+        gpu.ptr(u, 16).ok()?,
+    );
+    let plan = if pairs == 1 {
+        crate::ops::fp4_runs(w.type_id, k, m, n_tok, pw, pg)
+    } else {
+        crate::ops::fp4_runs_id(w.type_id, k, m, pairs, n_tok, pw, pg)
+    }
+    .filter(|p| !p.mma && n_tok == 1 && pu.is_multiple_of(16))?;
+    let row_bytes = dense_row_bytes(w.type_id, k)?;
+    // SAFETY: as in `run`; every tensor's range is checked below.
+    Some(unsafe { swiglu_matmul_id_runs_inner(gpu, plan, row_bytes, [w, g, u, ids, out], lim) })
+}
+
+unsafe fn swiglu_matmul_id_runs_inner(
+    gpu: &impl Gpu,
+    plan: crate::ops::RunsPlan,
+    row_bytes: Result<u64, String>,
+    [w, g, u, ids, out]: [&TensorRef; 5],
+    lim: f32,
+) -> Result<(), String> {
+    let row_bytes = row_bytes?;
+    let (k, m, experts) = (w.dims[0], w.dims[1], w.dims[2] * w.dims[3]);
+    let (n_slots, n_tok) = (ids.dims[0], ids.dims[1] * ids.dims[2] * ids.dims[3]);
+    let pairs = n_slots * n_tok;
+    let per_pair = id_input(g, k, n_tok, pairs)?;
+    expect(ids, types::I32, "swiglu_matmul_id ids")?;
+    holds(out, types::F32, m * pairs, "swiglu_matmul_id output")?;
+    let (pw, pg, pu) = (gpu.ptr(w, 16)?, f32p(gpu, g)?, f32p(gpu, u)?);
+    let (pi, po) = (gpu.ptr(ids, 4)?, f32p(gpu, out)?);
+    let per_block = crate::ops::fp4_runs_rows_per_block(k, plan);
+    KArgs::default()
+        .p(pw)
+        .p(row_bytes * m)
+        .p(row_bytes)
+        .i(to_i32(k, "k")?)
+        .i(to_i32(m, "m")?)
+        .i(to_i32(experts, "experts")?)
+        .p(pg)
+        .p(pu)
+        .f(lim)
+        .i(per_pair)
+        .i(to_i32(n_slots, "slots")?)
+        .p(pi)
+        .p(po)
+        .i(plan.rows as i32)
+        .launch(
+            gpu,
+            "matvec_fp4_runs_q8_id_swiglu",
+            (m.div_ceil(per_block), pairs, 1),
+            plan.threads as u32,
+        )
+}
+
 /// MATMUL_ID with dense weights ([k, m, experts] of f32 / f16 / bf16 / q8_0 / mxfp4 /
 /// ROCmFP4): ROCmFP4 in whole runs on `matvec_fp4_runs_q8_id` where
 /// [`crate::ops::fp4_runs_id`] takes it, Q8_0 / ROCmFP4 with 256 rows or more on

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 58] = [
+pub const KERNELS: [&str; 59] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -68,6 +68,7 @@ pub const KERNELS: [&str; 58] = [
     "matmul_f32_reduce",
     "ds4_attention_dec",
     "ds4_topk_rows_wide",
+    "matvec_fp4_runs_q8_id_swiglu",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

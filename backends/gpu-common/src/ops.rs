@@ -1526,6 +1526,13 @@ pub fn run(
                 } else {
                     None
                 };
+                if fused.is_none() {
+                    let lim = params.f.first().copied().unwrap_or(0.0);
+                    if let Some(r) = crate::ds4::swiglu_matmul_id_runs(gpu, w, g, u, ids, out, lim)
+                    {
+                        return r;
+                    }
+                }
                 match fused {
                     Some(p) => {
                         let up = ptr(u, 4)?;

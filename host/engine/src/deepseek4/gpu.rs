@@ -186,6 +186,9 @@ pub(super) struct GpuPath {
     /// The backend runs SWIGLU_MATMUL_ID (ABI 1.3): the routed experts' down product
     /// takes their gate and up outputs, the SwiGLU fused where the backend can.
     swiglu_id: bool,
+    /// The shared expert's SwiGLU and down product of a decode step as one
+    /// SWIGLU_MATMUL_ID too (`MOE_DS4_SHEXP_SWIGLU=0`: SWIGLU, then MATMUL; A/B runs).
+    shexp_swiglu_id: bool,
     /// The backend's HC_POST combines the MoE's outputs itself (ABI 1.3): no
     /// MOE_COMBINE op.
     post_combine: bool,
@@ -334,6 +337,7 @@ impl GpuPath {
                 .min()
                 .copied()
                 .unwrap_or(1);
+        let swiglu_id = probe_swiglu_id(dev);
         Ok(Some(GpuPath {
             layers,
             head: (upload(dev, &m.hc_head.1)?, upload(dev, &m.hc_head.2)?),
@@ -367,7 +371,9 @@ impl GpuPath {
                 t
             },
             multi: probe_multi(dev),
-            swiglu_id: probe_swiglu_id(dev),
+            swiglu_id,
+            shexp_swiglu_id: swiglu_id
+                && std::env::var_os("MOE_DS4_SHEXP_SWIGLU").is_none_or(|v| v != "0"),
             post_combine: probe_post_combine(dev),
             hc_fused: probe_hc_fused(dev),
             att_rope: probe_att_rope(dev),
@@ -885,6 +891,26 @@ impl GpuPath {
         Ok(())
     }
 
+    /// The shared expert's SwiGLU and down product (`dn`) into `sy`: one token's as one
+    /// SWIGLU_MATMUL_ID with one "expert" (id 0; the backend then needs no SwiGLU
+    /// launch), else SWIGLU, then MATMUL.
+    fn shexp_down(
+        &self,
+        on: &Device,
+        clamp: f32,
+        dn: TensorRef,
+        [sg, su, sa, sy]: [TensorRef; 4],
+        n: usize,
+    ) -> Result<()> {
+        if self.shexp_swiglu_id && n == 1 {
+            let one = v(&self.group_ids, [1, 1, 1, 1]);
+            let args = [dn, sg, su, one, sy, sa];
+            return on.op(ops::SWIGLU_MATMUL_ID, pr(&[clamp], &[]), &args);
+        }
+        on.op(ops::SWIGLU, pr(&[clamp], &[]), &[sg, su, sa])?;
+        on.op(ops::MATMUL, OpParams::default(), &[dn, sa, sy])
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -1174,8 +1200,7 @@ impl GpuPath {
             (Some((g, u, dn)), false) => {
                 let sd = self.fork(dev, SIDE_COMP)?;
                 self.mm_multi(sd, x, &[(wv(g), sg), (wv(u), su)])?;
-                sd.op(ops::SWIGLU, pr(&[p.clamp_shexp[l]], &[]), &[sg, su, sa])?;
-                sd.op(ops::MATMUL, OpParams::default(), &[wv(dn), sa, sy])?;
+                self.shexp_down(sd, p.clamp_shexp[l], wv(dn), [sg, su, sa, sy], n)?;
                 true
             }
             (Some((g, u, _)), true) => {
@@ -1242,8 +1267,7 @@ impl GpuPath {
                 if branched {
                     self.join(dev, SIDE_COMP)?;
                 } else {
-                    op(ops::SWIGLU, pr(&[p.clamp_shexp[l]], &[]), &[sg, su, sa])?;
-                    op(ops::MATMUL, OpParams::default(), &[wv(dn), sa, sy])?;
+                    self.shexp_down(dev, p.clamp_shexp[l], wv(dn), [sg, su, sa, sy], n)?;
                 }
                 Some(sy)
             }
