@@ -176,9 +176,9 @@ pub mod ops {
     pub const MATMUL_ID_MULTI: u32 = 30;
     /// MATMUL_ID of SWIGLU(gate, up) (ABI 1.3; f[0] as SWIGLU's): the routed experts'
     /// down product from their gate and up outputs (or a dense down product as one
-    /// expert, id 0), the SwiGLU computed where the backend can fuse it. args: w ([k, m, experts]), gate, up (F32 [k, pairs]), ids,
-    /// out (F32 [m, pairs]), act (F32 [k, pairs]: the backend may store the SwiGLU
-    /// values there, or leave it as it was).
+    /// expert, id 0), the SwiGLU computed where the backend can fuse it. args: w ([k, m,
+    /// experts]), gate, up (F32 [k, pairs]), ids, out (F32 [m, pairs]), act (F32 [k,
+    /// pairs]: the backend may store the SwiGLU values there, or leave it as it was).
     pub const SWIGLU_MATMUL_ID: u32 = 31;
     /// mHC post, then the next site's mixes and mHC pre, as one op (ABI 1.4): HC_POST
     /// (when post inputs are given), mixes = MATMUL(fn, streams as [hc d, n]), then

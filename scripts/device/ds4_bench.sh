@@ -51,7 +51,9 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # MOE_GPU_ID_NOSORT=0 (sorted grouped kernel): the same sums, bit-identical;
     # MOE_GPU_FP4_RUNS=0 (the runs kernel's ROCmFP4 products with f32 activations);
     # MOE_DS4_BRANCHES=0 (one stream: the same ops in another order), MOE_DS4_SWIGLU_ID=0
-    # (SWIGLU before the routed down) and MOE_DS4_POST_COMBINE=0 (MOE_COMBINE before mHC
+    # (SWIGLU before the routed and the shared expert's down), MOE_DS4_SHEXP_SWIGLU=0
+    # (SWIGLU before the shared expert's down only), MOE_GPU_STREAM_PRIO=0 (every stream
+    # at the default priority) and MOE_DS4_POST_COMBINE=0 (MOE_COMBINE before mHC
     # post): the same sums, bit-identical; MOE_DS4_HC_FUSED=0 (mHC post, the mix product and
     # pre as three ops, not HC_POST_PRE): summation order only; MOE_DS4_HC_DEFER=0 (the
     # Sinkhorn inside mHC pre, not HC_SINKHORN on side stream 0): bit-identical;
@@ -83,7 +85,7 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
         MOE_GPU_IDX_GROUPS=4,MOE_DS4_IDX_SHORT=0 MOE_GPU_ATT_STORE=0
         MOE_GPU_ATT_SPLIT=0 MOE_GPU_ATT_HEADS=0 MOE_GPU_IDX_MM=1,MOE_DS4_IDX_SHORT=0
         MOE_DS4_IDX_SHORT=0 MOE_GPU_HC_GSYNC=0 MOE_GPU_ATT_SPLIT=1,MOE_GPU_ATT_DEC=1
-        MOE_GPU_STREAM_HINT=0)
+        MOE_GPU_STREAM_HINT=0 MOE_DS4_SHEXP_SWIGLU=0 MOE_GPU_STREAM_PRIO=0)
     for v in base repeat "${switches[@]}"; do
         env $([[ $v == *=* ]] && echo "${v//,/ }") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
             logits --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_${v//[=,]/_}.npy"

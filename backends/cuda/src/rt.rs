@@ -287,11 +287,13 @@ pub fn download(id: u64, offset: u64, out: &mut [u8]) -> Result<(), String> {
     unsafe { cu::memcpy_dtoh_sync(out, ptr) }.map_err(|e| err("cuMemcpyDtoH", e))
 }
 
-/// Stream priorities: a device's first stream (the engine's main one, the decode path's
-/// critical chain) gets the greatest priority, later ones (the engine's side branches)
-/// the default, and every launch carries its stream's priority (a graph's kernel nodes
-/// keep theirs, see `graph_op`): where blocks of both wait for a multiprocessor, the
-/// main stream's go first (depth-0 decode +1.9% on the H200, 2026-12-04).
+/// Stream priorities: the first stream created on a device in this process (the
+/// engine's main one, the decode path's critical chain; a second model loaded in the same
+/// process gets the default) gets the greatest priority, later ones (the engine's side
+/// branches) the default. Launches take their stream's priority (with dependent launch
+/// also as an explicit launch attribute) and graphs are instantiated to keep their
+/// nodes' (see `graph_op`): where blocks of both wait for a multiprocessor, the main
+/// stream's go first (depth-0 decode +1.6% on the H200, 2026-12-04).
 /// `MOE_GPU_STREAM_PRIO=0` gives every stream the default; `=ladder` (A/B runs) the
 /// n-th stream of a device the greatest + n; `=two` (A/B runs) the first two streams
 /// (the engine's main one and its compressor / shared-expert branch) the greatest.

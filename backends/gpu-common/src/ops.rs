@@ -1526,7 +1526,9 @@ pub fn run(
                 } else {
                     None
                 };
-                if fused.is_none() {
+                // (where MATMUL_ID would take the MMQ tiles, SWIGLU then MATMUL_ID run,
+                // so the sums stay those of the two ops)
+                if fused.is_none() && !id_takes_mmq(&[*w, *g, *ids, *out], mmq) {
                     let lim = params.f.first().copied().unwrap_or(0.0);
                     if let Some(r) = crate::ds4::swiglu_matmul_id_runs(gpu, w, g, u, ids, out, lim)
                     {
@@ -2369,6 +2371,24 @@ mod run_tests {
             ops::SWIGLU_MATMUL_ID,
             &swiglu_id(t(TYPE_Q8_0, [64, 40, 3, 1]), 40),
         );
+        // A decode step's ROCmFP4 shared-expert down as one expert: the runs kernel
+        // computes the SwiGLU (k whole runs, 4096 rows).
+        let one = t(types::I32, [1, 1, 1, 1]);
+        let (fk, fm) = (2048, 4096);
+        go(
+            ops::SWIGLU_MATMUL_ID,
+            &[
+                t(TYPE_ROCMFP4, [fk, fm, 1, 1]),
+                f(fk, 1),
+                f(fk, 1),
+                one,
+                f(fm, 1),
+                f(fk, 1),
+            ],
+        );
+        let (name, _, np) = *g.launches.borrow().last().unwrap();
+        let sig = crate::kernels::signatures();
+        assert_eq!(sig.get(name), Some(&(np + 1)), "{name}'s parameters");
         let names: Vec<_> = g.launches.borrow().iter().map(|l| (l.0, l.2)).collect();
         assert_eq!(
             names,
@@ -2395,6 +2415,7 @@ mod run_tests {
                 ("mmvq_id_107", 14),
                 ("ds4_swiglu", 5),
                 ("matvec_dense_rows_id", 13),
+                ("matvec_fp4_runs_q8_id_swiglu", 14),
             ]
         );
         // Refused: an up of another shape, or not F32.

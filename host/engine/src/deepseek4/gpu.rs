@@ -178,7 +178,8 @@ pub(super) struct GpuPath {
     /// Largest compressed-row count (n_ctx / ratio + 1) per layer.
     idx_cap: usize,
     /// 0..o_groups: a single token's grouped output projection is one MATMUL_ID with
-    /// group g as "expert" g.
+    /// group g as "expert" g; its first element (0) is the shared expert's one id in
+    /// [`GpuPath::shexp_down`].
     group_ids: Tensor,
     /// The backend runs MATMUL_MULTI and MATMUL_ID_MULTI (ABI 1.2; probed with the
     /// first): one op for the products of one input.
@@ -225,6 +226,9 @@ const FUSED_ROPE_MAX_TOKENS: usize = 16;
 
 /// Side streams of [`GpuPath`] (`MOE_DS4_BRANCHES=N`: N of them, at most 2).
 const SIDES: usize = 2;
+/// The GGUF type id of ROCmFP4 (docs: the ROCmFPx spec), whose shared-expert down product
+/// takes the fused SwiGLU.
+const TYPE_ROCMFP4: u32 = 100;
 /// The compressor's branch, and the shared expert's.
 const SIDE_COMP: usize = 0;
 /// The indexer's branch.
@@ -891,9 +895,10 @@ impl GpuPath {
         Ok(())
     }
 
-    /// The shared expert's SwiGLU and down product (`dn`) into `sy`: one token's as one
-    /// SWIGLU_MATMUL_ID with one "expert" (id 0; the backend then needs no SwiGLU
-    /// launch), else SWIGLU, then MATMUL.
+    /// The shared expert's SwiGLU and down product (`dn`) into `sy`: one token's of
+    /// ROCmFP4 weights as one SWIGLU_MATMUL_ID with one "expert" (id 0; the backend
+    /// then needs no SwiGLU launch), else SWIGLU, then MATMUL (the other types' plain
+    /// products keep their own single-column kernels).
     fn shexp_down(
         &self,
         on: &Device,
@@ -902,7 +907,7 @@ impl GpuPath {
         [sg, su, sa, sy]: [TensorRef; 4],
         n: usize,
     ) -> Result<()> {
-        if self.shexp_swiglu_id && n == 1 {
+        if self.shexp_swiglu_id && n == 1 && dn.type_id == TYPE_ROCMFP4 {
             let one = v(&self.group_ids, [1, 1, 1, 1]);
             let args = [dn, sg, su, one, sy, sa];
             return on.op(ops::SWIGLU_MATMUL_ID, pr(&[clamp], &[]), &args);
