@@ -1530,15 +1530,18 @@ struct fp4_q8_smem {
 // needs no launch of its own: the clamped SwiGLU of a gate and an up vector
 // (fp4_src_swiglu, the same bits as ds4_swiglu), or x RMS-normed times w
 // (fp4_src_norm, its sum of squares taken by the block in begin). All 16-byte aligned.
+// column(off): the same source `off` values on (a grouped product's pair's column).
 struct fp4_src_x {
     const float* __restrict__ x;
     GPU_MEMBER void begin(int) {}
     GPU_MEMBER gpu_f4 at(int c) const { return ((const gpu_f4*)x)[c]; }
+    GPU_MEMBER fp4_src_x column(long long off) const { return {x + off}; }
 };
 struct fp4_src_swiglu {
     const float *g, *u;
     float lim;
     GPU_MEMBER void begin(int) {}
+    GPU_MEMBER fp4_src_swiglu column(long long off) const { return {g + off, u + off, lim}; }
     GPU_MEMBER gpu_f4 at(int c) const {
         const gpu_f4 a = ((const gpu_f4*)g)[c], b = ((const gpu_f4*)u)[c];
         return gpu_f4{gpu_swiglu(a.x, b.x, lim), gpu_swiglu(a.y, b.y, lim), gpu_swiglu(a.z, b.z, lim),
@@ -1710,9 +1713,26 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     else fp4_runs_q8<1>(w, row_bytes, k, m, src, out, true, counters, kid, sm);
 }
 
-// The grouped form (pairs and ids as matvec_dense_rows_id): block row y is pair p, with
-// expert ids[p]'s rows and activation column p (per_pair) or p / n_slots; ids outside
-// 0..E give zeros. grid = (ceil(m / (rows NT / L)), pairs).
+// The grouped forms' block (pairs and ids as matvec_dense_rows_id): block row y is pair
+// p, with expert ids[p]'s rows and the source's column p (per_pair) or p / n_slots; ids
+// outside 0..E give zeros. grid = (ceil(m / (rows NT / L)), pairs).
+template <typename SRC>
+GPU_DEV void fp4_runs_q8_pair(const unsigned char* __restrict__ w, long long expert_bytes,
+                              long long row_bytes, int k, int m, int n_experts, const SRC& src,
+                              int per_pair, int n_slots, const int* __restrict__ ids,
+                              float* __restrict__ out, int rows, unsigned int* counters,
+                              fp4_q8_smem& sm) {
+    const int p = blockIdx.y;
+    float* o = out + (long long)p * m;
+    const unsigned char* we = fp4_pair_weights(w, expert_bytes, n_experts, ids, o, m,
+                                               rows * (int)blockDim.x / fp4_runs_lanes(k));
+    if (!we) return;
+    const SRC col = src.column((long long)(per_pair ? p : p / n_slots) * k);
+    if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, col, o, false, counters, 0, sm);
+    else fp4_runs_q8<1>(we, row_bytes, k, m, col, o, false, counters, 0, sm);
+}
+
+// The grouped form of matvec_fp4_runs_q8 (see fp4_runs_q8_pair).
 extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     matvec_fp4_runs_q8_id(const unsigned char* __restrict__ w, long long expert_bytes,
                           long long row_bytes, int k, int m, int n_experts,
@@ -1721,15 +1741,8 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
                           unsigned int* counters) {
     __shared__ fp4_q8_smem sm;
     gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_ID);
-    const int p = blockIdx.y;
-    float* o = out + (long long)p * m;
-    const unsigned char* we = fp4_pair_weights(w, expert_bytes, n_experts, ids, o, m,
-                                               rows * (int)blockDim.x / fp4_runs_lanes(k));
-    if (!we) return;
-    const float* xe = x + (long long)(per_pair ? p : p / n_slots) * k;
-    const fp4_src_x src = {xe};
-    if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
-    else fp4_runs_q8<1>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
+    fp4_runs_q8_pair(w, expert_bytes, row_bytes, k, m, n_experts, fp4_src_x{x}, per_pair, n_slots,
+                     ids, out, rows, counters, sm);
 }
 
 // The grouped form on the clamped SwiGLU of gate g and up u (fp4_src_swiglu, the same
@@ -1745,15 +1758,8 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
                                  unsigned int* counters) {
     __shared__ fp4_q8_smem sm;
     gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_ID_SWIGLU);
-    const int p = blockIdx.y;
-    float* o = out + (long long)p * m;
-    const unsigned char* we = fp4_pair_weights(w, expert_bytes, n_experts, ids, o, m,
-                                               rows * (int)blockDim.x / fp4_runs_lanes(k));
-    if (!we) return;
-    const long long col = (long long)(per_pair ? p : p / n_slots) * k;
-    const fp4_src_swiglu src = {g + col, u + col, lim};
-    if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
-    else fp4_runs_q8<1>(we, row_bytes, k, m, src, o, false, counters, 0, sm);
+    fp4_runs_q8_pair(w, expert_bytes, row_bytes, k, m, n_experts, fp4_src_swiglu{g, u, lim},
+                     per_pair, n_slots, ids, out, rows, counters, sm);
 }
 
 // ---------------------------------------------------------------------------------

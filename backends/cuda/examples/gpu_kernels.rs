@@ -898,18 +898,24 @@ fn t(buffer: u64, offset: u64, type_id: u32, variant: u64, dims: [u64; 4]) -> Te
     }
 }
 
-/// SWIGLU_MATMUL_ID for one token (the routed experts' down product from their gate
-/// and up outputs, a slot masked) must equal SWIGLU then MATMUL_ID bit for bit, with
-/// the SwiGLU computed by the quantisation (no ds4_swiglu launch).
-fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
-    println!("\n== SWIGLU_MATMUL_ID (one token) vs SWIGLU + MATMUL_ID ==");
-    let (k, m, experts, slots) = (2048usize, 4096usize, 16usize, 6usize);
-    let w = random_weights(rng, experts * m, k);
-    // Gate and up of 6 pairs, scaled so the clamp at 7 cuts some of them.
+/// One SWIGLU_MATMUL_ID of one token against SWIGLU then MATMUL_ID, on weights `w` of
+/// `ty` ([k, m, experts]) and `ids` (a slot each): whether the outputs are the same bits,
+/// and the device launches of each kernel in `names` the fused op took. Gate and up are
+/// scaled so the clamp at 7 cuts some of them.
+#[allow(clippy::too_many_arguments)]
+fn swiglu_id_case(
+    g: &Gpu,
+    rng: &mut Rng,
+    w: &[u8],
+    ty: (u32, u64),
+    [k, m, experts]: [usize; 3],
+    ids: &[i32],
+    names: &[&str],
+) -> (bool, Vec<u64>) {
+    let slots = ids.len();
     let gate: Vec<f32> = (0..k * slots).map(|_| 12.0 * rng.f32()).collect();
     let up: Vec<f32> = (0..k * slots).map(|_| 12.0 * rng.f32()).collect();
-    let ids: Vec<i32> = [5, -1, 9, 0, 15, 2].to_vec();
-    let (bw, bg, bu) = (g.buf(&w), g.buf(&f32_bytes(&gate)), g.buf(&f32_bytes(&up)));
+    let (bw, bg, bu) = (g.buf(w), g.buf(&f32_bytes(&gate)), g.buf(&f32_bytes(&up)));
     let bi = g.buf(
         &ids.iter()
             .flat_map(|v| v.to_le_bytes())
@@ -923,11 +929,8 @@ fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     let mut lim = OpParams::default();
     lim.f[0] = 7.0;
     g.op_with(ops::SWIGLU, lim, &[f(bg), f(bu), f(act1)]);
-    g.op(
-        OP_MATMUL_ID,
-        &id_args([bw, act1, bi, out1], (107, FP2_AFFINE), shape),
-    );
-    let [wr, _, ir, or] = id_args([bw, act2, bi, out2], (107, FP2_AFFINE), shape);
+    g.op(OP_MATMUL_ID, &id_args([bw, act1, bi, out1], ty, shape));
+    let [wr, _, ir, or] = id_args([bw, act2, bi, out2], ty, shape);
     let before = g.counters();
     g.op_with(
         ops::SWIGLU_MATMUL_ID,
@@ -935,29 +938,41 @@ fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         &[wr, f(bg), f(bu), ir, or, f(act2)],
     );
     let after = g.counters();
-    let delta = |n: &str| device_launches(&before, &after, n);
-    let launches = (
-        delta("quantize_q8_1_swiglu"),
-        delta("ds4_swiglu"),
-        delta("mmvq_id_107"),
+    let launches = names
+        .iter()
+        .map(|n| device_launches(&before, &after, n))
+        .collect();
+    let same = same_bits(
+        &g.read_f32(out1, 0, m * slots),
+        &g.read_f32(out2, 0, m * slots),
     );
-    let (a, b) = (
-        g.read_f32(out1, 0, m * slots),
-        g.read_f32(out2, 0, m * slots),
-    );
-    let same = same_bits(&a, &b);
-    let ok = same && launches == (1, 0, 1);
+    for b in [bw, bg, bu, bi].into_iter().chain(bufs) {
+        into_result((g.be.free)(b)).unwrap();
+    }
+    (same, launches)
+}
+
+/// SWIGLU_MATMUL_ID for one token (the routed experts' down product from their gate
+/// and up outputs, a slot masked) must equal SWIGLU then MATMUL_ID bit for bit, with
+/// the SwiGLU computed by the quantisation (no ds4_swiglu launch).
+fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== SWIGLU_MATMUL_ID (one token) vs SWIGLU + MATMUL_ID ==");
+    let (k, m, experts) = (2048usize, 4096usize, 16usize);
+    let w = random_weights(rng, experts * m, k);
+    let ids = [5, -1, 9, 0, 15, 2];
+    let names = ["quantize_q8_1_swiglu", "ds4_swiglu", "mmvq_id_107"];
+    let (same, launches) =
+        swiglu_id_case(g, rng, &w, (107, FP2_AFFINE), [k, m, experts], &ids, &names);
+    let ok = same && launches == [1, 0, 1];
     println!(
-        "affine {k} x {m}, {slots} slots, clamp 7: bit-identical {same}, launches (fused quantise, swiglu, grouped) {launches:?} {}",
+        "affine {k} x {m}, {} slots, clamp 7: bit-identical {same}, launches (fused quantise, swiglu, grouped) {launches:?} {}",
+        ids.len(),
         if ok { "ok" } else { "FAIL" }
     );
     json.push(format!(
         "{{\"test\":\"swiglu_id\",\"bit_identical\":{same},\"launches\":[{},{},{}],\"ok\":{ok}}}",
-        launches.0, launches.1, launches.2
+        launches[0], launches[1], launches[2]
     ));
-    for b in [bw, bg, bu, bi].into_iter().chain(bufs) {
-        into_result((g.be.free)(b)).unwrap();
-    }
     ok & swiglu_id_fp4(g, rng, json)
 }
 
@@ -971,48 +986,15 @@ fn swiglu_id_fp4(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     // the two ops); with MOE_GPU_FP4_RUNS=0 the two ops are what must run.
     FORCE_FP4_MMA.store(1, Ordering::Relaxed);
     let runs = std::env::var_os("MOE_GPU_FP4_RUNS").is_none_or(|v| v != "0");
-    let want = if runs { (1, 0) } else { (0, 1) };
+    let want = if runs { [1, 0] } else { [0, 1] };
     for (name, experts, ids) in [
         ("one expert (the shared down)", 1usize, vec![0i32]),
         ("3 pairs of 4 experts, one masked", 4, vec![2, -1, 0]),
     ] {
-        let (k, m, slots) = (2048usize, 4096usize, ids.len());
+        let (k, m) = (2048usize, 4096usize);
         let (w, _) = random_dense(rng, 100, experts * m, k);
-        let gate: Vec<f32> = (0..k * slots).map(|_| 12.0 * rng.f32()).collect();
-        let up: Vec<f32> = (0..k * slots).map(|_| 12.0 * rng.f32()).collect();
-        let (bw, bg, bu) = (g.buf(&w), g.buf(&f32_bytes(&gate)), g.buf(&f32_bytes(&up)));
-        let bi = g.buf(
-            &ids.iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        );
-        let nan = f32_bytes(&vec![f32::NAN; k.max(m) * slots]);
-        let bufs: Vec<u64> = (0..4).map(|_| g.buf(&nan)).collect();
-        let (act1, out1, act2, out2) = (bufs[0], bufs[1], bufs[2], bufs[3]);
-        let shape = [k, m, experts, slots, 1, slots];
-        let f = |b| t(b, 0, types::F32, 0, [k as u64, slots as u64, 1, 1]);
-        let mut lim = OpParams::default();
-        lim.f[0] = 7.0;
-        g.op_with(ops::SWIGLU, lim, &[f(bg), f(bu), f(act1)]);
-        g.op(
-            OP_MATMUL_ID,
-            &id_args([bw, act1, bi, out1], (100, 0), shape),
-        );
-        let [wr, _, ir, or] = id_args([bw, act2, bi, out2], (100, 0), shape);
-        let before = g.counters();
-        g.op_with(
-            ops::SWIGLU_MATMUL_ID,
-            lim,
-            &[wr, f(bg), f(bu), ir, or, f(act2)],
-        );
-        let after = g.counters();
-        let delta = |n: &str| device_launches(&before, &after, n);
-        let launches = (delta("matvec_fp4_runs_q8_id_swiglu"), delta("ds4_swiglu"));
-        let (a, b) = (
-            g.read_f32(out1, 0, m * slots),
-            g.read_f32(out2, 0, m * slots),
-        );
-        let same = same_bits(&a, &b);
+        let names = ["matvec_fp4_runs_q8_id_swiglu", "ds4_swiglu"];
+        let (same, launches) = swiglu_id_case(g, rng, &w, (100, 0), [k, m, experts], &ids, &names);
         let ok = same && launches == want;
         all &= ok;
         println!(
@@ -1022,9 +1004,6 @@ fn swiglu_id_fp4(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         json.push(format!(
             "{{\"test\":\"swiglu_id_fp4\",\"case\":\"{name}\",\"bit_identical\":{same},\"ok\":{ok}}}"
         ));
-        for b in [bw, bg, bu, bi].into_iter().chain(bufs) {
-            into_result((g.be.free)(b)).unwrap();
-        }
     }
     FORCE_FP4_MMA.store(0, Ordering::Relaxed);
     all
