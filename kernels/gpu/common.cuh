@@ -343,6 +343,68 @@ GPU_DEV unsigned int gpu_load_stream_u32_a2(const unsigned char* p) {
     return gpu_load_stream_u16<HINT>(p) | (gpu_load_stream_u16<HINT>(p + 2) << 16);
 }
 
+// Bulk copies from global to shared memory (sm_90's TMA engine, cp.async.bulk): one
+// thread asks for a whole span of bytes, which lands in shared memory while every
+// thread goes on, and an mbarrier counts the bytes in; threads wait on the barrier of the
+// span they read next. A kernel reads the size of its dynamic shared memory
+// (gpu_dyn_smem_bytes) to learn whether the host gave it room for that; elsewhere (HIP,
+// older NVIDIA, GPU_NO_BULK) GPU_BULK is undefined and the size reads as 0.
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(GPU_NO_BULK)
+#define GPU_BULK 1
+extern __shared__ __attribute__((aligned(128))) unsigned char gpu_dyn_smem[];
+GPU_DEV unsigned int gpu_smem_addr(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+GPU_DEV unsigned int gpu_dyn_smem_bytes() {
+    unsigned int n;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+    return n;
+}
+// One thread: barrier b counts one arrival a phase; the fence makes the initialised
+// barrier visible to the copy engine.
+GPU_DEV void gpu_mbar_init(unsigned long long* b) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(gpu_smem_addr(b)) : "memory");
+}
+GPU_DEV void gpu_mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// One thread: `bytes` (a multiple of 16, both addresses 16-byte aligned; 0: nothing) from
+// src to dst; barrier b's phase 0 completes when they have all arrived. Evict-first in
+// L2 like gpu_load_stream_*: weights only.
+GPU_DEV void gpu_bulk_load(void* dst, const void* src, unsigned int bytes, unsigned long long* b) {
+    if (bytes == 0) {
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(gpu_smem_addr(b)) : "memory");
+        return;
+    }
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(gpu_smem_addr(b)), "r"(bytes)
+                 : "memory");
+#if defined(GPU_STREAM_HINT)
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], %4;" ::"r"(gpu_smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(gpu_smem_addr(b)), "l"(gpu_stream_policy())
+        : "memory");
+#else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     gpu_smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(gpu_smem_addr(b))
+                 : "memory");
+#endif
+}
+// Waits until barrier b's phase 0 has completed (its bytes are in shared memory).
+GPU_DEV void gpu_mbar_wait(unsigned long long* b) {
+    unsigned int done = 0;
+    while (!done)
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(gpu_smem_addr(b))
+            : "memory");
+}
+#else
+GPU_DEV unsigned int gpu_dyn_smem_bytes() { return 0; }
+#endif
+
 // Unaligned little-endian loads from byte-packed blocks (2-byte alignment assumed).
 GPU_DEV unsigned int gpu_load_u16(const unsigned char* p) {
     return (unsigned int)*(const unsigned short*)p;

@@ -1523,6 +1523,7 @@ struct fp4_q8_smem {
     gpu_u4 xq[FP4_RUNS_MAX_K / 8];
     float ds[8][FP4_RUNS_MAX_K / 256];
     float sc[256];
+    unsigned long long bar[4];  // the bulk path's chunks (fp4_runs_q8_bulk)
 };
 
 // Where the runs kernel's activations come from, 4 values (chunk c) at a time: x itself
@@ -1672,10 +1673,72 @@ GPU_DEV void fp4_run_dot_q8(const fp4_run<R>& run, int g, const fp4_q8_smem& sm,
     fp4_blocks_dot_q8<R, 8, 36>(run.v, g, 0, sm, acc);
 }
 
+#if defined(GPU_BULK)
+// The runs kernel with its block's rows brought into shared memory by bulk copies (the
+// host gave the launch R NT / L rows of dynamic shared memory): thread 0 asks for them
+// in 4 chunks of whole rows before anything else, each chunk with its own barrier, and
+// the threads quantise x meanwhile. Thread (row slot q, lane j) takes rows q + P i (P =
+// NT / L), so the warps of the first chunk's rows start on it while the later ones are
+// still on their way. The same sums as the register path (each row's order depends only
+// on k). Measured (2026-12-04, one launch of 18.9 MB graph-replayed, H200): wo_b 13.1 ->
+// 11.3 us, wq_b's shape 11.8 -> 8.8; the weights' loads no longer hold the registers
+// and the memory pipe the quantisation and dot need.
+template <int R, typename SRC>
+GPU_DEV void fp4_runs_q8_bulk(const unsigned char* __restrict__ w, long long row_bytes, int k,
+                              int m, SRC src, float* __restrict__ out, bool wait,
+                              unsigned int* counters, int kid, fp4_q8_smem& sm) {
+    const int L = fp4_runs_lanes(k), t = threadIdx.x, P = (int)blockDim.x / L;
+    const int j = t & (L - 1), q = t / L, rb = R * P, row0 = blockIdx.x * rb;
+    const int chunks = rb % 4 == 0 ? 4 : 1, per = rb / chunks;
+    if (t == 0) {
+        for (int c = 0; c < chunks; ++c) gpu_mbar_init(&sm.bar[c]);
+        gpu_mbar_init_fence();
+        for (int c = 0; c < chunks; ++c) {
+            const int r = row0 + c * per, n = m - r < per ? m - r : per;
+            gpu_bulk_load(gpu_dyn_smem + (long long)c * per * row_bytes, w + (long long)r * row_bytes,
+                          n > 0 ? (unsigned int)(n * row_bytes) : 0u, &sm.bar[c]);
+        }
+    }
+    if (wait) gpu_count_launch(counters, kid);
+    src.begin(k);  // after the wait: the source is the previous kernel's output
+    fp4_q8_stage<false>(src, k, sm.xq, sm.ds);
+    for (int i = t; i < 256; i += blockDim.x) sm.sc[i] = ue4m3(i);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        // Rows past m (the last block's) sum whatever the chunk holds and are not stored.
+        const int lr = q + P * i;
+        gpu_mbar_wait(&sm.bar[lr / per]);
+        const unsigned char* row = gpu_dyn_smem + (long long)lr * row_bytes;
+        float acc[1] = {0.0f};
+        for (int g = j; g < k >> 8; g += L) {
+            fp4_run<1> run;
+            const gpu_u4* p = (const gpu_u4*)(row + 144 * g);
+#pragma unroll
+            for (int u = 0; u < 9; ++u) {
+                const gpu_u4 v = p[u];
+                run.v[0][4 * u] = v.x;
+                run.v[0][4 * u + 1] = v.y;
+                run.v[0][4 * u + 2] = v.z;
+                run.v[0][4 * u + 3] = v.w;
+            }
+            fp4_run_dot_q8<1>(run, g, sm, acc);
+        }
+        fp4_runs_store<1>(acc, L, j, row0 + lr, m, out);
+    }
+}
+#endif
+
 template <int R, typename SRC>
 GPU_DEV void fp4_runs_q8(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
                          SRC src, float* __restrict__ out, bool wait, unsigned int* counters,
                          int kid, fp4_q8_smem& sm) {
+#if defined(GPU_BULK)
+    if (gpu_dyn_smem_bytes() >= (unsigned int)(R * ((int)blockDim.x / fp4_runs_lanes(k)) * row_bytes)) {
+        fp4_runs_q8_bulk<R>(w, row_bytes, k, m, src, out, wait, counters, kid, sm);
+        return;
+    }
+#endif
     const int L = fp4_runs_lanes(k), runs = k >> 8, t = threadIdx.x;
     int j, r0;
     const unsigned char* rows[R];

@@ -74,7 +74,9 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # MOE_GPU_ATT_SPLIT=1,MOE_GPU_ATT_DEC=1 (the split attention merged in the same launch,
     # ds4_attention_dec): summation order only; MOE_GPU_STREAM_HINT=0 (the decode
     # products' weights read plainly, not evict-first in L2): only the loads differ, so
-    # bit-identical is expected (not run at full width yet). The
+    # bit-identical is expected (not run at full width yet); MOE_GPU_FP4_BULK=0 (the
+    # ROCmFP4 runs kernels' rows loaded into registers, not bulk-copied into shared
+    # memory): the same sums, bit-identical (not run at full width yet). The
     # indexer's switches run with MOE_DS4_IDX_SHORT=0 (8 tokens never score otherwise) and
     # are compared with the MOE_DS4_IDX_SHORT=0 run; a setting's comma-joined variables are
     # set together.
@@ -85,7 +87,7 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
         MOE_GPU_IDX_GROUPS=4,MOE_DS4_IDX_SHORT=0 MOE_GPU_ATT_STORE=0
         MOE_GPU_ATT_SPLIT=0 MOE_GPU_ATT_HEADS=0 MOE_GPU_IDX_MM=1,MOE_DS4_IDX_SHORT=0
         MOE_DS4_IDX_SHORT=0 MOE_GPU_HC_GSYNC=0 MOE_GPU_ATT_SPLIT=1,MOE_GPU_ATT_DEC=1
-        MOE_GPU_STREAM_HINT=0 MOE_DS4_SHEXP_SWIGLU=0 MOE_GPU_STREAM_PRIO=0)
+        MOE_GPU_STREAM_HINT=0 MOE_DS4_SHEXP_SWIGLU=0 MOE_GPU_STREAM_PRIO=0 MOE_GPU_FP4_BULK=0)
     for v in base repeat "${switches[@]}"; do
         env $([[ $v == *=* ]] && echo "${v//,/ }") RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" \
             logits --model "$W/synth.gguf" --tokens $toks --mode decode --out "$W/full_${v//[=,]/_}.npy"

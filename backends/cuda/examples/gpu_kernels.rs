@@ -20,8 +20,8 @@ use std::sync::atomic::Ordering;
 
 use moe_backend_cuda::{
     ops::{
-        mmq_kernel, FORCE_ATT_DEC, FORCE_FP4_MMA, FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A,
-        FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
+        mmq_kernel, FORCE_ATT_DEC, FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_MMB,
+        FORCE_MMQ_DP4A, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -551,6 +551,27 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             ran(&before, want),
             want,
         );
+        // The runs kernel's register path (its loads into registers) where the device
+        // gave it the bulk path (its rows copied into shared memory): the same bits.
+        if want == "matvec_fp4_runs_q8" {
+            let br = g.zeros(m * 4);
+            FORCE_FP4_REGS.store(true, Ordering::Relaxed);
+            let before = g.counters();
+            matmul(br);
+            FORCE_FP4_REGS.store(false, Ordering::Relaxed);
+            let regs = g.read_f32(br, 0, m);
+            let e = match same_bits(&regs, &got) {
+                true => rel(&regs, &want_v),
+                false => f64::INFINITY,
+            };
+            report(
+                format!("{name} matmul {k} x {m}, register path"),
+                e,
+                ran(&before, want),
+                want,
+            );
+            into_result((g.be.free)(br)).unwrap();
+        }
         // The runs kernel's products on the matrix units (matvec_fp4_mma, forced at both
         // block widths): within the tolerance of the reference and the runs kernel's
         // bits exactly (the same integer sums, scales and order of additions).
@@ -620,6 +641,24 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             ran(&before, want),
             want,
         );
+        // Its register path (see the dense case above): the same bits.
+        if want == "matvec_fp4_runs_q8_id" {
+            FORCE_FP4_REGS.store(true, Ordering::Relaxed);
+            let (_, gm, _, zeros) =
+                run_dense_id(g, ty, (&w, &wv), &x, &act, &ids, [k, m, experts, slots, 1]);
+            FORCE_FP4_REGS.store(false, Ordering::Relaxed);
+            let e = if zeros && same_bits(&gm, &gr) {
+                rel(&gm, &wr)
+            } else {
+                f64::INFINITY
+            };
+            report(
+                format!("{name} id {k} x {m}, {slots} slots, register path"),
+                e,
+                true,
+                want,
+            );
+        }
         // Its matrix-unit form: zeros for the masked slot, the runs kernel's bits.
         if want == "matvec_fp4_runs_q8_id" {
             for threads in [256u64, 512] {

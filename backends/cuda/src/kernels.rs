@@ -113,6 +113,60 @@ pub struct Module {
     pub from_cache: bool,
     /// Launch with programmatic stream serialization (see [`pdl_enabled`]).
     pdl: bool,
+    /// Dynamic shared memory the ROCmFP4 runs kernels may take for their bulk path
+    /// (see [`bulk_enabled`]; 0: none).
+    pub bulk_smem: u32,
+}
+
+/// The ROCmFP4 runs kernels, whose blocks bring their rows into shared memory with bulk
+/// copies where the launch gives them room (fp4_runs_q8_bulk in kernels/gpu/rocmfpx.cu).
+const BULK_KERNELS: [&str; 3] = [
+    "matvec_fp4_runs_q8",
+    "matvec_fp4_runs_q8_id",
+    "matvec_fp4_runs_q8_id_swiglu",
+];
+
+/// Bulk copies (cp.async.bulk) from compute capability 9.0; `MOE_GPU_FP4_BULK=0` keeps
+/// the runs kernels on their register path (A/B runs; the same sums).
+pub fn bulk_enabled(cc: (i32, i32)) -> bool {
+    cc.0 >= 9 && std::env::var_os("MOE_GPU_FP4_BULK").is_none_or(|v| v != "0")
+}
+
+/// Lets the bulk kernels take all the shared memory a block may opt into, less their
+/// static part, and returns the least of those (0: none of them could).
+///
+/// # Safety
+/// `funcs` are live functions of the bound device's module.
+unsafe fn bulk_room(dev: &Device, funcs: &HashMap<&'static str, Raw<sys::CUfunction>>) -> u32 {
+    use sys::{CUdevice_attribute as DA, CUfunction_attribute as FA};
+    let Ok(optin) = cu::device::get_attribute(
+        dev.cu_dev,
+        DA::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+    ) else {
+        return 0;
+    };
+    let mut room = u32::MAX;
+    for name in BULK_KERNELS {
+        let Some(f) = funcs.get(name) else { return 0 };
+        let mut fixed = 0;
+        if sys::cuFuncGetAttribute(&mut fixed, FA::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f.0)
+            != sys::CUresult::CUDA_SUCCESS
+        {
+            return 0;
+        }
+        let dynamic = optin - fixed;
+        if dynamic <= 0
+            || sys::cuFuncSetAttribute(
+                f.0,
+                FA::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                dynamic,
+            ) != sys::CUresult::CUDA_SUCCESS
+        {
+            return 0;
+        }
+        room = room.min(dynamic as u32);
+    }
+    room
 }
 
 /// Programmatic dependent launch from compute capability 9.0: a kernel's launch and
@@ -185,11 +239,16 @@ impl Module {
             }
             let counters = cu::malloc_sync(COUNTER_SLOTS * 4).map_err(|e| err("cuMemAlloc", e))?;
             cu::memset_d8_sync(counters, 0, COUNTER_SLOTS * 4).map_err(|e| err("cuMemset", e))?;
+            let bulk_smem = match bulk_enabled(dev.cc) {
+                true => bulk_room(dev, &funcs),
+                false => 0,
+            };
             Ok(Module {
                 funcs,
                 counters,
                 from_cache,
                 pdl: pdl_enabled(dev.cc),
+                bulk_smem,
             })
         }
     }
@@ -205,8 +264,8 @@ impl Module {
         Ok(out)
     }
 
-    /// Launches kernel `name`; `params` point at the argument values, the trailing
-    /// `counters` pointer is appended here.
+    /// Launches kernel `name` with `smem` bytes of dynamic shared memory; `params` point
+    /// at the argument values, the trailing `counters` pointer is appended here.
     ///
     /// # Safety
     /// `params` must match the kernel's signature (minus the last `counters`), and
@@ -217,6 +276,7 @@ impl Module {
         name: &'static str,
         grid: (u32, u32, u32),
         block: u32,
+        smem: u32,
         params: &[*mut c_void],
     ) -> Result<(), String> {
         let f = self
@@ -257,7 +317,7 @@ impl Module {
                 blockDimX: block,
                 blockDimY: 1,
                 blockDimZ: 1,
-                sharedMemBytes: 0,
+                sharedMemBytes: smem,
                 hStream: stream,
                 attrs: attrs.as_mut_ptr(),
                 numAttrs: n_attrs,
@@ -266,7 +326,7 @@ impl Module {
                 .result()
                 .map_err(|e| err(&format!("launching {name}"), e))?;
         } else {
-            cu::launch_kernel(f.0, grid, (block, 1, 1), 0, stream, &mut all)
+            cu::launch_kernel(f.0, grid, (block, 1, 1), smem, stream, &mut all)
                 .map_err(|e| err(&format!("launching {name}"), e))?;
         }
         if let (Some(start), Some(end)) = (start, if timed { record(stream) } else { None }) {

@@ -31,6 +31,9 @@ use crate::{
 pub static FORCE_MMQ_DP4A: AtomicBool = AtomicBool::new(false);
 /// Tests: the bf16 MMB tiles without `MOE_GPU_MMB=1` (see `bf16_tiles`).
 pub static FORCE_MMB: AtomicBool = AtomicBool::new(false);
+/// Tests: the ROCmFP4 runs kernels on their register path even where the device gives
+/// them room for their bulk copies (see `bulk_smem`), to compare the two paths' bits.
+pub static FORCE_FP4_REGS: AtomicBool = AtomicBool::new(false);
 
 /// `MOE_GPU_MMB`: which prefill products of type 107 / ROCmFP4 take the bf16 tiles (more
 /// accurate, measured slower: see the README); read once.
@@ -117,8 +120,24 @@ impl plan::Gpu for Stream<'_> {
     }
 
     unsafe fn launch(&self, l: Launch, params: &[*mut c_void]) -> Result<(), String> {
+        self.launch_smem(l, 0, params)
+    }
+
+    unsafe fn launch_smem(
+        &self,
+        l: Launch,
+        smem: u32,
+        params: &[*mut c_void],
+    ) -> Result<(), String> {
         self.module
-            .launch(self.raw, l.name, l.grid, l.block, params)
+            .launch(self.raw, l.name, l.grid, l.block, smem, params)
+    }
+
+    fn bulk_smem(&self) -> u32 {
+        match FORCE_FP4_REGS.load(Ordering::Relaxed) {
+            true => 0,
+            false => self.module.bulk_smem,
+        }
     }
 
     fn multiprocessors(&self) -> u32 {

@@ -51,11 +51,26 @@ impl KArgs {
     /// # Safety
     /// The slots must match the kernel's parameters and point at valid memory.
     unsafe fn launch(
+        self,
+        gpu: &impl Gpu,
+        name: &'static str,
+        grid: (u64, u64, u64),
+        block: u32,
+    ) -> Result<(), String> {
+        self.launch_smem(gpu, name, grid, block, 0)
+    }
+
+    /// [`KArgs::launch`] with `smem` bytes of dynamic shared memory.
+    ///
+    /// # Safety
+    /// As [`KArgs::launch`].
+    unsafe fn launch_smem(
         mut self,
         gpu: &impl Gpu,
         name: &'static str,
         grid: (u64, u64, u64),
         block: u32,
+        smem: u32,
     ) -> Result<(), String> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(()); // nothing to do (an empty chunk)
@@ -78,7 +93,7 @@ impl KArgs {
         };
         let ptrs: Vec<*mut std::ffi::c_void> =
             self.0.iter_mut().map(|v| v as *mut u64 as *mut _).collect();
-        gpu.launch(l, &ptrs)
+        gpu.launch_smem(l, smem, &ptrs)
     }
 }
 
@@ -1192,11 +1207,12 @@ unsafe fn swiglu_matmul_id_runs_inner(
         .p(pi)
         .p(po)
         .i(plan.rows as i32)
-        .launch(
+        .launch_smem(
             gpu,
             "matvec_fp4_runs_q8_id_swiglu",
             (m.div_ceil(per_block), pairs, 1),
             plan.threads as u32,
+            crate::ops::fp4_runs_smem(gpu, k, plan, row_bytes),
         )
 }
 
@@ -1249,11 +1265,12 @@ unsafe fn matmul_id_dense_inner(
     // run, k whole runs).
     if let Some(plan) = runs {
         let per_block = crate::ops::fp4_runs_rows_per_block(k, plan);
-        return common(px, false)?.i(plan.rows as i32).launch(
+        return common(px, false)?.i(plan.rows as i32).launch_smem(
             gpu,
             plan.kernel(true),
             (m.div_ceil(per_block), pairs, 1),
             plan.threads as u32,
+            crate::ops::fp4_runs_smem(gpu, k, plan, row_bytes),
         );
     }
     // One column per pair: the decode mat-vec layout where it applies (x + col * k stays

@@ -608,6 +608,17 @@ pub fn fp4_runs_rows_per_block(k: u64, plan: RunsPlan) -> u64 {
     plan.rows * plan.threads / l
 }
 
+/// Dynamic shared memory of a runs-kernel launch (`matvec_fp4_runs_q8*`) of `plan` on
+/// rows of `row_bytes`: a block's rows, for the kernel's bulk path, where the device
+/// gives that much ([`Gpu::bulk_smem`]); else 0, the register path (the same sums).
+pub fn fp4_runs_smem(gpu: &impl Gpu, k: u64, plan: RunsPlan, row_bytes: u64) -> u32 {
+    let bytes = fp4_runs_rows_per_block(k, plan) * row_bytes;
+    match plan.mma || bytes > gpu.bulk_smem() as u64 {
+        true => 0,
+        false => bytes as u32,
+    }
+}
+
 /// Rows per 128-thread block of `matvec_dense_rows` for one column of `ty` weights with
 /// `m` rows at address `x` of the activations, or None where `matvec_dense` runs: other
 /// types, under 32 rows, activations not 16-byte aligned. Four rows from 8192 rows up,
@@ -1278,6 +1289,31 @@ pub trait Gpu {
     /// `params` must match the kernel's signature, and every device pointer in them
     /// must be valid for what the kernel touches.
     unsafe fn launch(&self, l: Launch, params: &[*mut c_void]) -> Result<(), String>;
+    /// Launches `l` with `smem` bytes of dynamic shared memory (at most
+    /// [`Gpu::bulk_smem`]; 0: as [`Gpu::launch`]).
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`].
+    unsafe fn launch_smem(
+        &self,
+        l: Launch,
+        smem: u32,
+        params: &[*mut c_void],
+    ) -> Result<(), String> {
+        match smem {
+            0 => self.launch(l, params),
+            _ => Err(format!(
+                "{}: this backend launches no dynamic shared memory ({smem} bytes asked)",
+                l.name
+            )),
+        }
+    }
+    /// Bytes of dynamic shared memory a block of the ROCmFP4 runs kernels may take for
+    /// its rows' bulk copies (sm_90's copy engine; see fp4_runs_q8_bulk in
+    /// kernels/gpu/rocmfpx.cu); 0 where the device has none or they are off.
+    fn bulk_smem(&self) -> u32 {
+        0
+    }
     /// Multiprocessors (CUDA SMs, AMD compute units) of the stream's device; 0 where
     /// unknown. Kernels whose blocks wait for each other launch only as many as this.
     fn multiprocessors(&self) -> u32 {
@@ -1399,7 +1435,8 @@ pub fn run(
                     }
                     DenseLayout::Fp4Runs(r) => {
                         let mut rows = r.rows as i32;
-                        gpu.launch(p.launch, &kargs!(pw, rb, k, m, px, po, rows))
+                        let smem = fp4_runs_smem(gpu, k as u64, r, rb as u64);
+                        gpu.launch_smem(p.launch, smem, &kargs!(pw, rb, k, m, px, po, rows))
                     }
                     DenseLayout::F32Wide => gpu.launch(p.launch, &kargs!(pw, k, m, px, po)),
                     DenseLayout::F32Tiles { slices, span } => {
