@@ -2326,11 +2326,14 @@ mod run_tests {
 
     use super::*;
 
-    /// Records launches (name, grid, argument count) and scratch requests.
+    /// Records launches (name, grid, argument count), their dynamic shared memory and
+    /// scratch requests; `bulk` is the room it offers for bulk copies.
     #[derive(Default)]
     struct Rec {
         launches: RefCell<Vec<(&'static str, Grid, usize)>>,
+        smem: RefCell<Vec<(&'static str, u32)>>,
         scratch: RefCell<Vec<usize>>,
+        bulk: u32,
     }
 
     impl Gpu for Rec {
@@ -2347,8 +2350,46 @@ mod run_tests {
                 .push((l.name, l.grid, params.len()));
             Ok(())
         }
+        unsafe fn launch_smem(
+            &self,
+            l: Launch,
+            smem: u32,
+            params: &[*mut c_void],
+        ) -> Result<(), String> {
+            self.smem.borrow_mut().push((l.name, smem));
+            self.launch(l, params)
+        }
         fn multiprocessors(&self) -> u32 {
             132
+        }
+        fn bulk_smem(&self) -> u32 {
+            self.bulk
+        }
+    }
+
+    /// The ROCmFP4 runs kernel asks for its block's rows of dynamic shared memory (its
+    /// bulk path) only where the device offers that much: `wo_b` (8192 x 4096, 2 rows x
+    /// 512 threads: 32 rows of 4608 bytes) and the shared expert's down (2048 x 4096,
+    /// 1 x 256: 32 rows of 1152).
+    #[test]
+    fn runs_bulk_smem() {
+        let f = |k, n| t(types::F32, [k, n, 1, 1]);
+        for (bulk, want) in [
+            (0, [0, 0]),
+            (214_000, [147_456, 36_864]),
+            (100_000, [0, 36_864]),
+        ] {
+            let g = Rec {
+                bulk,
+                ..Default::default()
+            };
+            for (k, m) in [(8192, 4096), (2048, 4096)] {
+                let a = [t(TYPE_ROCMFP4, [k, m, 1, 1]), f(k, 1), f(m, 1)];
+                run(&g, "test", MMQ_MMA, ops::MATMUL, &OpParams::default(), &a).unwrap();
+            }
+            let got = g.smem.borrow().clone();
+            let runs = "matvec_fp4_runs_q8";
+            assert_eq!(got, vec![(runs, want[0]), (runs, want[1])], "room {bulk}");
         }
     }
 
