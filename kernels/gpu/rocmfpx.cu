@@ -1605,10 +1605,33 @@ GPU_DEV void fp4_q8_chunk(const gpu_f4 v, int c, gpu_u4* xq, float (*ds)[FP4_RUN
 }
 
 // Quantise the source's k values into the shared layout (fp4_q8_chunk): thread t takes
-// chunks t, t + blockDim, ... (the same for a warp's lanes: k / 4 is whole 64s).
-template <bool PAIRED, typename SRC>
+// chunks t, t + blockDim, ... (the same for a warp's lanes: k / 4 is whole 64s). BATCH
+// (the bulk path, whose weights hold no registers): it asks for up to 4 chunks before
+// quantising any, so their loads (the previous kernel's output, from L2 while the weights
+// stream in) overlap instead of taking a round trip each: the same values, `wo_b` 11.64
+// -> 10.65 us alone (scripts/device/runs_floor.sh SERIAL=1, 2026-12-04; FP4_STAGE_SERIAL,
+// a compile option for A/B runs, turns it off).
+template <bool PAIRED, bool BATCH = false, typename SRC>
 GPU_DEV void fp4_q8_stage(const SRC& src, int k, gpu_u4* xq, float (*ds)[FP4_RUNS_MAX_K / 256]) {
-    for (int c = threadIdx.x; c < k / 4; c += blockDim.x) fp4_q8_chunk<PAIRED>(src.at(c), c, xq, ds);
+#if defined(FP4_STAGE_SERIAL)
+    constexpr bool batch = false;
+#else
+    constexpr bool batch = BATCH;
+#endif
+    if (!batch) {
+        for (int c = threadIdx.x; c < k / 4; c += blockDim.x) fp4_q8_chunk<PAIRED>(src.at(c), c, xq, ds);
+        return;
+    }
+    const int n = k / 4, step = blockDim.x;
+    for (int c0 = threadIdx.x; c0 < n; c0 += 4 * step) {
+        gpu_f4 v[4] = {};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            if (c0 + i * step < n) v[i] = src.at(c0 + i * step);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            if (c0 + i * step < n) fp4_q8_chunk<PAIRED>(v[i], c0 + i * step, xq, ds);
+    }
 }
 
 // A block's part of a row's sum from its two half-blocks' integer sums s0 / s1, the
@@ -1701,7 +1724,7 @@ GPU_DEV void fp4_runs_q8_bulk(const unsigned char* __restrict__ w, long long row
     }
     if (wait) gpu_count_launch(counters, kid);
     src.begin(k);  // after the wait: the source is the previous kernel's output
-    fp4_q8_stage<false>(src, k, sm.xq, sm.ds);
+    fp4_q8_stage<false, true>(src, k, sm.xq, sm.ds);
     for (int i = t; i < 256; i += blockDim.x) sm.sc[i] = ue4m3(i);
     __syncthreads();
 #pragma unroll

@@ -43,8 +43,8 @@ __global__ void __launch_bounds__(512) read_floor(const gpu_u4* __restrict__ w, 
 }
 
 // One shape at the engine's plan (rows a thread, threads a block; see fp4_runs in
-// backends/gpu-common/src/ops.rs).
-static void shape(const char* name, int k, int m, int rows, int nt, int reps) {
+// backends/gpu-common/src/ops.rs); with `dump`, its output is appended there.
+static void shape(const char* name, int k, int m, int rows, int nt, int reps, FILE* dump) {
     const long long row = k / 32 * 18, bytes = row * m;
     const int copies = (int)(256e6 / bytes) + 1;  // each replay reads from memory, not L2
     std::mt19937 rng(k * 7 + m);
@@ -78,6 +78,7 @@ static void shape(const char* name, int k, int m, int rows, int nt, int reps) {
     CK(cudaMemcpy(a.data(), o1, m * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(b.data(), o2, m * 4, cudaMemcpyDeviceToHost));
     const bool same = !memcmp(a.data(), b.data(), m * 4);
+    if (dump) fwrite(b.data(), 4, m, dump);
     const double floor_us = graph_us(cudaStreamPerThread, reps, [&] {
         read_floor<<<132, 512>>>((const gpu_u4*)next(), bytes / 16, o1);
     });
@@ -89,13 +90,17 @@ static void shape(const char* name, int k, int m, int rows, int nt, int reps) {
     for (void* p : {(void*)w, (void*)x, (void*)o1, (void*)o2}) CK(cudaFree(p));
 }
 
+// Arguments: launches a graph (100), and a file for the outputs (the script compares two
+// builds' bit for bit).
 int main(int argc, char** argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 100;
+    FILE* dump = argc > 2 ? fopen(argv[2], "wb") : nullptr;
     printf("| product | k x m | MB | grid x threads, shared a block | read floor us | register path us | "
            "bulk path us | bulk / floor | bulk vs register |\n|---|---|---|---|---|---|---|---|---|\n");
-    shape("wq_b", 1024, 32768, 2, 256, reps);
-    shape("wo_b", 8192, 4096, 2, 512, reps);
-    shape("wo_a's 8 groups stacked", 4096, 8192, 2, 512, reps);
-    shape("shared expert's down", 2048, 4096, 1, 256, reps);
+    shape("wq_b", 1024, 32768, 2, 256, reps, dump);
+    shape("wo_b", 8192, 4096, 2, 512, reps, dump);
+    shape("wo_a's 8 groups stacked", 4096, 8192, 2, 512, reps, dump);
+    shape("shared expert's down", 2048, 4096, 1, 256, reps, dump);
+    if (dump) fclose(dump);
     return 0;
 }

@@ -199,7 +199,9 @@ fn pdl_early() -> Option<&'static str> {
 /// `matvec_f32_wide` keep the hint but with `=0`; other values: ignored);
 /// `MOE_GPU_BARRIER_FENCES=1` has the kernels' group barriers (the mHC site's blocks,
 /// the many-block top-k, the one-launch decode attention's splits) wait with full
-/// fences around plain atomics instead of acquire-release ones (the same values).
+/// fences around plain atomics instead of acquire-release ones (the same values);
+/// `MOE_GPU_FP4_STAGE=serial` has the ROCmFP4 runs kernels' bulk path load x one chunk
+/// at a time as it quantises it, as the register path does (the same values).
 fn ab_defines() -> Vec<&'static str> {
     let set = |var: &str, val: &str| std::env::var_os(var).is_some_and(|v| v == val);
     let mut d = Vec::new();
@@ -211,6 +213,9 @@ fn ab_defines() -> Vec<&'static str> {
     }
     if set("MOE_GPU_BARRIER_FENCES", "1") {
         d.push("-DGPU_BARRIER_FENCES=1");
+    }
+    if set("MOE_GPU_FP4_STAGE", "serial") {
+        d.push("-DFP4_STAGE_SERIAL=1");
     }
     match std::env::var("MOE_GPU_STREAM_HINT").as_deref() {
         Ok("0") => d.push("-DGPU_NO_STREAM_HINT=1"),
