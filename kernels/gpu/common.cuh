@@ -348,8 +348,10 @@ GPU_DEV unsigned int gpu_load_stream_u32_a2(const unsigned char* p) {
 // thread goes on, and an mbarrier counts the bytes in; threads wait on the barrier of the
 // span they read next. A kernel reads the size of its dynamic shared memory
 // (gpu_dyn_smem_bytes) to learn whether the host gave it room for that; elsewhere (HIP,
-// older NVIDIA, GPU_NO_BULK) GPU_BULK is undefined and the size reads as 0.
-#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(GPU_NO_BULK)
+// older NVIDIA, CUDA toolkits before 12 (PTX 8.0), GPU_NO_BULK) GPU_BULK is undefined
+// and the size reads as 0.
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(GPU_NO_BULK) && \
+    (!defined(__CUDACC_VER_MAJOR__) || __CUDACC_VER_MAJOR__ >= 12)
 #define GPU_BULK 1
 extern __shared__ __attribute__((aligned(128))) unsigned char gpu_dyn_smem[];
 GPU_DEV unsigned int gpu_smem_addr(const void* p) {
@@ -369,8 +371,9 @@ GPU_DEV void gpu_mbar_init(unsigned long long* b) {
 }
 GPU_DEV void gpu_mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 // One thread: `bytes` (a multiple of 16, both addresses 16-byte aligned; 0: nothing) from
-// src to dst; barrier b's phase 0 completes when they have all arrived. Evict-first in
-// L2 like gpu_load_stream_*: weights only.
+// src to dst; barrier b's phase 0 completes when they have all arrived. With HINT,
+// evict-first in L2 like gpu_load_stream_*: weights only.
+template <bool HINT = true>
 GPU_DEV void gpu_bulk_load(void* dst, const void* src, unsigned int bytes, unsigned long long* b) {
     if (bytes == 0) {
         asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(gpu_smem_addr(b)) : "memory");
@@ -379,17 +382,19 @@ GPU_DEV void gpu_bulk_load(void* dst, const void* src, unsigned int bytes, unsig
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(gpu_smem_addr(b)), "r"(bytes)
                  : "memory");
 #if defined(GPU_STREAM_HINT)
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1], %2, [%3], %4;" ::"r"(gpu_smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(gpu_smem_addr(b)), "l"(gpu_stream_policy())
-        : "memory");
-#else
+    if (HINT) {
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+            " [%0], [%1], %2, [%3], %4;" ::"r"(gpu_smem_addr(dst)),
+            "l"(src), "r"(bytes), "r"(gpu_smem_addr(b)), "l"(gpu_stream_policy())
+            : "memory");
+        return;
+    }
+#endif
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                      gpu_smem_addr(dst)),
                  "l"(src), "r"(bytes), "r"(gpu_smem_addr(b))
                  : "memory");
-#endif
 }
 // Waits until barrier b's phase 0 has completed (its bytes are in shared memory).
 GPU_DEV void gpu_mbar_wait(unsigned long long* b) {

@@ -1699,8 +1699,9 @@ GPU_DEV void fp4_run_dot_q8(const fp4_run<R>& run, int g, const fp4_q8_smem& sm,
 #if defined(GPU_BULK)
 // The runs kernel with its block's rows brought into shared memory by bulk copies (the
 // host gave the launch R NT / L rows of dynamic shared memory): thread 0 asks for them
-// in 4 chunks of whole rows before anything else, each chunk with its own barrier, and
-// the threads quantise x meanwhile. Thread (row slot q, lane j) takes rows q + P i (P =
+// in 4 chunks of whole rows before x is quantised (the plain kernel before its
+// dependent-launch wait, the grouped ones after it: they read their expert's id first),
+// each chunk with its own barrier, and the threads quantise x meanwhile. Thread (row slot q, lane j) takes rows q + P i (P =
 // NT / L), so the warps of the first chunk's rows start on it while the later ones are
 // still on their way. The same sums as the register path (each row's order depends only
 // on k). Measured (2026-12-04, one launch of 18.9 MB graph-replayed, H200): wo_b 13.1 ->
@@ -1718,7 +1719,7 @@ GPU_DEV void fp4_runs_q8_bulk(const unsigned char* __restrict__ w, long long row
         gpu_mbar_init_fence();
         for (int c = 0; c < chunks; ++c) {
             const int r = row0 + c * per, n = m - r < per ? m - r : per;
-            gpu_bulk_load(gpu_dyn_smem + (long long)c * per * row_bytes, w + (long long)r * row_bytes,
+            gpu_bulk_load<RUNS_HINT>(gpu_dyn_smem + (long long)c * per * row_bytes, w + (long long)r * row_bytes,
                           n > 0 ? (unsigned int)(n * row_bytes) : 0u, &sm.bar[c]);
         }
     }

@@ -1754,6 +1754,11 @@ fn main() {
         t0.elapsed().as_secs_f64(),
         moe_backend_cuda::kernels::cache_dir().display()
     );
+    // Without them the "register path" cases below compare that path with itself.
+    match module.bulk_smem {
+        0 => println!("bulk copies: off (the register-path cases compare nothing)"),
+        n => println!("bulk copies: on, up to {n} bytes of shared memory a block"),
+    }
     let stream = into_result((be.stream_create)(0)).unwrap();
     let g = Gpu { be, stream };
     let mut rng =

@@ -126,7 +126,8 @@ const BULK_KERNELS: [&str; 3] = [
     "matvec_fp4_runs_q8_id_swiglu",
 ];
 
-/// Bulk copies (cp.async.bulk) from compute capability 9.0; `MOE_GPU_FP4_BULK=0` keeps
+/// Bulk copies (cp.async.bulk) from compute capability 9.0 (measured on the H200 only;
+/// newer devices take them too, within their shared memory); `MOE_GPU_FP4_BULK=0` keeps
 /// the runs kernels on their register path (A/B runs; the same sums).
 pub fn bulk_enabled(cc: (i32, i32)) -> bool {
     cc.0 >= 9 && std::env::var_os("MOE_GPU_FP4_BULK").is_none_or(|v| v != "0")
