@@ -3,6 +3,9 @@
 #pragma once
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
 
 #define CK(x)                                                                              \
     do {                                                                                   \
@@ -39,4 +42,23 @@ double graph_us(cudaStream_t st, int reps, F launch) {
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
     return 1e3 * ms / reps;
+}
+
+// `bytes` of random blocks of weight type `ty`: Q8_0 (8; an f16 scale of ~2^-8 .. 2^-6)
+// or ROCmFP4 (any other; two UE4M3 half scales near 2^-2), codes uniform.
+static std::vector<unsigned char> random_blocks(std::mt19937& rng, int ty, long long bytes) {
+    const int bpb = ty == 8 ? 34 : 18;
+    std::vector<unsigned char> hw(bytes);
+    for (long long bi = 0; bi < bytes / bpb; ++bi) {
+        unsigned char* b = hw.data() + bi * bpb;
+        for (int j = 0; j < bpb; ++j) b[j] = rng() & 0xff;
+        if (ty == 8) {
+            const unsigned short h = 0x1c00 + (rng() % 0x800);
+            memcpy(b, &h, 2);
+        } else {
+            b[16] = 0x20 + rng() % 0x20;
+            b[17] = 0x20 + rng() % 0x20;
+        }
+    }
+    return hw;
 }

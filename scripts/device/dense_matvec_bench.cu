@@ -198,24 +198,6 @@ struct Shape {
     int ty, k, m;
 };
 
-// `bytes` of random Q8_0 or ROCmFP4 blocks with scales in a sane range.
-static std::vector<unsigned char> random_blocks(std::mt19937& rng, int ty, long long bytes) {
-    const int bpb = ty == DT_Q8_0 ? 34 : 18;
-    std::vector<unsigned char> hw(bytes);
-    for (long long bi = 0; bi < bytes / bpb; ++bi) {
-        unsigned char* b = hw.data() + bi * bpb;
-        for (int j = 0; j < bpb; ++j) b[j] = rng() & 0xff;
-        if (ty == DT_Q8_0) {
-            const unsigned short h = 0x1c00 + (rng() % 0x800);  // ~2^-8 .. 2^-6
-            memcpy(b, &h, 2);
-        } else {
-            b[16] = 0x20 + rng() % 0x20;
-            b[17] = 0x20 + rng() % 0x20;
-        }
-    }
-    return hw;
-}
-
 // ---- candidates (not measured yet): products that compute their input -----------------
 // A decode step runs the shared expert's SwiGLU, the routed experts' SwiGLU and wq_b's
 // RMS norm as launches of their own (~2-3.5 us each, ncu 20:16 UTC) right before the

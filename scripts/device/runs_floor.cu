@@ -11,18 +11,6 @@
 #include "../../kernels/gpu/rocmfpx.cu"
 #include "bench_check.cuh"
 
-// `bytes` of random ROCmFP4 blocks (16 code bytes, two UE4M3 half scales near 2^-2).
-static std::vector<unsigned char> random_fp4(std::mt19937& rng, long long bytes) {
-    std::vector<unsigned char> hw(bytes);
-    for (long long bi = 0; bi < bytes / 18; ++bi) {
-        unsigned char* b = hw.data() + bi * 18;
-        for (int j = 0; j < 16; ++j) b[j] = rng() & 0xff;
-        b[16] = 0x20 + rng() % 0x20;
-        b[17] = 0x20 + rng() % 0x20;
-    }
-    return hw;
-}
-
 // The floor: each block reads its share of n4 16-byte words, 18 loads a thread in
 // flight, coalesced (one wave of 132 x 512 threads was the fastest form measured).
 __global__ void __launch_bounds__(512) read_floor(const gpu_u4* __restrict__ w, long long n4, float* out) {
@@ -51,7 +39,7 @@ static void shape(const char* name, int k, int m, int rows, int nt, int reps, FI
     unsigned char* w;
     float *x, *o1, *o2;
     CK(cudaMalloc(&w, bytes * copies));
-    const std::vector<unsigned char> hw = random_fp4(rng, bytes);
+    const std::vector<unsigned char> hw = random_blocks(rng, 100, bytes);
     for (int c = 0; c < copies; ++c) CK(cudaMemcpy(w + c * bytes, hw.data(), bytes, cudaMemcpyHostToDevice));
     std::vector<float> hx(k);
     std::normal_distribution<float> nd(0.0f, 1.0f);
