@@ -272,6 +272,24 @@ GPU_DEV void gpu_group_barrier(unsigned int* sync, unsigned int nb) {
     __syncthreads();
 }
 
+// Thread 0 of each of nb blocks counts its block done in *count once its block's writes
+// are out (after __syncthreads); true in the last block, whose reads after it (from L2:
+// gpu_load_l2) see every block's writes, and which puts the count back to zero for the
+// next launch. CUDA sm_70+: one acquire-release add; elsewhere full fences around it.
+GPU_DEV bool gpu_count_last(unsigned int* count, unsigned int nb) {
+    unsigned int old;
+#if defined(GPU_BARRIER_ACQREL)
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+#else
+    gpu_fence();
+    old = atomicAdd(count, 1u);
+    gpu_fence();
+#endif
+    const bool last = old == nb - 1u;
+    if (last) *(volatile unsigned int*)count = 0u;
+    return last;
+}
+
 // Every kernel's first statement: the dependent-launch wait, then the launch counter.
 GPU_DEV void gpu_count_launch(unsigned int* counters, int id) {
     gpu_grid_wait();
@@ -341,6 +359,47 @@ GPU_DEV unsigned int gpu_load_stream_u16(const unsigned char* p) {
 template <bool HINT = true>
 GPU_DEV unsigned int gpu_load_stream_u32_a2(const unsigned char* p) {
     return gpu_load_stream_u16<HINT>(p) | (gpu_load_stream_u16<HINT>(p + 2) << 16);
+}
+
+// The dots of R consecutive f32 rows (k values each, from `row`) with x on a 1024-thread
+// block: four float4s of each row in flight at a time (unrolled by hand: the loads'
+// inline assembly stops the compiler's partial unrolling), added in order of i, then over
+// the warps in order; every row's sum is the same whatever R. The sums are valid in
+// thread 0 (v[r]). The rows are read as weights (gpu_load_stream_u4). One definition
+// for matvec_f32_wide (R = 1) and ds4_router_mm (R = 2: the same bits). sh: 32 R floats.
+template <int R>
+GPU_DEV void f32_wide_dots(const float* __restrict__ row, int k, const float* __restrict__ x,
+                           float* sh, float (&v)[R]) {
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int i0 = 4 * (int)threadIdx.x; i0 < k; i0 += 4 * 4096) {
+        gpu_u4 u[R][4];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (i0 + 4096 * j < k) u[r][j] = gpu_load_stream_u4(row + (long long)r * k + i0 + 4096 * j);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int i = i0 + 4096 * j;
+            if (i >= k) break;
+            const gpu_f4 b = *(const gpu_f4*)(x + i);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                acc[r] += __int_as_float((int)u[r][j].x) * b.x + __int_as_float((int)u[r][j].y) * b.y +
+                          __int_as_float((int)u[r][j].z) * b.z + __int_as_float((int)u[r][j].w) * b.w;
+        }
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        acc[r] = gpu_warp_sum(acc[r]);
+        if (lane == 0) sh[32 * r + warp] = acc[r];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[r] = warp == 0 ? gpu_warp_sum(sh[32 * r + lane]) : 0.0f;
 }
 
 // Bulk copies from global to shared memory (sm_90's TMA engine, cp.async.bulk): one

@@ -31,6 +31,7 @@
 #define KID_DS4_INDEX_SCORES_MM_TC 49
 #define KID_DS4_ATTENTION_DEC 56
 #define KID_DS4_TOPK_ROWS_WIDE 57
+#define KID_DS4_ROUTER_MM 59
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -2120,6 +2121,48 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // ---------------------------------------------------------------------------------
+// A router score: sigmoid (gating 2) or sqrt(softplus) (4) of the logit.
+GPU_DEV float ds4_router_score(float v, int gating) {
+    return gating == 2 ? ds4_sigmoid(v) : sqrtf(v > 20.0f ? v : log1pf(expf(v)));
+}
+
+// The value an expert is selected by: its score (+ bias in mode 1), NaN as -inf.
+GPU_DEV float ds4_router_key(float score, const float* __restrict__ bias, int e, int mode) {
+    const float v = mode == 1 ? score + bias[e] : score;
+    return v == v ? v : DS4_NEG_INF;
+}
+
+// The weights of the k chosen experts (in choice order) from their scores, written
+// with their ids for token t: one thread. One definition for both routers.
+GPU_DEV void ds4_router_write(const float* sc, const int* chosen, int k, int norm_topk,
+                              float routed_scale, int t, int* __restrict__ ids,
+                              float* __restrict__ wout) {
+    float w[DS4_TOPK_MAX];
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) {
+        w[j] = sc[chosen[j]];
+        sum += w[j];
+    }
+    for (int j = 0; j < k; ++j) {
+        float v = norm_topk ? w[j] / (sum + 1e-20f) : w[j];
+        ids[(long long)t * k + j] = chosen[j];
+        wout[(long long)t * k + j] = v * routed_scale;
+    }
+}
+
+// The hash-table row of token t (mode 2) as chosen[0..k): out-of-range tokens take row
+// 0 and ids are clamped into 0..E, as on the CPU. Threads 0..k-1.
+GPU_DEV void ds4_router_hashed(const int* __restrict__ table, int table_rows,
+                               const int* __restrict__ tokens, int t, int n_expert, int k,
+                               int* chosen) {
+    const int j = threadIdx.x;
+    if (j < k) {
+        const int tok = tokens[t] >= 0 && tokens[t] < table_rows ? tokens[t] : 0;
+        const int e = table[(long long)tok * k + j];
+        chosen[j] = e < 0 ? 0 : (e >= n_expert ? n_expert - 1 : e);
+    }
+}
+
 // Router: scores sigmoid (gating 2) or sqrt(softplus) (4); experts from the hash table
 // row of the token (mode 2) or the k best scores (+ bias for selection when mode 1,
 // ties: lower index); weights = the chosen scores, normalised to sum 1 when norm_topk,
@@ -2134,19 +2177,12 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float sv[1024];
     __shared__ int chosen[DS4_TOPK_MAX];
     const int t = blockIdx.x, tid = threadIdx.x;
-    for (int e = tid; e < n_expert; e += 256) {
-        const float v = logits[(long long)t * n_expert + e];
-        sc[e] = gating == 2 ? ds4_sigmoid(v) : sqrtf(v > 20.0f ? v : log1pf(expf(v)));
-    }
+    for (int e = tid; e < n_expert; e += 256)
+        sc[e] = ds4_router_score(logits[(long long)t * n_expert + e], gating);
     if (tid < k) chosen[tid] = 0;  // defensive: the op refuses k > E
     __syncthreads();
     if (mode == 2) {
-        if (tid < k) {
-            // Out-of-range tokens take row 0 and ids are clamped into 0..E, as on the CPU.
-            const int tok = tokens[t] >= 0 && tokens[t] < table_rows ? tokens[t] : 0;
-            const int e = table[(long long)tok * k + tid];
-            chosen[tid] = e < 0 ? 0 : (e >= n_expert ? n_expert - 1 : e);
-        }
+        ds4_router_hashed(table, table_rows, tokens, t, n_expert, k, chosen);
     } else {
         // Each expert's rank = how many beat it (a higher selection score, or the same and
         // a lower index); ranks 0..k-1 are the choice in order: what k rounds of "best
@@ -2154,10 +2190,7 @@ extern "C" __global__ void __launch_bounds__(256)
         // barriers each: 7.4 us a launch, ncu 15:31). NaN ranks as -inf, tied with it
         // by index (the CPU's total order puts a positive NaN first: scores of NaN are
         // a broken model either way).
-        for (int e = tid; e < n_expert; e += 256) {
-            const float v = mode == 1 ? sc[e] + bias[e] : sc[e];
-            sv[e] = v == v ? v : DS4_NEG_INF;
-        }
+        for (int e = tid; e < n_expert; e += 256) sv[e] = ds4_router_key(sc[e], bias, e, mode);
         __syncthreads();
         for (int e = tid; e < n_expert; e += 256) {
             const float v = sv[e];
@@ -2171,19 +2204,92 @@ extern "C" __global__ void __launch_bounds__(256)
         }
     }
     __syncthreads();
-    if (tid == 0) {
-        float w[DS4_TOPK_MAX];
-        float sum = 0.0f;
+    if (tid == 0) ds4_router_write(sc, chosen, k, norm_topk, routed_scale, t, ids, wout);
+}
+
+// Whether expert (v, e) goes before (bv, be) in the router's order: a higher selection
+// value, or the same and a lower index; be < 0 is no expert.
+GPU_DEV bool ds4_router_before(float v, int e, float bv, int be) {
+    return be < 0 || (e >= 0 && (v > bv || (v == bv && e < be)));
+}
+
+// The router's product and selection for one token (a decode step) in one launch: block
+// b computes logits 2b and 2b + 1 as matvec_f32_wide does (f32_wide_dots: the same bits;
+// two rows a block keep the grid to one wave of one 1024-thread block an SM), stores them
+// and counts itself in sync[0]; the last block to count (it puts the count back to zero)
+// reads the logits from L2, a thread each, and selects on its first warp: k rounds of "best not yet
+// taken" (lane l holds experts l + 32 i, its taken ones as bits of a register, then a
+// warp arg-max), which is ds4_router's choice in ds4_router's order, with its scores
+// and weights (the same bits). Two launches (the product, then a one-block router)
+// cost ~12 us a MoE site in the 18:34 UTC trace. Needs what matvec_f32_wide needs, n_expert
+// <= 1024. grid = ceil(n_expert / 2), block = 1024.
+extern "C" __global__ void __launch_bounds__(1024)
+    ds4_router_mm(const float* __restrict__ wr, int d, const float* __restrict__ x,
+                  float* logits, const float* __restrict__ bias, const int* __restrict__ table,
+                  int table_rows, const int* __restrict__ tokens, int n_expert, int k,
+                  int gating, int norm_topk, float routed_scale, int mode,
+                  int* __restrict__ ids, float* __restrict__ wout, unsigned int* sync,
+                  unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ROUTER_MM);
+    __shared__ float sh[2 * 32];
+    __shared__ float sc[1024], sv[1024];
+    __shared__ int chosen[DS4_TOPK_MAX];
+    __shared__ unsigned int last;
+    // Rows 2b and 2b + 1 (the last block of an odd count reads its one row twice).
+    const int r0 = 2 * (int)blockIdx.x, r1 = r0 + 1 < n_expert ? r0 + 1 : r0;
+    float lv[2];
+    if (r1 == r0 + 1) {
+        f32_wide_dots<2>(wr + (long long)r0 * d, d, x, sh, lv);
+    } else {
+        float one[1];
+        f32_wide_dots<1>(wr + (long long)r0 * d, d, x, sh, one);
+        lv[0] = lv[1] = one[0];
+    }
+    if (threadIdx.x == 0) {
+        logits[r0] = lv[0];
+        if (r1 != r0) logits[r1] = lv[1];
+        last = gpu_count_last(sync, gridDim.x);
+    }
+    __syncthreads();
+    if (!last) return;
+    // The whole block takes the scores and selection values (a logit a thread: one
+    // round trip to L2), then warp 0 selects from shared memory.
+    for (int e = threadIdx.x; e < n_expert; e += 1024) {
+        sc[e] = ds4_router_score(gpu_load_l2(logits + e), gating);
+        sv[e] = ds4_router_key(sc[e], bias, e, mode);
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    if (mode == 2) {
+        ds4_router_hashed(table, table_rows, tokens, 0, n_expert, k, chosen);
+    } else {
+        unsigned int taken = 0;  // bit i: expert lane + 32 i
         for (int j = 0; j < k; ++j) {
-            w[j] = sc[chosen[j]];
-            sum += w[j];
-        }
-        for (int j = 0; j < k; ++j) {
-            float v = norm_topk ? w[j] / (sum + 1e-20f) : w[j];
-            ids[(long long)t * k + j] = chosen[j];
-            wout[(long long)t * k + j] = v * routed_scale;
+            float bv = DS4_NEG_INF;
+            int be = -1;
+            for (int i = 0, e = lane; e < n_expert; ++i, e += 32) {
+                const float v = sv[e];
+                if (!((taken >> i) & 1u) && ds4_router_before(v, e, bv, be)) {
+                    bv = v;
+                    be = e;
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = gpu_shfl_xor(bv, o);
+                const int oe = __float_as_int(gpu_shfl_xor(__int_as_float(be), o));
+                if (ds4_router_before(ov, oe, bv, be)) {
+                    bv = ov;
+                    be = oe;
+                }
+            }
+            if ((be & 31) == lane) taken |= 1u << (be >> 5);
+            if (lane == 0) chosen[j] = be;
         }
     }
+    gpu_syncwarp();
+    if (lane == 0) ds4_router_write(sc, chosen, k, norm_topk, routed_scale, 0, ids, wout);
 }
 
 // out = silu(min(g, lim)) * clamp(u, -lim, lim) (no clamp when lim <= 0).

@@ -2032,32 +2032,9 @@ extern "C" __global__ void __launch_bounds__(1024)
                     float* __restrict__ out, unsigned int* counters) {
     gpu_count_launch(counters, KID_MATVEC_F32_WIDE);
     __shared__ float sh[32];
-    const float* row = w + (long long)blockIdx.x * k;
-    float acc = 0.0f;
-    // Four float4s of the row in flight at a time (unrolled by hand: the loads' inline
-    // assembly stops the compiler's partial unrolling), added in order of i.
-    for (int i0 = 4 * (int)threadIdx.x; i0 < k; i0 += 4 * 4096) {
-        gpu_u4 u[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            if (i0 + 4096 * j < k) u[j] = gpu_load_stream_u4(row + i0 + 4096 * j);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int i = i0 + 4096 * j;
-            if (i >= k) break;
-            const gpu_f4 b = *(const gpu_f4*)(x + i);
-            acc += __int_as_float((int)u[j].x) * b.x + __int_as_float((int)u[j].y) * b.y +
-                   __int_as_float((int)u[j].z) * b.z + __int_as_float((int)u[j].w) * b.w;
-        }
-    }
-    acc = gpu_warp_sum(acc);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) sh[warp] = acc;
-    __syncthreads();
-    if (warp == 0) {
-        const float v = gpu_warp_sum(sh[lane]);
-        if (lane == 0 && (int)blockIdx.x < m) out[blockIdx.x] = v;
-    }
+    float v[1];
+    f32_wide_dots<1>(w + (long long)blockIdx.x * k, k, x, sh, v);
+    if (threadIdx.x == 0 && (int)blockIdx.x < m) out[blockIdx.x] = v[0];
 }
 
 // f32 products of many columns (a prefill chunk's mHC mixes and router):

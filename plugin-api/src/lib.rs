@@ -47,7 +47,8 @@ pub const ABI_MAJOR: u32 = 1;
 ///    the rotaries inside SPARSE_ATTENTION (a 9th argument) and INDEX_SCORES (a 6th).
 /// 5: SPARSE_ATTENTION's sync words (a 10th argument).
 /// 6: TOPK_ROWS's work words (a 4th argument).
-pub const ABI_MINOR: u32 = 6;
+/// 7: ROUTER with its product (x, the router's weights and sync words: 9 arguments).
+pub const ABI_MINOR: u32 = 7;
 
 /// Explicit ABI version carried by every root module.
 #[repr(C)]

@@ -1048,6 +1048,216 @@ fn swiglu_id_fp4(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all
 }
 
+/// ROUTER with its product (ABI 1.7: `ds4_router_mm` for one token) against MATMUL, then
+/// the 6-argument ROUTER (`ds4_router`, whose ranks are another selection code), on the
+/// same random inputs: logits, ids and weights bit for bit; the logits within 1e-5 of
+/// the largest of an f64 product on the host; the ids k best of the device's logits
+/// under the host's scores (score + bias, NaN last; near-ties within 1e-5 either way),
+/// in order, and the weights within 1e-5 of the host's; then 100 more fused runs, each
+/// the same bits (a count not put back to zero would let the wrong block select). Cases:
+/// V4-Flash's router (4096 x 256, 6 of them, sqrt-softplus + bias, normalised), sigmoid
+/// without bias or normalising, the hash table, twin rows without bias (exact ties: the
+/// lower index first), a NaN logit, 200 experts, 1024 of 16, and 255 (the last block's
+/// one row).
+fn router_mm(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== ROUTER with its product (one launch) vs MATMUL + ROUTER ==");
+    let mut all = true;
+    for (name, d, e, k, gating, mode, norm, twin, nan) in [
+        (
+            "4096 x 256, bias",
+            4096usize,
+            256usize,
+            6usize,
+            4i64,
+            1i64,
+            1i64,
+            false,
+            false,
+        ),
+        ("4096 x 256, sigmoid", 4096, 256, 6, 2, 0, 0, false, false),
+        (
+            "4096 x 256, hash table",
+            4096,
+            256,
+            6,
+            4,
+            2,
+            1,
+            false,
+            false,
+        ),
+        ("4096 x 256, twin rows", 4096, 256, 6, 4, 0, 1, true, false),
+        (
+            "4096 x 256, a NaN logit",
+            4096,
+            256,
+            6,
+            2,
+            1,
+            1,
+            false,
+            true,
+        ),
+        ("1000 x 200", 1000, 200, 8, 4, 1, 1, false, false),
+        ("512 x 1024, 16", 512, 1024, 16, 2, 1, 1, false, false),
+        ("4096 x 255", 4096, 255, 6, 4, 1, 1, false, false),
+    ] {
+        let x: Vec<f32> = (0..d).map(|_| rng.f32()).collect();
+        let mut wr: Vec<f32> = (0..d * e).map(|_| 0.05 * rng.f32()).collect();
+        if twin {
+            for r in (1..e).step_by(2) {
+                let (a, b) = wr.split_at_mut(r * d);
+                b[..d].copy_from_slice(&a[(r - 1) * d..]);
+            }
+        }
+        let nan_row = e / 3;
+        if nan {
+            wr[nan_row * d + 7] = f32::NAN;
+        }
+        let bias: Vec<f32> = (0..e).map(|_| 0.1 * rng.f32()).collect();
+        let vocab = 8usize;
+        let table: Vec<i32> = (0..vocab * k).map(|_| rng.below(e as u64) as i32).collect();
+        let tok = 3i32;
+        let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (bx, bwr, bb) = (
+            g.buf(&f32_bytes(&x)),
+            g.buf(&f32_bytes(&wr)),
+            g.buf(&f32_bytes(&bias)),
+        );
+        let (btab, btok, bsync) = (g.buf(&i32b(&table)), g.buf(&i32b(&[tok])), g.zeros(4));
+        let outs = || (g.zeros(e * 4), g.zeros(k * 4), g.zeros(k * 4));
+        let ((bl, bi, bw), (bl2, bi2, bw2)) = (outs(), outs());
+        let it = |b, n: usize| t(b, 0, types::I32, 0, [n as u64, 1, 1, 1]);
+        let head = |bl, bi, bw| {
+            [
+                f32_t(bl, [e, 1, 1]),
+                f32_t(bb, [e, 1, 1]),
+                t(btab, 0, types::I32, 0, [k as u64, vocab as u64, 1, 1]),
+                it(btok, 1),
+                it(bi, k),
+                f32_t(bw, [k, 1, 1]),
+            ]
+        };
+        let mut prm = OpParams::default();
+        prm.f[0] = 1.5;
+        prm.i[..3].copy_from_slice(&[gating, norm, mode]);
+        let (xt, wt) = (f32_t(bx, [d, 1, 1]), f32_t(bwr, [d, e, 1]));
+        let mut fused = head(bl, bi, bw).to_vec();
+        fused.extend([xt, wt, it(bsync, 1)]);
+        let read = |bl, bi, bw| {
+            let ids: Vec<i32> = g
+                .read_f32(bi, 0, k)
+                .iter()
+                .map(|v| v.to_bits() as i32)
+                .collect();
+            (g.read_f32(bl, 0, e), ids, g.read_f32(bw, 0, k))
+        };
+        let c0 = g.counters();
+        g.op_with(ops::ROUTER, prm, &fused);
+        let c1 = g.counters();
+        let got = read(bl, bi, bw);
+        g.op(ops::MATMUL, &[wt, xt, f32_t(bl2, [e, 1, 1])]);
+        g.op_with(ops::ROUTER, prm, &head(bl2, bi2, bw2));
+        let c2 = g.counters();
+        let split = read(bl2, bi2, bw2);
+        let key_bits = |r: &(Vec<f32>, Vec<i32>, Vec<f32>)| {
+            (
+                r.0.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                r.1.clone(),
+                r.2.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            )
+        };
+        let same = key_bits(&got) == key_bits(&split);
+        let launches = (
+            device_launches(&c0, &c1, "ds4_router_mm"),
+            device_launches(&c1, &c2, "ds4_router_mm"),
+        );
+        // The host: logits in f64, then the selection on the device's logits.
+        let mut lerr = 0f64;
+        let mut lmax = 0f64;
+        for r in 0..e {
+            if nan && r == nan_row {
+                continue;
+            }
+            let want: f64 = (0..d).map(|i| wr[r * d + i] as f64 * x[i] as f64).sum();
+            lerr = lerr.max((got.0[r] as f64 - want).abs());
+            lmax = lmax.max(want.abs());
+        }
+        let score = |v: f32| -> f64 {
+            let v = v as f64;
+            if gating == 2 {
+                1.0 / (1.0 + (-v).exp())
+            } else if v > 20.0 {
+                v.sqrt()
+            } else {
+                v.exp().ln_1p().sqrt()
+            }
+        };
+        let key = |c: usize| -> f64 {
+            let s = score(got.0[c]) + if mode == 1 { bias[c] as f64 } else { 0.0 };
+            if s.is_nan() {
+                f64::NEG_INFINITY
+            } else {
+                s
+            }
+        };
+        let ids: Vec<usize> = got.1.iter().map(|&c| c as usize).collect();
+        let mut sel_ok = ids.iter().all(|&c| c < e);
+        if sel_ok && mode == 2 {
+            let row = &table[tok as usize * k..(tok as usize + 1) * k];
+            sel_ok = row.iter().zip(&got.1).all(|(a, b)| a == b);
+        } else if sel_ok {
+            let tol = |v: f64| 1e-5 * v.abs().max(1.0);
+            let mut uniq = ids.clone();
+            uniq.sort();
+            uniq.dedup();
+            sel_ok = uniq.len() == k
+                && ids
+                    .windows(2)
+                    .all(|w| key(w[0]) >= key(w[1]) - tol(key(w[1])))
+                && (0..e)
+                    .filter(|c| !ids.contains(c))
+                    .all(|u| key(u) <= key(ids[k - 1]) + tol(key(u)))
+                && !(nan && ids.contains(&nan_row));
+            if twin {
+                // Exact ties (a row and its copy): the lower index first when both are in.
+                sel_ok &= ids
+                    .windows(2)
+                    .all(|w| got.0[w[0]] != got.0[w[1]] || w[0] < w[1]);
+            }
+        }
+        let sc: Vec<f64> = ids
+            .iter()
+            .map(|&c| if c < e { score(got.0[c]) } else { 0.0 })
+            .collect();
+        let sum: f64 = sc.iter().sum();
+        let werr = sc
+            .iter()
+            .zip(&got.2)
+            .map(|(s, w)| {
+                ((if norm == 1 { s / (sum + 1e-20) } else { *s }) * 1.5 - *w as f64).abs()
+            })
+            .fold(0f64, f64::max);
+        let mut repeat_same = true;
+        for _ in 0..100 {
+            g.op_with(ops::ROUTER, prm, &fused);
+            repeat_same &= key_bits(&read(bl, bi, bw)) == key_bits(&got);
+        }
+        let lrel = lerr / lmax.max(1e-30);
+        let ok =
+            same && launches == (1, 0) && lrel <= 1e-5 && sel_ok && werr <= 1e-5 && repeat_same;
+        all &= ok;
+        println!(
+            "{name:<28} same bits {same}, launches {launches:?}, logits {lrel:.2e}, selection {sel_ok}, weights {werr:.2e}, 100 repeats {repeat_same} {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"router_mm\",\"case\":\"{name}\",\"bit_identical\":{same},\"logits_rel\":{lrel:.3e},\"weights_err\":{werr:.3e},\"ok\":{ok}}}"
+        ));
+    }
+    all
+}
+
 /// HC_POST_PRE for one token with its blocks waiting for each other (gsync) against the
 /// last-block form, from the same random inputs: the streams after the post and the
 /// weights bit for bit, x within 1e-5 of its largest value (only its norm's sum
@@ -2007,6 +2217,7 @@ fn main() {
     all_ok &= id_multi(&g, &mut rng, &mut json);
     all_ok &= swiglu_id(&g, &mut rng, &mut json);
     all_ok &= hc_post_pre_gsync(&g, &mut rng, &mut json);
+    all_ok &= router_mm(&g, &mut rng, &mut json);
     all_ok &= attention_decode(&g, &mut rng, &mut json);
     all_ok &= topk_rows(&g, &mut rng, &mut json);
     all_ok &= index_scores(&g, &mut rng, &mut json);

@@ -1027,7 +1027,30 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         )
 }
 
+/// ROUTER with its product (ABI 1.7: 9 arguments) where MATMUL would run the product on
+/// `matvec_f32_wide` (one token): `ds4_router_mm`, the product and the selection in one
+/// launch (the same bits as the two).
+///
+/// # Safety
+/// As for every launch: the caller checked the product's shapes (`matmul_dense`).
+pub unsafe fn router_mm(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    let [_, _, _, _, _, _, x, wr, sync] = args(a, "router")?;
+    let d = wr.dims[0];
+    holds(&sync, types::I32, x.numel() / d.max(1), "router sync words")?;
+    router_launch(gpu, p, &a[..6], Some((x, wr, sync, d)))
+}
+
 unsafe fn router(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    router_launch(gpu, p, a, None)
+}
+
+/// `ds4_router` on the logits, or with `mm` = (x, w_r, sync, d) `ds4_router_mm`.
+unsafe fn router_launch(
+    gpu: &impl Gpu,
+    p: &OpParams,
+    a: &[TensorRef],
+    mm: Option<(TensorRef, TensorRef, TensorRef, u64)>,
+) -> Result<(), String> {
     let [logits, bias, table, tokens, ids, w] = args(a, "router")?;
     let (e, n, k) = (
         logits.dims[0],
@@ -1068,7 +1091,14 @@ unsafe fn router(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), St
     holds(&ids, types::I32, k * n, "router ids")?;
     holds(&w, types::F32, k * n, "router weights")?;
     let table_rows = if mode == 2 { table.numel() / k } else { 0 };
-    KArgs::default()
+    let mut ka = KArgs::default();
+    if let Some((x, wr, _, d)) = mm {
+        ka = ka
+            .p(f32p(gpu, &wr)?)
+            .i(to_i32(d, "router input width")?)
+            .p(f32p(gpu, &x)?);
+    }
+    ka = ka
         .p(f32p(gpu, &logits)?)
         .p(f32p(gpu, &bias)?)
         .p(gpu.ptr(&table, 4)?)
@@ -1081,8 +1111,14 @@ unsafe fn router(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), St
         .f(p.f[0])
         .i(mode as i32)
         .p(gpu.ptr(&ids, 4)?)
-        .p(f32p(gpu, &w)?)
-        .launch(gpu, "ds4_router", (n, 1, 1), 256)
+        .p(f32p(gpu, &w)?);
+    match mm {
+        Some((_, _, sync, _)) => {
+            ka.p(gpu.ptr(&sync, 4)?)
+                .launch(gpu, "ds4_router_mm", (e.div_ceil(2), 1, 1), 1024)
+        }
+        None => ka.launch(gpu, "ds4_router", (n, 1, 1), 256),
+    }
 }
 
 unsafe fn swiglu(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 59] = [
+pub const KERNELS: [&str; 60] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -69,6 +69,7 @@ pub const KERNELS: [&str; 59] = [
     "ds4_attention_dec",
     "ds4_topk_rows_wide",
     "matvec_fp4_runs_q8_id_swiglu",
+    "ds4_router_mm",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

@@ -383,6 +383,13 @@ pub fn f32_wide(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> bool {
         && !dense_rows_off()
 }
 
+/// `MOE_GPU_ROUTER_MM=0` runs ROUTER's product and selection as two launches (A/B runs;
+/// read once).
+fn router_mm_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| crate::ds4::env_off("MOE_GPU_ROUTER_MM"))
+}
+
 /// `MOE_GPU_F32_TILES=0` keeps f32 products of many columns on `matvec_dense` (A/B runs;
 /// read once).
 fn f32_tiles_off() -> bool {
@@ -1393,6 +1400,18 @@ pub fn run(
     params: &OpParams,
     args: &[TensorRef],
 ) -> Result<(), String> {
+    if op == ops::ROUTER && args.len() == ops::ROUTER_MM_ARGS {
+        // The product first (as MATMUL takes it), in the router's launch where it is one
+        // `matvec_f32_wide`.
+        let mm = [args[7], args[6], args[0]];
+        let plan = matmul_dense(&mm, mmq, |t, a| gpu.ptr(t, a))?;
+        if plan.is_some_and(|p| p.layout == DenseLayout::F32Wide) && !router_mm_off() {
+            // SAFETY: matmul_dense checked the product's tensors; router_mm the rest.
+            return unsafe { crate::ds4::router_mm(gpu, params, args) };
+        }
+        run(gpu, backend, mmq, ops::MATMUL, &OpParams::default(), &mm)?;
+        return run(gpu, backend, mmq, op, params, &args[..6]);
+    }
     if let Some(r) = crate::ds4::run(gpu, op, params, args) {
         return r;
     }
@@ -2391,6 +2410,58 @@ mod run_tests {
             let runs = "matvec_fp4_runs_q8";
             assert_eq!(got, vec![(runs, want[0]), (runs, want[1])], "room {bulk}");
         }
+    }
+
+    /// ROUTER with its product (ABI 1.7): one `ds4_router_mm` launch, a block per two
+    /// experts, for a token; for two, the product as MATMUL runs it, then `ds4_router`; refused with
+    /// sync words of another type, and with weights that do not match x, before any
+    /// launch.
+    #[test]
+    fn router_with_product() {
+        let (d, e, k) = (4096, 256, 6);
+        let f = |a, b| t(types::F32, [a, b, 1, 1]);
+        let i = |a, b| t(types::I32, [a, b, 1, 1]);
+        let args = |n| {
+            let (tab, tok) = (i(k, 1), i(n, 1));
+            [
+                f(e, n),
+                f(e, 1),
+                tab,
+                tok,
+                i(k, n),
+                f(k, n),
+                f(d, n),
+                f(d, e),
+                i(n, 1),
+            ]
+        };
+        let mut p = OpParams::default();
+        p.f[0] = 1.5;
+        p.i[..3].copy_from_slice(&[4, 1, 1]);
+        let sig = crate::kernels::signatures();
+        let launched = |n| {
+            let g = Rec::default();
+            run(&g, "test", MMQ_MMA, ops::ROUTER, &p, &args(n)).unwrap();
+            let l = g.launches.borrow().clone();
+            for &(name, _, np) in &l {
+                assert_eq!(sig.get(name), Some(&(np + 1)), "{name}'s parameters");
+            }
+            l.iter().map(|l| (l.0, l.1)).collect::<Vec<_>>()
+        };
+        assert_eq!(launched(1), [("ds4_router_mm", (128, 1, 1))]);
+        let two = launched(2);
+        assert_eq!(two.last(), Some(&("ds4_router", (2, 1, 1))));
+        assert!(two.len() >= 2 && !two.iter().any(|l| l.0 == "ds4_router_mm"));
+        let g = Rec::default();
+        let mut bad = args(1);
+        bad[8] = f(1, 1);
+        let err = run(&g, "test", MMQ_MMA, ops::ROUTER, &p, &bad).unwrap_err();
+        assert!(err.contains("router sync words"), "{err}");
+        let mut bad = args(1);
+        bad[7] = f(d / 2, e);
+        let err = run(&g, "test", MMQ_MMA, ops::ROUTER, &p, &bad).unwrap_err();
+        assert!(err.contains("matmul"), "{err}");
+        assert!(g.launches.borrow().is_empty());
     }
 
     fn t(type_id: u32, dims: [u64; 4]) -> TensorRef {

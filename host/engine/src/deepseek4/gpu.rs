@@ -72,6 +72,8 @@ struct Work {
     hc_sync: Tensor,
     /// The decode attention's barrier words (a word per 16 heads), zero at first.
     att_sync: Tensor,
+    /// ROUTER's block counts (with its product, ABI 1.7), zero between ops.
+    router_sync: Tensor,
     /// TOPK_ROWS's work words (zero, kept between steps; see `topk_work`).
     topk_work: Tensor,
     mix: Tensor,
@@ -208,6 +210,9 @@ pub(super) struct GpuPath {
     /// TOPK_ROWS takes its work words (ABI 1.6: one token's selection on many blocks,
     /// see `probe_topk_work`).
     topk_work: bool,
+    /// ROUTER takes x and the router's weights (ABI 1.7): the product and the selection
+    /// as one op (see `probe_router_mm`).
+    router_mm: bool,
     /// The indexer queries' rotary in the scoring kernel (INDEX_SCORES' inv_freq, ABI
     /// 1.4; opt-in, see `probe_idx_rope`).
     idx_rope: bool,
@@ -383,6 +388,7 @@ impl GpuPath {
             att_rope: probe_att_rope(dev),
             att_sync: probe_att_sync(dev),
             topk_work: probe_topk_work(dev),
+            router_mm: probe_router_mm(dev),
             idx_rope: probe_idx_rope(dev),
             hc_defer: !sides.is_empty() && probe_hc_sinkhorn(dev),
             sides,
@@ -439,6 +445,7 @@ impl GpuPath {
             streams: f(d * hc * n)?,
             hc_sync: zeros_i32(dev, n)?,
             att_sync: zeros_i32(dev, p.n_head.div_ceil(16))?,
+            router_sync: zeros_i32(dev, n)?,
             topk_work: zeros_i32(dev, ops::TOPK_ROWS_WORK_WORDS as usize)?,
             mix: f(nm * n)?,
             wts: f(nm * n)?,
@@ -1197,7 +1204,12 @@ impl GpuPath {
             v(&w.su, [sf, n, 1, 1]),
             v(&w.sa, [sf, n, 1, 1]),
         );
-        let mut of_x = vec![(wv(&lay.router), rl)];
+        // (or in ROUTER, ABI 1.7)
+        let mut of_x = if self.router_mm {
+            vec![]
+        } else {
+            vec![(wv(&lay.router), rl)]
+        };
         let sy = v(&w.sy, [d, n, 1, 1]);
         // The shared expert branches off to the side stream (it reads only x), or
         // shares the router's op without one.
@@ -1214,7 +1226,9 @@ impl GpuPath {
             }
             (None, _) => false,
         };
-        self.mm_multi(dev, x, &of_x)?;
+        if !of_x.is_empty() {
+            self.mm_multi(dev, x, &of_x)?;
+        }
         let (mode, bias, table) = match (&dl.tid2eid, &dl.bias) {
             (Some(t), _) => (2, rl, t.r),
             (None, Some(b)) => (1, b.r, w.tokens.r),
@@ -1222,10 +1236,14 @@ impl GpuPath {
         };
         let gating = if p.gating == GATING_SIGMOID { 2 } else { 4 };
         let (ids, rw) = (v(&w.rids, [k, n, 1, 1]), v(&w.rw, [k, n, 1, 1]));
+        let mut ra = vec![rl, bias, table, v(&w.tokens, [n, 1, 1, 1]), ids, rw];
+        if self.router_mm {
+            ra.extend([x, wv(&lay.router), v(&w.router_sync, [n, 1, 1, 1])]);
+        }
         op(
             ops::ROUTER,
             pr(&[p.routed_scale], &[gating, p.norm_topk as i64, mode]),
-            &[rl, bias, table, v(&w.tokens, [n, 1, 1, 1]), ids, rw],
+            &ra,
         )?;
         let ff = lay.gate_exps.r.dims[1] as usize;
         let (eg, eu, ea) = (
@@ -1410,6 +1428,33 @@ fn probe_att_rope(dev: &Arc<Device>) -> bool {
             q.r, kv.r, ring.r, rows.r, sel.r, sinks.r, pos.r, out.r, inv.r,
         ];
         dev.op(ops::SPARSE_ATTENTION, pr(&[1.0, 1e-6, 1.0], &[0, 0, 1]), &a)
+    })
+}
+
+/// Whether the backend's ROUTER takes x and the router's weights (ABI 1.7): one tiny
+/// call (`MOE_DS4_ROUTER_MM=0`: MATMUL, then ROUTER; A/B runs).
+fn probe_router_mm(dev: &Arc<Device>) -> bool {
+    if std::env::var_os("MOE_DS4_ROUTER_MM").is_some_and(|v| v == "0") {
+        return false;
+    }
+    probe_op(dev, "the router's product as its own MATMUL", || {
+        // d = 4, two experts, the best one of them.
+        let (x, wr, logits, bias) = (
+            filled(dev, 4, 1)?,
+            filled(dev, 4, 2)?,
+            dev.f32([2, 1, 1, 1])?,
+            dev.f32([2, 1, 1, 1])?,
+        );
+        let (tokens, ids, w) = (
+            zeros_i32(dev, 1)?,
+            zeros_i32(dev, 1)?,
+            dev.f32([1, 1, 1, 1])?,
+        );
+        let sync = zeros_i32(dev, 1)?;
+        let a = [
+            logits.r, bias.r, tokens.r, tokens.r, ids.r, w.r, x.r, wr.r, sync.r,
+        ];
+        dev.op(ops::ROUTER, pr(&[1.0], &[2, 1, 0]), &a)
     })
 }
 
