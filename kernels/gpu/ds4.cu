@@ -2221,7 +2221,7 @@ GPU_DEV bool ds4_router_before(float v, int e, float bv, int be) {
 // taken" (lane l holds experts l + 32 i, its taken ones as bits of a register, then a
 // warp arg-max), which is ds4_router's choice in ds4_router's order, with its scores
 // and weights (the same bits). Two launches (the product, then a one-block router)
-// cost ~12 us a MoE site in the 18:34 UTC trace. Needs what matvec_f32_wide needs, n_expert
+// cost ~12 us a MoE site in the 18:37 UTC trace. Needs what matvec_f32_wide needs, n_expert
 // <= 1024. grid = ceil(n_expert / 2), block = 1024.
 extern "C" __global__ void __launch_bounds__(1024)
     ds4_router_mm(const float* __restrict__ wr, int d, const float* __restrict__ x,

@@ -149,7 +149,8 @@ pub mod ops {
     /// (i[2] = 0), the k best of score + bias (1) or the token's hash-table row (2);
     /// weights = scores, normalised when i[1] = 1, times f[0]. args: logits (F32 [E, n]),
     /// bias ([E]), table (I32 [k, vocab]), tokens (I32 [n]), ids out (I32 [k, n]),
-    /// weights out (F32 [k, n]). From ABI 1.7 the product too, with three more: x (F32
+    /// weights out (F32 [k, n]); bias is read only in mode 1 (elsewhere any tensor, even
+    /// logits). From ABI 1.7 the product too, with three more: x (F32
     /// [d, n]), the router's weights w_r ([d, E], as MATMUL takes them) and sync (I32
     /// [n], zero before its first use, left zero by each call, used by no other op):
     /// logits is then an output, MATMUL(w_r, x), and a backend may compute it and the

@@ -69,10 +69,11 @@ void compare_split() {
                     CK(cudaMemset(o[i], 0, (size_t)n * d * 4));
                     CK(cudaMemset(w[i], 0, (size_t)n * nm * 4));
                 }
+                // (defer = 0 throughout: the Sinkhorn finishes inside ds4_hc_pre)
                 for (int split = 0; split < 2; ++split)
                     ds4_hc_pre<<<dim3(n, 1 + split), DS4_HC_THREADS>>>(streams, mix, scale, base, norm_w, d,
                                                                         hc, 20, 1e-6f, 1e-6f, head, o[split],
-                                                                        w[split], 1, split, nullptr);
+                                                                        w[split], 1, split, 0, nullptr);
                 CK(cudaDeviceSynchronize());
                 std::vector<float> ho[2], hw[2];
                 for (int i = 0; i < 2; ++i) {
@@ -116,14 +117,14 @@ int main(int argc, char** argv) {
                 const double us = time([&] {
                     ds4_hc_pre<<<dim3(1, 1 + split), DS4_HC_THREADS, 0, st>>>(
                         streams, mix, scale, base, norm_w, d, hc, iters, 1e-6f, 1e-6f, 0, out, wts, fast, split,
-                        nullptr);
+                        0, nullptr);
                 });
                 printf("| ds4_hc_pre site, %s path%s, %d Sinkhorn rounds | %.2f |\n", fast ? "fast" : "general",
                        split ? ", Sinkhorn on a second block" : "", iters, us);
             }
     printf("| ds4_hc_pre head mode (no Sinkhorn), fast path | %.2f |\n", time([&] {
                ds4_hc_pre<<<1, DS4_HC_THREADS, 0, st>>>(streams, mix, scale, base, norm_w, d, hc, 20, 1e-6f, 1e-6f,
-                                                       1, out, wts, 1, 0, nullptr);
+                                                       1, out, wts, 1, 0, 0, nullptr);
            }));
     const char* names[] = {"Sinkhorn alone: warp (committed)", "Sinkhorn alone: serial, thread 0"};
     for (int mode = 0; mode < 2; ++mode)

@@ -1053,8 +1053,9 @@ fn swiglu_id_fp4(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// same random inputs: logits, ids and weights bit for bit; the logits within 1e-5 of
 /// the largest of an f64 product on the host; the ids k best of the device's logits
 /// under the host's scores (score + bias, NaN last; near-ties within 1e-5 either way),
-/// in order, and the weights within 1e-5 of the host's; then 100 more fused runs, each
-/// the same bits (a count not put back to zero would let the wrong block select). Cases:
+/// in order, and the weights within 1e-5 of the host's; then 100 more fused runs on
+/// outputs overwritten with 0xff bytes, each the same bits with its count back at zero (a
+/// count not put back to zero would leave the outputs unselected). Cases:
 /// V4-Flash's router (4096 x 256, 6 of them, sqrt-softplus + bias, normalised), sigmoid
 /// without bias or normalising, the hash table, twin rows without bias (exact ties: the
 /// lower index first), a NaN logit, 200 experts, 1024 of 16, and 255 (the last block's
@@ -1238,10 +1239,20 @@ fn router_mm(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                 ((if norm == 1 { s / (sum + 1e-20) } else { *s }) * 1.5 - *w as f64).abs()
             })
             .fold(0f64, f64::max);
+        // Each repeat on outputs overwritten with 0xff bytes (NaN logits and weights, id
+        // -1), so a run that selected nothing, or too early, cannot pass; the count is
+        // back to zero after each.
         let mut repeat_same = true;
+        let poison = |b, n: usize| {
+            into_result((g.be.upload)(b, 0, vec![0xffu8; n * 4].as_slice().into())).unwrap()
+        };
         for _ in 0..100 {
+            poison(bl, e);
+            poison(bi, k);
+            poison(bw, k);
             g.op_with(ops::ROUTER, prm, &fused);
             repeat_same &= key_bits(&read(bl, bi, bw)) == key_bits(&got);
+            repeat_same &= g.read_f32(bsync, 0, 1)[0].to_bits() == 0;
         }
         let lrel = lerr / lmax.max(1e-30);
         let ok =

@@ -1027,17 +1027,33 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         )
 }
 
-/// ROUTER with its product (ABI 1.7: 9 arguments) where MATMUL would run the product on
-/// `matvec_f32_wide` (one token): `ds4_router_mm`, the product and the selection in one
-/// launch (the same bits as the two).
+/// Checks every argument of ROUTER with its product (ABI 1.7: 9 arguments), before
+/// either form launches anything: the 6-argument part as ROUTER takes it, w_r ([d, E])
+/// against the logits' E and x ([d, n]) against their n, and n sync words.
+pub fn router_mm_check(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+    let [logits, _, _, _, _, _, x, wr, sync] = args(a, "router")?;
+    let (d, e) = (wr.dims[0], logits.dims[0]);
+    let n = logits.numel() / e.max(1);
+    if d == 0 || wr.numel() != d * e || x.numel() != d * n {
+        return Err(format!(
+            "router: weights of {} values as [{d}, {e}] against x of {} values for {n} token(s)",
+            wr.numel(),
+            x.numel()
+        ));
+    }
+    holds(&sync, types::I32, n, "router sync words")?;
+    router_kargs(gpu, p, &a[..6], Some((x, wr, sync, d))).map(|_| ())
+}
+
+/// ROUTER with its product (ABI 1.7: 9 arguments, checked by [`router_mm_check`]) where
+/// MATMUL would run the product on `matvec_f32_wide` (one token): `ds4_router_mm`, the
+/// product and the selection in one launch (the same bits as the two).
 ///
 /// # Safety
-/// As for every launch: the caller checked the product's shapes (`matmul_dense`).
+/// As for every launch.
 pub unsafe fn router_mm(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
     let [_, _, _, _, _, _, x, wr, sync] = args(a, "router")?;
-    let d = wr.dims[0];
-    holds(&sync, types::I32, x.numel() / d.max(1), "router sync words")?;
-    router_launch(gpu, p, &a[..6], Some((x, wr, sync, d)))
+    router_launch(gpu, p, &a[..6], Some((x, wr, sync, wr.dims[0])))
 }
 
 unsafe fn router(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
@@ -1051,6 +1067,18 @@ unsafe fn router_launch(
     a: &[TensorRef],
     mm: Option<(TensorRef, TensorRef, TensorRef, u64)>,
 ) -> Result<(), String> {
+    let (ka, name, grid, block) = router_kargs(gpu, p, a, mm)?;
+    ka.launch(gpu, name, grid, block)
+}
+
+/// The checked launch of [`router_launch`]: its arguments, kernel, grid and block.
+#[allow(clippy::type_complexity)]
+fn router_kargs(
+    gpu: &impl Gpu,
+    p: &OpParams,
+    a: &[TensorRef],
+    mm: Option<(TensorRef, TensorRef, TensorRef, u64)>,
+) -> Result<(KArgs, &'static str, (u64, u64, u64), u32), String> {
     let [logits, bias, table, tokens, ids, w] = args(a, "router")?;
     let (e, n, k) = (
         logits.dims[0],
@@ -1112,13 +1140,15 @@ unsafe fn router_launch(
         .i(mode as i32)
         .p(gpu.ptr(&ids, 4)?)
         .p(f32p(gpu, &w)?);
-    match mm {
-        Some((_, _, sync, _)) => {
-            ka.p(gpu.ptr(&sync, 4)?)
-                .launch(gpu, "ds4_router_mm", (e.div_ceil(2), 1, 1), 1024)
-        }
-        None => ka.launch(gpu, "ds4_router", (n, 1, 1), 256),
-    }
+    Ok(match mm {
+        Some((_, _, sync, _)) => (
+            ka.p(gpu.ptr(&sync, 4)?),
+            "ds4_router_mm",
+            (e.div_ceil(2), 1, 1),
+            1024,
+        ),
+        None => (ka, "ds4_router", (n, 1, 1), 256),
+    })
 }
 
 unsafe fn swiglu(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {

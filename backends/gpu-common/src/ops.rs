@@ -1402,11 +1402,12 @@ pub fn run(
 ) -> Result<(), String> {
     if op == ops::ROUTER && args.len() == ops::ROUTER_MM_ARGS {
         // The product first (as MATMUL takes it), in the router's launch where it is one
-        // `matvec_f32_wide`.
+        // `matvec_f32_wide`. Every argument is checked before either form launches.
+        crate::ds4::router_mm_check(gpu, params, args)?;
         let mm = [args[7], args[6], args[0]];
         let plan = matmul_dense(&mm, mmq, |t, a| gpu.ptr(t, a))?;
         if plan.is_some_and(|p| p.layout == DenseLayout::F32Wide) && !router_mm_off() {
-            // SAFETY: matmul_dense checked the product's tensors; router_mm the rest.
+            // SAFETY: matmul_dense checked the product's tensors, router_mm_check the rest.
             return unsafe { crate::ds4::router_mm(gpu, params, args) };
         }
         run(gpu, backend, mmq, ops::MATMUL, &OpParams::default(), &mm)?;
@@ -2413,9 +2414,9 @@ mod run_tests {
     }
 
     /// ROUTER with its product (ABI 1.7): one `ds4_router_mm` launch, a block per two
-    /// experts, for a token; for two, the product as MATMUL runs it, then `ds4_router`; refused with
-    /// sync words of another type, and with weights that do not match x, before any
-    /// launch.
+    /// experts, for a token; for two, the product as MATMUL runs it, then `ds4_router`;
+    /// refused before any launch, in either form, with sync words of another type,
+    /// weights that do not match x or the logits, or too small a weights output.
     #[test]
     fn router_with_product() {
         let (d, e, k) = (4096, 256, 6);
@@ -2460,7 +2461,21 @@ mod run_tests {
         let mut bad = args(1);
         bad[7] = f(d / 2, e);
         let err = run(&g, "test", MMQ_MMA, ops::ROUTER, &p, &bad).unwrap_err();
-        assert!(err.contains("matmul"), "{err}");
+        assert!(err.contains("router: weights"), "{err}");
+        // Logits as two tokens of E / 2 against one token's x and E rows of weights.
+        let mut bad = args(1);
+        bad[0] = f(e / 2, 2);
+        let err = run(&g, "test", MMQ_MMA, ops::ROUTER, &p, &bad).unwrap_err();
+        assert!(err.contains("router: weights"), "{err}");
+        // Two tokens (the product as MATMUL, then ROUTER): a bad part fails before both.
+        let mut bad = args(2);
+        bad[8] = f(2, 1);
+        let err = run(&g, "test", MMQ_MMA, ops::ROUTER, &p, &bad).unwrap_err();
+        assert!(err.contains("router sync words"), "{err}");
+        let mut bad = args(2);
+        bad[5] = f(k, 1);
+        let err = run(&g, "test", MMQ_MMA, ops::ROUTER, &p, &bad).unwrap_err();
+        assert!(err.contains("router weights"), "{err}");
         assert!(g.launches.borrow().is_empty());
     }
 

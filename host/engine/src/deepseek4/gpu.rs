@@ -1432,30 +1432,45 @@ fn probe_att_rope(dev: &Arc<Device>) -> bool {
 }
 
 /// Whether the backend's ROUTER takes x and the router's weights (ABI 1.7): one tiny
-/// call (`MOE_DS4_ROUTER_MM=0`: MATMUL, then ROUTER; A/B runs).
+/// call, its logits and choice read back (`MOE_DS4_ROUTER_MM=0`: MATMUL, then ROUTER;
+/// A/B runs).
 fn probe_router_mm(dev: &Arc<Device>) -> bool {
     if std::env::var_os("MOE_DS4_ROUTER_MM").is_some_and(|v| v == "0") {
         return false;
     }
-    probe_op(dev, "the router's product as its own MATMUL", || {
-        // d = 4, two experts, the best one of them.
-        let (x, wr, logits, bias) = (
-            filled(dev, 4, 1)?,
-            filled(dev, 4, 2)?,
+    // d = 4, x of 0.5s, two experts whose logits are 1 and 2: expert 1, and both logits
+    // written (a backend that took only the first six arguments would leave them as they
+    // were: that one is told of with a warning).
+    let mut got = None;
+    let ran = probe_op(dev, "the router's product as its own MATMUL", || {
+        let (x, wr) = (filled(dev, 4, 1)?, dev.f32([4, 2, 1, 1])?);
+        wr.upload_f32(&[0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0])?;
+        let (logits, bias, w) = (
             dev.f32([2, 1, 1, 1])?,
             dev.f32([2, 1, 1, 1])?,
-        );
-        let (tokens, ids, w) = (
-            zeros_i32(dev, 1)?,
-            zeros_i32(dev, 1)?,
             dev.f32([1, 1, 1, 1])?,
         );
-        let sync = zeros_i32(dev, 1)?;
+        logits.upload_f32(&[0.0, 0.0])?;
+        let (tokens, ids, sync) = (zeros_i32(dev, 1)?, zeros_i32(dev, 1)?, zeros_i32(dev, 1)?);
         let a = [
             logits.r, bias.r, tokens.r, tokens.r, ids.r, w.r, x.r, wr.r, sync.r,
         ];
-        dev.op(ops::ROUTER, pr(&[1.0], &[2, 1, 0]), &a)
-    })
+        dev.op(ops::ROUTER, pr(&[1.0], &[2, 1, 0]), &a)?;
+        dev.sync()?;
+        got = Some((logits.download_f32(2)?, ids.download_f32(1)?[0].to_bits()));
+        Ok(())
+    });
+    match got {
+        Some((l, 1)) if ran && l == [1.0, 2.0] => true,
+        Some((l, id)) if ran => {
+            tracing::warn!(
+                "deepseek4: the backend's ROUTER with its product gave logits {l:?} and expert \
+                 {id} where 1, 2 and expert 1 were due: MATMUL, then ROUTER"
+            );
+            false
+        }
+        _ => false,
+    }
 }
 
 /// Whether the backend's SPARSE_ATTENTION takes sync words after an inv_freq of no
