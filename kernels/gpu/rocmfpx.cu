@@ -43,6 +43,7 @@
 #define KID_MMB_ID 51
 #define KID_MATVEC_FP4_MMA 52
 #define KID_MATVEC_FP4_MMA_ID 53
+#define KID_MATVEC_FP4_RUNS_Q8_NORM 60
 #define KID_MATMUL_F32_TILES 54
 #define KID_MATMUL_F32_REDUCE 55
 
@@ -1796,6 +1797,20 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     __shared__ fp4_q8_smem sm;
     const int kid = KID_MATVEC_FP4_RUNS_Q8;
     const fp4_src_x src = {x};
+    if (rows == 2) fp4_runs_q8<2>(w, row_bytes, k, m, src, out, true, counters, kid, sm);
+    else fp4_runs_q8<1>(w, row_bytes, k, m, src, out, true, counters, kid, sm);
+}
+
+// matvec_fp4_runs_q8 of x RMS-normed times g (NORM_MATMUL: fp4_src_norm, each block
+// taking x's sum of squares itself after the dependent-launch wait, while its rows'
+// bulk copies are on their way): a norm's launch fewer before the product. g as x.
+extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
+    matvec_fp4_runs_q8_norm(const unsigned char* __restrict__ w, long long row_bytes, int k,
+                            int m, const float* __restrict__ x, const float* __restrict__ g,
+                            float eps, float* __restrict__ out, int rows, unsigned int* counters) {
+    __shared__ fp4_q8_smem sm;
+    const int kid = KID_MATVEC_FP4_RUNS_Q8_NORM;
+    const fp4_src_norm src = {x, g, eps, 0.0f};
     if (rows == 2) fp4_runs_q8<2>(w, row_bytes, k, m, src, out, true, counters, kid, sm);
     else fp4_runs_q8<1>(w, row_bytes, k, m, src, out, true, counters, kid, sm);
 }

@@ -201,6 +201,12 @@ pub mod ops {
     /// in place: i[0] iterations, i[1] = hc, f[1] = eps (HC_PRE's). args: weights (F32
     /// [2hc + hc^2, n]).
     pub const HC_SINKHORN: u32 = 33;
+    /// A product of RMS-normed x (ABI 1.8): out = MATMUL(w, x / sqrt(mean(x^2) + f[0]) *
+    /// g), each column of x normed on its own. args: w ([k, m], as MATMUL takes it), x (F32
+    /// [k, n]), g (F32 [k]), out (F32 [m, n]), xn (F32 [k, n]: the backend may store the
+    /// normed x there, or leave it as it was). A backend may norm inside the product (its
+    /// sum of squares in another order than NORM_ROPE's).
+    pub const NORM_MATMUL: u32 = 34;
 }
 
 /// MOE_COMBINE's arguments: (y, w, out, optional shared expert output).

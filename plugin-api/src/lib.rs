@@ -48,7 +48,8 @@ pub const ABI_MAJOR: u32 = 1;
 /// 5: SPARSE_ATTENTION's sync words (a 10th argument).
 /// 6: TOPK_ROWS's work words (a 4th argument).
 /// 7: ROUTER with its product (x, the router's weights and sync words: 9 arguments).
-pub const ABI_MINOR: u32 = 7;
+/// 8: NORM_MATMUL (`backend::ops` 34).
+pub const ABI_MINOR: u32 = 8;
 
 /// Explicit ABI version carried by every root module.
 #[repr(C)]

@@ -1048,6 +1048,76 @@ fn swiglu_id_fp4(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all
 }
 
+/// NORM_MATMUL (ABI 1.8) of ROCmFP4 weights for one token (`matvec_fp4_runs_q8_norm`,
+/// launched once, its sum of squares taken in another order) against NORM_ROPE, then
+/// MATMUL, on the same random inputs: that pair within 1e-5 of the largest output of an
+/// f64 product of the host's q8_1 quantisation of its normed x; the one launch within
+/// 1e-3 of both (x's scale may differ in its last bits, so a few 8-bit values can round
+/// apart: one such step moves an output by ~3e-4 of the largest at k = 1024). Shapes:
+/// `wq_b`'s (1024 x 32768), 2048 x 4096 and 8192 x 4096 (512-thread blocks).
+fn norm_matmul(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== NORM_MATMUL (the norm inside the ROCmFP4 product) vs NORM_ROPE + MATMUL ==");
+    let mut all = true;
+    for (k, m) in [(1024usize, 32768usize), (2048, 4096), (8192, 4096)] {
+        let (w, wv) = random_dense(rng, 100, m, k);
+        let x: Vec<f32> = (0..k).map(|_| 3.0 * rng.f32()).collect();
+        let gw: Vec<f32> = (0..k).map(|_| 1.0 + 0.5 * rng.f32()).collect();
+        let (bw, bx, bg) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.buf(&f32_bytes(&gw)));
+        let (bo, bo2, bxn, bxn2) = (
+            g.zeros(m * 4),
+            g.zeros(m * 4),
+            g.zeros(k * 4),
+            g.zeros(k * 4),
+        );
+        let (binv, bpos) = (g.zeros(4), g.zeros(4));
+        let wt = t(bw, 0, 100, 0, [k as u64, m as u64, 1, 1]);
+        let col = |b, n: usize| f32_t(b, [n, 1, 1]);
+        let mut prm = OpParams::default();
+        prm.f[0] = 1e-6;
+        let before = g.counters();
+        g.op_with(
+            ops::NORM_MATMUL,
+            prm,
+            &[wt, col(bx, k), col(bg, k), col(bo, m), col(bxn, k)],
+        );
+        let launches = device_launches(&before, &g.counters(), "matvec_fp4_runs_q8_norm");
+        let fused = g.read_f32(bo, 0, m);
+        let mut pn = OpParams::default();
+        pn.f[0] = 1e-6;
+        pn.f[1] = 1.0;
+        pn.i[0] = 2;
+        let pos = t(bpos, 0, types::I32, 0, [1, 1, 1, 1]);
+        let xk = f32_t(bx, [k, 1, 1]);
+        g.op_with(
+            ops::NORM_ROPE,
+            pn,
+            &[xk, col(bg, k), col(binv, 1), pos, f32_t(bxn2, [k, 1, 1])],
+        );
+        g.op(ops::MATMUL, &[wt, col(bxn2, k), col(bo2, m)]);
+        let split = g.read_f32(bo2, 0, m);
+        let xn = g.read_f32(bxn2, 0, k);
+        let want = ref_values(
+            &wv,
+            m,
+            k,
+            &[xn.chunks_exact(32).map(BlockQ8_1::quantize).collect()],
+        );
+        let (e_split, e_fused) = (rel(&split, &want), rel(&fused, &want));
+        let split64: Vec<f64> = split.iter().map(|&v| v as f64).collect();
+        let e_pair = rel(&fused, &split64);
+        let ok = launches == 1 && e_split <= 1e-5 && e_fused <= 1e-3 && e_pair <= 1e-3;
+        all &= ok;
+        println!(
+            "rocmfp4 {k} x {m}: one launch {launches}, vs f64 {e_fused:.2e} (two launches {e_split:.2e}), vs two launches {e_pair:.2e} {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"norm_matmul\",\"case\":\"{k}x{m}\",\"rel_fused\":{e_fused:.3e},\"rel_split\":{e_split:.3e},\"ok\":{ok}}}"
+        ));
+    }
+    all
+}
+
 /// ROUTER with its product (ABI 1.7: `ds4_router_mm` for one token) against MATMUL, then
 /// the 6-argument ROUTER (`ds4_router`, whose ranks are another selection code), on the
 /// same random inputs: logits, ids and weights bit for bit; the logits within 1e-5 of
@@ -2229,6 +2299,7 @@ fn main() {
     all_ok &= swiglu_id(&g, &mut rng, &mut json);
     all_ok &= hc_post_pre_gsync(&g, &mut rng, &mut json);
     all_ok &= router_mm(&g, &mut rng, &mut json);
+    all_ok &= norm_matmul(&g, &mut rng, &mut json);
     all_ok &= attention_decode(&g, &mut rng, &mut json);
     all_ok &= topk_rows(&g, &mut rng, &mut json);
     all_ok &= index_scores(&g, &mut rng, &mut json);

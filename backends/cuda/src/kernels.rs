@@ -120,8 +120,9 @@ pub struct Module {
 
 /// The ROCmFP4 runs kernels, whose blocks bring their rows into shared memory with bulk
 /// copies where the launch gives them room (fp4_runs_q8_bulk in kernels/gpu/rocmfpx.cu).
-const BULK_KERNELS: [&str; 3] = [
+const BULK_KERNELS: [&str; 4] = [
     "matvec_fp4_runs_q8",
+    "matvec_fp4_runs_q8_norm",
     "matvec_fp4_runs_q8_id",
     "matvec_fp4_runs_q8_id_swiglu",
 ];

@@ -180,6 +180,39 @@ unsafe fn norm_rope(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(),
         .launch(gpu, "ds4_norm_rope", (heads, n, 1), 128)
 }
 
+/// x's columns ([d, n]) RMS-normed times g ([d]) into xn (NORM_ROPE's kernel: norm mode
+/// 2, no rotary), for NORM_MATMUL where its product does not norm x itself.
+///
+/// # Safety
+/// As for every launch.
+pub unsafe fn rms_norm_into(
+    gpu: &impl Gpu,
+    x: &TensorRef,
+    g: &TensorRef,
+    eps: f32,
+    xn: &TensorRef,
+    d: u64,
+) -> Result<(), String> {
+    let n = x.numel() / d.max(1);
+    holds(x, types::F32, d * n, "norm_matmul input")?;
+    holds(g, types::F32, d, "norm_matmul weight")?;
+    holds(xn, types::F32, d * n, "norm_matmul normed input")?;
+    KArgs::default()
+        .p(f32p(gpu, x)?)
+        .p(f32p(gpu, g)?)
+        .i(2)
+        .f(eps)
+        .i(to_i32(d, "d")?)
+        .i(1)
+        .p(0)
+        .i(0)
+        .f(1.0)
+        .i(0)
+        .p(0)
+        .p(f32p(gpu, xn)?)
+        .launch(gpu, "ds4_norm_rope", (1, n, 1), 128)
+}
+
 /// (d, hc, n, mixes per token) of the mHC streams `s` ([d, hc, n]).
 fn hc_dims(s: &TensorRef, head: bool) -> Result<(u64, u64, u64, u64), String> {
     let (d, hc, n) = (s.dims[0], s.dims[1], s.dims[2] * s.dims[3]);

@@ -1389,6 +1389,78 @@ unsafe fn launch_id_one_token(
     )
 }
 
+/// NORM_MATMUL (ABI 1.8): a one-token ROCmFP4 product on the runs kernel norms x itself
+/// (`matvec_fp4_runs_q8_norm`); any other product runs on x normed into xn by NORM_ROPE's
+/// kernel, as MATMUL runs it. Every argument is checked before anything launches.
+fn norm_matmul(
+    gpu: &impl Gpu,
+    backend: &str,
+    mmq: &'static str,
+    p: &OpParams,
+    a: &[TensorRef],
+) -> Result<(), String> {
+    let [w, x, g, out, xn]: [TensorRef; 5] = a
+        .try_into()
+        .map_err(|_| format!("norm_matmul: expected 5 tensor arguments, got {}", a.len()))?;
+    let k = w.dims[0];
+    expect(&g, types::F32, "norm_matmul weight")?;
+    expect(&xn, types::F32, "norm_matmul normed input")?;
+    if g.numel() < k || xn.numel() < x.numel() {
+        return Err(format!(
+            "norm_matmul: weight of {} and normed input of {} values for rows of {k} and an input of {}",
+            g.numel(),
+            xn.numel(),
+            x.numel()
+        ));
+    }
+    let plan = matmul_dense(&[w, x, out], mmq, |t, al| gpu.ptr(t, al))?;
+    let eps = p.f[0];
+    let pg = gpu.ptr(&g, 4)?;
+    let fused = plan.and_then(|pl| match pl.layout {
+        DenseLayout::Fp4Runs(r)
+            if pl.launch.name == "matvec_fp4_runs_q8"
+                && pg.is_multiple_of(16)
+                && !norm_mm_off() =>
+        {
+            Some((pl, r))
+        }
+        _ => None,
+    });
+    if let Some((pl, r)) = fused {
+        let (mut pw, mut rb, mut kk, mut m, mut px, mut po) =
+            (pl.w, pl.row_bytes, pl.k, pl.m, pl.x, pl.out);
+        let (mut pg, mut eps, mut rows) = (pg, eps, r.rows as i32);
+        let smem = fp4_runs_smem(gpu, k, r, rb as u64);
+        let l = Launch {
+            name: "matvec_fp4_runs_q8_norm",
+            ..pl.launch
+        };
+        // SAFETY: matmul_dense checked w, x and out; g holds k values, 16-byte aligned.
+        return unsafe { gpu.launch_smem(l, smem, &kargs!(pw, rb, kk, m, px, pg, eps, po, rows)) };
+    }
+    let xn = TensorRef {
+        dims: [k, x.numel() / k.max(1), 1, 1],
+        ..xn
+    };
+    // SAFETY: rms_norm_into checks its tensors.
+    unsafe { crate::ds4::rms_norm_into(gpu, &x, &g, eps, &xn, k)? };
+    run(
+        gpu,
+        backend,
+        mmq,
+        ops::MATMUL,
+        &OpParams::default(),
+        &[w, xn, out],
+    )
+}
+
+/// `MOE_GPU_NORM_MM=0` runs NORM_MATMUL's norm as its own launch everywhere (A/B runs;
+/// read once).
+fn norm_mm_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| crate::ds4::env_off("MOE_GPU_NORM_MM"))
+}
+
 /// Runs `op` (MATMUL, MATMUL_ID / [`OP_MATMUL_ID`], MATMUL_MULTI, MATMUL_ID_MULTI, ADD,
 /// GET_ROWS and the DeepSeek-V4 glue of [`crate::ds4`]) on `gpu`; `mmq` is the MMQ kernel the device
 /// runs, `backend` names the backend in errors.
@@ -1412,6 +1484,9 @@ pub fn run(
         }
         run(gpu, backend, mmq, ops::MATMUL, &OpParams::default(), &mm)?;
         return run(gpu, backend, mmq, op, params, &args[..6]);
+    }
+    if op == ops::NORM_MATMUL {
+        return norm_matmul(gpu, backend, mmq, params, args);
     }
     if let Some(r) = crate::ds4::run(gpu, op, params, args) {
         return r;
@@ -2411,6 +2486,58 @@ mod run_tests {
             let runs = "matvec_fp4_runs_q8";
             assert_eq!(got, vec![(runs, want[0]), (runs, want[1])], "room {bulk}");
         }
+    }
+
+    /// NORM_MATMUL (ABI 1.8): `wq_b`'s shape in ROCmFP4 for one token is one
+    /// `matvec_fp4_runs_q8_norm` launch (the runs kernel's parameters with g and eps, and
+    /// its shared memory); Q8_0 weights, or two tokens, take NORM_ROPE's kernel into xn,
+    /// then the product; refused before any launch with too short a weight or xn.
+    #[test]
+    fn norm_then_product() {
+        let (k, m) = (1024, 32768);
+        let f = |a, b| t(types::F32, [a, b, 1, 1]);
+        let mut p = OpParams::default();
+        p.f[0] = 1e-6;
+        let sig = crate::kernels::signatures();
+        let launched = |ty, n, bulk| {
+            let g = Rec {
+                bulk,
+                ..Default::default()
+            };
+            let a = [t(ty, [k, m, 1, 1]), f(k, n), f(k, 1), f(m, n), f(k, n)];
+            run(&g, "test", MMQ_MMA, ops::NORM_MATMUL, &p, &a).unwrap();
+            for &(name, _, np) in g.launches.borrow().iter() {
+                assert_eq!(sig.get(name), Some(&(np + 1)), "{name}'s parameters");
+            }
+            let l: Vec<_> = g.launches.borrow().iter().map(|l| l.0).collect();
+            let smem = g.smem.borrow().clone();
+            (l, smem)
+        };
+        let (l, smem) = launched(TYPE_ROCMFP4, 1, 214_000);
+        assert_eq!(l, ["matvec_fp4_runs_q8_norm"]);
+        assert_eq!(smem, [("matvec_fp4_runs_q8_norm", 73_728)]);
+        let (l, _) = launched(TYPE_Q8_0, 1, 0);
+        assert_eq!(l.first(), Some(&"ds4_norm_rope"));
+        assert!(l.len() >= 2 && !l.contains(&"matvec_fp4_runs_q8_norm"));
+        let (l, _) = launched(TYPE_ROCMFP4, 2, 0);
+        assert_eq!(l.first(), Some(&"ds4_norm_rope"));
+        let g = Rec::default();
+        let mut bad = [
+            t(TYPE_ROCMFP4, [k, m, 1, 1]),
+            f(k, 1),
+            f(k / 2, 1),
+            f(m, 1),
+            f(k, 1),
+        ];
+        let e = run(&g, "test", MMQ_MMA, ops::NORM_MATMUL, &p, &bad).unwrap_err();
+        assert!(e.contains("norm_matmul: weight of 512"), "{e}");
+        bad[2] = f(k, 1);
+        bad[4] = f(k / 2, 1);
+        let e = run(&g, "test", MMQ_MMA, ops::NORM_MATMUL, &p, &bad).unwrap_err();
+        assert!(e.contains("normed input of 512"), "{e}");
+        let e = run(&g, "test", MMQ_MMA, ops::NORM_MATMUL, &p, &bad[..4]).unwrap_err();
+        assert!(e.contains("expected 5"), "{e}");
+        assert!(g.launches.borrow().is_empty());
     }
 
     /// ROUTER with its product (ABI 1.7): one `ds4_router_mm` launch, a block per two

@@ -80,6 +80,8 @@ struct Work {
     wts: Tensor,
     x: Tensor,
     q_res: Tensor,
+    /// NORM_MATMUL's normed input, where the backend stores it (see `norm_mm`).
+    q_resn: Tensor,
     q: Tensor,
     kv: Tensor,
     ck: Tensor,
@@ -213,6 +215,9 @@ pub(super) struct GpuPath {
     /// ROUTER takes x and the router's weights (ABI 1.7): the product and the selection
     /// as one op (see `probe_router_mm`).
     router_mm: bool,
+    /// q_a's norm inside `wq_b`'s product (NORM_MATMUL, ABI 1.8) where no indexer reads
+    /// the normed q_res (opt-in, `MOE_DS4_NORM_MM=1`: see `probe_norm_mm`).
+    norm_mm: bool,
     /// The indexer queries' rotary in the scoring kernel (INDEX_SCORES' inv_freq, ABI
     /// 1.4; opt-in, see `probe_idx_rope`).
     idx_rope: bool,
@@ -389,6 +394,7 @@ impl GpuPath {
             att_sync: probe_att_sync(dev),
             topk_work: probe_topk_work(dev),
             router_mm: probe_router_mm(dev),
+            norm_mm: probe_norm_mm(dev),
             idx_rope: probe_idx_rope(dev),
             hc_defer: !sides.is_empty() && probe_hc_sinkhorn(dev),
             sides,
@@ -451,6 +457,7 @@ impl GpuPath {
             wts: f(nm * n)?,
             x: f(d * n)?,
             q_res: f(p.q_lora * n)?,
+            q_resn: f(p.q_lora * n)?,
             q: f(attn * n)?,
             kv: f(p.head_dim * n)?,
             ck: f(2 * p.head_dim * n)?,
@@ -1036,11 +1043,15 @@ impl GpuPath {
             &[kv3, dl.kv_norm.r, inv.r, pos, kv3],
         )?;
         let qr3 = v(&w.q_res, [p.q_lora, 1, n, 1]);
-        op(
-            ops::NORM_ROPE,
-            pr(&[p.eps, 1.0], &[2, 0, 0]),
-            &[qr3, dl.q_a_norm.r, inv.r, pos, qr3],
-        )?;
+        // q_a's norm inside wq_b's product where no indexer scores from the normed q_res.
+        let norm_in_qb = self.norm_mm && !idx.is_some_and(|(ix, _)| scoring(ix));
+        if !norm_in_qb {
+            op(
+                ops::NORM_ROPE,
+                pr(&[p.eps, 1.0], &[2, 0, 0]),
+                &[qr3, dl.q_a_norm.r, inv.r, pos, qr3],
+            )?;
+        }
         let mut mode = if lay.comp.is_some() { 1 } else { 0 };
         if let Some((ix, cs)) = idx.filter(|(ix, _)| scoring(ix)) {
             // The indexer's queries come from the normed q_res: its stream waits for it,
@@ -1077,7 +1088,18 @@ impl GpuPath {
             sd.op(ops::TOPK_ROWS, pr(&[], &[ix.comp.ratio as i64]), &a)?;
             mode = 2;
         }
-        mm(wv(&lay.q_b), q_res, v(&w.q, [nh * hd, n, 1, 1]))?;
+        if norm_in_qb {
+            let a = [
+                wv(&lay.q_b),
+                q_res,
+                dl.q_a_norm.r,
+                v(&w.q, [nh * hd, n, 1, 1]),
+                v(&w.q_resn, [p.q_lora, n, 1, 1]),
+            ];
+            op(ops::NORM_MATMUL, pr(&[p.eps], &[]), &a)?;
+        } else {
+            mm(wv(&lay.q_b), q_res, v(&w.q, [nh * hd, n, 1, 1]))?;
+        }
         let q = v(&w.q, [hd, nh, n, 1]);
         // Decode steps: the rotaries inside the attention (a prefill chunk's many blocks
         // would each repeat q's norm; its separate launches cost little there).
@@ -1471,6 +1493,29 @@ fn probe_router_mm(dev: &Arc<Device>) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether to run q_a's norm inside `wq_b`'s product (`MOE_DS4_NORM_MM=1`; off by default:
+/// written 2026-12-04 after the session's device time was spent, not yet measured on the
+/// device) and the backend runs NORM_MATMUL (ABI 1.8): one tiny call.
+fn probe_norm_mm(dev: &Arc<Device>) -> bool {
+    if std::env::var_os("MOE_DS4_NORM_MM").is_none_or(|v| v != "1") {
+        return false; // NORM_ROPE, then MATMUL
+    }
+    probe_op(dev, "NORM_ROPE before wq_b's MATMUL", || {
+        let (w, x, g, out, xn) = (
+            filled(dev, 4, 2)?,
+            filled(dev, 4, 1)?,
+            filled(dev, 4, 1)?,
+            dev.f32([2, 1, 1, 1])?,
+            dev.f32([4, 1, 1, 1])?,
+        );
+        dev.op(
+            ops::NORM_MATMUL,
+            pr(&[1e-6], &[]),
+            &[w.r, x.r, g.r, out.r, xn.r],
+        )
+    })
 }
 
 /// Whether the backend's SPARSE_ATTENTION takes sync words after an inv_freq of no
