@@ -1053,11 +1053,17 @@ fn swiglu_id_fp4(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// MATMUL, on the same random inputs: that pair within 1e-5 of the largest output of an
 /// f64 product of the host's q8_1 quantisation of its normed x; the one launch within
 /// 1e-3 of both (x's scale may differ in its last bits, so a few 8-bit values can round
-/// apart: one such step moves an output by ~3e-4 of the largest at k = 1024). Shapes:
-/// `wq_b`'s (1024 x 32768), 2048 x 4096 and 8192 x 4096 (512-thread blocks).
+/// apart: one such step moves an output by ~3e-4 of the largest at k = 1024), and on the
+/// register path the same bits as on the bulk path. Shapes: `wq_b`'s (1024 x 32768),
+/// 2048 x 4096 and 8192 x 4096 (512-thread blocks).
 fn norm_matmul(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== NORM_MATMUL (the norm inside the ROCmFP4 product) vs NORM_ROPE + MATMUL ==");
     let mut all = true;
+    // The runs kernel's plan whatever MOE_GPU_FP4_MMA says; with MOE_GPU_FP4_RUNS=0 or
+    // MOE_GPU_NORM_MM=0 the two launches are what must run.
+    FORCE_FP4_MMA.store(1, Ordering::Relaxed);
+    let on = |v: &str| std::env::var_os(v).is_none_or(|v| v != "0");
+    let want_launches = (on("MOE_GPU_FP4_RUNS") && on("MOE_GPU_NORM_MM")) as u64;
     for (k, m) in [(1024usize, 32768usize), (2048, 4096), (8192, 4096)] {
         let (w, wv) = random_dense(rng, 100, m, k);
         let x: Vec<f32> = (0..k).map(|_| 3.0 * rng.f32()).collect();
@@ -1105,16 +1111,35 @@ fn norm_matmul(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         let (e_split, e_fused) = (rel(&split, &want), rel(&fused, &want));
         let split64: Vec<f64> = split.iter().map(|&v| v as f64).collect();
         let e_pair = rel(&fused, &split64);
-        let ok = launches == 1 && e_split <= 1e-5 && e_fused <= 1e-3 && e_pair <= 1e-3;
+        // The register path (HIP's, older NVIDIA devices') where this one took the bulk
+        // copies: the same bits.
+        let br = g.zeros(m * 4);
+        FORCE_FP4_REGS.store(true, Ordering::Relaxed);
+        g.op_with(
+            ops::NORM_MATMUL,
+            prm,
+            &[wt, col(bx, k), col(bg, k), col(br, m), col(bxn, k)],
+        );
+        FORCE_FP4_REGS.store(false, Ordering::Relaxed);
+        let regs_same = same_bits(&g.read_f32(br, 0, m), &fused);
+        let ok = launches == want_launches
+            && e_split <= 1e-5
+            && e_fused <= 1e-3
+            && e_pair <= 1e-3
+            && regs_same;
         all &= ok;
         println!(
-            "rocmfp4 {k} x {m}: one launch {launches}, vs f64 {e_fused:.2e} (two launches {e_split:.2e}), vs two launches {e_pair:.2e} {}",
+            "rocmfp4 {k} x {m}: one launch {launches}, vs f64 {e_fused:.2e} (two launches {e_split:.2e}), vs two launches {e_pair:.2e}, register path same bits {regs_same} {}",
             if ok { "ok" } else { "FAIL" }
         );
+        for b in [bw, bx, bg, bo, bo2, bxn, bxn2, binv, bpos, br] {
+            into_result((g.be.free)(b)).unwrap();
+        }
         json.push(format!(
             "{{\"test\":\"norm_matmul\",\"case\":\"{k}x{m}\",\"rel_fused\":{e_fused:.3e},\"rel_split\":{e_split:.3e},\"ok\":{ok}}}"
         ));
     }
+    FORCE_FP4_MMA.store(0, Ordering::Relaxed);
     all
 }
 

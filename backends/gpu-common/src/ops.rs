@@ -1391,7 +1391,8 @@ unsafe fn launch_id_one_token(
 
 /// NORM_MATMUL (ABI 1.8): a one-token ROCmFP4 product on the runs kernel norms x itself
 /// (`matvec_fp4_runs_q8_norm`); any other product runs on x normed into xn by NORM_ROPE's
-/// kernel, as MATMUL runs it. Every argument is checked before anything launches.
+/// kernel, as MATMUL runs it. Every argument is checked before anything launches (the
+/// product's as MATMUL plans it).
 fn norm_matmul(
     gpu: &impl Gpu,
     backend: &str,
@@ -1405,6 +1406,13 @@ fn norm_matmul(
     let k = w.dims[0];
     expect(&g, types::F32, "norm_matmul weight")?;
     expect(&xn, types::F32, "norm_matmul normed input")?;
+    // (the norm's kernel takes values in pairs)
+    if k == 0 || !k.is_multiple_of(2) || !x.numel().is_multiple_of(k) {
+        return Err(format!(
+            "norm_matmul: an input of {} values is not columns of an even {k}",
+            x.numel()
+        ));
+    }
     if g.numel() < k || xn.numel() < x.numel() {
         return Err(format!(
             "norm_matmul: weight of {} and normed input of {} values for rows of {k} and an input of {}",
@@ -1414,6 +1422,10 @@ fn norm_matmul(
         ));
     }
     let plan = matmul_dense(&[w, x, out], mmq, |t, al| gpu.ptr(t, al))?;
+    if plan.is_none() {
+        // Type 107 (or a type the backend lacks: refused here, before the norm).
+        matmul(&[w, x, out], backend, mmq, |t, al| gpu.ptr(t, al))?;
+    }
     let eps = p.f[0];
     let pg = gpu.ptr(&g, 4)?;
     let fused = plan.and_then(|pl| match pl.layout {
@@ -2491,7 +2503,8 @@ mod run_tests {
     /// NORM_MATMUL (ABI 1.8): `wq_b`'s shape in ROCmFP4 for one token is one
     /// `matvec_fp4_runs_q8_norm` launch (the runs kernel's parameters with g and eps, and
     /// its shared memory); Q8_0 weights, or two tokens, take NORM_ROPE's kernel into xn,
-    /// then the product; refused before any launch with too short a weight or xn.
+    /// then the product; refused before any launch with too short a weight or xn, an odd
+    /// row or weights of a type the backend lacks.
     #[test]
     fn norm_then_product() {
         let (k, m) = (1024, 32768);
@@ -2537,6 +2550,18 @@ mod run_tests {
         assert!(e.contains("normed input of 512"), "{e}");
         let e = run(&g, "test", MMQ_MMA, ops::NORM_MATMUL, &p, &bad[..4]).unwrap_err();
         assert!(e.contains("expected 5"), "{e}");
+        let odd = [
+            t(types::F32, [7, 4, 1, 1]),
+            f(7, 1),
+            f(7, 1),
+            f(4, 1),
+            f(7, 1),
+        ];
+        let e = run(&g, "test", MMQ_MMA, ops::NORM_MATMUL, &p, &odd).unwrap_err();
+        assert!(e.contains("an even 7"), "{e}");
+        let unknown = [t(9999, [k, 4, 1, 1]), f(k, 1), f(k, 1), f(4, 1), f(k, 1)];
+        let e = run(&g, "test", MMQ_MMA, ops::NORM_MATMUL, &p, &unknown).unwrap_err();
+        assert!(e.contains("matmul weights"), "{e}");
         assert!(g.launches.borrow().is_empty());
     }
 

@@ -457,7 +457,8 @@ impl GpuPath {
             wts: f(nm * n)?,
             x: f(d * n)?,
             q_res: f(p.q_lora * n)?,
-            q_resn: f(p.q_lora * n)?,
+            // (one value where the engine never sends NORM_MATMUL)
+            q_resn: f(if norm_mm_wanted() { p.q_lora * n } else { 1 })?,
             q: f(attn * n)?,
             kv: f(p.head_dim * n)?,
             ck: f(2 * p.head_dim * n)?,
@@ -1495,14 +1496,22 @@ fn probe_router_mm(dev: &Arc<Device>) -> bool {
     }
 }
 
-/// Whether to run q_a's norm inside `wq_b`'s product (`MOE_DS4_NORM_MM=1`; off by default:
-/// written 2026-12-04 after the session's device time was spent, not yet measured on the
-/// device) and the backend runs NORM_MATMUL (ABI 1.8): one tiny call.
+/// `MOE_DS4_NORM_MM=1`: q_a's norm inside `wq_b`'s product where the backend runs
+/// NORM_MATMUL (off by default: written 2026-12-04 after the session's device time was
+/// spent, not yet measured on the device).
+fn norm_mm_wanted() -> bool {
+    std::env::var_os("MOE_DS4_NORM_MM").is_some_and(|v| v == "1")
+}
+
+/// Whether to run q_a's norm inside `wq_b`'s product ([`norm_mm_wanted`]) and the
+/// backend runs NORM_MATMUL (ABI 1.8): one tiny call (the norm, then an f32 product),
+/// its output read back.
 fn probe_norm_mm(dev: &Arc<Device>) -> bool {
-    if std::env::var_os("MOE_DS4_NORM_MM").is_none_or(|v| v != "1") {
+    if !norm_mm_wanted() {
         return false; // NORM_ROPE, then MATMUL
     }
-    probe_op(dev, "NORM_ROPE before wq_b's MATMUL", || {
+    probe_op(dev, "NORM_MATMUL", || {
+        // x, g and w all 0.5: x normed to 1, times g 0.5, against rows of four 0.5s: 1.
         let (w, x, g, out, xn) = (
             filled(dev, 4, 2)?,
             filled(dev, 4, 1)?,
@@ -1514,7 +1523,14 @@ fn probe_norm_mm(dev: &Arc<Device>) -> bool {
             ops::NORM_MATMUL,
             pr(&[1e-6], &[]),
             &[w.r, x.r, g.r, out.r, xn.r],
-        )
+        )?;
+        dev.sync()?;
+        let o = out.download_f32(2)?;
+        anyhow::ensure!(
+            o.iter().all(|v| (v - 1.0).abs() < 1e-4),
+            "outputs {o:?} where 1 was due"
+        );
+        Ok(())
     })
 }
 
