@@ -158,12 +158,10 @@ unsafe fn norm_rope(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(),
         "norm_rope weight",
     )?;
     holds(&inv, types::F32, pairs, "norm_rope frequencies")?;
-    holds(
-        &pos,
-        types::I32,
-        if pairs > 0 { n } else { 0 },
-        "norm_rope positions",
-    )?;
+    // (read only where pairs are rotated: NORM_MATMUL's norm passes another tensor)
+    if pairs > 0 {
+        holds(&pos, types::I32, n, "norm_rope positions")?;
+    }
     KArgs::default()
         .p(f32p(gpu, &x)?)
         .p(f32p(gpu, &w)?)
@@ -178,39 +176,6 @@ unsafe fn norm_rope(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(),
         .p(gpu.ptr(&pos, 4)?)
         .p(f32p(gpu, &out)?)
         .launch(gpu, "ds4_norm_rope", (heads, n, 1), 128)
-}
-
-/// x's columns ([d, n]) RMS-normed times g ([d]) into xn (NORM_ROPE's kernel: norm mode
-/// 2, no rotary), for NORM_MATMUL where its product does not norm x itself.
-///
-/// # Safety
-/// As for every launch.
-pub unsafe fn rms_norm_into(
-    gpu: &impl Gpu,
-    x: &TensorRef,
-    g: &TensorRef,
-    eps: f32,
-    xn: &TensorRef,
-    d: u64,
-) -> Result<(), String> {
-    let n = x.numel() / d.max(1);
-    holds(x, types::F32, d * n, "norm_matmul input")?;
-    holds(g, types::F32, d, "norm_matmul weight")?;
-    holds(xn, types::F32, d * n, "norm_matmul normed input")?;
-    KArgs::default()
-        .p(f32p(gpu, x)?)
-        .p(f32p(gpu, g)?)
-        .i(2)
-        .f(eps)
-        .i(to_i32(d, "d")?)
-        .i(1)
-        .p(0)
-        .i(0)
-        .f(1.0)
-        .i(0)
-        .p(0)
-        .p(f32p(gpu, xn)?)
-        .launch(gpu, "ds4_norm_rope", (1, n, 1), 128)
 }
 
 /// (d, hc, n, mixes per token) of the mHC streams `s` ([d, hc, n]).
@@ -1060,10 +1025,23 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         )
 }
 
-/// Checks every argument of ROUTER with its product (ABI 1.7: 9 arguments), before
-/// either form launches anything: the 6-argument part as ROUTER takes it, w_r ([d, E])
-/// against the logits' E and x ([d, n]) against their n, and n sync words.
-pub fn router_mm_check(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
+/// A checked launch, to run once the caller has decided on it.
+pub struct Prepared(KArgs, &'static str, (u64, u64, u64), u32);
+
+impl Prepared {
+    /// # Safety
+    /// As for every launch.
+    pub unsafe fn launch(self, gpu: &impl Gpu) -> Result<(), String> {
+        self.0.launch(gpu, self.1, self.2, self.3)
+    }
+}
+
+/// ROUTER with its product (ABI 1.7: 9 arguments), every argument checked before either
+/// form launches anything: the 6-argument part as ROUTER takes it, w_r ([d, E]) against
+/// the logits' E and x ([d, n]) against their n, and n sync words. Returns the one
+/// launch `ds4_router_mm` (the product and the selection, the same bits as the two),
+/// for the caller to run where MATMUL would run the product on `matvec_f32_wide`.
+pub fn router_mm(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<Prepared, String> {
     let [logits, _, _, _, _, _, x, wr, sync] = args(a, "router")?;
     let (d, e) = (wr.dims[0], logits.dims[0]);
     let n = logits.numel() / e.max(1);
@@ -1075,43 +1053,21 @@ pub fn router_mm_check(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         ));
     }
     holds(&sync, types::I32, n, "router sync words")?;
-    router_kargs(gpu, p, &a[..6], Some((x, wr, sync, d))).map(|_| ())
-}
-
-/// ROUTER with its product (ABI 1.7: 9 arguments, checked by [`router_mm_check`]) where
-/// MATMUL would run the product on `matvec_f32_wide` (one token): `ds4_router_mm`, the
-/// product and the selection in one launch (the same bits as the two).
-///
-/// # Safety
-/// As for every launch.
-pub unsafe fn router_mm(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
-    let [_, _, _, _, _, _, x, wr, sync] = args(a, "router")?;
-    router_launch(gpu, p, &a[..6], Some((x, wr, sync, wr.dims[0])))
+    router_kargs(gpu, p, &a[..6], Some((x, wr, sync, d)))
 }
 
 unsafe fn router(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
-    router_launch(gpu, p, a, None)
+    router_kargs(gpu, p, a, None)?.launch(gpu)
 }
 
-/// `ds4_router` on the logits, or with `mm` = (x, w_r, sync, d) `ds4_router_mm`.
-unsafe fn router_launch(
-    gpu: &impl Gpu,
-    p: &OpParams,
-    a: &[TensorRef],
-    mm: Option<(TensorRef, TensorRef, TensorRef, u64)>,
-) -> Result<(), String> {
-    let (ka, name, grid, block) = router_kargs(gpu, p, a, mm)?;
-    ka.launch(gpu, name, grid, block)
-}
-
-/// The checked launch of [`router_launch`]: its arguments, kernel, grid and block.
-#[allow(clippy::type_complexity)]
+/// The checked launch of `ds4_router` on the logits, or with `mm` = (x, w_r, sync, d) of
+/// `ds4_router_mm`.
 fn router_kargs(
     gpu: &impl Gpu,
     p: &OpParams,
     a: &[TensorRef],
     mm: Option<(TensorRef, TensorRef, TensorRef, u64)>,
-) -> Result<(KArgs, &'static str, (u64, u64, u64), u32), String> {
+) -> Result<Prepared, String> {
     let [logits, bias, table, tokens, ids, w] = args(a, "router")?;
     let (e, n, k) = (
         logits.dims[0],
@@ -1174,13 +1130,13 @@ fn router_kargs(
         .p(gpu.ptr(&ids, 4)?)
         .p(f32p(gpu, &w)?);
     Ok(match mm {
-        Some((_, _, sync, _)) => (
+        Some((_, _, sync, _)) => Prepared(
             ka.p(gpu.ptr(&sync, 4)?),
             "ds4_router_mm",
             (e.div_ceil(2), 1, 1),
             1024,
         ),
-        None => (ka, "ds4_router", (n, 1, 1), 256),
+        None => Prepared(ka, "ds4_router", (n, 1, 1), 256),
     })
 }
 

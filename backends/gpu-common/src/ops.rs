@@ -1450,12 +1450,27 @@ fn norm_matmul(
         // SAFETY: matmul_dense checked w, x and out; g holds k values, 16-byte aligned.
         return unsafe { gpu.launch_smem(l, smem, &kargs!(pw, rb, kk, m, px, pg, eps, po, rows)) };
     }
+    // NORM_ROPE's plain norm times g (no rotary: g stands in for its frequencies and
+    // positions, which it then does not read), into xn.
+    let n = x.numel() / k;
+    let (x3, xn3) = (
+        TensorRef {
+            dims: [k, 1, n, 1],
+            ..x
+        },
+        TensorRef {
+            dims: [k, 1, n, 1],
+            ..xn
+        },
+    );
+    let mut pn = OpParams::default();
+    (pn.f[0], pn.f[1], pn.i[0]) = (eps, 1.0, 2);
+    crate::ds4::run(gpu, ops::NORM_ROPE, &pn, &[x3, g, g, g, xn3])
+        .unwrap_or_else(|| Err("norm_matmul: no norm kernel".into()))?;
     let xn = TensorRef {
-        dims: [k, x.numel() / k.max(1), 1, 1],
+        dims: [k, n, 1, 1],
         ..xn
     };
-    // SAFETY: rms_norm_into checks its tensors.
-    unsafe { crate::ds4::rms_norm_into(gpu, &x, &g, eps, &xn, k)? };
     run(
         gpu,
         backend,
@@ -1487,12 +1502,12 @@ pub fn run(
     if op == ops::ROUTER && args.len() == ops::ROUTER_MM_ARGS {
         // The product first (as MATMUL takes it), in the router's launch where it is one
         // `matvec_f32_wide`. Every argument is checked before either form launches.
-        crate::ds4::router_mm_check(gpu, params, args)?;
+        let fused = crate::ds4::router_mm(gpu, params, args)?;
         let mm = [args[7], args[6], args[0]];
         let plan = matmul_dense(&mm, mmq, |t, a| gpu.ptr(t, a))?;
         if plan.is_some_and(|p| p.layout == DenseLayout::F32Wide) && !router_mm_off() {
-            // SAFETY: matmul_dense checked the product's tensors, router_mm_check the rest.
-            return unsafe { crate::ds4::router_mm(gpu, params, args) };
+            // SAFETY: matmul_dense checked the product's tensors, router_mm the rest.
+            return unsafe { fused.launch(gpu) };
         }
         run(gpu, backend, mmq, ops::MATMUL, &OpParams::default(), &mm)?;
         return run(gpu, backend, mmq, op, params, &args[..6]);
