@@ -1497,8 +1497,8 @@ fn probe_router_mm(dev: &Arc<Device>) -> bool {
 }
 
 /// `MOE_DS4_NORM_MM=1`: q_a's norm inside `wq_b`'s product where the backend runs
-/// NORM_MATMUL (off by default: written 2026-12-04 after the session's device time was
-/// spent, not yet measured on the device).
+/// NORM_MATMUL (off by default: 43 layers on the H200, 2026-12-04 20:50, tg32 165.0 at
+/// depth 0 and 145.9 at 32K against 170.5 / 172.5 and 148.9 / 148.7 without).
 fn norm_mm_wanted() -> bool {
     std::env::var_os("MOE_DS4_NORM_MM").is_some_and(|v| v == "1")
 }
