@@ -1437,6 +1437,16 @@ extern "C" __global__ void __launch_bounds__(128)
 // word with every bit 3 flipped) into two sums.
 #define FP4_RUNS_MAX_K 8192
 #define FP4_RUNS_MAX_THREADS 512  // threads a block (see matvec_fp4_runs_q8)
+// The bulk path's chunks a block (4, or 8 with FP4_BULK_CHUNKS=8) and how many of them
+// it asks for at once (FP4_BULK_INFLIGHT; all by default). Compile options for A/B runs:
+// see fp4_runs_q8_bulk.
+#define FP4_BULK_MAX_CHUNKS 8
+#if !defined(FP4_BULK_CHUNKS)
+#define FP4_BULK_CHUNKS 4
+#endif
+#if !defined(FP4_BULK_INFLIGHT)
+#define FP4_BULK_INFLIGHT FP4_BULK_MAX_CHUNKS
+#endif
 #define FP4M_LD 33  // staged words (gpu_u4) a run in the matrix-unit kernel (see fp4_mma_smem)
 
 // Threads sharing a row: the largest power of two <= min(k / 256, 32).
@@ -1524,7 +1534,7 @@ struct fp4_q8_smem {
     gpu_u4 xq[FP4_RUNS_MAX_K / 8];
     float ds[8][FP4_RUNS_MAX_K / 256];
     float sc[256];
-    unsigned long long bar[4];  // the bulk path's chunks (fp4_runs_q8_bulk)
+    unsigned long long bar[FP4_BULK_MAX_CHUNKS];  // the bulk path's chunks (fp4_runs_q8_bulk)
 };
 
 // Where the runs kernel's activations come from, 4 values (chunk c) at a time: x itself
@@ -1700,7 +1710,7 @@ GPU_DEV void fp4_run_dot_q8(const fp4_run<R>& run, int g, const fp4_q8_smem& sm,
 #if defined(GPU_BULK)
 // The runs kernel with its block's rows brought into shared memory by bulk copies (the
 // host gave the launch R NT / L rows of dynamic shared memory): thread 0 asks for them
-// in 4 chunks of whole rows before x is quantised (the plain kernel before its
+// in FP4_BULK_CHUNKS chunks of whole rows before x is quantised (the plain kernel before its
 // dependent-launch wait, the grouped ones after it: they read their expert's id first),
 // each chunk with its own barrier, and the threads quantise x meanwhile. Thread (row slot q, lane j) takes rows q + P i (P =
 // NT / L), so the warps of the first chunk's rows start on it while the later ones are
@@ -1708,21 +1718,29 @@ GPU_DEV void fp4_run_dot_q8(const fp4_run<R>& run, int g, const fp4_q8_smem& sm,
 // on k). Measured (2026-12-04, one launch of 18.9 MB graph-replayed, H200): wo_b 13.1 ->
 // 11.3 us, wq_b's shape 11.8 -> 8.8; the weights' loads no longer hold the registers
 // and the memory pipe the quantisation and dot need.
+// With FP4_BULK_INFLIGHT below the chunks, only that many are asked for at first and
+// chunk c + FP4_BULK_INFLIGHT once chunk c has landed (by the thread of its first row,
+// which waits for it anyway): chunks asked for together land together, at the end of
+// the transfer. Alone (scripts/device/runs_floor.sh, 2026-12-04 21:00) 8 chunks with 2 in
+// flight took wq_b 10.2 -> 8.4 us, wo_b 10.6 -> 9.6, wo_a's groups 10.5 -> 9.2 (the
+// shared expert's down 4.7 -> 5.6); in the decode graph within the spread (notes).
 template <int R, typename SRC>
 GPU_DEV void fp4_runs_q8_bulk(const unsigned char* __restrict__ w, long long row_bytes, int k,
                               int m, SRC src, float* __restrict__ out, bool wait,
                               unsigned int* counters, int kid, fp4_q8_smem& sm) {
     const int L = fp4_runs_lanes(k), t = threadIdx.x, P = (int)blockDim.x / L;
     const int j = t & (L - 1), q = t / L, rb = R * P, row0 = blockIdx.x * rb;
-    const int chunks = rb % 4 == 0 ? 4 : 1, per = rb / chunks;
+    const int chunks = rb % FP4_BULK_CHUNKS == 0 ? FP4_BULK_CHUNKS : (rb % 4 == 0 ? 4 : 1);
+    const int per = rb / chunks;
+    auto ask = [&](int c) {
+        const int r = row0 + c * per, n = m - r < per ? m - r : per;
+        gpu_bulk_load<RUNS_HINT>(gpu_dyn_smem + (long long)c * per * row_bytes, w + (long long)r * row_bytes,
+                                 n > 0 ? (unsigned int)(n * row_bytes) : 0u, &sm.bar[c]);
+    };
     if (t == 0) {
         for (int c = 0; c < chunks; ++c) gpu_mbar_init(&sm.bar[c]);
         gpu_mbar_init_fence();
-        for (int c = 0; c < chunks; ++c) {
-            const int r = row0 + c * per, n = m - r < per ? m - r : per;
-            gpu_bulk_load<RUNS_HINT>(gpu_dyn_smem + (long long)c * per * row_bytes, w + (long long)r * row_bytes,
-                          n > 0 ? (unsigned int)(n * row_bytes) : 0u, &sm.bar[c]);
-        }
+        for (int c = 0; c < chunks && c < FP4_BULK_INFLIGHT; ++c) ask(c);
     }
     if (wait) gpu_count_launch(counters, kid);
     src.begin(k);  // after the wait: the source is the previous kernel's output
@@ -1734,6 +1752,9 @@ GPU_DEV void fp4_runs_q8_bulk(const unsigned char* __restrict__ w, long long row
         // Rows past m (the last block's) sum whatever the chunk holds and are not stored.
         const int lr = q + P * i;
         gpu_mbar_wait(&sm.bar[lr / per]);
+        if (FP4_BULK_INFLIGHT < FP4_BULK_MAX_CHUNKS && j == 0 && lr % per == 0 &&
+            lr / per + FP4_BULK_INFLIGHT < chunks)
+            ask(lr / per + FP4_BULK_INFLIGHT);
         const unsigned char* row = gpu_dyn_smem + (long long)lr * row_bytes;
         float acc[1] = {0.0f};
         for (int g = j; g < k >> 8; g += L) {

@@ -203,7 +203,10 @@ fn pdl_early() -> Option<&'static str> {
 /// the many-block top-k, the one-launch decode attention's splits) wait with full
 /// fences around plain atomics instead of acquire-release ones (the same values);
 /// `MOE_GPU_FP4_STAGE=serial` has the ROCmFP4 runs kernels' bulk path load x one chunk
-/// at a time as it quantises it, as the register path does (the same values).
+/// at a time as it quantises it, as the register path does (the same values);
+/// `MOE_GPU_FP4_CHUNKS=8` has that path ask for a block's rows in 8 chunks instead of 4
+/// and `MOE_GPU_FP4_INFLIGHT=N` (1 - 6) keep only N of them in flight (the same values;
+/// see fp4_runs_q8_bulk).
 fn ab_defines() -> Vec<&'static str> {
     let set = |var: &str, val: &str| std::env::var_os(var).is_some_and(|v| v == val);
     let mut d = Vec::new();
@@ -218,6 +221,17 @@ fn ab_defines() -> Vec<&'static str> {
     }
     if set("MOE_GPU_FP4_STAGE", "serial") {
         d.push("-DFP4_STAGE_SERIAL=1");
+    }
+    if set("MOE_GPU_FP4_CHUNKS", "8") {
+        d.push("-DFP4_BULK_CHUNKS=8");
+    }
+    match std::env::var("MOE_GPU_FP4_INFLIGHT").as_deref() {
+        Ok("1") => d.push("-DFP4_BULK_INFLIGHT=1"),
+        Ok("2") => d.push("-DFP4_BULK_INFLIGHT=2"),
+        Ok("3") => d.push("-DFP4_BULK_INFLIGHT=3"),
+        Ok("4") => d.push("-DFP4_BULK_INFLIGHT=4"),
+        Ok("6") => d.push("-DFP4_BULK_INFLIGHT=6"),
+        _ => {}
     }
     match std::env::var("MOE_GPU_STREAM_HINT").as_deref() {
         Ok("0") => d.push("-DGPU_NO_STREAM_HINT=1"),
