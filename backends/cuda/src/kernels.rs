@@ -57,7 +57,7 @@ pub fn compile(arch: &str) -> Result<(Arc<Vec<u8>>, bool), String> {
         "-default-device".to_string(),
     ];
     opts.extend(pdl_early().map(str::to_string));
-    opts.extend(ab_defines().into_iter().map(str::to_string));
+    opts.extend(ab_defines());
     let (maj, min) = nvrtc_version();
     let ver = format!("nvrtc {maj}.{min}");
     let file = kernels::cache_file(&src, &opts, &ver, arch, "cubin");
@@ -207,7 +207,7 @@ fn pdl_early() -> Option<&'static str> {
 /// `MOE_GPU_FP4_CHUNKS=8` has that path ask for a block's rows in 8 chunks instead of 4
 /// and `MOE_GPU_FP4_INFLIGHT=N` (1 - 6) keep only N of them in flight (the same values;
 /// see fp4_runs_q8_bulk).
-fn ab_defines() -> Vec<&'static str> {
+fn ab_defines() -> Vec<String> {
     let set = |var: &str, val: &str| std::env::var_os(var).is_some_and(|v| v == val);
     let mut d = Vec::new();
     if set("MOE_GPU_PLAIN_I2F", "1") {
@@ -225,14 +225,6 @@ fn ab_defines() -> Vec<&'static str> {
     if set("MOE_GPU_FP4_CHUNKS", "8") {
         d.push("-DFP4_BULK_CHUNKS=8");
     }
-    match std::env::var("MOE_GPU_FP4_INFLIGHT").as_deref() {
-        Ok("1") => d.push("-DFP4_BULK_INFLIGHT=1"),
-        Ok("2") => d.push("-DFP4_BULK_INFLIGHT=2"),
-        Ok("3") => d.push("-DFP4_BULK_INFLIGHT=3"),
-        Ok("4") => d.push("-DFP4_BULK_INFLIGHT=4"),
-        Ok("6") => d.push("-DFP4_BULK_INFLIGHT=6"),
-        _ => {}
-    }
     match std::env::var("MOE_GPU_STREAM_HINT").as_deref() {
         Ok("0") => d.push("-DGPU_NO_STREAM_HINT=1"),
         Ok("runs") => d.push("-DRUNS_NO_STREAM_HINT=1"),
@@ -240,6 +232,12 @@ fn ab_defines() -> Vec<&'static str> {
         Ok("products") => d.extend(["-DRUNS_NO_STREAM_HINT=1", "-DRF2_NO_STREAM_HINT=1"]),
         Ok("mhc") => d.push("-DHC_NO_STREAM_HINT=1"),
         _ => {}
+    }
+    let mut d: Vec<String> = d.into_iter().map(str::to_string).collect();
+    if let Ok(n) = std::env::var("MOE_GPU_FP4_INFLIGHT") {
+        if ["1", "2", "3", "4", "6"].contains(&n.as_str()) {
+            d.push(format!("-DFP4_BULK_INFLIGHT={n}"));
+        }
     }
     d
 }
