@@ -402,6 +402,15 @@ GPU_DEV void f32_wide_dots(const float* __restrict__ row, int k, const float* __
     for (int r = 0; r < R; ++r) v[r] = warp == 0 ? gpu_warp_sum(sh[32 * r + lane]) : 0.0f;
 }
 
+// A shared-memory pointer as the 32-bit address the copy and barrier instructions take.
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__)
+GPU_DEV unsigned int gpu_smem_addr(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+#endif
+
 // Bulk copies from global to shared memory (sm_90's TMA engine, cp.async.bulk): one
 // thread asks for a whole span of bytes, which lands in shared memory while every
 // thread goes on, and an mbarrier counts the bytes in; threads wait on the barrier of the
@@ -413,11 +422,6 @@ GPU_DEV void f32_wide_dots(const float* __restrict__ row, int k, const float* __
     (!defined(__CUDACC_VER_MAJOR__) || __CUDACC_VER_MAJOR__ >= 12)
 #define GPU_BULK 1
 extern __shared__ __attribute__((aligned(128))) unsigned char gpu_dyn_smem[];
-GPU_DEV unsigned int gpu_smem_addr(const void* p) {
-    unsigned int a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
 GPU_DEV unsigned int gpu_dyn_smem_bytes() {
     unsigned int n;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));

@@ -44,6 +44,9 @@
 #define KID_MATVEC_FP4_MMA 52
 #define KID_MATVEC_FP4_MMA_ID 53
 #define KID_MATVEC_FP4_RUNS_Q8_NORM 60
+#define KID_MMW_DENSE 61
+#define KID_MMW_ID 62
+#define KID_F32_TO_BF16 63
 #define KID_MATMUL_F32_TILES 54
 #define KID_MATMUL_F32_REDUCE 55
 
@@ -2808,4 +2811,271 @@ extern "C" __global__ void __launch_bounds__(256)
         if (ty == MT_107) mmb_tile_w<MT_107>(sm, we, row_bytes, nb, m, r0, end - c0, x, out, affine);
         else mmb_tile_w<DT_ROCMFP4>(sm, we, row_bytes, nb, m, r0, end - c0, x, out, affine);
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Prefill products on bf16 matrix units with the weights streamed (MMW; CUDA sm_80+,
+// opt-in: MOE_GPU_MMB=stream): the MMB tiles' sums laid out for throughput. The same
+// weight values (mmb_decode's tables and rounding), the same activation rounding
+// (f32_to_bf16 is mmb_tile's conversion) and, for every output, the same mma
+// sequence over k: the same bits as mmb_dense / mmb_id. What differs is the pipeline.
+// The MMB tiles stage 64 values at a time through registers (the next stage's loads one
+// stage ahead, two barriers a stage) and write every decoded weight to shared memory
+// before the products read it back. Here MMW_STAGES stages of MMW_KS values are in
+// flight at once by cp.async (each row's raw blocks as stored, the activations as the
+// bf16 pairs f32_to_bf16 wrote once a product), one barrier a stage, and each warp
+// decodes its own 16 rows straight into its A fragments: a tile is 128 rows by BN
+// columns (64, or 16 for a routed expert's few tokens), warp w takes rows 16 w ..
+// 16 w + 15 and every column, so each weight is decoded once a tile.
+// Needs nb % 4 == 0 (k a multiple of MMW_KS), row_bytes and the bases 8-byte aligned,
+// xb 16-byte aligned, and the launch's dynamic shared memory for its stages
+// (mmw_stage_bytes; the host gives the narrow size where no tile is wider).
+#define MMW_BM 128
+#define MMW_KS 128               // k values a stage: 4 blocks of 32
+#define MMW_STAGES 4
+#define MMW_ALD (MMW_KS / 2 + 4)  // words a staged activation column: 64 bf16 pairs + 4 pad
+
+// x (2 n values) as n bf16 pairs, value 2i in the low half of word i (round to nearest
+// even, as mmb_tile stages them). Needs x 8-byte aligned. grid = ceil(n / 256), block 256.
+extern "C" __global__ void __launch_bounds__(256)
+    f32_to_bf16(const float* __restrict__ x, long long n, unsigned int* __restrict__ out,
+                unsigned int* counters) {
+    gpu_count_launch(counters, KID_F32_TO_BF16);
+    const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
+    if (i < n) out[i] = gpu_bf16x2(x[2 * i], x[2 * i + 1]);
+}
+
+// A stage's raw weight bytes a row (4 blocks as stored), and a stage's bytes in all.
+template <int TY>
+GPU_DEV constexpr int mmw_row_bytes() {
+    return 4 * mma_block_bytes<TY>();
+}
+template <int TY, int BN>
+GPU_DEV constexpr int mmw_stage_bytes() {
+    return MMW_BM * mmw_row_bytes<TY>() + BN * MMW_ALD * 4;
+}
+
+// A tile's columns (tile_dense_cols / tile_pair_cols fill them) and the decode table:
+// 107: the prmt selector of a nibble's two codes (16 entries); ROCmFP4: mmb_lut's 256.
+struct mmw_cols {
+    int acol[MMA_BN], ocol[MMA_BN];
+    unsigned int lut[256];
+};
+
+template <int TY>
+GPU_DEV void mmw_lut_fill(mmw_cols& sm) {
+    const unsigned int i = threadIdx.x;  // (256 threads)
+    if (TY == MT_107) {
+        if (i < 16) sm.lut[i] = 0x1010u + 34u * (i & 3u) + 8704u * (i >> 2);
+    } else {
+        sm.lut[i] = mmb_lut<DT_ROCMFP4>(i);
+    }
+}
+
+#if defined(RF_MMA_PTX)
+// cp.async of BYTES (8 or 16) from src to shared dst; with on = false zeros (src unread).
+template <int BYTES>
+GPU_DEV void mmw_copy(void* dst, const void* src, bool on) {
+    if (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(gpu_smem_addr(dst)),
+                     "l"(src), "r"(on ? 16 : 0)
+                     : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(gpu_smem_addr(dst)),
+                     "l"(src), "r"(on ? 8 : 0)
+                     : "memory");
+}
+GPU_DEV void mmw_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+GPU_DEV void mmw_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+GPU_DEV void mmw_mma(float* d, unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
+                     unsigned int b0, unsigned int b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Code word h of a staged 107 block at p (rows are 8-byte aligned, blocks 10 bytes:
+// odd blocks start mid-word).
+template <int BLK>
+GPU_DEV unsigned int mmw_word107(const unsigned char* p) {
+    return BLK & 1 ? gpu_load_u32_a2(p) : *(const unsigned int*)p;
+}
+
+// One staged row's A-fragment pairs for k16 step h of block BLK: the values (2q, 2q + 1)
+// into lo and (2q + 8, 2q + 9) into hi (q = lane % 4), as bf16 pairs of mmb_decode's
+// values; row points at the row's stage bytes.
+template <int TY, int BLK>
+GPU_DEV void mmw_frag(const unsigned char* row, int h, int q, int affine, const unsigned int* lut,
+                      unsigned int& lo, unsigned int& hi) {
+    constexpr int BB = mma_block_bytes<TY>();
+    const unsigned char* b = row + BLK * BB;
+    const unsigned int sc = gpu_load_u16(b + (TY == MT_107 ? 8 : 16));
+    if (TY == MT_107) {
+        // mmb_decode's four values of half h: value c = c e - o.
+        const float e = ue4m3(h && !affine ? sc >> 8 : sc);
+        const float o = affine ? ue4m3(sc >> 8) : e;
+        const unsigned int t0 = gpu_bf16x2(-o, e - o), t1 = gpu_bf16x2(2.0f * e - o, 3.0f * e - o);
+        const unsigned int w = mmw_word107<BLK>(b + 4 * h);
+        lo = gpu_perm(t0, t1, lut[(w >> (4 * q)) & 15u]);
+        hi = gpu_perm(t0, t1, lut[(w >> (4 * q + 16)) & 15u]);
+    } else {
+        // Bytes 2q, 2q + 1 (and 2q + 8, 2q + 9): values 2q, 2q + 1 of half h in nibble h.
+        const unsigned int s = gpu_bf16x2(ue4m3(h ? sc >> 8 : sc), ue4m3(h ? sc >> 8 : sc));
+        const unsigned int x0 = gpu_load_u16(b + 2 * q) >> (4 * h), x1 = gpu_load_u16(b + 2 * q + 8) >> (4 * h);
+        lo = gpu_bf16x2_mul(lut[(x0 & 0xfu) | ((x0 >> 4) & 0xf0u)], s);
+        hi = gpu_bf16x2_mul(lut[(x1 & 0xfu) | ((x1 >> 4) & 0xf0u)], s);
+    }
+}
+
+// The tile at rows r0.. of w over columns acol[0..BN) (bf16 pair columns of xb, k / 2
+// words each; -1: zeros), stored to out[ocol[j] m + row] for ocol[j] >= 0. smem: the
+// launch's dynamic shared memory (MMW_STAGES stages).
+template <int TY, int BN>
+GPU_DEV void mmw_tile(unsigned char* smem, const int* acol, const int* ocol,
+                      const unsigned int* lut, const unsigned char* __restrict__ w,
+                      long long row_bytes, int nb, int m, int r0,
+                      const unsigned int* __restrict__ xb, float* __restrict__ out, int affine) {
+    constexpr int NT = BN / 8, NE = MMA_NE(1, NT), WRB = mmw_row_bytes<TY>(), G = WRB / 8;
+    constexpr int SB = mmw_stage_bytes<TY, BN>(), AOFF = MMW_BM * WRB;
+    const int t = threadIdx.x, lane = t & 31, wr = (t >> 5) * 16, g = lane >> 2, q = lane & 3;
+    const long long kw = (long long)nb * 16;  // words (bf16 pairs) a column of xb
+    const int stages = nb / 4;
+    float acc[NE];
+#pragma unroll
+    for (int i = 0; i < NE; ++i) acc[i] = 0.0f;
+    // Stage s's copies into buffer s % MMW_STAGES: 8-byte pieces of the rows' raw
+    // blocks (zeros past m: zero scales, zero values), 16-byte pieces of the columns.
+    auto issue = [&](int s) {
+        unsigned char* st = smem + (s % MMW_STAGES) * SB;
+        const long long off = (long long)s * WRB;  // (a stage is 4 whole blocks of a row)
+        for (int i = t; i < MMW_BM * G; i += 256) {
+            const int row = i / G, part = i - row * G, gr = r0 + row;
+            const bool on = gr < m;
+            mmw_copy<8>(st + row * WRB + 8 * part, on ? w + gr * row_bytes + off + 8 * part : w, on);
+        }
+        for (int i = t; i < BN * 16; i += 256) {
+            const int col = i >> 4, part = i & 15, gc = acol[col];
+            const bool on = gc >= 0;
+            mmw_copy<16>(st + AOFF + 4 * (col * MMW_ALD + 4 * part),
+                         on ? xb + gc * kw + 64 * s + 4 * part : xb, on);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < MMW_STAGES - 1; ++s) {
+        if (s < stages) issue(s);
+        mmw_commit();  // (empty groups keep the count: stage s is always group s)
+    }
+    for (int s = 0; s < stages; ++s) {
+        mmw_wait<MMW_STAGES - 2>();  // this thread's copies of stage s are in
+        __syncthreads();             // everyone's are, and stage s - 1's buffer is free
+        if (s + MMW_STAGES - 1 < stages) issue(s + MMW_STAGES - 1);
+        mmw_commit();
+        const unsigned char* st = smem + (s % MMW_STAGES) * SB;
+        const unsigned char* ra = st + (wr + g) * WRB;
+        const unsigned char* rb = ra + 8 * WRB;
+        const unsigned int* as_ = (const unsigned int*)(st + AOFF);
+#define MMW_BLOCK(BLK)                                                                          \
+    _Pragma("unroll") for (int h = 0; h < 2; ++h) {                                             \
+        unsigned int a0, a1, a2, a3;                                                            \
+        mmw_frag<TY, BLK>(ra, h, q, affine, lut, a0, a2);                                       \
+        mmw_frag<TY, BLK>(rb, h, q, affine, lut, a1, a3);                                       \
+        const unsigned int* c = as_ + g * MMW_ALD + 8 * (2 * (BLK) + h) + q;                    \
+        _Pragma("unroll") for (int nt = 0; nt < NT; ++nt)                                       \
+            mmw_mma(acc + 4 * nt, a0, a1, a2, a3, c[nt * 8 * MMW_ALD], c[nt * 8 * MMW_ALD + 4]); \
+    }
+        MMW_BLOCK(0)
+        MMW_BLOCK(1)
+        MMW_BLOCK(2)
+        MMW_BLOCK(3)
+#undef MMW_BLOCK
+    }
+    mmw_wait<0>();  // (only empty groups are left; none outlives the tile)
+#pragma unroll
+    for (int i = 0; i < NE; ++i) {
+        const int gr = r0 + wr + mma_row<1, NT>(i, lane), oc = ocol[mma_col<1, NT>(i, lane)];
+        if (gr < m && oc >= 0) out[(long long)oc * m + gr] = acc[i];
+    }
+}
+
+// The launch's dynamic shared memory (bytes).
+GPU_DEV unsigned int mmw_dyn_bytes() {
+    unsigned int n;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+    return n;
+}
+
+// Columns c0 .. min(c0 + 64, end) of a tile list (acol / ocol from c0): one wide tile
+// where there are more than 16 and the launch has room for its stages, else narrow
+// tiles of 16 (each weight decoded again for each: the same sums).
+template <int TY>
+GPU_DEV void mmw_cols_tiles(unsigned char* smem, const mmw_cols& sm, int ncols,
+                            const unsigned char* __restrict__ w, long long row_bytes, int nb,
+                            int m, int r0, const unsigned int* __restrict__ xb,
+                            float* __restrict__ out, int affine) {
+    if (ncols > 16 && mmw_dyn_bytes() >= (unsigned int)(MMW_STAGES * mmw_stage_bytes<TY, MMA_BN>())) {
+        mmw_tile<TY, MMA_BN>(smem, sm.acol, sm.ocol, sm.lut, w, row_bytes, nb, m, r0, xb, out, affine);
+        return;
+    }
+    for (int j = 0; j < ncols && j < MMA_BN; j += 16) {
+        __syncthreads();  // the last tile's buffers are read
+        mmw_tile<TY, 16>(smem, sm.acol + j, sm.ocol + j, sm.lut, w, row_bytes, nb, m, r0, xb, out, affine);
+    }
+}
+#endif
+
+// out[c m + r] = sum_i W[r][i] x[c k + i] for type-107 (ty 107, `affine`) or ROCmFP4 (ty
+// 100) weights, xb = x as bf16 pairs (f32_to_bf16). Block (x, y) takes column tile x and
+// row tile y, so the tiles of one row tile run side by side and share its weights in L2.
+// grid = (ceil(n / 64), ceil(m / 128)), block = 256, dynamic shared memory
+// MMW_STAGES mmw_stage_bytes (64 columns; 16 where n <= 16).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    mmw_dense(const unsigned char* __restrict__ w, long long row_bytes, int ty, int nb, int m,
+              int n, const unsigned int* __restrict__ xb, float* __restrict__ out, int affine,
+              unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMW_DENSE);
+#if defined(RF_MMA_PTX)
+    extern __shared__ __attribute__((aligned(128))) unsigned char mmw_smem[];
+    __shared__ mmw_cols sm;
+    const int c0 = blockIdx.x * MMA_BN, r0 = blockIdx.y * MMW_BM;
+    if (ty == MT_107) mmw_lut_fill<MT_107>(sm);
+    else mmw_lut_fill<DT_ROCMFP4>(sm);
+    tile_dense_cols(sm, c0, n);  // (also orders the table)
+    const int ncols = n - c0 < MMA_BN ? n - c0 : MMA_BN;
+    if (ty == MT_107) mmw_cols_tiles<MT_107>(mmw_smem, sm, ncols, w, row_bytes, nb, m, r0, xb, out, affine);
+    else mmw_cols_tiles<DT_ROCMFP4>(mmw_smem, sm, ncols, w, row_bytes, nb, m, r0, xb, out, affine);
+#endif
+}
+
+// The grouped form (MATMUL_ID, pairs sorted by moe_sort; as mmb_id): block row y takes
+// the y-th non-empty list, its pairs 64 at a time over 128 rows of that expert; the
+// masked list gets zeros. xb: bf16 pair columns of k values (per pair or per token).
+// grid = (ceil(m / 128), min(pairs, n_experts) + 1), block = 256, dynamic shared memory
+// as mmw_dense (the narrow size where the host expects no expert over 16 pairs: wider
+// lists then run as narrow tiles).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    mmw_id(const unsigned char* __restrict__ w, long long expert_bytes, long long row_bytes,
+           int ty, int nb, int m, int n_experts, const unsigned int* __restrict__ xb,
+           int act_per_pair, int n_slots, const int* __restrict__ offsets,
+           const int* __restrict__ active, const int* __restrict__ sorted,
+           float* __restrict__ out, int affine, unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMW_ID);
+#if defined(RF_MMA_PTX)
+    extern __shared__ __attribute__((aligned(128))) unsigned char mmw_smem[];
+    __shared__ mmw_cols sm;
+    const int r0 = blockIdx.x * MMW_BM;
+    int e, begin, end;
+    if (!tile_list(active, offsets, sorted, n_experts, out, r0, m, e, begin, end)) return;
+    if (ty == MT_107) mmw_lut_fill<MT_107>(sm);
+    else mmw_lut_fill<DT_ROCMFP4>(sm);
+    const unsigned char* we = w + (long long)e * expert_bytes;
+    for (int c0 = begin; c0 < end; c0 += MMA_BN) {
+        tile_pair_cols(sm, c0, end, sorted, act_per_pair, n_slots);  // (orders the table too)
+        if (ty == MT_107) mmw_cols_tiles<MT_107>(mmw_smem, sm, end - c0, we, row_bytes, nb, m, r0, xb, out, affine);
+        else mmw_cols_tiles<DT_ROCMFP4>(mmw_smem, sm, end - c0, we, row_bytes, nb, m, r0, xb, out, affine);
+    }
+#endif
 }

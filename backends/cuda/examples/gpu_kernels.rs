@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use moe_backend_cuda::{
     ops::{
         mmq_kernel, FORCE_ATT_DEC, FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_MMB,
-        FORCE_MMQ_DP4A, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
+        FORCE_MMQ_DP4A, FORCE_MMW, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -394,6 +394,238 @@ fn dense_mmq(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
             );
         }
         FORCE_MMB.store(false, Ordering::Relaxed);
+    }
+    all_ok
+}
+
+/// Type-107 rows' values from the spec (two-scale: (c - 1) E_h; affine: c S - O), in f64.
+fn values_107(w: &[u8], affine: bool) -> Vec<f64> {
+    let mut v = Vec::with_capacity(w.len() / 10 * 32);
+    for b in w.chunks_exact(10) {
+        for i in 0..32 {
+            let c = ((b[i >> 2] >> (2 * (i & 3))) & 3) as f64;
+            let (a, o) = if affine {
+                (ue4m3(b[8]), ue4m3(b[9]))
+            } else {
+                let e = ue4m3(b[8 + i / 16]);
+                (e, e)
+            };
+            v.push(c * a - o);
+        }
+    }
+    v
+}
+
+/// ref[c * m + r] = sum_i w[r][i] * x_c[i] with the f32 activations themselves, in f64.
+fn ref_f32(w: &[f64], m: usize, k: usize, x: &[f32]) -> Vec<f64> {
+    let xs: Vec<&[f32]> = x.chunks_exact(k).collect();
+    par_rows(m, xs.len(), |r| {
+        let row = &w[r * k..(r + 1) * k];
+        xs.iter()
+            .map(|c| row.iter().zip(*c).map(|(a, b)| a * *b as f64).sum::<f64>())
+            .collect()
+    })
+}
+
+/// The streamed bf16 tiles (`mmw_dense` / `mmw_id`, MOE_GPU_MMB=stream) against the bf16
+/// MMB tiles on the same random inputs: the same weight values, activation rounding
+/// and mma sequence a sum, so every routed output is expected to be the same bits
+/// (reported; the pass criteria are the f64 reference of the f32 inputs within nmse
+/// 5e-4 (bf16 operands), masked routes exact zeros, NaN-poisoned outputs all written,
+/// and which kernels ran: a k of whole 128-value stages on mmw, else back on mmb).
+/// Shapes: edge rows (m % 128 != 0), one and several column tiles, 16 columns (narrow
+/// tiles), grouped experts of ~12 pairs (the narrow launch) with one expert of 32 (a
+/// list past 16 on the narrow launch: run as narrow tiles), ~60 pairs (wide).
+fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> bool {
+    if cc.0 < 8 {
+        println!("\n== streamed bf16 tiles: skipped (needs sm_80) ==");
+        return true;
+    }
+    println!("\n== streamed bf16 tiles (mmw) vs bf16 tiles (mmb) and the f64 reference ==");
+    println!(
+        "{:<10} {:<6} {:>5} {:>5} {:>5} {:>9} {:>8} {:>12} {:<12} {}",
+        "type", "op", "K", "M", "cols", "same bits", "written", "nmse", "kernel", "ok"
+    );
+    let mut all_ok = true;
+    let kinds: [(&str, u32, u64); 3] = [
+        ("two-scale", 107, FP2_TWO_SCALE),
+        ("affine", 107, FP2_AFFINE),
+        ("rocmfp4", 100, 0),
+    ];
+    let weights = |rng: &mut Rng, ty: u32, variant: u64, rows: usize, k: usize| {
+        if ty == 107 {
+            let w = random_weights(rng, rows, k);
+            let v = values_107(&w, variant == FP2_AFFINE);
+            (w, v)
+        } else {
+            random_dense(rng, ty, rows, k)
+        }
+    };
+    // Runs `f` on the MMB tiles, then on the streamed ones: both outputs and whether
+    // `want` ran (and mmb not) the second time.
+    let both = |f: &dyn Fn() -> Vec<f32>, want: &str| {
+        FORCE_MMB.store(true, Ordering::Relaxed);
+        let mmb_out = f();
+        FORCE_MMW.store(true, Ordering::Relaxed);
+        let before = g.counters();
+        let out = f();
+        let after = g.counters();
+        FORCE_MMW.store(false, Ordering::Relaxed);
+        FORCE_MMB.store(false, Ordering::Relaxed);
+        let other = if want.starts_with("mmw") {
+            "mmb"
+        } else {
+            "mmw"
+        };
+        let ran = device_launches(&before, &after, want) > 0
+            && [format!("{other}_dense"), format!("{other}_id")]
+                .iter()
+                .all(|n| device_launches(&before, &after, n) == 0);
+        (mmb_out, out, ran)
+    };
+    for (vname, ty, variant) in kinds {
+        // Dense: (k, m, n); k = 160 is not whole stages (back on mmb_dense).
+        for (k, m, n) in [
+            (1024usize, 1000usize, 40usize),
+            (2048, 512, 16),
+            (4096, 384, 130),
+            (160, 256, 20),
+        ] {
+            let (w, wv) = weights(rng, ty, variant, m, k);
+            let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+            let (bw, bx) = (g.buf(&w), g.buf(&f32_bytes(&x)));
+            let bo = g.buf(&f32_bytes(&vec![f32::NAN; m * n]));
+            let want = if k % 128 == 0 {
+                "mmw_dense"
+            } else {
+                "mmb_dense"
+            };
+            let run = || {
+                g.op(
+                    ops::MATMUL,
+                    &[
+                        t(bw, 0, ty, variant, [k as u64, m as u64, 1, 1]),
+                        t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
+                        t(bo, 0, types::F32, 0, [m as u64, n as u64, 1, 1]),
+                    ],
+                );
+                let got = g.read_f32(bo, 0, m * n);
+                // poison again for the next run
+                into_result((g.be.upload)(
+                    bo,
+                    0,
+                    f32_bytes(&vec![f32::NAN; m * n]).as_slice().into(),
+                ))
+                .unwrap();
+                got
+            };
+            let (ref_out, got, ran) = both(&run, want);
+            let written = got.iter().all(|v| !v.is_nan());
+            let bits = same_bits(&got, &ref_out);
+            let e = nmse(&got, &ref_f32(&wv, m, k, &x));
+            let ok = ran && written && e <= 5e-4;
+            all_ok &= ok;
+            println!(
+                "{vname:<10} {:<6} {k:>5} {m:>5} {n:>5} {bits:>9} {written:>8} {e:>12.3e} {want:<12} {}",
+                "matmul",
+                if ok { "ok" } else { "FAIL" }
+            );
+            json.push(format!(
+                "{{\"test\":\"mmw\",\"type\":\"{vname}\",\"op\":\"matmul\",\"k\":{k},\"m\":{m},\"cols\":{n},\"same_bits\":{bits},\"written\":{written},\"nmse\":{e:e},\"kernel\":\"{want}\",\"ok\":{ok}}}"
+            ));
+            for b in [bw, bx, bo] {
+                into_result((g.be.free)(b)).unwrap();
+            }
+        }
+        // Grouped: 16 experts of 300 x 1024, 6 slots.
+        for (n_tok, skew, per_pair) in [
+            (32usize, false, false),
+            (32, true, true),
+            (160, false, false),
+        ] {
+            let (k, m, experts, slots) = (1024usize, 300usize, 16usize, 6usize);
+            let (w, wv) = weights(rng, ty, variant, experts * m, k);
+            let pairs = n_tok * slots;
+            let cols = if per_pair { pairs } else { n_tok };
+            let x: Vec<f32> = (0..cols * k).map(|_| rng.f32()).collect();
+            let mut ids = vec![0i32; pairs];
+            for tok in 0..n_tok {
+                let mut used = Vec::new();
+                for s in 0..slots {
+                    // skew: expert 0 in every token's first slot (32 pairs on a launch
+                    // planned for ~12); about one route in ten masked otherwise.
+                    let e = if skew && s == 0 {
+                        0
+                    } else {
+                        loop {
+                            let e = rng.below(experts as u64) as i32;
+                            if !(used.contains(&e) || (skew && e == 0)) {
+                                break e;
+                            }
+                        }
+                    };
+                    used.push(e);
+                    let masked = !(skew && s == 0) && rng.below(10) == 0;
+                    ids[tok * slots + s] = if masked { -1 } else { e };
+                }
+            }
+            let (bw, bx) = (g.buf(&w), g.buf(&f32_bytes(&x)));
+            let bi = g.buf(
+                &ids.iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            );
+            let bo = g.buf(&f32_bytes(&vec![f32::NAN; m * pairs]));
+            let run = || {
+                g.op(
+                    OP_MATMUL_ID,
+                    &id_args(
+                        [bw, bx, bi, bo],
+                        (ty, variant),
+                        [k, m, experts, slots, n_tok, cols],
+                    ),
+                );
+                let got = g.read_f32(bo, 0, m * pairs);
+                into_result((g.be.upload)(
+                    bo,
+                    0,
+                    f32_bytes(&vec![f32::NAN; m * pairs]).as_slice().into(),
+                ))
+                .unwrap();
+                got
+            };
+            let (ref_out, got, ran) = both(&run, "mmw_id");
+            let (mut gr, mut wr, mut zeros, mut written, mut bits) =
+                (Vec::new(), Vec::new(), true, true, true);
+            for (p, &e) in ids.iter().enumerate() {
+                let gs = &got[p * m..(p + 1) * m];
+                if e < 0 {
+                    zeros &= gs.iter().all(|v| v.to_bits() == 0);
+                    continue;
+                }
+                written &= gs.iter().all(|v| !v.is_nan());
+                bits &= same_bits(gs, &ref_out[p * m..(p + 1) * m]);
+                let c = if per_pair { p } else { p / slots };
+                let ew = &wv[e as usize * m * k..(e as usize + 1) * m * k];
+                wr.extend(ref_f32(ew, m, k, &x[c * k..(c + 1) * k]));
+                gr.extend_from_slice(gs);
+            }
+            let e = nmse(&gr, &wr);
+            let ok = ran && written && zeros && e <= 5e-4;
+            all_ok &= ok;
+            println!(
+                "{vname:<10} {:<6} {k:>5} {m:>5} {pairs:>5} {bits:>9} {written:>8} {e:>12.3e} {:<12} {}",
+                "id",
+                if skew { "mmw_id skew" } else { "mmw_id" },
+                if ok && zeros { "ok" } else { "FAIL" }
+            );
+            json.push(format!(
+                "{{\"test\":\"mmw\",\"type\":\"{vname}\",\"op\":\"id\",\"k\":{k},\"m\":{m},\"cols\":{pairs},\"skew\":{skew},\"same_bits\":{bits},\"written\":{written},\"masked_zero\":{zeros},\"nmse\":{e:e},\"kernel\":\"mmw_id\",\"ok\":{ok}}}"
+            ));
+            for b in [bw, bx, bi, bo] {
+                into_result((g.be.free)(b)).unwrap();
+            }
+        }
     }
     all_ok
 }
@@ -2329,6 +2561,7 @@ fn main() {
     all_ok &= topk_rows(&g, &mut rng, &mut json);
     all_ok &= index_scores(&g, &mut rng, &mut json);
     all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);
+    all_ok &= mmw_check(&g, &mut rng, dev.cc, &mut json);
     all_ok &= dense_decode(&g, &mut rng, &mut json);
     all_ok &= f32_tiles_check(&g, &mut rng, &mut json);
     if quick {
@@ -2399,20 +2632,24 @@ fn main() {
             json.push(format!("{{\"bench\":\"mmvq\",\"k\":{k},\"m\":{rows},\"n\":{n},\"us\":{:.2},\"gbps\":{gbps:.1},\"of_copy\":{:.3}}}", ms * 1e3, gbps * 1e9 / copy_bw));
         }
         // MMQ on one expert-sized and on a 16-expert-tall matrix, 512 columns; each tile
-        // kernel the device has (bf16, int8 tensor-core, dp4a: mode 0, 1, 2).
+        // kernel the device has (as configured, bf16, dp4a, streamed bf16: mode 0 - 3).
         let mmq_runs: Vec<(u64, usize, u8)> = [(m as u64, 512usize), (16 * m as u64, 512)]
             .into_iter()
-            .flat_map(|(mr, n)| [(mr, n, 0u8), (mr, n, 1), (mr, n, 2)])
+            .flat_map(|(mr, n)| [(mr, n, 0u8), (mr, n, 1), (mr, n, 2), (mr, n, 3)])
             .filter(|&(_, _, mode)| match mode {
                 0 => true,
                 1 => dev.cc.0 >= 8 && !mmb(dev.cc),
-                _ => mmq_kernel(dev.cc) != "mmq_dp4a_107",
+                2 => mmq_kernel(dev.cc) != "mmq_dp4a_107",
+                _ => dev.cc.0 >= 8,
             })
             .collect();
         for (mrows, n, mode) in mmq_runs {
-            FORCE_MMB.store(mode == 1, Ordering::Relaxed);
+            FORCE_MMB.store(mode == 1 || mode == 3, Ordering::Relaxed);
+            FORCE_MMW.store(mode == 3, Ordering::Relaxed);
             FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
-            let kname = if mmb(dev.cc) {
+            let kname = if mode == 3 {
+                "mmw_dense"
+            } else if mmb(dev.cc) {
                 "mmb_dense"
             } else {
                 mmq_kernel(dev.cc)
@@ -2430,6 +2667,7 @@ fn main() {
             let tf = 2.0 * mrows as f64 * k as f64 * n as f64 / (ms * 1e-3) / 1e12;
             let gbps = (mrows as f64 * k as f64 / 32.0 * 10.0) / (ms * 1e-3) / 1e9;
             FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
+            FORCE_MMW.store(false, Ordering::Relaxed);
             FORCE_MMB.store(false, Ordering::Relaxed);
             println!(
                 "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
@@ -2503,6 +2741,79 @@ fn main() {
             );
             json.push(format!("{{\"bench\":\"grouped\",\"k\":{k},\"m\":{m},\"tokens\":{n_tok},\"experts_touched\":{},\"us\":{:.2},\"gbps\":{gbps:.1},\"of_copy\":{:.3}}}", distinct.len(), ms * 1e3, gbps * 1e9 / copy_bw));
             into_result((g.be.free)(bi)).unwrap();
+        }
+        // A prefill chunk's routed experts: 512 tokens (~12 pairs an expert) on the tiles
+        // as configured, the bf16 ones and the streamed bf16 ones (mode 0, 1, 3).
+        let n_tok = 512usize;
+        let ids: Vec<i32> = (0..n_tok)
+            .flat_map(|_| {
+                let mut used = Vec::new();
+                while used.len() < 6 {
+                    let e = rng.below(experts as u64) as i32;
+                    if !used.contains(&e) {
+                        used.push(e);
+                    }
+                }
+                used
+            })
+            .collect();
+        let bi = g.buf(
+            &ids.iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        );
+        let cols = if k == 2048 { 6 * n_tok } else { n_tok };
+        let bx2 = g.buf(&f32_bytes(
+            &(0..cols * k).map(|_| rng.f32()).collect::<Vec<f32>>(),
+        ));
+        let bo2 = g.zeros(m * 6 * n_tok * 4);
+        for mode in [0u8, 1, 3]
+            .into_iter()
+            .filter(|&md| md == 0 || dev.cc.0 >= 8)
+        {
+            FORCE_MMB.store(mode != 0, Ordering::Relaxed);
+            FORCE_MMW.store(mode == 3, Ordering::Relaxed);
+            let before = g.counters();
+            let ms = g.time(10, || {
+                g.op(
+                    OP_MATMUL_ID,
+                    &id_args(
+                        [bw, bx2, bi, bo2],
+                        (107, FP2_AFFINE),
+                        [k, m, experts, 6, n_tok, cols],
+                    ),
+                )
+            });
+            let after = g.counters();
+            FORCE_MMW.store(false, Ordering::Relaxed);
+            FORCE_MMB.store(false, Ordering::Relaxed);
+            let kname = [
+                "mmw_id",
+                "mmb_id",
+                "mmq_mma_id",
+                "mmq_dp4a_id",
+                "mmvq_grouped_107",
+            ]
+            .into_iter()
+            .find(|n| device_launches(&before, &after, n) > 0)
+            .unwrap_or("?");
+            let tf = 2.0 * (6 * n_tok * m * k) as f64 / (ms * 1e-3) / 1e12;
+            let gbps = w.len() as f64 / (ms * 1e-3) / 1e9;
+            println!(
+                "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
+                format!("{kname} (prefill)"),
+                k,
+                m,
+                n_tok,
+                ms * 1e3,
+                gbps,
+                100.0 * gbps * 1e9 / copy_bw,
+                tf
+            );
+            json.push(format!("{{\"bench\":\"grouped_prefill\",\"kernel\":\"{kname}\",\"k\":{k},\"m\":{m},\"tokens\":{n_tok},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
+        }
+        for b in [bi, bx2, bo2] {
+            into_result((g.be.free)(b)).unwrap();
         }
         for b in [bw, bx, bo] {
             into_result((g.be.free)(b)).unwrap();

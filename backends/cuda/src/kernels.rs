@@ -116,7 +116,13 @@ pub struct Module {
     /// Dynamic shared memory the ROCmFP4 runs kernels may take for their bulk path
     /// (see [`bulk_enabled`]; 0: none).
     pub bulk_smem: u32,
+    /// Dynamic shared memory the streamed bf16 tiles may take (0: none; sm_80 on).
+    pub mmw_smem: u32,
 }
+
+/// The streamed bf16 tiles, whose stages live in dynamic shared memory (mmw_tile in
+/// kernels/gpu/rocmfpx.cu).
+const MMW_KERNELS: [&str; 2] = ["mmw_dense", "mmw_id"];
 
 /// The ROCmFP4 runs kernels, whose blocks bring their rows into shared memory with bulk
 /// copies where the launch gives them room (fp4_runs_q8_bulk in kernels/gpu/rocmfpx.cu).
@@ -134,12 +140,16 @@ pub fn bulk_enabled(cc: (i32, i32)) -> bool {
     cc.0 >= 9 && std::env::var_os("MOE_GPU_FP4_BULK").is_none_or(|v| v != "0")
 }
 
-/// Lets the bulk kernels take all the shared memory a block may opt into, less their
+/// Lets kernels `names` take all the shared memory a block may opt into, less their
 /// static part, and returns the least of those (0: none of them could).
 ///
 /// # Safety
 /// `funcs` are live functions of the bound device's module.
-unsafe fn bulk_room(dev: &Device, funcs: &HashMap<&'static str, Raw<sys::CUfunction>>) -> u32 {
+unsafe fn smem_room(
+    dev: &Device,
+    funcs: &HashMap<&'static str, Raw<sys::CUfunction>>,
+    names: &[&str],
+) -> u32 {
     use sys::{CUdevice_attribute as DA, CUfunction_attribute as FA};
     let Ok(optin) = cu::device::get_attribute(
         dev.cu_dev,
@@ -148,7 +158,7 @@ unsafe fn bulk_room(dev: &Device, funcs: &HashMap<&'static str, Raw<sys::CUfunct
         return 0;
     };
     let mut room = u32::MAX;
-    for name in BULK_KERNELS {
+    for name in names {
         let Some(f) = funcs.get(name) else { return 0 };
         let mut fixed = 0;
         if sys::cuFuncGetAttribute(&mut fixed, FA::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f.0)
@@ -259,7 +269,12 @@ impl Module {
             let counters = cu::malloc_sync(COUNTER_SLOTS * 4).map_err(|e| err("cuMemAlloc", e))?;
             cu::memset_d8_sync(counters, 0, COUNTER_SLOTS * 4).map_err(|e| err("cuMemset", e))?;
             let bulk_smem = match bulk_enabled(dev.cc) {
-                true => bulk_room(dev, &funcs),
+                true => smem_room(dev, &funcs, &BULK_KERNELS),
+                false => 0,
+            };
+            // (mma.sync on bf16 and cp.async: sm_80 on)
+            let mmw_smem = match dev.cc.0 >= 8 {
+                true => smem_room(dev, &funcs, &MMW_KERNELS),
                 false => 0,
             };
             Ok(Module {
@@ -268,6 +283,7 @@ impl Module {
                 from_cache,
                 pdl: pdl_enabled(dev.cc),
                 bulk_smem,
+                mmw_smem,
             })
         }
     }

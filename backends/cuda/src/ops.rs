@@ -31,18 +31,24 @@ use crate::{
 pub static FORCE_MMQ_DP4A: AtomicBool = AtomicBool::new(false);
 /// Tests: the bf16 MMB tiles without `MOE_GPU_MMB=1` (see `bf16_tiles`).
 pub static FORCE_MMB: AtomicBool = AtomicBool::new(false);
+/// Tests: the bf16 tiles in their streamed form without `MOE_GPU_MMB=stream` (see
+/// `bf16_streamed`; with FORCE_MMB or a mode that takes the bf16 tiles).
+pub static FORCE_MMW: AtomicBool = AtomicBool::new(false);
 /// Tests: the ROCmFP4 runs kernels on their register path even where the device gives
 /// them room for their bulk copies (see `bulk_smem`), to compare the two paths' bits.
 pub static FORCE_FP4_REGS: AtomicBool = AtomicBool::new(false);
 
 /// `MOE_GPU_MMB`: which prefill products of type 107 / ROCmFP4 take the bf16 tiles (more
-/// accurate, measured slower: see the README); read once.
-fn mmb_env() -> MmbMode {
-    static MODE: std::sync::OnceLock<MmbMode> = std::sync::OnceLock::new();
+/// accurate, measured slower: see the README), and whether in their streamed form
+/// (`stream`, `stream-wide`: `mmw_dense` / `mmw_id`, not measured yet); read once.
+fn mmb_env() -> (MmbMode, bool) {
+    static MODE: std::sync::OnceLock<(MmbMode, bool)> = std::sync::OnceLock::new();
     *MODE.get_or_init(|| match std::env::var("MOE_GPU_MMB").as_deref() {
-        Ok("1") => MmbMode::All,
-        Ok("wide") => MmbMode::Wide,
-        _ => MmbMode::Off,
+        Ok("1") => (MmbMode::All, false),
+        Ok("wide") => (MmbMode::Wide, false),
+        Ok("stream") => (MmbMode::All, true),
+        Ok("stream-wide") => (MmbMode::Wide, true),
+        _ => (MmbMode::Off, false),
     })
 }
 
@@ -148,7 +154,7 @@ impl plan::Gpu for Stream<'_> {
 
     fn bf16_tiles(&self, cols: u64) -> bool {
         // mma.sync on bf16 and cvt.rn.bf16x2: sm_80 on; opt-in.
-        let on = match mmb_env() {
+        let on = match mmb_env().0 {
             MmbMode::All => true,
             MmbMode::Wide => cols >= 64,
             MmbMode::Off => false,
@@ -157,6 +163,13 @@ impl plan::Gpu for Stream<'_> {
             && rt::runtime()
                 .and_then(|r| r.device(self.device))
                 .is_ok_and(|d| d.cc.0 >= 8)
+    }
+
+    fn bf16_streamed(&self) -> u32 {
+        match mmb_env().1 || FORCE_MMW.load(Ordering::Relaxed) {
+            true => self.module.mmw_smem,
+            false => 0,
+        }
     }
 }
 

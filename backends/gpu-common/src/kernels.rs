@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 61] = [
+pub const KERNELS: [&str; 64] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -71,6 +71,9 @@ pub const KERNELS: [&str; 61] = [
     "matvec_fp4_runs_q8_id_swiglu",
     "ds4_router_mm",
     "matvec_fp4_runs_q8_norm",
+    "mmw_dense",
+    "mmw_id",
+    "f32_to_bf16",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

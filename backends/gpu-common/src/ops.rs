@@ -1333,6 +1333,12 @@ pub trait Gpu {
         let _ = cols;
         false
     }
+    /// Bytes of dynamic shared memory the streamed bf16 tiles (`mmw_dense` / `mmw_id`:
+    /// CUDA sm_80+, opt-in) may take where products take the bf16 tiles; 0 where they
+    /// do not run (the products then take `mmb_dense` / `mmb_id`).
+    fn bf16_streamed(&self) -> u32 {
+        0
+    }
 }
 
 /// Whether a product of weight type `ty` on MMQ tiles, `cols` columns an expert, takes the
@@ -1340,6 +1346,93 @@ pub trait Gpu {
 /// and the f32 input `x` is 16-byte aligned (the tiles load it four values at a time).
 pub fn takes_mmb(gpu: &impl Gpu, ty: u32, x: u64, cols: u64) -> bool {
     matches!(ty, TYPE_Q2_0_ROCMFP2 | TYPE_ROCMFP4) && x.is_multiple_of(16) && gpu.bf16_tiles(cols)
+}
+
+/// The streamed bf16 tiles' shapes (kernels/gpu/rocmfpx.cu): rows a tile, k values a
+/// stage, stages in flight, words a staged activation column.
+const MMW_BM: u64 = 128;
+const MMW_KS: u64 = 128;
+const MMW_STAGES: u64 = 4;
+const MMW_ALD: u64 = MMW_KS / 2 + 4;
+
+/// Dynamic shared memory of a streamed bf16 tile launch whose widest tile is `bn`
+/// columns (64 or 16) of weight type `ty` (107 or ROCmFP4): its stages' raw weight
+/// blocks and bf16 activations (MMW_STAGES * mmw_stage_bytes in the kernel source).
+pub fn mmw_smem(ty: u32, bn: u64) -> u32 {
+    let block = if ty == TYPE_ROCMFP4 {
+        18
+    } else {
+        BLOCK_BYTES
+    };
+    (MMW_STAGES * (MMW_BM * 4 * block + bn * MMW_ALD * 4)) as u32
+}
+
+/// Where a product that takes the bf16 tiles ([`takes_mmb`]) runs on their streamed
+/// form: the backend gives them room for `bn`-column tiles and k is whole stages. The
+/// launch's dynamic shared memory, if so.
+pub fn takes_mmw(gpu: &impl Gpu, ty: u32, k: u64, bn: u64) -> Option<u32> {
+    let smem = mmw_smem(ty, bn);
+    (k.is_multiple_of(MMW_KS) && gpu.bf16_streamed() >= smem).then_some(smem)
+}
+
+/// The widest tile a streamed launch plans for: 16 columns where no tile takes more
+/// (a dense product of at most 16 columns, a grouped one's experts of at most 16 pairs
+/// on average: an expert over that runs as narrow tiles), else 64.
+pub fn mmw_cols(cols: u64) -> u64 {
+    if cols <= 16 {
+        16
+    } else {
+        MMA_BN_COLS
+    }
+}
+const MMA_BN_COLS: u64 = 64;
+
+/// `values` f32 at `x` (an even count, 8-byte aligned) as bf16 pairs at `dst`
+/// (`f32_to_bf16`: the streamed tiles' activations, rounded as the MMB tiles round them).
+///
+/// # Safety
+/// `x` and `dst` valid for `values` f32 and `values / 2` u32.
+unsafe fn to_bf16(gpu: &impl Gpu, x: u64, values: u64, dst: u64) -> Result<(), String> {
+    let (mut px, mut pd, mut pairs) = (x, dst, (values / 2) as i64);
+    let blocks = u32::try_from((values / 2).div_ceil(256))
+        .map_err(|_| format!("f32_to_bf16: {values} values are too many for one launch"))?;
+    let l = Launch {
+        name: "f32_to_bf16",
+        grid: (blocks, 1, 1),
+        block: 256,
+    };
+    gpu.launch(l, &kargs!(px, pairs, pd))
+}
+
+/// A dense product of `m` rows and `n` columns of type `ty` (`nb` blocks a row of
+/// `row_bytes`) on the streamed bf16 tiles with `smem` bytes: x (`n` columns of f32) to
+/// bf16 in the scratch, then `mmw_dense`.
+///
+/// # Safety
+/// As [`Gpu::launch`]: a checked product's pointers.
+#[allow(clippy::too_many_arguments)]
+unsafe fn mmw_dense(
+    gpu: &impl Gpu,
+    (w, row_bytes, ty, nb): (u64, i64, i32, i32),
+    (m, n): (i32, i32),
+    (x, out, affine): (u64, u64, i32),
+    smem: u32,
+) -> Result<(), String> {
+    let values = n as u64 * nb as u64 * 32;
+    let mut xb = gpu.scratch((values * 2) as usize)?;
+    to_bf16(gpu, x, values, xb)?;
+    let (mut pw, mut rb, mut ty, mut nb, mut m, mut n) = (w, row_bytes, ty, nb, m, n);
+    let (mut po, mut a) = (out, affine);
+    let l = Launch {
+        name: "mmw_dense",
+        grid: (
+            (n as u64).div_ceil(MMA_BN_COLS) as u32,
+            (m as u64).div_ceil(MMW_BM) as u32,
+            1,
+        ),
+        block: 256,
+    };
+    gpu.launch_smem(l, smem, &kargs!(pw, rb, ty, nb, m, n, xb, po, a))
 }
 
 /// The bf16 tiles' launch for a dense product of `m` rows and `n` columns.
@@ -1580,6 +1673,10 @@ pub fn run(
                     }
                     DenseLayout::Mmq if takes_mmb(gpu, ty as u32, px, n as u64) => {
                         let (mut nb, mut affine) = (k / 32, 0i32);
+                        let bn = mmw_cols(n as u64);
+                        if let Some(smem) = takes_mmw(gpu, ty as u32, k as u64, bn) {
+                            return mmw_dense(gpu, (pw, rb, ty, nb), (m, n), (px, po, 0), smem);
+                        }
                         let l = mmb_dense_launch(m as u64, n as u64);
                         gpu.launch(l, &kargs!(pw, rb, ty, nb, m, n, px, po, affine))
                     }
@@ -1605,6 +1702,11 @@ pub fn run(
                         let (mut nb, mut mm) = (p.blocks, p.m);
                         let mut rb = p.blocks as i64 * BLOCK_BYTES as i64;
                         let mut ty = TYPE_Q2_0_ROCMFP2 as i32;
+                        let bn = mmw_cols(p.n);
+                        if let Some(smem) = takes_mmw(gpu, TYPE_Q2_0_ROCMFP2, p.k, bn) {
+                            let sizes = (mm, nn);
+                            return mmw_dense(gpu, (pw, rb, ty, nb), sizes, (px, po, a), smem);
+                        }
                         let l = mmb_dense_launch(p.m as u64, p.n);
                         return gpu.launch(l, &kargs!(pw, rb, ty, nb, mm, nn, px, po, a));
                     }
@@ -1625,11 +1727,23 @@ pub fn run(
                 let Some(sort) = p.sort else {
                     return launch_id_one_token(gpu, &p, 0, 0, None);
                 };
-                let base = gpu.scratch(p.layout.bytes)?;
                 let cols = (p.pairs / p.experts.max(1)) as u64;
                 let mmb = p.grouped.name == "mmq_mma_id" && takes_mmb(gpu, p.ty as u32, p.x, cols);
+                let mmw = mmb
+                    .then(|| takes_mmw(gpu, p.ty as u32, p.k, mmw_cols(cols)))
+                    .flatten();
+                // The streamed tiles' bf16 columns go after the layout's lists (its q8_1
+                // part unused then).
+                let bf16_at = (p.layout.bytes as u64).next_multiple_of(256);
+                let bf16_bytes = p.x_cols * p.k * 2;
+                let base = gpu.scratch(match mmw {
+                    Some(_) => (bf16_at + bf16_bytes) as usize,
+                    None => p.layout.bytes,
+                })?;
                 let (mut px, mut pq) = (p.x, base);
-                if !mmb {
+                if mmw.is_some() {
+                    to_bf16(gpu, px, p.x_cols * p.k, base + bf16_at)?;
+                } else if !mmb {
                     let (q, mut n_blocks) = quantize(p.k, p.x_cols);
                     let mut planes = rf2_planes(p.grouped.name);
                     gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?;
@@ -1641,31 +1755,28 @@ pub fn run(
                 let (mut pw, mut ebytes, mut nb, mut mm) = (p.w, p.expert_bytes, p.blocks, p.m);
                 let (mut pp, mut ns, mut po, mut a) = (p.per_pair, p.slots, p.out, p.affine);
                 gpu.launch(sort, &kargs!(pi, np, ne, poff, pact, psorted))?;
-                if p.grouped.name == "mmq_mma_id" {
-                    // The bf16 tiles read the f32 input itself, the int8 ones its q8_1.
-                    let (mut rb, mut ty) = (p.row_bytes, p.ty);
-                    let (l, mut act) = match mmb {
-                        true => (
-                            Launch {
-                                name: "mmb_id",
-                                ..p.grouped
-                            },
-                            px,
-                        ),
-                        false => (p.grouped, pq),
-                    };
-                    gpu.launch(
-                        l,
-                        &kargs!(
-                            pw, ebytes, rb, ty, nb, mm, ne, act, pp, ns, poff, pact, psorted, po, a
-                        ),
-                    )
-                } else {
-                    gpu.launch(
+                if p.grouped.name != "mmq_mma_id" {
+                    return gpu.launch(
                         p.grouped,
                         &kargs!(pw, ebytes, nb, mm, ne, pq, pp, ns, poff, pact, psorted, po, a),
-                    )
+                    );
                 }
+                // The bf16 tiles read the f32 input itself (the streamed ones its bf16
+                // columns), the int8 ones its q8_1.
+                let (mut rb, mut ty) = (p.row_bytes, p.ty);
+                let (name, mut act, smem) = match (mmb, mmw) {
+                    (true, Some(smem)) => ("mmw_id", base + bf16_at, smem),
+                    (true, None) => ("mmb_id", px, 0),
+                    (false, _) => (p.grouped.name, pq, 0),
+                };
+                let l = Launch { name, ..p.grouped };
+                gpu.launch_smem(
+                    l,
+                    smem,
+                    &kargs!(
+                        pw, ebytes, rb, ty, nb, mm, ne, act, pp, ns, poff, pact, psorted, po, a
+                    ),
+                )
             }
             ops::SWIGLU_MATMUL_ID => {
                 let [w, g, u, ids, out, act] = args else {
@@ -2456,6 +2567,9 @@ mod run_tests {
         smem: RefCell<Vec<(&'static str, u32)>>,
         scratch: RefCell<Vec<usize>>,
         bulk: u32,
+        /// Whether products take the bf16 tiles, and the room of their streamed form.
+        bf16: bool,
+        streamed: u32,
     }
 
     impl Gpu for Rec {
@@ -2487,6 +2601,108 @@ mod run_tests {
         fn bulk_smem(&self) -> u32 {
             self.bulk
         }
+        fn bf16_tiles(&self, _cols: u64) -> bool {
+            self.bf16
+        }
+        fn bf16_streamed(&self) -> u32 {
+            self.streamed
+        }
+    }
+
+    /// The streamed bf16 tiles (MOE_GPU_MMB=stream): a product that takes the bf16 tiles
+    /// converts its input once (`f32_to_bf16`, into the scratch) and launches `mmw_dense`
+    /// / `mmw_id` with its stages' shared memory (narrow where no tile is over 16
+    /// columns, wide otherwise, as the kernel's formula); a k of no whole 128-value
+    /// stages, or less room than the launch needs, keeps `mmb_*`; without the bf16 tiles
+    /// the int8 ones run. Every launch's parameters match its kernel's.
+    #[test]
+    fn streamed_bf16_tiles() {
+        let f = |a, b| t(types::F32, [a, b, 1, 1]);
+        let sig = crate::kernels::signatures();
+        let launched = |g: &Rec, op, a: &[TensorRef]| {
+            run(g, "test", MMQ_MMA, op, &OpParams::default(), a).unwrap();
+            for &(name, _, np) in g.launches.borrow().iter() {
+                assert_eq!(sig.get(name), Some(&(np + 1)), "{name}'s parameters");
+            }
+            let l: Vec<_> = g.launches.borrow().iter().map(|l| (l.0, l.1)).collect();
+            let smem = g.smem.borrow().clone();
+            let scratch = g.scratch.borrow().clone();
+            (l, smem, scratch)
+        };
+        let rec = |bf16, streamed| Rec {
+            bf16,
+            streamed,
+            ..Default::default()
+        };
+        // ROCmFP4 1000 x 4096 against 40 columns: wide tiles, one column tile, 8 row tiles.
+        let a = [
+            t(TYPE_ROCMFP4, [4096, 1000, 1, 1]),
+            f(4096, 40),
+            f(1000, 40),
+        ];
+        let (l, smem, scratch) = launched(&rec(true, 120_000), ops::MATMUL, &a);
+        assert_eq!(l, [("f32_to_bf16", (320, 1, 1)), ("mmw_dense", (1, 8, 1))]);
+        assert_eq!(smem, [("mmw_dense", 4 * (128 * 72 + 64 * 68 * 4))]);
+        assert_eq!(scratch, [40 * 4096 * 2]);
+        assert_eq!(mmw_smem(TYPE_ROCMFP4, 64), 106_496);
+        // 16 columns: the narrow size, which fits a smaller room; the wide one does not.
+        let a16 = [
+            t(TYPE_ROCMFP4, [4096, 1000, 1, 1]),
+            f(4096, 16),
+            f(1000, 16),
+        ];
+        let (l, smem, _) = launched(&rec(true, 60_000), ops::MATMUL, &a16);
+        assert_eq!(l.last().unwrap().0, "mmw_dense");
+        assert_eq!(smem, [("mmw_dense", 54_272)]);
+        let (l, smem, _) = launched(&rec(true, 60_000), ops::MATMUL, &a);
+        assert_eq!(l, [("mmb_dense", (8, 1, 1))]);
+        assert!(smem.is_empty());
+        // Type 107, 20 columns: wide 107 stages; k = 160 is no whole stage: mmb.
+        let b = [
+            t(TYPE_Q2_0_ROCMFP2, [2048, 512, 1, 1]),
+            f(2048, 20),
+            f(512, 20),
+        ];
+        let (l, smem, _) = launched(&rec(true, 120_000), ops::MATMUL, &b);
+        assert_eq!(l.last().unwrap(), &("mmw_dense", (1, 4, 1)));
+        assert_eq!(smem, [("mmw_dense", 90_112)]);
+        let b = [
+            t(TYPE_Q2_0_ROCMFP2, [160, 512, 1, 1]),
+            f(160, 20),
+            f(512, 20),
+        ];
+        let (l, _, _) = launched(&rec(true, 120_000), ops::MATMUL, &b);
+        assert_eq!(l.iter().map(|l| l.0).collect::<Vec<_>>(), ["mmb_dense"]);
+        // Without the bf16 tiles: q8_1, then the int8 tiles.
+        let (l, smem, _) = launched(&rec(false, 120_000), ops::MATMUL, &a);
+        assert_eq!(
+            l.iter().map(|l| l.0).collect::<Vec<_>>(),
+            ["quantize_q8_1", "mmq_mma_dense"]
+        );
+        assert!(smem.is_empty());
+        // Grouped: 16 experts of 300 x 1024, 32 tokens of 6 slots (12 pairs an expert:
+        // the narrow size); the bf16 columns after the layout's lists.
+        let ids = t(types::I32, [6, 32, 1, 1]);
+        let g = [
+            t(TYPE_Q2_0_ROCMFP2, [1024, 300, 16, 1]),
+            f(1024, 32),
+            ids,
+            t(types::F32, [300, 6, 32, 1]),
+        ];
+        let (l, smem, scratch) = launched(&rec(true, 120_000), ops::MATMUL_ID, &g);
+        let names: Vec<_> = l.iter().map(|l| l.0).collect();
+        assert_eq!(names, ["f32_to_bf16", "moe_sort", "mmw_id"]);
+        assert_eq!(smem, [("mmw_id", 4 * (128 * 40 + 16 * 68 * 4))]);
+        let layout = id_layout(32, 1024, 16, 192);
+        assert_eq!(
+            scratch,
+            [(layout.bytes as u64).next_multiple_of(256) as usize + 32 * 1024 * 2]
+        );
+        let (l, _, _) = launched(&rec(true, 0), ops::MATMUL_ID, &g);
+        assert_eq!(
+            l.iter().map(|l| l.0).collect::<Vec<_>>(),
+            ["moe_sort", "mmb_id"]
+        );
     }
 
     /// The ROCmFP4 runs kernel asks for its block's rows of dynamic shared memory (its
