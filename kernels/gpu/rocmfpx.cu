@@ -2829,20 +2829,24 @@ extern "C" __global__ void __launch_bounds__(256)
 // 16 w + 15 and every column, so each weight is decoded once a tile.
 // Needs nb % 4 == 0 (k a multiple of MMW_KS), row_bytes and the bases 8-byte aligned,
 // xb 16-byte aligned, and the launch's dynamic shared memory for its stages
-// (mmw_stage_bytes; the host gives the narrow size where no tile is wider).
+// (mmw_stage_bytes; where the host gives only the narrow size, wider tiles run as
+// narrow ones).
 #define MMW_BM 128
 #define MMW_KS 128               // k values a stage: 4 blocks of 32
 #define MMW_STAGES 4
 #define MMW_ALD (MMW_KS / 2 + 4)  // words a staged activation column: 64 bf16 pairs + 4 pad
 
-// x (2 n values) as n bf16 pairs, value 2i in the low half of word i (round to nearest
-// even, as mmb_tile stages them). Needs x 8-byte aligned. grid = ceil(n / 256), block 256.
+// x (4 n values) as 2 n bf16 pairs, value 2i in the low half of word i (round to nearest
+// even, as mmb_tile stages them). Needs x 16-byte aligned. grid = ceil(n / 256), block 256.
 extern "C" __global__ void __launch_bounds__(256)
     f32_to_bf16(const float* __restrict__ x, long long n, unsigned int* __restrict__ out,
                 unsigned int* counters) {
     gpu_count_launch(counters, KID_F32_TO_BF16);
     const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
-    if (i < n) out[i] = gpu_bf16x2(x[2 * i], x[2 * i + 1]);
+    if (i >= n) return;
+    const gpu_f4 v = ((const gpu_f4*)x)[i];
+    out[2 * i] = gpu_bf16x2(v.x, v.y);
+    out[2 * i + 1] = gpu_bf16x2(v.z, v.w);
 }
 
 // A stage's raw weight bytes a row (4 blocks as stored), and a stage's bytes in all.
@@ -3031,7 +3035,7 @@ GPU_DEV void mmw_cols_tiles(unsigned char* smem, const mmw_cols& sm, int ncols,
 // 100) weights, xb = x as bf16 pairs (f32_to_bf16). Block (x, y) takes column tile x and
 // row tile y, so the tiles of one row tile run side by side and share its weights in L2.
 // grid = (ceil(n / 64), ceil(m / 128)), block = 256, dynamic shared memory
-// MMW_STAGES mmw_stage_bytes (64 columns; 16 where n <= 16).
+// MMW_STAGES mmw_stage_bytes (64 columns, or 16: see mmw_cols_tiles).
 extern "C" __global__ void __launch_bounds__(256, 2)
     mmw_dense(const unsigned char* __restrict__ w, long long row_bytes, int ty, int nb, int m,
               int n, const unsigned int* __restrict__ xb, float* __restrict__ out, int affine,
@@ -3054,8 +3058,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 // the y-th non-empty list, its pairs 64 at a time over 128 rows of that expert; the
 // masked list gets zeros. xb: bf16 pair columns of k values (per pair or per token).
 // grid = (ceil(m / 128), min(pairs, n_experts) + 1), block = 256, dynamic shared memory
-// as mmw_dense (the narrow size where the host expects no expert over 16 pairs: wider
-// lists then run as narrow tiles).
+// as mmw_dense.
 extern "C" __global__ void __launch_bounds__(256, 2)
     mmw_id(const unsigned char* __restrict__ w, long long expert_bytes, long long row_bytes,
            int ty, int nb, int m, int n_experts, const unsigned int* __restrict__ xb,

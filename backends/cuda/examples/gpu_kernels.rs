@@ -21,7 +21,8 @@ use std::sync::atomic::Ordering;
 use moe_backend_cuda::{
     ops::{
         mmq_kernel, FORCE_ATT_DEC, FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_MMB,
-        FORCE_MMQ_DP4A, FORCE_MMW, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
+        FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE,
+        OP_MATMUL_ID,
     },
     rt,
 };
@@ -434,8 +435,8 @@ fn ref_f32(w: &[f64], m: usize, k: usize, x: &[f32]) -> Vec<f64> {
 /// 5e-4 (bf16 operands), masked routes exact zeros, NaN-poisoned outputs all written,
 /// and which kernels ran: a k of whole 128-value stages on mmw, else back on mmb).
 /// Shapes: edge rows (m % 128 != 0), one and several column tiles, 16 columns (narrow
-/// tiles), grouped experts of ~12 pairs (the narrow launch) with one expert of 32 (a
-/// list past 16 on the narrow launch: run as narrow tiles), ~60 pairs (wide).
+/// tiles), grouped experts of ~12 pairs with one expert of 32 on a launch given room for
+/// narrow tiles only (that list then runs as two narrow tiles), ~60 pairs (wide).
 fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> bool {
     if cc.0 < 8 {
         println!("\n== streamed bf16 tiles: skipped (needs sm_80) ==");
@@ -594,7 +595,10 @@ fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
                 .unwrap();
                 got
             };
+            // skew: a launch with room for narrow tiles only (expert 0's list of 32 as two)
+            FORCE_MMW_NARROW.store(skew, Ordering::Relaxed);
             let (ref_out, got, ran) = both(&run, "mmw_id");
+            FORCE_MMW_NARROW.store(false, Ordering::Relaxed);
             let (mut gr, mut wr, mut zeros, mut written, mut bits) =
                 (Vec::new(), Vec::new(), true, true, true);
             for (p, &e) in ids.iter().enumerate() {

@@ -34,6 +34,9 @@ pub static FORCE_MMB: AtomicBool = AtomicBool::new(false);
 /// Tests: the bf16 tiles in their streamed form without `MOE_GPU_MMB=stream` (see
 /// `bf16_streamed`; with FORCE_MMB or a mode that takes the bf16 tiles).
 pub static FORCE_MMW: AtomicBool = AtomicBool::new(false);
+/// Tests: the streamed tiles given room for narrow tiles only (a grouped list over 16
+/// pairs then runs as narrow tiles).
+pub static FORCE_MMW_NARROW: AtomicBool = AtomicBool::new(false);
 /// Tests: the ROCmFP4 runs kernels on their register path even where the device gives
 /// them room for their bulk copies (see `bulk_smem`), to compare the two paths' bits.
 pub static FORCE_FP4_REGS: AtomicBool = AtomicBool::new(false);
@@ -166,9 +169,13 @@ impl plan::Gpu for Stream<'_> {
     }
 
     fn bf16_streamed(&self) -> u32 {
-        match mmb_env().1 || FORCE_MMW.load(Ordering::Relaxed) {
+        let room = match mmb_env().1 || FORCE_MMW.load(Ordering::Relaxed) {
             true => self.module.mmw_smem,
             false => 0,
+        };
+        match FORCE_MMW_NARROW.load(Ordering::Relaxed) {
+            true => room.min(plan::mmw_smem(plan::TYPE_ROCMFP4, 16)),
+            false => room,
         }
     }
 }

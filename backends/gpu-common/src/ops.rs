@@ -1359,49 +1359,45 @@ const MMW_ALD: u64 = MMW_KS / 2 + 4;
 /// columns (64 or 16) of weight type `ty` (107 or ROCmFP4): its stages' raw weight
 /// blocks and bf16 activations (MMW_STAGES * mmw_stage_bytes in the kernel source).
 pub fn mmw_smem(ty: u32, bn: u64) -> u32 {
-    let block = if ty == TYPE_ROCMFP4 {
-        18
-    } else {
-        BLOCK_BYTES
-    };
+    let block = if ty == TYPE_ROCMFP4 { 18 } else { BLOCK_BYTES };
     (MMW_STAGES * (MMW_BM * 4 * block + bn * MMW_ALD * 4)) as u32
 }
 
 /// Where a product that takes the bf16 tiles ([`takes_mmb`]) runs on their streamed
-/// form: the backend gives them room for `bn`-column tiles and k is whole stages. The
+/// form: k is whole stages, the weights (at `w`) are 8-byte aligned for the stages'
+/// copies, and the backend gives the launch room: for 64-column tiles, else (where
+/// `cols`, a dense product's columns or a grouped one's average an expert, is at most
+/// 16) for 16-column ones (a wider list then runs as narrow tiles, each weight streamed
+/// again for each: where that would be the rule, the MMB tiles run instead). The
 /// launch's dynamic shared memory, if so.
-pub fn takes_mmw(gpu: &impl Gpu, ty: u32, k: u64, bn: u64) -> Option<u32> {
-    let smem = mmw_smem(ty, bn);
-    (k.is_multiple_of(MMW_KS) && gpu.bf16_streamed() >= smem).then_some(smem)
-}
-
-/// The widest tile a streamed launch plans for: 16 columns where no tile takes more
-/// (a dense product of at most 16 columns, a grouped one's experts of at most 16 pairs
-/// on average: an expert over that runs as narrow tiles), else 64.
-pub fn mmw_cols(cols: u64) -> u64 {
-    if cols <= 16 {
-        16
-    } else {
-        MMA_BN_COLS
+pub fn takes_mmw(gpu: &impl Gpu, ty: u32, k: u64, w: u64, cols: u64) -> Option<u32> {
+    let room = gpu.bf16_streamed();
+    if !k.is_multiple_of(MMW_KS) || !w.is_multiple_of(8) {
+        return None;
     }
+    [mmw_smem(ty, 64), mmw_smem(ty, 16)]
+        .into_iter()
+        .enumerate()
+        .find(|&(i, smem)| room >= smem && (i == 0 || cols <= 16))
+        .map(|(_, smem)| smem)
 }
 const MMA_BN_COLS: u64 = 64;
 
-/// `values` f32 at `x` (an even count, 8-byte aligned) as bf16 pairs at `dst`
+/// `values` f32 at `x` (a multiple of 4, 16-byte aligned) as bf16 pairs at `dst`
 /// (`f32_to_bf16`: the streamed tiles' activations, rounded as the MMB tiles round them).
 ///
 /// # Safety
 /// `x` and `dst` valid for `values` f32 and `values / 2` u32.
 unsafe fn to_bf16(gpu: &impl Gpu, x: u64, values: u64, dst: u64) -> Result<(), String> {
-    let (mut px, mut pd, mut pairs) = (x, dst, (values / 2) as i64);
-    let blocks = u32::try_from((values / 2).div_ceil(256))
+    let (mut px, mut pd, mut quads) = (x, dst, (values / 4) as i64);
+    let blocks = u32::try_from((values / 4).div_ceil(256))
         .map_err(|_| format!("f32_to_bf16: {values} values are too many for one launch"))?;
     let l = Launch {
         name: "f32_to_bf16",
         grid: (blocks, 1, 1),
         block: 256,
     };
-    gpu.launch(l, &kargs!(px, pairs, pd))
+    gpu.launch(l, &kargs!(px, quads, pd))
 }
 
 /// A dense product of `m` rows and `n` columns of type `ty` (`nb` blocks a row of
@@ -1673,8 +1669,7 @@ pub fn run(
                     }
                     DenseLayout::Mmq if takes_mmb(gpu, ty as u32, px, n as u64) => {
                         let (mut nb, mut affine) = (k / 32, 0i32);
-                        let bn = mmw_cols(n as u64);
-                        if let Some(smem) = takes_mmw(gpu, ty as u32, k as u64, bn) {
+                        if let Some(smem) = takes_mmw(gpu, ty as u32, k as u64, pw, n as u64) {
                             return mmw_dense(gpu, (pw, rb, ty, nb), (m, n), (px, po, 0), smem);
                         }
                         let l = mmb_dense_launch(m as u64, n as u64);
@@ -1702,8 +1697,7 @@ pub fn run(
                         let (mut nb, mut mm) = (p.blocks, p.m);
                         let mut rb = p.blocks as i64 * BLOCK_BYTES as i64;
                         let mut ty = TYPE_Q2_0_ROCMFP2 as i32;
-                        let bn = mmw_cols(p.n);
-                        if let Some(smem) = takes_mmw(gpu, TYPE_Q2_0_ROCMFP2, p.k, bn) {
+                        if let Some(smem) = takes_mmw(gpu, TYPE_Q2_0_ROCMFP2, p.k, pw, p.n) {
                             let sizes = (mm, nn);
                             return mmw_dense(gpu, (pw, rb, ty, nb), sizes, (px, po, a), smem);
                         }
@@ -1730,7 +1724,7 @@ pub fn run(
                 let cols = (p.pairs / p.experts.max(1)) as u64;
                 let mmb = p.grouped.name == "mmq_mma_id" && takes_mmb(gpu, p.ty as u32, p.x, cols);
                 let mmw = mmb
-                    .then(|| takes_mmw(gpu, p.ty as u32, p.k, mmw_cols(cols)))
+                    .then(|| takes_mmw(gpu, p.ty as u32, p.k, p.w, cols))
                     .flatten();
                 // The streamed tiles' bf16 columns go after the layout's lists (its q8_1
                 // part unused then).
@@ -2574,7 +2568,7 @@ mod run_tests {
 
     impl Gpu for Rec {
         fn ptr(&self, t: &TensorRef, _align: u64) -> Result<u64, String> {
-            bytes_of(t, "test").map(|_| 0x10000)
+            bytes_of(t, "test").map(|_| 0x10000 + t.offset)
         }
         fn scratch(&self, bytes: usize) -> Result<u64, String> {
             self.scratch.borrow_mut().push(bytes);
@@ -2641,22 +2635,30 @@ mod run_tests {
             f(1000, 40),
         ];
         let (l, smem, scratch) = launched(&rec(true, 120_000), ops::MATMUL, &a);
-        assert_eq!(l, [("f32_to_bf16", (320, 1, 1)), ("mmw_dense", (1, 8, 1))]);
+        assert_eq!(l, [("f32_to_bf16", (160, 1, 1)), ("mmw_dense", (1, 8, 1))]);
         assert_eq!(smem, [("mmw_dense", 4 * (128 * 72 + 64 * 68 * 4))]);
         assert_eq!(scratch, [40 * 4096 * 2]);
         assert_eq!(mmw_smem(TYPE_ROCMFP4, 64), 106_496);
-        // 16 columns: the narrow size, which fits a smaller room; the wide one does not.
+        // 16 columns: the wide size where it fits (the kernel takes narrow tiles), else
+        // the narrow one; 40 columns without room for the wide size, or weights not
+        // 8-byte aligned (a view 4 bytes in): mmb.
         let a16 = [
             t(TYPE_ROCMFP4, [4096, 1000, 1, 1]),
             f(4096, 16),
             f(1000, 16),
         ];
+        let (_, smem, _) = launched(&rec(true, 120_000), ops::MATMUL, &a16);
+        assert_eq!(smem, [("mmw_dense", 106_496)]);
         let (l, smem, _) = launched(&rec(true, 60_000), ops::MATMUL, &a16);
         assert_eq!(l.last().unwrap().0, "mmw_dense");
         assert_eq!(smem, [("mmw_dense", 54_272)]);
         let (l, smem, _) = launched(&rec(true, 60_000), ops::MATMUL, &a);
         assert_eq!(l, [("mmb_dense", (8, 1, 1))]);
         assert!(smem.is_empty());
+        let mut off = a;
+        off[0].offset = 4;
+        let (l, _, _) = launched(&rec(true, 120_000), ops::MATMUL, &off);
+        assert_eq!(l, [("mmb_dense", (8, 1, 1))]);
         // Type 107, 20 columns: wide 107 stages; k = 160 is no whole stage: mmb.
         let b = [
             t(TYPE_Q2_0_ROCMFP2, [2048, 512, 1, 1]),
@@ -2680,8 +2682,8 @@ mod run_tests {
             ["quantize_q8_1", "mmq_mma_dense"]
         );
         assert!(smem.is_empty());
-        // Grouped: 16 experts of 300 x 1024, 32 tokens of 6 slots (12 pairs an expert:
-        // the narrow size); the bf16 columns after the layout's lists.
+        // Grouped: 16 experts of 300 x 1024, 32 tokens of 6 slots (12 pairs an expert: the
+        // narrow size where the wide one does not fit); the bf16 columns after the lists.
         let ids = t(types::I32, [6, 32, 1, 1]);
         let g = [
             t(TYPE_Q2_0_ROCMFP2, [1024, 300, 16, 1]),
@@ -2689,7 +2691,9 @@ mod run_tests {
             ids,
             t(types::F32, [300, 6, 32, 1]),
         ];
-        let (l, smem, scratch) = launched(&rec(true, 120_000), ops::MATMUL_ID, &g);
+        let (_, smem, _) = launched(&rec(true, 120_000), ops::MATMUL_ID, &g);
+        assert_eq!(smem, [("mmw_id", 90_112)]);
+        let (l, smem, scratch) = launched(&rec(true, 60_000), ops::MATMUL_ID, &g);
         let names: Vec<_> = l.iter().map(|l| l.0).collect();
         assert_eq!(names, ["f32_to_bf16", "moe_sort", "mmw_id"]);
         assert_eq!(smem, [("mmw_id", 4 * (128 * 40 + 16 * 68 * 4))]);
