@@ -2902,6 +2902,20 @@ GPU_DEV void mmw_mma(float* d, unsigned int a0, unsigned int a1, unsigned int a2
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// MMW_LDSM (a compile option, for A/B runs): the B fragments of two column tiles by one
+// ldmatrix.x4 (the same words as the scalar loads): matrix i of lane group i = l / 8 is
+// columns 8 (nt + i / 2) .. + 7 by k values 8 (i % 2) .. + 7 of the k16 step, lane l
+// giving its row's address, and d_i comes back as b0 / b1 of tile nt, then of nt + 1.
+#if defined(MMW_LDSM)
+GPU_DEV void mmw_ldsm4(const unsigned int* p, unsigned int& d0, unsigned int& d1, unsigned int& d2,
+                       unsigned int& d3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
+                 : "r"(gpu_smem_addr(p))
+                 : "memory");
+}
+#endif
+
 // Code word h of a staged 107 block at p (rows are 8-byte aligned, blocks 10 bytes:
 // odd blocks start mid-word).
 template <int BLK>
@@ -2982,20 +2996,34 @@ GPU_DEV void mmw_tile(unsigned char* smem, const int* acol, const int* ocol,
         const unsigned char* ra = st + (wr + g) * WRB;
         const unsigned char* rb = ra + 8 * WRB;
         const unsigned int* as_ = (const unsigned int*)(st + AOFF);
+#if defined(MMW_LDSM)
+        const unsigned int* cl = as_ + ((lane >> 4) * 8 + (lane & 7)) * MMW_ALD + 4 * ((lane >> 3) & 1);
+#define MMW_B_TILES(KS)                                                                         \
+    _Pragma("unroll") for (int nt = 0; nt < NT; nt += 2) {                                      \
+        unsigned int b0, b1, b2, b3;                                                            \
+        mmw_ldsm4(cl + nt * 8 * MMW_ALD + 8 * (KS), b0, b1, b2, b3);                            \
+        mmw_mma(acc + 4 * nt, a0, a1, a2, a3, b0, b1);                                          \
+        mmw_mma(acc + 4 * nt + 4, a0, a1, a2, a3, b2, b3);                                      \
+    }
+#else
+#define MMW_B_TILES(KS)                                                                         \
+    const unsigned int* c = as_ + g * MMW_ALD + 8 * (KS) + q;                                   \
+    _Pragma("unroll") for (int nt = 0; nt < NT; ++nt)                                           \
+        mmw_mma(acc + 4 * nt, a0, a1, a2, a3, c[nt * 8 * MMW_ALD], c[nt * 8 * MMW_ALD + 4]);
+#endif
 #define MMW_BLOCK(BLK)                                                                          \
     _Pragma("unroll") for (int h = 0; h < 2; ++h) {                                             \
         unsigned int a0, a1, a2, a3;                                                            \
         mmw_frag<TY, BLK>(ra, h, q, affine, lut, a0, a2);                                       \
         mmw_frag<TY, BLK>(rb, h, q, affine, lut, a1, a3);                                       \
-        const unsigned int* c = as_ + g * MMW_ALD + 8 * (2 * (BLK) + h) + q;                    \
-        _Pragma("unroll") for (int nt = 0; nt < NT; ++nt)                                       \
-            mmw_mma(acc + 4 * nt, a0, a1, a2, a3, c[nt * 8 * MMW_ALD], c[nt * 8 * MMW_ALD + 4]); \
+        MMW_B_TILES(2 * (BLK) + h)                                                              \
     }
         MMW_BLOCK(0)
         MMW_BLOCK(1)
         MMW_BLOCK(2)
         MMW_BLOCK(3)
 #undef MMW_BLOCK
+#undef MMW_B_TILES
     }
     mmw_wait<0>();  // (only empty groups are left; none outlives the tile)
 #pragma unroll

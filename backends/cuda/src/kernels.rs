@@ -216,7 +216,8 @@ fn pdl_early() -> Option<&'static str> {
 /// at a time as it quantises it, as the register path does (the same values);
 /// `MOE_GPU_FP4_CHUNKS=8` has that path ask for a block's rows in 8 chunks instead of 4
 /// and `MOE_GPU_FP4_INFLIGHT=N` (1 - 6) keep only N of them in flight (the same values;
-/// see fp4_runs_q8_bulk).
+/// see fp4_runs_q8_bulk); `MOE_GPU_MMW_LDSM=1` has the streamed bf16 tiles load their
+/// activation fragments by ldmatrix (the same words).
 fn ab_defines() -> Vec<String> {
     let set = |var: &str, val: &str| std::env::var_os(var).is_some_and(|v| v == val);
     let mut d = Vec::new();
@@ -234,6 +235,9 @@ fn ab_defines() -> Vec<String> {
     }
     if set("MOE_GPU_FP4_CHUNKS", "8") {
         d.push("-DFP4_BULK_CHUNKS=8");
+    }
+    if set("MOE_GPU_MMW_LDSM", "1") {
+        d.push("-DMMW_LDSM=1");
     }
     match std::env::var("MOE_GPU_STREAM_HINT").as_deref() {
         Ok("0") => d.push("-DGPU_NO_STREAM_HINT=1"),
