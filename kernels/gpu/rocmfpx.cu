@@ -2923,29 +2923,54 @@ GPU_DEV unsigned int mmw_word107(const unsigned char* p) {
     return BLK & 1 ? gpu_load_u32_a2(p) : *(const unsigned int*)p;
 }
 
+// A staged row's block BLK: its halves' decode tables, once a block. 107: mmb_decode's
+// four values c e - o of each half as bf16 pairs (t0: values 0, 1; t1: 2, 3; an affine
+// block's halves share them); ROCmFP4: each half's scale as a bf16 pair (s).
+struct mmw_tab {
+    unsigned int t0[2], t1[2];
+};
+template <int TY, int BLK>
+GPU_DEV mmw_tab mmw_tables(const unsigned char* row, int affine) {
+    constexpr int BB = mma_block_bytes<TY>();
+    const unsigned int sc = gpu_load_u16(row + BLK * BB + (TY == MT_107 ? 8 : 16));
+    const float e0 = ue4m3(sc), e1 = ue4m3(sc >> 8);
+    mmw_tab tb;
+    if (TY == MT_107) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            // (mmb_decode: half h's scale e and offset o; affine: S and O for both)
+            const float e = h && !affine ? e1 : e0, o = affine ? e1 : e;
+            tb.t0[h] = gpu_bf16x2(-o, e - o);
+            tb.t1[h] = gpu_bf16x2(2.0f * e - o, 3.0f * e - o);
+            if (affine) {
+                tb.t0[1] = tb.t0[0];
+                tb.t1[1] = tb.t1[0];
+                break;
+            }
+        }
+    } else {
+        tb.t0[0] = gpu_bf16x2(e0, e0);
+        tb.t0[1] = gpu_bf16x2(e1, e1);
+    }
+    return tb;
+}
+
 // One staged row's A-fragment pairs for k16 step h of block BLK: the values (2q, 2q + 1)
 // into lo and (2q + 8, 2q + 9) into hi (q = lane % 4), as bf16 pairs of mmb_decode's
-// values; row points at the row's stage bytes.
+// values (the block's tables tb); row points at the row's stage bytes.
 template <int TY, int BLK>
-GPU_DEV void mmw_frag(const unsigned char* row, int h, int q, int affine, const unsigned int* lut,
-                      unsigned int& lo, unsigned int& hi) {
-    constexpr int BB = mma_block_bytes<TY>();
-    const unsigned char* b = row + BLK * BB;
-    const unsigned int sc = gpu_load_u16(b + (TY == MT_107 ? 8 : 16));
+GPU_DEV void mmw_frag(const unsigned char* row, const mmw_tab& tb, int h, int q,
+                      const unsigned int* lut, unsigned int& lo, unsigned int& hi) {
+    const unsigned char* b = row + BLK * mma_block_bytes<TY>();
     if (TY == MT_107) {
-        // mmb_decode's four values of half h: value c = c e - o.
-        const float e = ue4m3(h && !affine ? sc >> 8 : sc);
-        const float o = affine ? ue4m3(sc >> 8) : e;
-        const unsigned int t0 = gpu_bf16x2(-o, e - o), t1 = gpu_bf16x2(2.0f * e - o, 3.0f * e - o);
         const unsigned int w = mmw_word107<BLK>(b + 4 * h);
-        lo = gpu_perm(t0, t1, lut[(w >> (4 * q)) & 15u]);
-        hi = gpu_perm(t0, t1, lut[(w >> (4 * q + 16)) & 15u]);
+        lo = gpu_perm(tb.t0[h], tb.t1[h], lut[(w >> (4 * q)) & 15u]);
+        hi = gpu_perm(tb.t0[h], tb.t1[h], lut[(w >> (4 * q + 16)) & 15u]);
     } else {
         // Bytes 2q, 2q + 1 (and 2q + 8, 2q + 9): values 2q, 2q + 1 of half h in nibble h.
-        const unsigned int s = gpu_bf16x2(ue4m3(h ? sc >> 8 : sc), ue4m3(h ? sc >> 8 : sc));
         const unsigned int x0 = gpu_load_u16(b + 2 * q) >> (4 * h), x1 = gpu_load_u16(b + 2 * q + 8) >> (4 * h);
-        lo = gpu_bf16x2_mul(lut[(x0 & 0xfu) | ((x0 >> 4) & 0xf0u)], s);
-        hi = gpu_bf16x2_mul(lut[(x1 & 0xfu) | ((x1 >> 4) & 0xf0u)], s);
+        lo = gpu_bf16x2_mul(lut[(x0 & 0xfu) | ((x0 >> 4) & 0xf0u)], tb.t0[h]);
+        hi = gpu_bf16x2_mul(lut[(x1 & 0xfu) | ((x1 >> 4) & 0xf0u)], tb.t0[h]);
     }
 }
 
@@ -3012,11 +3037,14 @@ GPU_DEV void mmw_tile(unsigned char* smem, const int* acol, const int* ocol,
         mmw_mma(acc + 4 * nt, a0, a1, a2, a3, c[nt * 8 * MMW_ALD], c[nt * 8 * MMW_ALD + 4]);
 #endif
 #define MMW_BLOCK(BLK)                                                                          \
-    _Pragma("unroll") for (int h = 0; h < 2; ++h) {                                             \
-        unsigned int a0, a1, a2, a3;                                                            \
-        mmw_frag<TY, BLK>(ra, h, q, affine, lut, a0, a2);                                       \
-        mmw_frag<TY, BLK>(rb, h, q, affine, lut, a1, a3);                                       \
-        MMW_B_TILES(2 * (BLK) + h)                                                              \
+    {                                                                                           \
+        const mmw_tab ta = mmw_tables<TY, BLK>(ra, affine), tb = mmw_tables<TY, BLK>(rb, affine); \
+        _Pragma("unroll") for (int h = 0; h < 2; ++h) {                                         \
+            unsigned int a0, a1, a2, a3;                                                        \
+            mmw_frag<TY, BLK>(ra, ta, h, q, lut, a0, a2);                                       \
+            mmw_frag<TY, BLK>(rb, tb, h, q, lut, a1, a3);                                       \
+            MMW_B_TILES(2 * (BLK) + h)                                                          \
+        }                                                                                       \
     }
         MMW_BLOCK(0)
         MMW_BLOCK(1)
