@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The prefill tile kinds in one device call (each step under its own time limit, so a
+# hang in one still returns the others): the parity cases of the bf16 tiles and their
+# streamed form (`gpu_kernels --quick`, then again with MOE_GPU_MMW_LDSM=1), the
+# microbenchmark's prefill rows (int8 / bf16 / streamed bf16), then `ds4_ab.sh` of the
+# 43-layer model at DEPTHS (0,32768) for the defaults against MOE_GPU_MMB=stream (with
+# and without the ldmatrix option). Prints each step's table; full logs in $OUT.
+# STEPS picks steps (default "quick ldsm bench ab"; all four need more than one 10-minute
+# device call: e.g. STEPS="quick ldsm bench", then STEPS=ab).
+#
+# Here (has Rust):  bash scripts/device/carry_ds4.sh && bash scripts/device/gpu_kernels.sh --prepare
+# There:            bash scripts/device/prefill_tiles.sh     # carry .dev/ds4 and .dev/gpu
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/prefill-tiles}
+mkdir -p "$OUT"
+export MOE_KERNEL_CACHE=${MOE_KERNEL_CACHE:-/tmp/moe-kernel-cache}
+t0=$(date +%s)
+STEPS=${STEPS:-quick ldsm bench ab}
+step() { echo "== $1 ($(($(date +%s) - t0)) s in)"; }
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+
+if want quick; then
+    step "gpu_kernels --quick"
+    OUT=$OUT timeout 150 bash scripts/device/gpu_kernels.sh --quick > "$OUT/gk_quick.log" 2>&1
+    echo "rc=$?"
+    sed -n '/streamed bf16 tiles/,/^$/p' "$OUT/gk_quick.log"
+    grep -E "FAIL|^parity:" "$OUT/gk_quick.log" | tail -12
+fi
+if want ldsm; then
+    step "gpu_kernels --quick, MOE_GPU_MMW_LDSM=1"
+    mkdir -p "$OUT/ldsm"
+    MOE_GPU_MMW_LDSM=1 OUT=$OUT/ldsm timeout 150 bash scripts/device/gpu_kernels.sh --quick \
+        > "$OUT/gk_quick_ldsm.log" 2>&1
+    echo "rc=$?"
+    sed -n '/streamed bf16 tiles/,/^$/p' "$OUT/gk_quick_ldsm.log"
+    grep -E "^parity:" "$OUT/gk_quick_ldsm.log"
+fi
+if want bench; then
+    step "gpu_kernels microbenchmark"
+    mkdir -p "$OUT/bench"
+    OUT=$OUT/bench timeout 240 bash scripts/device/gpu_kernels.sh > "$OUT/gk_bench.log" 2>&1
+    echo "rc=$?"
+    grep -E "^(device-to-device|kernel |mmq_|mmb_|mmw_|grouped)" "$OUT/gk_bench.log"
+fi
+if want ab; then
+    step "ds4_ab"
+    OUT=$OUT/ab DEPTHS=${DEPTHS:-0,32768} timeout 540 bash scripts/device/ds4_ab.sh \
+        base MOE_GPU_MMB=stream MOE_GPU_MMB=stream,MOE_GPU_MMW_LDSM=1 > "$OUT/ab.log" 2>&1
+    echo "rc=$?"
+    tail -12 "$OUT/ab.log"
+fi
+step "done"
