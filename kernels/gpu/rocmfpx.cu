@@ -47,6 +47,8 @@
 #define KID_MMW_DENSE 61
 #define KID_MMW_ID 62
 #define KID_F32_TO_BF16 63
+#define KID_MMW_DENSE_M2 64
+#define KID_MMW_ID_M2 65
 #define KID_MATMUL_F32_TILES 54
 #define KID_MATMUL_F32_REDUCE 55
 
@@ -2868,12 +2870,8 @@ struct mmw_cols {
 
 template <int TY>
 GPU_DEV void mmw_lut_fill(mmw_cols& sm) {
-    const unsigned int i = threadIdx.x;  // (256 threads)
-    if (TY == MT_107) {
-        if (i < 16) sm.lut[i] = 0x1010u + 34u * (i & 3u) + 8704u * (i >> 2);
-    } else {
-        sm.lut[i] = mmb_lut<DT_ROCMFP4>(i);
-    }
+    for (unsigned int i = threadIdx.x; i < (TY == MT_107 ? 16u : 256u); i += blockDim.x)
+        sm.lut[i] = TY == MT_107 ? 0x1010u + 34u * (i & 3u) + 8704u * (i >> 2) : mmb_lut<DT_ROCMFP4>(i);
 }
 
 #if defined(RF_MMA_PTX)
@@ -2974,17 +2972,70 @@ GPU_DEV void mmw_frag(const unsigned char* row, const mmw_tab& tb, int h, int q,
     }
 }
 
+// Block BLK of a stage for a warp's MT m-tiles (rows 16 mt + g, + 8 from `rows`, the
+// warp's first staged row) against the staged activations as_ (BN = 8 NT columns): the
+// rows' decode tables once, then each k16 step's A fragments and NT B fragments, each B
+// fragment feeding the MT products. acc[(mt NT + nt) 4 ..] is tile (mt, nt) (mma_row).
+template <int TY, int MT, int NT, int BLK>
+GPU_DEV void mmw_block(const unsigned char* rows, const unsigned int* as_, int lane, int affine,
+                       const unsigned int* lut, float (&acc)[MMA_NE(MT, NT)]) {
+    constexpr int WRB = mmw_row_bytes<TY>();
+    const int g = lane >> 2, q = lane & 3;
+    mmw_tab tab[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) tab[mt][r] = mmw_tables<TY, BLK>(rows + (16 * mt + 8 * r + g) * WRB, affine);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int ks = 2 * BLK + h;  // the k16 step within the stage
+        unsigned int a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            mmw_frag<TY, BLK>(rows + (16 * mt + g) * WRB, tab[mt][0], h, q, lut, a[mt][0], a[mt][2]);
+            mmw_frag<TY, BLK>(rows + (16 * mt + 8 + g) * WRB, tab[mt][1], h, q, lut, a[mt][1], a[mt][3]);
+        }
+#if defined(MMW_LDSM)
+        const unsigned int* cl =
+            as_ + ((lane >> 4) * 8 + (lane & 7)) * MMW_ALD + 4 * ((lane >> 3) & 1) + 8 * ks;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            unsigned int b[4];
+            mmw_ldsm4(cl + nt * 8 * MMW_ALD, b[0], b[1], b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                float* d = acc + (mt * NT + nt) * 4;
+                mmw_mma(d, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[0], b[1]);
+                mmw_mma(d + 4, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[2], b[3]);
+            }
+        }
+#else
+        const unsigned int* c = as_ + g * MMW_ALD + 8 * ks + q;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const unsigned int b0 = c[nt * 8 * MMW_ALD], b1 = c[nt * 8 * MMW_ALD + 4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                mmw_mma(acc + (mt * NT + nt) * 4, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+        }
+#endif
+    }
+}
+
 // The tile at rows r0.. of w over columns acol[0..BN) (bf16 pair columns of xb, k / 2
 // words each; -1: zeros), stored to out[ocol[j] m + row] for ocol[j] >= 0. smem: the
-// launch's dynamic shared memory (MMW_STAGES stages).
-template <int TY, int BN>
+// launch's dynamic shared memory (MMW_STAGES stages). Warp w takes rows 16 MT w ..
+// 16 MT (w + 1) - 1: 256 threads of one m-tile each (MT = 1) or 128 of two (MT = 2:
+// each B fragment feeds two products, half the activations' shared-memory reads a
+// product; the host's MOE_GPU_MMW_ROWS=32).
+template <int TY, int BN, int MT>
 GPU_DEV void mmw_tile(unsigned char* smem, const int* acol, const int* ocol,
                       const unsigned int* lut, const unsigned char* __restrict__ w,
                       long long row_bytes, int nb, int m, int r0,
                       const unsigned int* __restrict__ xb, float* __restrict__ out, int affine) {
-    constexpr int NT = BN / 8, NE = MMA_NE(1, NT), WRB = mmw_row_bytes<TY>(), G = WRB / 8;
-    constexpr int SB = mmw_stage_bytes<TY, BN>(), AOFF = MMW_BM * WRB;
-    const int t = threadIdx.x, lane = t & 31, wr = (t >> 5) * 16, g = lane >> 2, q = lane & 3;
+    constexpr int NT = BN / 8, NE = MMA_NE(MT, NT), WRB = mmw_row_bytes<TY>(), G = WRB / 8;
+    constexpr int SB = mmw_stage_bytes<TY, BN>(), AOFF = MMW_BM * WRB, NTH = 256 / MT;
+    const int t = threadIdx.x, lane = t & 31, wr = (t >> 5) * 16 * MT;
     const long long kw = (long long)nb * 16;  // words (bf16 pairs) a column of xb
     const int stages = nb / 4;
     float acc[NE];
@@ -2995,12 +3046,12 @@ GPU_DEV void mmw_tile(unsigned char* smem, const int* acol, const int* ocol,
     auto issue = [&](int s) {
         unsigned char* st = smem + (s % MMW_STAGES) * SB;
         const long long off = (long long)s * WRB;  // (a stage is 4 whole blocks of a row)
-        for (int i = t; i < MMW_BM * G; i += 256) {
+        for (int i = t; i < MMW_BM * G; i += NTH) {
             const int row = i / G, part = i - row * G, gr = r0 + row;
             const bool on = gr < m;
             mmw_copy<8>(st + row * WRB + 8 * part, on ? w + gr * row_bytes + off + 8 * part : w, on);
         }
-        for (int i = t; i < BN * 16; i += 256) {
+        for (int i = t; i < BN * 16; i += NTH) {
             const int col = i >> 4, part = i & 15, gc = acol[col];
             const bool on = gc >= 0;
             mmw_copy<16>(st + AOFF + 4 * (col * MMW_ALD + 4 * part),
@@ -3018,45 +3069,17 @@ GPU_DEV void mmw_tile(unsigned char* smem, const int* acol, const int* ocol,
         if (s + MMW_STAGES - 1 < stages) issue(s + MMW_STAGES - 1);
         mmw_commit();
         const unsigned char* st = smem + (s % MMW_STAGES) * SB;
-        const unsigned char* ra = st + (wr + g) * WRB;
-        const unsigned char* rb = ra + 8 * WRB;
+        const unsigned char* rows = st + wr * WRB;
         const unsigned int* as_ = (const unsigned int*)(st + AOFF);
-#if defined(MMW_LDSM)
-        const unsigned int* cl = as_ + ((lane >> 4) * 8 + (lane & 7)) * MMW_ALD + 4 * ((lane >> 3) & 1);
-#define MMW_B_TILES(KS)                                                                         \
-    _Pragma("unroll") for (int nt = 0; nt < NT; nt += 2) {                                      \
-        unsigned int b0, b1, b2, b3;                                                            \
-        mmw_ldsm4(cl + nt * 8 * MMW_ALD + 8 * (KS), b0, b1, b2, b3);                            \
-        mmw_mma(acc + 4 * nt, a0, a1, a2, a3, b0, b1);                                          \
-        mmw_mma(acc + 4 * nt + 4, a0, a1, a2, a3, b2, b3);                                      \
-    }
-#else
-#define MMW_B_TILES(KS)                                                                         \
-    const unsigned int* c = as_ + g * MMW_ALD + 8 * (KS) + q;                                   \
-    _Pragma("unroll") for (int nt = 0; nt < NT; ++nt)                                           \
-        mmw_mma(acc + 4 * nt, a0, a1, a2, a3, c[nt * 8 * MMW_ALD], c[nt * 8 * MMW_ALD + 4]);
-#endif
-#define MMW_BLOCK(BLK)                                                                          \
-    {                                                                                           \
-        const mmw_tab ta = mmw_tables<TY, BLK>(ra, affine), tb = mmw_tables<TY, BLK>(rb, affine); \
-        _Pragma("unroll") for (int h = 0; h < 2; ++h) {                                         \
-            unsigned int a0, a1, a2, a3;                                                        \
-            mmw_frag<TY, BLK>(ra, ta, h, q, lut, a0, a2);                                       \
-            mmw_frag<TY, BLK>(rb, tb, h, q, lut, a1, a3);                                       \
-            MMW_B_TILES(2 * (BLK) + h)                                                          \
-        }                                                                                       \
-    }
-        MMW_BLOCK(0)
-        MMW_BLOCK(1)
-        MMW_BLOCK(2)
-        MMW_BLOCK(3)
-#undef MMW_BLOCK
-#undef MMW_B_TILES
+        mmw_block<TY, MT, NT, 0>(rows, as_, lane, affine, lut, acc);
+        mmw_block<TY, MT, NT, 1>(rows, as_, lane, affine, lut, acc);
+        mmw_block<TY, MT, NT, 2>(rows, as_, lane, affine, lut, acc);
+        mmw_block<TY, MT, NT, 3>(rows, as_, lane, affine, lut, acc);
     }
     mmw_wait<0>();  // (only empty groups are left; none outlives the tile)
 #pragma unroll
     for (int i = 0; i < NE; ++i) {
-        const int gr = r0 + wr + mma_row<1, NT>(i, lane), oc = ocol[mma_col<1, NT>(i, lane)];
+        const int gr = r0 + wr + mma_row<MT, NT>(i, lane), oc = ocol[mma_col<MT, NT>(i, lane)];
         if (gr < m && oc >= 0) out[(long long)oc * m + gr] = acc[i];
     }
 }
@@ -3071,59 +3094,43 @@ GPU_DEV unsigned int mmw_dyn_bytes() {
 // Columns c0 .. min(c0 + 64, end) of a tile list (acol / ocol from c0): one wide tile
 // where there are more than 16 and the launch has room for its stages, else narrow
 // tiles of 16 (each weight decoded again for each: the same sums).
-template <int TY>
+template <int TY, int MT>
 GPU_DEV void mmw_cols_tiles(unsigned char* smem, const mmw_cols& sm, int ncols,
                             const unsigned char* __restrict__ w, long long row_bytes, int nb,
                             int m, int r0, const unsigned int* __restrict__ xb,
                             float* __restrict__ out, int affine) {
     if (ncols > 16 && mmw_dyn_bytes() >= (unsigned int)(MMW_STAGES * mmw_stage_bytes<TY, MMA_BN>())) {
-        mmw_tile<TY, MMA_BN>(smem, sm.acol, sm.ocol, sm.lut, w, row_bytes, nb, m, r0, xb, out, affine);
+        mmw_tile<TY, MMA_BN, MT>(smem, sm.acol, sm.ocol, sm.lut, w, row_bytes, nb, m, r0, xb, out, affine);
         return;
     }
     for (int j = 0; j < ncols && j < MMA_BN; j += 16) {
         __syncthreads();  // the last tile's buffers are read
-        mmw_tile<TY, 16>(smem, sm.acol + j, sm.ocol + j, sm.lut, w, row_bytes, nb, m, r0, xb, out, affine);
+        mmw_tile<TY, 16, MT>(smem, sm.acol + j, sm.ocol + j, sm.lut, w, row_bytes, nb, m, r0, xb, out, affine);
     }
 }
-#endif
 
-// out[c m + r] = sum_i W[r][i] x[c k + i] for type-107 (ty 107, `affine`) or ROCmFP4 (ty
-// 100) weights, xb = x as bf16 pairs (f32_to_bf16). Block (x, y) takes column tile x and
-// row tile y, so the tiles of one row tile run side by side and share its weights in L2.
-// grid = (ceil(n / 64), ceil(m / 128)), block = 256, dynamic shared memory
-// MMW_STAGES mmw_stage_bytes (64 columns, or 16: see mmw_cols_tiles).
-extern "C" __global__ void __launch_bounds__(256, 2)
-    mmw_dense(const unsigned char* __restrict__ w, long long row_bytes, int ty, int nb, int m,
-              int n, const unsigned int* __restrict__ xb, float* __restrict__ out, int affine,
-              unsigned int* counters) {
-    gpu_count_launch(counters, KID_MMW_DENSE);
-#if defined(RF_MMA_PTX)
-    extern __shared__ __attribute__((aligned(128))) unsigned char mmw_smem[];
+// mmw_dense's and mmw_id's work (below), MT m-tiles a warp.
+template <int MT>
+GPU_DEV void mmw_dense_tiles(unsigned char* smem, const unsigned char* __restrict__ w,
+                             long long row_bytes, int ty, int nb, int m, int n,
+                             const unsigned int* __restrict__ xb, float* __restrict__ out,
+                             int affine) {
     __shared__ mmw_cols sm;
     const int c0 = blockIdx.x * MMA_BN, r0 = blockIdx.y * MMW_BM;
     if (ty == MT_107) mmw_lut_fill<MT_107>(sm);
     else mmw_lut_fill<DT_ROCMFP4>(sm);
     tile_dense_cols(sm, c0, n);  // (also orders the table)
     const int ncols = n - c0 < MMA_BN ? n - c0 : MMA_BN;
-    if (ty == MT_107) mmw_cols_tiles<MT_107>(mmw_smem, sm, ncols, w, row_bytes, nb, m, r0, xb, out, affine);
-    else mmw_cols_tiles<DT_ROCMFP4>(mmw_smem, sm, ncols, w, row_bytes, nb, m, r0, xb, out, affine);
-#endif
+    if (ty == MT_107) mmw_cols_tiles<MT_107, MT>(smem, sm, ncols, w, row_bytes, nb, m, r0, xb, out, affine);
+    else mmw_cols_tiles<DT_ROCMFP4, MT>(smem, sm, ncols, w, row_bytes, nb, m, r0, xb, out, affine);
 }
-
-// The grouped form (MATMUL_ID, pairs sorted by moe_sort; as mmb_id): block row y takes
-// the y-th non-empty list, its pairs 64 at a time over 128 rows of that expert; the
-// masked list gets zeros. xb: bf16 pair columns of k values (per pair or per token).
-// grid = (ceil(m / 128), min(pairs, n_experts) + 1), block = 256, dynamic shared memory
-// as mmw_dense.
-extern "C" __global__ void __launch_bounds__(256, 2)
-    mmw_id(const unsigned char* __restrict__ w, long long expert_bytes, long long row_bytes,
-           int ty, int nb, int m, int n_experts, const unsigned int* __restrict__ xb,
-           int act_per_pair, int n_slots, const int* __restrict__ offsets,
-           const int* __restrict__ active, const int* __restrict__ sorted,
-           float* __restrict__ out, int affine, unsigned int* counters) {
-    gpu_count_launch(counters, KID_MMW_ID);
-#if defined(RF_MMA_PTX)
-    extern __shared__ __attribute__((aligned(128))) unsigned char mmw_smem[];
+template <int MT>
+GPU_DEV void mmw_id_tiles(unsigned char* smem, const unsigned char* __restrict__ w,
+                          long long expert_bytes, long long row_bytes, int ty, int nb, int m,
+                          int n_experts, const unsigned int* __restrict__ xb, int act_per_pair,
+                          int n_slots, const int* __restrict__ offsets,
+                          const int* __restrict__ active, const int* __restrict__ sorted,
+                          float* __restrict__ out, int affine) {
     __shared__ mmw_cols sm;
     const int r0 = blockIdx.x * MMW_BM;
     int e, begin, end;
@@ -3133,8 +3140,67 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     const unsigned char* we = w + (long long)e * expert_bytes;
     for (int c0 = begin; c0 < end; c0 += MMA_BN) {
         tile_pair_cols(sm, c0, end, sorted, act_per_pair, n_slots);  // (orders the table too)
-        if (ty == MT_107) mmw_cols_tiles<MT_107>(mmw_smem, sm, end - c0, we, row_bytes, nb, m, r0, xb, out, affine);
-        else mmw_cols_tiles<DT_ROCMFP4>(mmw_smem, sm, end - c0, we, row_bytes, nb, m, r0, xb, out, affine);
+        if (ty == MT_107) mmw_cols_tiles<MT_107, MT>(smem, sm, end - c0, we, row_bytes, nb, m, r0, xb, out, affine);
+        else mmw_cols_tiles<DT_ROCMFP4, MT>(smem, sm, end - c0, we, row_bytes, nb, m, r0, xb, out, affine);
     }
+}
+#endif
+
+// out[c m + r] = sum_i W[r][i] x[c k + i] for type-107 (ty 107, `affine`) or ROCmFP4 (ty
+// 100) weights, xb = x as bf16 pairs (f32_to_bf16). Block (x, y) takes column tile x and
+// row tile y, so the tiles of one row tile run side by side and share its weights in L2.
+// grid = (ceil(n / 64), ceil(m / 128)), block = 256, dynamic shared memory MMW_STAGES
+// mmw_stage_bytes (64 columns, or 16: see mmw_cols_tiles). mmw_dense_m2: the same with
+// two m-tiles a warp, block = 128 (the host's MOE_GPU_MMW_ROWS=32), registers for that.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    mmw_dense(const unsigned char* __restrict__ w, long long row_bytes, int ty, int nb, int m,
+                 int n, const unsigned int* __restrict__ xb, float* __restrict__ out, int affine,
+                 unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMW_DENSE);
+#if defined(RF_MMA_PTX)
+    extern __shared__ __attribute__((aligned(128))) unsigned char mmw_smem[];
+    mmw_dense_tiles<1>(mmw_smem, w, row_bytes, ty, nb, m, n, xb, out, affine);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(128, 2)
+    mmw_dense_m2(const unsigned char* __restrict__ w, long long row_bytes, int ty, int nb, int m,
+                 int n, const unsigned int* __restrict__ xb, float* __restrict__ out, int affine,
+                 unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMW_DENSE_M2);
+#if defined(RF_MMA_PTX)
+    extern __shared__ __attribute__((aligned(128))) unsigned char mmw_smem[];
+    mmw_dense_tiles<2>(mmw_smem, w, row_bytes, ty, nb, m, n, xb, out, affine);
+#endif
+}
+
+// The grouped form (MATMUL_ID, pairs sorted by moe_sort; as mmb_id): block row y takes
+// the y-th non-empty list, its pairs 64 at a time over 128 rows of that expert; the
+// masked list gets zeros. xb: bf16 pair columns of k values (per pair or per token).
+// grid = (ceil(m / 128), min(pairs, n_experts) + 1), block and dynamic shared memory as
+// mmw_dense (mmw_id_m2: as mmw_dense_m2).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    mmw_id(const unsigned char* __restrict__ w, long long expert_bytes, long long row_bytes,
+              int ty, int nb, int m, int n_experts, const unsigned int* __restrict__ xb,
+              int act_per_pair, int n_slots, const int* __restrict__ offsets,
+              const int* __restrict__ active, const int* __restrict__ sorted,
+              float* __restrict__ out, int affine, unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMW_ID);
+#if defined(RF_MMA_PTX)
+    extern __shared__ __attribute__((aligned(128))) unsigned char mmw_smem[];
+    mmw_id_tiles<1>(mmw_smem, w, expert_bytes, row_bytes, ty, nb, m, n_experts, xb, act_per_pair,
+                    n_slots, offsets, active, sorted, out, affine);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(128, 2)
+    mmw_id_m2(const unsigned char* __restrict__ w, long long expert_bytes, long long row_bytes,
+              int ty, int nb, int m, int n_experts, const unsigned int* __restrict__ xb,
+              int act_per_pair, int n_slots, const int* __restrict__ offsets,
+              const int* __restrict__ active, const int* __restrict__ sorted,
+              float* __restrict__ out, int affine, unsigned int* counters) {
+    gpu_count_launch(counters, KID_MMW_ID_M2);
+#if defined(RF_MMA_PTX)
+    extern __shared__ __attribute__((aligned(128))) unsigned char mmw_smem[];
+    mmw_id_tiles<2>(mmw_smem, w, expert_bytes, row_bytes, ty, nb, m, n_experts, xb, act_per_pair,
+                    n_slots, offsets, active, sorted, out, affine);
 #endif
 }

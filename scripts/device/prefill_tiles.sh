@@ -3,8 +3,8 @@
 # hang in one still returns the others): the parity cases of the bf16 tiles and their
 # streamed form (`gpu_kernels --quick`, then again with MOE_GPU_MMW_LDSM=1), the
 # microbenchmark's prefill rows (int8 / bf16 / streamed bf16), then `ds4_ab.sh` of the
-# 43-layer model at DEPTHS (0,32768) for the defaults against MOE_GPU_MMB=stream (with
-# and without the ldmatrix option). Prints each step's table; full logs in $OUT.
+# 43-layer model at DEPTHS (0,32768) for the defaults against MOE_GPU_MMB=stream (as is,
+# with 32 rows a warp, with the ldmatrix option). Prints each step's table; full logs in $OUT.
 # STEPS picks steps (default "quick ldsm bench ab"; all four need more than one 10-minute
 # device call: e.g. STEPS="quick ldsm bench", then STEPS=ab).
 #
@@ -46,7 +46,8 @@ fi
 if want ab; then
     step "ds4_ab"
     OUT=$OUT/ab DEPTHS=${DEPTHS:-0,32768} timeout 540 bash scripts/device/ds4_ab.sh \
-        base MOE_GPU_MMB=stream MOE_GPU_MMB=stream,MOE_GPU_MMW_LDSM=1 > "$OUT/ab.log" 2>&1
+        base MOE_GPU_MMB=stream MOE_GPU_MMB=stream,MOE_GPU_MMW_ROWS=32 \
+        MOE_GPU_MMB=stream,MOE_GPU_MMW_LDSM=1 > "$OUT/ab.log" 2>&1
     echo "rc=$?"
     tail -12 "$OUT/ab.log"
 fi

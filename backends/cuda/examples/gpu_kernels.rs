@@ -21,8 +21,8 @@ use std::sync::atomic::Ordering;
 use moe_backend_cuda::{
     ops::{
         mmq_kernel, FORCE_ATT_DEC, FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_MMB,
-        FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE,
-        OP_MATMUL_ID,
+        FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS32, FORCE_Q8_DECODE, FP2_AFFINE,
+        FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -428,15 +428,16 @@ fn ref_f32(w: &[f64], m: usize, k: usize, x: &[f32]) -> Vec<f64> {
     })
 }
 
-/// The streamed bf16 tiles (`mmw_dense` / `mmw_id`, MOE_GPU_MMB=stream) against the bf16
-/// MMB tiles on the same random inputs: the same weight values, activation rounding
-/// and mma sequence a sum, so every routed output is expected to be the same bits
-/// (reported; the pass criteria are the f64 reference of the f32 inputs within nmse
-/// 5e-4 (bf16 operands), masked routes exact zeros, NaN-poisoned outputs all written,
-/// and which kernels ran: a k of whole 128-value stages on mmw, else back on mmb).
-/// Shapes: edge rows (m % 128 != 0), one and several column tiles, 16 columns (narrow
-/// tiles), grouped experts of ~12 pairs with one expert of 32 on a launch given room for
-/// narrow tiles only (that list then runs as two narrow tiles), ~60 pairs (wide).
+/// The streamed bf16 tiles (`mmw_dense` / `mmw_id`, MOE_GPU_MMB=stream; and their 32-row
+/// warp layout `mmw_*_m2`, MOE_GPU_MMW_ROWS=32) against the bf16 MMB tiles on the same
+/// random inputs: the same weight values, activation rounding and mma sequence a sum, so
+/// every routed output is expected to be the same bits (reported; the pass criteria are
+/// the f64 reference of the f32 inputs within nmse 5e-4 (bf16 operands), masked routes
+/// exact zeros, NaN-poisoned outputs all written, and which kernels ran: a k of whole
+/// 128-value stages on mmw, else back on mmb). Shapes: edge rows (m % 128 != 0), one and
+/// several column tiles, 16 columns (narrow tiles), grouped experts of ~12 pairs with one
+/// expert of 32 on a launch given room for narrow tiles only (that list then runs as two
+/// narrow tiles), ~60 pairs (wide).
 fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> bool {
     if cc.0 < 8 {
         println!("\n== streamed bf16 tiles: skipped (needs sm_80) ==");
@@ -444,7 +445,7 @@ fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
     }
     println!("\n== streamed bf16 tiles (mmw) vs bf16 tiles (mmb) and the f64 reference ==");
     println!(
-        "{:<10} {:<6} {:>5} {:>5} {:>5} {:>9} {:>8} {:>12} {:<12} {}",
+        "{:<10} {:<6} {:>5} {:>5} {:>5} {:>9} {:>8} {:>12} {:<16} {}",
         "type", "op", "K", "M", "cols", "same bits", "written", "nmse", "kernel", "ok"
     );
     let mut all_ok = true;
@@ -462,27 +463,65 @@ fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
             random_dense(rng, ty, rows, k)
         }
     };
-    // Runs `f` on the MMB tiles, then on the streamed ones: both outputs and whether
-    // `want` ran (and mmb not) the second time.
-    let both = |f: &dyn Fn() -> Vec<f32>, want: &str| {
+    // Runs `f` on the MMB tiles, then on each streamed layout: the MMB output, and for
+    // each layout the kernel expected (`want`, its _m2 form for 32 rows; mmb where the
+    // shape does not stream), its output and whether it ran and the other kinds did not.
+    let runs = |f: &dyn Fn() -> Vec<f32>, want: &str| {
         FORCE_MMB.store(true, Ordering::Relaxed);
         let mmb_out = f();
-        FORCE_MMW.store(true, Ordering::Relaxed);
-        let before = g.counters();
-        let out = f();
-        let after = g.counters();
+        let mut outs = Vec::new();
+        for rows32 in [false, true] {
+            FORCE_MMW.store(true, Ordering::Relaxed);
+            FORCE_MMW_ROWS32.store(rows32, Ordering::Relaxed);
+            let before = g.counters();
+            let out = f();
+            let after = g.counters();
+            let name = match (want.starts_with("mmw"), rows32) {
+                (true, true) => format!("{want}_m2"),
+                _ => want.to_string(),
+            };
+            let kinds = [
+                "mmb_dense",
+                "mmb_id",
+                "mmw_dense",
+                "mmw_id",
+                "mmw_dense_m2",
+                "mmw_id_m2",
+            ];
+            let ran = kinds
+                .iter()
+                .all(|k| (device_launches(&before, &after, k) > 0) == (*k == name));
+            outs.push((name, out, ran));
+        }
+        FORCE_MMW_ROWS32.store(false, Ordering::Relaxed);
         FORCE_MMW.store(false, Ordering::Relaxed);
         FORCE_MMB.store(false, Ordering::Relaxed);
-        let other = if want.starts_with("mmw") {
-            "mmb"
-        } else {
-            "mmw"
-        };
-        let ran = device_launches(&before, &after, want) > 0
-            && [format!("{other}_dense"), format!("{other}_id")]
-                .iter()
-                .all(|n| device_launches(&before, &after, n) == 0);
-        (mmb_out, out, ran)
+        (mmb_out, outs)
+    };
+    let poisoned = |b: u64, len: usize| {
+        let got = g.read_f32(b, 0, len);
+        into_result((g.be.upload)(
+            b,
+            0,
+            f32_bytes(&vec![f32::NAN; len]).as_slice().into(),
+        ))
+        .unwrap();
+        got
+    };
+    let mut report = |vname: &str,
+                      op: &str,
+                      [k, m, cols]: [usize; 3],
+                      row: (&str, bool, bool, bool, f64, bool)| {
+        let (name, bits, written, zeros, e, ran) = row;
+        let ok = ran && written && zeros && e <= 5e-4;
+        all_ok &= ok;
+        println!(
+            "{vname:<10} {op:<6} {k:>5} {m:>5} {cols:>5} {bits:>9} {written:>8} {e:>12.3e} {name:<16} {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"mmw\",\"type\":\"{vname}\",\"op\":\"{op}\",\"k\":{k},\"m\":{m},\"cols\":{cols},\"same_bits\":{bits},\"written\":{written},\"masked_zero\":{zeros},\"nmse\":{e:e},\"kernel\":\"{name}\",\"ok\":{ok}}}"
+        ));
     };
     for (vname, ty, variant) in kinds {
         // Dense: (k, m, n); k = 160 is not whole stages (back on mmb_dense).
@@ -510,30 +549,21 @@ fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
                         t(bo, 0, types::F32, 0, [m as u64, n as u64, 1, 1]),
                     ],
                 );
-                let got = g.read_f32(bo, 0, m * n);
-                // poison again for the next run
-                into_result((g.be.upload)(
-                    bo,
-                    0,
-                    f32_bytes(&vec![f32::NAN; m * n]).as_slice().into(),
-                ))
-                .unwrap();
-                got
+                poisoned(bo, m * n)
             };
-            let (ref_out, got, ran) = both(&run, want);
-            let written = got.iter().all(|v| !v.is_nan());
-            let bits = same_bits(&got, &ref_out);
-            let e = nmse(&got, &ref_f32(&wv, m, k, &x));
-            let ok = ran && written && e <= 5e-4;
-            all_ok &= ok;
-            println!(
-                "{vname:<10} {:<6} {k:>5} {m:>5} {n:>5} {bits:>9} {written:>8} {e:>12.3e} {want:<12} {}",
-                "matmul",
-                if ok { "ok" } else { "FAIL" }
-            );
-            json.push(format!(
-                "{{\"test\":\"mmw\",\"type\":\"{vname}\",\"op\":\"matmul\",\"k\":{k},\"m\":{m},\"cols\":{n},\"same_bits\":{bits},\"written\":{written},\"nmse\":{e:e},\"kernel\":\"{want}\",\"ok\":{ok}}}"
-            ));
+            let (ref_out, outs) = runs(&run, want);
+            let want_ref = ref_f32(&wv, m, k, &x);
+            for (name, got, ran) in outs {
+                let written = got.iter().all(|v| !v.is_nan());
+                let bits = same_bits(&got, &ref_out);
+                let e = nmse(&got, &want_ref);
+                report(
+                    vname,
+                    "matmul",
+                    [k, m, n],
+                    (&name, bits, written, true, e, ran),
+                );
+            }
             for b in [bw, bx, bo] {
                 into_result((g.be.free)(b)).unwrap();
             }
@@ -586,46 +616,41 @@ fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
                         [k, m, experts, slots, n_tok, cols],
                     ),
                 );
-                let got = g.read_f32(bo, 0, m * pairs);
-                into_result((g.be.upload)(
-                    bo,
-                    0,
-                    f32_bytes(&vec![f32::NAN; m * pairs]).as_slice().into(),
-                ))
-                .unwrap();
-                got
+                poisoned(bo, m * pairs)
             };
             // skew: a launch with room for narrow tiles only (expert 0's list of 32 as two)
             FORCE_MMW_NARROW.store(skew, Ordering::Relaxed);
-            let (ref_out, got, ran) = both(&run, "mmw_id");
+            let (ref_out, outs) = runs(&run, "mmw_id");
             FORCE_MMW_NARROW.store(false, Ordering::Relaxed);
-            let (mut gr, mut wr, mut zeros, mut written, mut bits) =
-                (Vec::new(), Vec::new(), true, true, true);
+            let mut want_ref = Vec::new();
             for (p, &e) in ids.iter().enumerate() {
-                let gs = &got[p * m..(p + 1) * m];
-                if e < 0 {
-                    zeros &= gs.iter().all(|v| v.to_bits() == 0);
-                    continue;
+                if e >= 0 {
+                    let c = if per_pair { p } else { p / slots };
+                    let ew = &wv[e as usize * m * k..(e as usize + 1) * m * k];
+                    want_ref.extend(ref_f32(ew, m, k, &x[c * k..(c + 1) * k]));
                 }
-                written &= gs.iter().all(|v| !v.is_nan());
-                bits &= same_bits(gs, &ref_out[p * m..(p + 1) * m]);
-                let c = if per_pair { p } else { p / slots };
-                let ew = &wv[e as usize * m * k..(e as usize + 1) * m * k];
-                wr.extend(ref_f32(ew, m, k, &x[c * k..(c + 1) * k]));
-                gr.extend_from_slice(gs);
             }
-            let e = nmse(&gr, &wr);
-            let ok = ran && written && zeros && e <= 5e-4;
-            all_ok &= ok;
-            println!(
-                "{vname:<10} {:<6} {k:>5} {m:>5} {pairs:>5} {bits:>9} {written:>8} {e:>12.3e} {:<12} {}",
-                "id",
-                if skew { "mmw_id skew" } else { "mmw_id" },
-                if ok && zeros { "ok" } else { "FAIL" }
-            );
-            json.push(format!(
-                "{{\"test\":\"mmw\",\"type\":\"{vname}\",\"op\":\"id\",\"k\":{k},\"m\":{m},\"cols\":{pairs},\"skew\":{skew},\"same_bits\":{bits},\"written\":{written},\"masked_zero\":{zeros},\"nmse\":{e:e},\"kernel\":\"mmw_id\",\"ok\":{ok}}}"
-            ));
+            for (name, got, ran) in outs {
+                let (mut gr, mut zeros, mut written, mut bits) = (Vec::new(), true, true, true);
+                for (p, &e) in ids.iter().enumerate() {
+                    let gs = &got[p * m..(p + 1) * m];
+                    if e < 0 {
+                        zeros &= gs.iter().all(|v| v.to_bits() == 0);
+                        continue;
+                    }
+                    written &= gs.iter().all(|v| !v.is_nan());
+                    bits &= same_bits(gs, &ref_out[p * m..(p + 1) * m]);
+                    gr.extend_from_slice(gs);
+                }
+                let e = nmse(&gr, &want_ref);
+                let op = if skew { "id/skw" } else { "id" };
+                report(
+                    vname,
+                    op,
+                    [k, m, pairs],
+                    (&name, bits, written, zeros, e, ran),
+                );
+            }
             for b in [bw, bx, bi, bo] {
                 into_result((g.be.free)(b)).unwrap();
             }
@@ -2636,10 +2661,11 @@ fn main() {
             json.push(format!("{{\"bench\":\"mmvq\",\"k\":{k},\"m\":{rows},\"n\":{n},\"us\":{:.2},\"gbps\":{gbps:.1},\"of_copy\":{:.3}}}", ms * 1e3, gbps * 1e9 / copy_bw));
         }
         // MMQ on one expert-sized and on a 16-expert-tall matrix, 512 columns; each tile
-        // kernel the device has (as configured, bf16, dp4a, streamed bf16: mode 0 - 3).
+        // kernel the device has (as configured, bf16, dp4a, streamed bf16 with 16 and 32
+        // rows a warp: mode 0 - 4).
         let mmq_runs: Vec<(u64, usize, u8)> = [(m as u64, 512usize), (16 * m as u64, 512)]
             .into_iter()
-            .flat_map(|(mr, n)| [(mr, n, 0u8), (mr, n, 1), (mr, n, 2), (mr, n, 3)])
+            .flat_map(|(mr, n)| (0u8..5).map(move |mode| (mr, n, mode)))
             .filter(|&(_, _, mode)| match mode {
                 0 => true,
                 1 => dev.cc.0 >= 8 && !mmb(dev.cc),
@@ -2648,10 +2674,13 @@ fn main() {
             })
             .collect();
         for (mrows, n, mode) in mmq_runs {
-            FORCE_MMB.store(mode == 1 || mode == 3, Ordering::Relaxed);
-            FORCE_MMW.store(mode == 3, Ordering::Relaxed);
+            FORCE_MMB.store(matches!(mode, 1 | 3 | 4), Ordering::Relaxed);
+            FORCE_MMW.store(mode >= 3, Ordering::Relaxed);
+            FORCE_MMW_ROWS32.store(mode == 4, Ordering::Relaxed);
             FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
-            let kname = if mode == 3 {
+            let kname = if mode == 4 {
+                "mmw_dense_m2"
+            } else if mode == 3 {
                 "mmw_dense"
             } else if mmb(dev.cc) {
                 "mmb_dense"
@@ -2671,6 +2700,7 @@ fn main() {
             let tf = 2.0 * mrows as f64 * k as f64 * n as f64 / (ms * 1e-3) / 1e12;
             let gbps = (mrows as f64 * k as f64 / 32.0 * 10.0) / (ms * 1e-3) / 1e9;
             FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
+            FORCE_MMW_ROWS32.store(false, Ordering::Relaxed);
             FORCE_MMW.store(false, Ordering::Relaxed);
             FORCE_MMB.store(false, Ordering::Relaxed);
             println!(
@@ -2747,7 +2777,8 @@ fn main() {
             into_result((g.be.free)(bi)).unwrap();
         }
         // A prefill chunk's routed experts: 512 tokens (~12 pairs an expert) on the tiles
-        // as configured, the bf16 ones and the streamed bf16 ones (mode 0, 1, 3).
+        // as configured, the bf16 ones and the streamed bf16 ones with 16 and 32 rows a
+        // warp (mode 0, 1, 3, 4).
         let n_tok = 512usize;
         let ids: Vec<i32> = (0..n_tok)
             .flat_map(|_| {
@@ -2771,12 +2802,13 @@ fn main() {
             &(0..cols * k).map(|_| rng.f32()).collect::<Vec<f32>>(),
         ));
         let bo2 = g.zeros(m * 6 * n_tok * 4);
-        for mode in [0u8, 1, 3]
+        for mode in [0u8, 1, 3, 4]
             .into_iter()
             .filter(|&md| md == 0 || dev.cc.0 >= 8)
         {
             FORCE_MMB.store(mode != 0, Ordering::Relaxed);
-            FORCE_MMW.store(mode == 3, Ordering::Relaxed);
+            FORCE_MMW.store(mode >= 3, Ordering::Relaxed);
+            FORCE_MMW_ROWS32.store(mode == 4, Ordering::Relaxed);
             let before = g.counters();
             let ms = g.time(10, || {
                 g.op(
@@ -2789,9 +2821,11 @@ fn main() {
                 )
             });
             let after = g.counters();
+            FORCE_MMW_ROWS32.store(false, Ordering::Relaxed);
             FORCE_MMW.store(false, Ordering::Relaxed);
             FORCE_MMB.store(false, Ordering::Relaxed);
             let kname = [
+                "mmw_id_m2",
                 "mmw_id",
                 "mmb_id",
                 "mmq_mma_id",

@@ -122,7 +122,7 @@ pub struct Module {
 
 /// The streamed bf16 tiles, whose stages live in dynamic shared memory (mmw_tile in
 /// kernels/gpu/rocmfpx.cu).
-const MMW_KERNELS: [&str; 2] = ["mmw_dense", "mmw_id"];
+const MMW_KERNELS: [&str; 4] = ["mmw_dense", "mmw_id", "mmw_dense_m2", "mmw_id_m2"];
 
 /// The ROCmFP4 runs kernels, whose blocks bring their rows into shared memory with bulk
 /// copies where the launch gives them room (fp4_runs_q8_bulk in kernels/gpu/rocmfpx.cu).

@@ -34,6 +34,9 @@ pub static FORCE_MMB: AtomicBool = AtomicBool::new(false);
 /// Tests: the bf16 tiles in their streamed form without `MOE_GPU_MMB=stream` (see
 /// `bf16_streamed`; with FORCE_MMB or a mode that takes the bf16 tiles).
 pub static FORCE_MMW: AtomicBool = AtomicBool::new(false);
+/// Tests: the streamed tiles with two m-tiles a warp (`mmw_*_m2`) without
+/// `MOE_GPU_MMW_ROWS=32`.
+pub static FORCE_MMW_ROWS32: AtomicBool = AtomicBool::new(false);
 /// Tests: the streamed tiles given room for narrow tiles only (a grouped list over 16
 /// pairs then runs as narrow tiles).
 pub static FORCE_MMW_NARROW: AtomicBool = AtomicBool::new(false);
@@ -52,6 +55,16 @@ fn mmb_env() -> (MmbMode, bool) {
         Ok("stream") => (MmbMode::All, true),
         Ok("stream-wide") => (MmbMode::Wide, true),
         _ => (MmbMode::Off, false),
+    })
+}
+
+/// `MOE_GPU_MMW_ROWS`: rows a warp of the streamed bf16 tiles, 16 (unset) or 32 (A/B
+/// runs: the `_m2` kernels, 128 threads a block; the same sums); read once.
+fn mmw_rows_env() -> u32 {
+    static ROWS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| match std::env::var("MOE_GPU_MMW_ROWS").as_deref() {
+        Ok("32") => 32,
+        _ => 16,
     })
 }
 
@@ -176,6 +189,13 @@ impl plan::Gpu for Stream<'_> {
         match FORCE_MMW_NARROW.load(Ordering::Relaxed) {
             true => room.min(plan::mmw_smem(plan::TYPE_ROCMFP4, 16)),
             false => room,
+        }
+    }
+
+    fn bf16_streamed_rows(&self) -> u32 {
+        match FORCE_MMW_ROWS32.load(Ordering::Relaxed) || mmw_rows_env() == 32 {
+            true => 32,
+            false => 16,
         }
     }
 }

@@ -1339,6 +1339,12 @@ pub trait Gpu {
     fn bf16_streamed(&self) -> u32 {
         0
     }
+    /// Rows a warp of the streamed bf16 tiles takes: 16 (`mmw_dense` / `mmw_id`, 256
+    /// threads) or 32 (`mmw_dense_m2` / `mmw_id_m2`, 128 threads: each activation
+    /// fragment feeds two products).
+    fn bf16_streamed_rows(&self) -> u32 {
+        16
+    }
 }
 
 /// Whether a product of weight type `ty` on MMQ tiles, `cols` columns an expert, takes the
@@ -1400,6 +1406,15 @@ unsafe fn to_bf16(gpu: &impl Gpu, x: u64, values: u64, dst: u64) -> Result<(), S
     gpu.launch(l, &kargs!(px, quads, pd))
 }
 
+/// The streamed tiles' kernel (`one`: 16 rows a warp; `two`: 32) and block size for the
+/// backend's [`Gpu::bf16_streamed_rows`].
+fn mmw_kernel(gpu: &impl Gpu, one: &'static str, two: &'static str) -> (&'static str, u32) {
+    match gpu.bf16_streamed_rows() {
+        32 => (two, 128),
+        _ => (one, 256),
+    }
+}
+
 /// A dense product of `m` rows and `n` columns of type `ty` (`nb` blocks a row of
 /// `row_bytes`) on the streamed bf16 tiles with `smem` bytes: x (`n` columns of f32) to
 /// bf16 in the scratch, then `mmw_dense`.
@@ -1419,14 +1434,15 @@ unsafe fn mmw_dense(
     to_bf16(gpu, x, values, xb)?;
     let (mut pw, mut rb, mut ty, mut nb, mut m, mut n) = (w, row_bytes, ty, nb, m, n);
     let (mut po, mut a) = (out, affine);
+    let (name, block) = mmw_kernel(gpu, "mmw_dense", "mmw_dense_m2");
     let l = Launch {
-        name: "mmw_dense",
+        name,
         grid: (
             (n as u64).div_ceil(MMA_BN_COLS) as u32,
             (m as u64).div_ceil(MMW_BM) as u32,
             1,
         ),
-        block: 256,
+        block,
     };
     gpu.launch_smem(l, smem, &kargs!(pw, rb, ty, nb, m, n, xb, po, a))
 }
@@ -1758,12 +1774,19 @@ pub fn run(
                 // The bf16 tiles read the f32 input itself (the streamed ones its bf16
                 // columns), the int8 ones its q8_1.
                 let (mut rb, mut ty) = (p.row_bytes, p.ty);
-                let (name, mut act, smem) = match (mmb, mmw) {
-                    (true, Some(smem)) => ("mmw_id", base + bf16_at, smem),
-                    (true, None) => ("mmb_id", px, 0),
-                    (false, _) => (p.grouped.name, pq, 0),
+                let (name, mut act, smem, block) = match (mmb, mmw) {
+                    (true, Some(smem)) => {
+                        let (name, block) = mmw_kernel(gpu, "mmw_id", "mmw_id_m2");
+                        (name, base + bf16_at, smem, block)
+                    }
+                    (true, None) => ("mmb_id", px, 0, p.grouped.block),
+                    (false, _) => (p.grouped.name, pq, 0, p.grouped.block),
                 };
-                let l = Launch { name, ..p.grouped };
+                let l = Launch {
+                    name,
+                    block,
+                    ..p.grouped
+                };
                 gpu.launch_smem(
                     l,
                     smem,
@@ -2564,6 +2587,7 @@ mod run_tests {
         /// Whether products take the bf16 tiles, and the room of their streamed form.
         bf16: bool,
         streamed: u32,
+        rows: u32,
     }
 
     impl Gpu for Rec {
@@ -2600,6 +2624,9 @@ mod run_tests {
         }
         fn bf16_streamed(&self) -> u32 {
             self.streamed
+        }
+        fn bf16_streamed_rows(&self) -> u32 {
+            self.rows
         }
     }
 
@@ -2702,6 +2729,18 @@ mod run_tests {
             scratch,
             [(layout.bytes as u64).next_multiple_of(256) as usize + 32 * 1024 * 2]
         );
+        // 32 rows a warp: the _m2 kernels (their parameters checked as the others').
+        for (op, args, want) in [
+            (ops::MATMUL, &a[..], "mmw_dense_m2"),
+            (ops::MATMUL_ID, &g[..], "mmw_id_m2"),
+        ] {
+            let g32 = Rec {
+                rows: 32,
+                ..rec(true, 120_000)
+            };
+            let (l, _, _) = launched(&g32, op, args);
+            assert_eq!(l.last().unwrap().0, want);
+        }
         let (l, _, _) = launched(&rec(true, 0), ops::MATMUL_ID, &g);
         assert_eq!(
             l.iter().map(|l| l.0).collect::<Vec<_>>(),
