@@ -2474,7 +2474,7 @@ GPU_DEV bool tile_list(const int* __restrict__ active, const int* __restrict__ o
     end = offsets[e + 1];
     if (e != n_experts) return true;
     for (int i = begin; i < end; ++i)
-        for (int r = r0 + (int)threadIdx.x; r < r0 + MMA_BM && r < m; r += 256)
+        for (int r = r0 + (int)threadIdx.x; r < r0 + MMA_BM && r < m; r += (int)blockDim.x)
             out[(long long)sorted[i] * m + r] = 0.0f;
     return false;
 }
@@ -2934,17 +2934,17 @@ GPU_DEV mmw_tab mmw_tables(const unsigned char* row, int affine) {
     const float e0 = ue4m3(sc), e1 = ue4m3(sc >> 8);
     mmw_tab tb;
     if (TY == MT_107) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            // (mmb_decode: half h's scale e and offset o; affine: S and O for both)
-            const float e = h && !affine ? e1 : e0, o = affine ? e1 : e;
-            tb.t0[h] = gpu_bf16x2(-o, e - o);
-            tb.t1[h] = gpu_bf16x2(2.0f * e - o, 3.0f * e - o);
-            if (affine) {
-                tb.t0[1] = tb.t0[0];
-                tb.t1[1] = tb.t1[0];
-                break;
-            }
+        // (mmb_decode: half h's scale e and offset o; affine: S and O for both halves,
+        // two-scale: E_h for both)
+        const float o0 = affine ? e1 : e0;
+        tb.t0[0] = gpu_bf16x2(-o0, e0 - o0);
+        tb.t1[0] = gpu_bf16x2(2.0f * e0 - o0, 3.0f * e0 - o0);
+        if (affine) {
+            tb.t0[1] = tb.t0[0];
+            tb.t1[1] = tb.t1[0];
+        } else {
+            tb.t0[1] = gpu_bf16x2(-e1, e1 - e1);
+            tb.t1[1] = gpu_bf16x2(2.0f * e1 - e1, 3.0f * e1 - e1);
         }
     } else {
         tb.t0[0] = gpu_bf16x2(e0, e0);
@@ -3036,6 +3036,7 @@ GPU_DEV void mmw_tile(unsigned char* smem, const int* acol, const int* ocol,
     constexpr int NT = BN / 8, NE = MMA_NE(MT, NT), WRB = mmw_row_bytes<TY>(), G = WRB / 8;
     constexpr int SB = mmw_stage_bytes<TY, BN>(), AOFF = MMW_BM * WRB, NTH = 256 / MT;
     const int t = threadIdx.x, lane = t & 31, wr = (t >> 5) * 16 * MT;
+    if (blockDim.x != NTH) asm volatile("trap;");  // (the host's block size must match the layout)
     const long long kw = (long long)nb * 16;  // words (bf16 pairs) a column of xb
     const int stages = nb / 4;
     float acc[NE];

@@ -4,7 +4,7 @@
 //! Runs through the backend's plugin table (the same calls the host makes), plus the
 //! rlib's event timing. Prints a table and, at the end, one JSON line.
 //!
-//!   cargo run --release -p moe-backend-cuda --example gpu_kernels [-- --quick]
+//!   cargo run --release -p moe-backend-cuda --example gpu_kernels [-- --quick | --bench]
 //!
 //! The CPU reference is the q8 dot product written out from the spec
 //! (../shared/spec/rocmfpx.md): per 16-weight half, d * (A * sum c*q - B * sum q) with
@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use moe_backend_cuda::{
     ops::{
         mmq_kernel, FORCE_ATT_DEC, FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_MMB,
-        FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS32, FORCE_Q8_DECODE, FP2_AFFINE,
+        FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE,
         FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
@@ -466,35 +466,50 @@ fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
     // Runs `f` on the MMB tiles, then on each streamed layout: the MMB output, and for
     // each layout the kernel expected (`want`, its _m2 form for 32 rows; mmb where the
     // shape does not stream), its output and whether it ran and the other kinds did not.
-    let runs = |f: &dyn Fn() -> Vec<f32>, want: &str| {
+    let tiles = [
+        "mmb_dense",
+        "mmb_id",
+        "mmw_dense",
+        "mmw_id",
+        "mmw_dense_m2",
+        "mmw_id_m2",
+        "mmq_mma_dense",
+        "mmq_mma_id",
+    ];
+    // Whether `name` ran between two counter readings and no other tile kernel did.
+    let only = |before: &std::collections::BTreeMap<String, u64>,
+                after: &std::collections::BTreeMap<String, u64>,
+                name: &str| {
+        tiles
+            .iter()
+            .all(|k| (device_launches(before, after, k) > 0) == (*k == name))
+    };
+    // Runs `f` on the MMB tiles (the streamed form forced off, whatever the environment
+    // says), then on each streamed layout (forced on, 16 then 32 rows a warp): the MMB
+    // output, whether mmb alone ran (`ref_want`), and for each layout the kernel
+    // expected (`want`, its _m2 form for 32 rows; mmb where the shape does not stream),
+    // its output and whether it alone ran.
+    let runs = |f: &dyn Fn() -> Vec<f32>, want: &str, ref_want: &str| {
         FORCE_MMB.store(true, Ordering::Relaxed);
+        FORCE_MMW.store(2, Ordering::Relaxed);
+        let before = g.counters();
         let mmb_out = f();
+        let ref_ran = only(&before, &g.counters(), ref_want);
         let mut outs = Vec::new();
-        for rows32 in [false, true] {
-            FORCE_MMW.store(true, Ordering::Relaxed);
-            FORCE_MMW_ROWS32.store(rows32, Ordering::Relaxed);
+        for rows in [16u32, 32] {
+            FORCE_MMW.store(1, Ordering::Relaxed);
+            FORCE_MMW_ROWS.store(rows, Ordering::Relaxed);
             let before = g.counters();
             let out = f();
             let after = g.counters();
-            let name = match (want.starts_with("mmw"), rows32) {
-                (true, true) => format!("{want}_m2"),
+            let name = match (want.starts_with("mmw"), rows) {
+                (true, 32) => format!("{want}_m2"),
                 _ => want.to_string(),
             };
-            let kinds = [
-                "mmb_dense",
-                "mmb_id",
-                "mmw_dense",
-                "mmw_id",
-                "mmw_dense_m2",
-                "mmw_id_m2",
-            ];
-            let ran = kinds
-                .iter()
-                .all(|k| (device_launches(&before, &after, k) > 0) == (*k == name));
-            outs.push((name, out, ran));
+            outs.push((name.clone(), out, ref_ran && only(&before, &after, &name)));
         }
-        FORCE_MMW_ROWS32.store(false, Ordering::Relaxed);
-        FORCE_MMW.store(false, Ordering::Relaxed);
+        FORCE_MMW_ROWS.store(0, Ordering::Relaxed);
+        FORCE_MMW.store(0, Ordering::Relaxed);
         FORCE_MMB.store(false, Ordering::Relaxed);
         (mmb_out, outs)
     };
@@ -551,7 +566,7 @@ fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
                 );
                 poisoned(bo, m * n)
             };
-            let (ref_out, outs) = runs(&run, want);
+            let (ref_out, outs) = runs(&run, want, "mmb_dense");
             let want_ref = ref_f32(&wv, m, k, &x);
             for (name, got, ran) in outs {
                 let written = got.iter().all(|v| !v.is_nan());
@@ -620,7 +635,7 @@ fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
             };
             // skew: a launch with room for narrow tiles only (expert 0's list of 32 as two)
             FORCE_MMW_NARROW.store(skew, Ordering::Relaxed);
-            let (ref_out, outs) = runs(&run, "mmw_id");
+            let (ref_out, outs) = runs(&run, "mmw_id", "mmb_id");
             FORCE_MMW_NARROW.store(false, Ordering::Relaxed);
             let mut want_ref = Vec::new();
             for (p, &e) in ids.iter().enumerate() {
@@ -2297,6 +2312,8 @@ fn check_reference(rng: &mut Rng) -> bool {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    // --bench: the microbenchmark alone (its rows' kernels are the parity cases' ones).
+    let bench_only = std::env::args().any(|a| a == "--bench");
     let ref_ok = check_reference(&mut Rng(0x0123_4567_89ab_cdef));
     let be = moe_backend_cuda::table();
     let devs = match into_result((be.devices)()) {
@@ -2344,255 +2361,257 @@ fn main() {
     let mut all_ok = ref_ok;
 
     // ---------------------------------------------------------------- parity
-    println!("\n== parity vs CPU reference (normalised MSE; limit 5e-4) ==");
-    println!(
-        "{:<10} {:>5} {:>5} {:>4} {:>12} {:<18} {}",
-        "variant", "K", "M", "n", "nmse", "kernel", "ok"
-    );
-    let m = 4096usize;
-    let ns: Vec<usize> = (1..=8).chain([16, 31, 33]).collect();
-    for (variant, vname) in [(FP2_TWO_SCALE, "two-scale"), (FP2_AFFINE, "affine")] {
-        for k in [4096usize, 2048] {
-            let w = random_weights(&mut rng, m, k);
-            let nmax = 33;
-            let x: Vec<f32> = (0..nmax * k).map(|_| rng.f32()).collect();
-            let act: Vec<Vec<BlockQ8_1>> = x
-                .chunks_exact(k)
-                .map(|c| c.chunks_exact(32).map(BlockQ8_1::quantize).collect())
-                .collect();
-            let want = ref_matmul(&w, m, k, &act, variant == FP2_AFFINE);
-            let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * nmax * 4));
-            // n > 8 runs each tile kernel the device has: as configured (the int8
-            // tensor-core one from sm_80), the bf16 one, then the dp4a one (mode 0, 1, 2).
-            let runs: Vec<(usize, u8)> = ns
-                .iter()
-                .flat_map(|&n| {
-                    let modes: &[u8] = match (n > 8, mmq_kernel(dev.cc) != "mmq_dp4a_107") {
-                        (false, _) => &[0],
-                        (true, true) if dev.cc.0 >= 8 => &[0, 1, 2],
-                        (true, true) => &[0, 2],
-                        (true, false) => &[0],
-                    };
-                    modes.iter().map(move |&mode| (n, mode))
-                })
-                .collect();
-            for &(n, mode) in &runs {
-                FORCE_MMB.store(mode == 1, Ordering::Relaxed);
-                FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
-                let before = g.counters();
-                g.op(
-                    ops::MATMUL,
-                    &[
-                        t(bw, 0, 107, variant, [k as u64, m as u64, 1, 1]),
-                        t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
-                        t(bo, 0, types::F32, 0, [m as u64, n as u64, 1, 1]),
-                    ],
-                );
-                let got = g.read_f32(bo, 0, m * n);
-                let after = g.counters();
-                let ran: Vec<String> = after
-                    .iter()
-                    .filter(|(k, v)| k.ends_with(".device") && before.get(*k) != Some(v))
-                    .map(|(k, _)| k.trim_end_matches(".device").to_string())
-                    .filter(|k| k != "quantize_q8_1")
+    if !bench_only {
+        println!("\n== parity vs CPU reference (normalised MSE; limit 5e-4) ==");
+        println!(
+            "{:<10} {:>5} {:>5} {:>4} {:>12} {:<18} {}",
+            "variant", "K", "M", "n", "nmse", "kernel", "ok"
+        );
+        let m = 4096usize;
+        let ns: Vec<usize> = (1..=8).chain([16, 31, 33]).collect();
+        for (variant, vname) in [(FP2_TWO_SCALE, "two-scale"), (FP2_AFFINE, "affine")] {
+            for k in [4096usize, 2048] {
+                let w = random_weights(&mut rng, m, k);
+                let nmax = 33;
+                let x: Vec<f32> = (0..nmax * k).map(|_| rng.f32()).collect();
+                let act: Vec<Vec<BlockQ8_1>> = x
+                    .chunks_exact(k)
+                    .map(|c| c.chunks_exact(32).map(BlockQ8_1::quantize).collect())
                     .collect();
-                let expect_kernel = if n <= 8 {
-                    format!("mmvq_107_n{n}")
-                } else if mmb(dev.cc) {
-                    "mmb_dense".to_string()
-                } else {
-                    mmq_kernel(dev.cc).to_string()
-                };
-                FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
-                FORCE_MMB.store(false, Ordering::Relaxed);
-                let e = nmse(&got, &want[..m * n]);
-                let ok = e <= 5e-4 && ran == [expect_kernel.clone()];
-                all_ok &= ok;
-                println!(
-                    "{:<10} {:>5} {:>5} {:>4} {:>12.3e} {:<18} {}",
-                    vname,
-                    k,
-                    m,
-                    n,
-                    e,
-                    ran.join(","),
-                    if ok { "ok" } else { "FAIL" }
-                );
-                json.push(format!(
-                    "{{\"test\":\"parity\",\"variant\":\"{vname}\",\"k\":{k},\"m\":{m},\"n\":{n},\"nmse\":{e:e},\"kernel\":\"{}\",\"ok\":{ok}}}",
-                    ran.join(",")
-                ));
-            }
-            for b in [bw, bx, bo] {
-                into_result((g.be.free)(b)).unwrap();
-            }
-        }
-    }
-
-    // ---------------------------------------------------------------- grouped
-    println!("\n== grouped MoE mat-vec vs per-pair MMVQ (bit-identical) and CPU reference ==");
-    println!(
-        "{:<10} {:>5} {:>5} {:>4} {:>5} {:>7} {:>9} {:>8} {:>12} {}",
-        "variant", "K", "M", "tok", "slots", "masked", "bitident", "zeros", "nmse", "ok"
-    );
-    let experts = 16usize;
-    let slots = 6usize;
-    for (variant, vname) in [(FP2_TWO_SCALE, "two-scale"), (FP2_AFFINE, "affine")] {
-        for (k, m, per_pair) in [(4096usize, 4096usize, false), (2048, 4096, true)] {
-            let w = random_weights(&mut rng, experts * m, k);
-            let ebytes = m * k / 32 * 10;
-            let bw = g.buf(&w);
-            // 16 and 256 tokens take the tiles: again forced onto the bf16 ones.
-            let runs: Vec<(usize, bool)> = [1usize, 2, 4, 8, 9, 16, 256]
-                .into_iter()
-                .map(|n| (n, false))
-                .chain(
-                    [(16, true), (256, true)]
-                        .into_iter()
-                        .filter(|_| dev.cc.0 >= 8),
-                )
-                .collect();
-            for (n_tok, force) in runs {
-                FORCE_MMB.store(force, Ordering::Relaxed);
-                let pairs = n_tok * slots;
-                // From 4 pairs per expert on matrix-unit devices: the MMQ tiles, which sum
-                // in another order than MMVQ (so no bit-identity asked of them).
-                let tiles = pairs >= 4 * experts && mmq_kernel(dev.cc) == "mmq_mma_107";
-                let kernel = if tiles && mmb(dev.cc) {
-                    "mmb_id"
-                } else if tiles {
-                    "mmq_mma_id"
-                } else if n_tok == 1 {
-                    "mmvq_id_107" // one token: no sort
-                } else {
-                    "mmvq_grouped_107"
-                };
-                // The CPU reference on at most ~96 of the pairs.
-                let stride = pairs.div_ceil(96);
-                let cols = if per_pair { pairs } else { n_tok };
-                let x: Vec<f32> = (0..cols * k).map(|_| rng.f32()).collect();
-                let mut ids = vec![0i32; pairs];
-                for tok in 0..n_tok {
-                    // Distinct experts per token; about one route in eight masked.
-                    let mut used = Vec::new();
-                    for s in 0..slots {
-                        let e = loop {
-                            let e = rng.below(experts as u64) as i32;
-                            if !used.contains(&e) {
-                                break e;
-                            }
+                let want = ref_matmul(&w, m, k, &act, variant == FP2_AFFINE);
+                let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * nmax * 4));
+                // n > 8 runs each tile kernel the device has: as configured (the int8
+                // tensor-core one from sm_80), the bf16 one, then the dp4a one (mode 0, 1, 2).
+                let runs: Vec<(usize, u8)> = ns
+                    .iter()
+                    .flat_map(|&n| {
+                        let modes: &[u8] = match (n > 8, mmq_kernel(dev.cc) != "mmq_dp4a_107") {
+                            (false, _) => &[0],
+                            (true, true) if dev.cc.0 >= 8 => &[0, 1, 2],
+                            (true, true) => &[0, 2],
+                            (true, false) => &[0],
                         };
-                        used.push(e);
-                        ids[tok * slots + s] = if rng.below(8) == 0 { -1 } else { e };
-                    }
-                }
-                let masked = ids.iter().filter(|&&e| e < 0).count();
-                let bx = g.buf(&f32_bytes(&x));
-                let bi = g.buf(
-                    &ids.iter()
-                        .flat_map(|v| v.to_le_bytes())
-                        .collect::<Vec<u8>>(),
-                );
-                // NaN-filled outputs: masked routes must be overwritten with exact zeros.
-                let nan = f32_bytes(&vec![f32::NAN; m * pairs]);
-                let (bo, bp) = (g.buf(&nan), g.buf(&nan));
-                let before = g.counters();
-                g.op(
-                    OP_MATMUL_ID,
-                    &id_args(
-                        [bw, bx, bi, bo],
-                        (107, variant),
-                        [k, m, experts, slots, n_tok, cols],
-                    ),
-                );
-                let grouped = g.read_f32(bo, 0, m * pairs);
-                let after = g.counters();
-                let key = format!("{kernel}.device");
-                let ran_grouped = after.get(&key) > before.get(&key);
-                // Per-pair path: one MMVQ (n = 1) per routed pair on the expert's slice.
-                for (p, &e) in ids.iter().enumerate() {
-                    if e < 0 {
-                        continue;
-                    }
-                    let col = if per_pair { p } else { p / slots };
+                        modes.iter().map(move |&mode| (n, mode))
+                    })
+                    .collect();
+                for &(n, mode) in &runs {
+                    FORCE_MMB.store(mode == 1, Ordering::Relaxed);
+                    FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
+                    let before = g.counters();
                     g.op(
                         ops::MATMUL,
                         &[
-                            t(
-                                bw,
-                                (e as usize * ebytes) as u64,
-                                107,
-                                variant,
-                                [k as u64, m as u64, 1, 1],
-                            ),
-                            t(bx, (col * k * 4) as u64, types::F32, 0, [k as u64, 1, 1, 1]),
-                            t(bp, (p * m * 4) as u64, types::F32, 0, [m as u64, 1, 1, 1]),
+                            t(bw, 0, 107, variant, [k as u64, m as u64, 1, 1]),
+                            t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
+                            t(bo, 0, types::F32, 0, [m as u64, n as u64, 1, 1]),
                         ],
                     );
-                }
-                let per = g.read_f32(bp, 0, m * pairs);
-                let mut bit = true;
-                let mut zeros = true;
-                let mut got_routed = Vec::new();
-                let mut want_routed = Vec::new();
-                for (p, &e) in ids.iter().enumerate() {
-                    let gs = &grouped[p * m..(p + 1) * m];
-                    if e < 0 {
-                        zeros &= gs.iter().all(|v| v.to_bits() == 0);
-                        continue;
-                    }
-                    bit &= same_bits(gs, &per[p * m..(p + 1) * m]);
-                    if p % stride != 0 {
-                        continue;
-                    }
-                    let col = if per_pair { p } else { p / slots };
-                    let act: Vec<BlockQ8_1> = x[col * k..(col + 1) * k]
-                        .chunks_exact(32)
-                        .map(BlockQ8_1::quantize)
+                    let got = g.read_f32(bo, 0, m * n);
+                    let after = g.counters();
+                    let ran: Vec<String> = after
+                        .iter()
+                        .filter(|(k, v)| k.ends_with(".device") && before.get(*k) != Some(v))
+                        .map(|(k, _)| k.trim_end_matches(".device").to_string())
+                        .filter(|k| k != "quantize_q8_1")
                         .collect();
-                    let ew = &w[e as usize * ebytes..(e as usize + 1) * ebytes];
-                    want_routed.extend(ref_matmul(ew, m, k, &[act], variant == FP2_AFFINE));
-                    got_routed.extend_from_slice(gs);
-                }
-                let e = nmse(&got_routed, &want_routed);
-                let ok = (bit || tiles) && zeros && e <= 5e-4 && ran_grouped;
-                all_ok &= ok;
-                println!(
-                    "{:<10} {:>5} {:>5} {:>4} {:>5} {:>7} {:>9} {:>8} {:>12.3e} {} {kernel}",
-                    vname,
-                    k,
-                    m,
-                    n_tok,
-                    slots,
-                    masked,
-                    bit,
-                    zeros,
-                    e,
-                    if ok { "ok" } else { "FAIL" }
-                );
-                json.push(format!(
-                    "{{\"test\":\"grouped\",\"variant\":\"{vname}\",\"k\":{k},\"m\":{m},\"tokens\":{n_tok},\"masked\":{masked},\"bit_identical\":{bit},\"masked_zero\":{zeros},\"nmse\":{e:e},\"kernel\":\"{kernel}\",\"ok\":{ok}}}"
+                    let expect_kernel = if n <= 8 {
+                        format!("mmvq_107_n{n}")
+                    } else if mmb(dev.cc) {
+                        "mmb_dense".to_string()
+                    } else {
+                        mmq_kernel(dev.cc).to_string()
+                    };
+                    FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
+                    FORCE_MMB.store(false, Ordering::Relaxed);
+                    let e = nmse(&got, &want[..m * n]);
+                    let ok = e <= 5e-4 && ran == [expect_kernel.clone()];
+                    all_ok &= ok;
+                    println!(
+                        "{:<10} {:>5} {:>5} {:>4} {:>12.3e} {:<18} {}",
+                        vname,
+                        k,
+                        m,
+                        n,
+                        e,
+                        ran.join(","),
+                        if ok { "ok" } else { "FAIL" }
+                    );
+                    json.push(format!(
+                    "{{\"test\":\"parity\",\"variant\":\"{vname}\",\"k\":{k},\"m\":{m},\"n\":{n},\"nmse\":{e:e},\"kernel\":\"{}\",\"ok\":{ok}}}",
+                    ran.join(",")
                 ));
-                for b in [bx, bi, bo, bp] {
+                }
+                for b in [bw, bx, bo] {
                     into_result((g.be.free)(b)).unwrap();
                 }
-                FORCE_MMB.store(false, Ordering::Relaxed);
             }
-            into_result((g.be.free)(bw)).unwrap();
         }
+
+        // ---------------------------------------------------------------- grouped
+        println!("\n== grouped MoE mat-vec vs per-pair MMVQ (bit-identical) and CPU reference ==");
+        println!(
+            "{:<10} {:>5} {:>5} {:>4} {:>5} {:>7} {:>9} {:>8} {:>12} {}",
+            "variant", "K", "M", "tok", "slots", "masked", "bitident", "zeros", "nmse", "ok"
+        );
+        let experts = 16usize;
+        let slots = 6usize;
+        for (variant, vname) in [(FP2_TWO_SCALE, "two-scale"), (FP2_AFFINE, "affine")] {
+            for (k, m, per_pair) in [(4096usize, 4096usize, false), (2048, 4096, true)] {
+                let w = random_weights(&mut rng, experts * m, k);
+                let ebytes = m * k / 32 * 10;
+                let bw = g.buf(&w);
+                // 16 and 256 tokens take the tiles: again forced onto the bf16 ones.
+                let runs: Vec<(usize, bool)> = [1usize, 2, 4, 8, 9, 16, 256]
+                    .into_iter()
+                    .map(|n| (n, false))
+                    .chain(
+                        [(16, true), (256, true)]
+                            .into_iter()
+                            .filter(|_| dev.cc.0 >= 8),
+                    )
+                    .collect();
+                for (n_tok, force) in runs {
+                    FORCE_MMB.store(force, Ordering::Relaxed);
+                    let pairs = n_tok * slots;
+                    // From 4 pairs per expert on matrix-unit devices: the MMQ tiles, which sum
+                    // in another order than MMVQ (so no bit-identity asked of them).
+                    let tiles = pairs >= 4 * experts && mmq_kernel(dev.cc) == "mmq_mma_107";
+                    let kernel = if tiles && mmb(dev.cc) {
+                        "mmb_id"
+                    } else if tiles {
+                        "mmq_mma_id"
+                    } else if n_tok == 1 {
+                        "mmvq_id_107" // one token: no sort
+                    } else {
+                        "mmvq_grouped_107"
+                    };
+                    // The CPU reference on at most ~96 of the pairs.
+                    let stride = pairs.div_ceil(96);
+                    let cols = if per_pair { pairs } else { n_tok };
+                    let x: Vec<f32> = (0..cols * k).map(|_| rng.f32()).collect();
+                    let mut ids = vec![0i32; pairs];
+                    for tok in 0..n_tok {
+                        // Distinct experts per token; about one route in eight masked.
+                        let mut used = Vec::new();
+                        for s in 0..slots {
+                            let e = loop {
+                                let e = rng.below(experts as u64) as i32;
+                                if !used.contains(&e) {
+                                    break e;
+                                }
+                            };
+                            used.push(e);
+                            ids[tok * slots + s] = if rng.below(8) == 0 { -1 } else { e };
+                        }
+                    }
+                    let masked = ids.iter().filter(|&&e| e < 0).count();
+                    let bx = g.buf(&f32_bytes(&x));
+                    let bi = g.buf(
+                        &ids.iter()
+                            .flat_map(|v| v.to_le_bytes())
+                            .collect::<Vec<u8>>(),
+                    );
+                    // NaN-filled outputs: masked routes must be overwritten with exact zeros.
+                    let nan = f32_bytes(&vec![f32::NAN; m * pairs]);
+                    let (bo, bp) = (g.buf(&nan), g.buf(&nan));
+                    let before = g.counters();
+                    g.op(
+                        OP_MATMUL_ID,
+                        &id_args(
+                            [bw, bx, bi, bo],
+                            (107, variant),
+                            [k, m, experts, slots, n_tok, cols],
+                        ),
+                    );
+                    let grouped = g.read_f32(bo, 0, m * pairs);
+                    let after = g.counters();
+                    let key = format!("{kernel}.device");
+                    let ran_grouped = after.get(&key) > before.get(&key);
+                    // Per-pair path: one MMVQ (n = 1) per routed pair on the expert's slice.
+                    for (p, &e) in ids.iter().enumerate() {
+                        if e < 0 {
+                            continue;
+                        }
+                        let col = if per_pair { p } else { p / slots };
+                        g.op(
+                            ops::MATMUL,
+                            &[
+                                t(
+                                    bw,
+                                    (e as usize * ebytes) as u64,
+                                    107,
+                                    variant,
+                                    [k as u64, m as u64, 1, 1],
+                                ),
+                                t(bx, (col * k * 4) as u64, types::F32, 0, [k as u64, 1, 1, 1]),
+                                t(bp, (p * m * 4) as u64, types::F32, 0, [m as u64, 1, 1, 1]),
+                            ],
+                        );
+                    }
+                    let per = g.read_f32(bp, 0, m * pairs);
+                    let mut bit = true;
+                    let mut zeros = true;
+                    let mut got_routed = Vec::new();
+                    let mut want_routed = Vec::new();
+                    for (p, &e) in ids.iter().enumerate() {
+                        let gs = &grouped[p * m..(p + 1) * m];
+                        if e < 0 {
+                            zeros &= gs.iter().all(|v| v.to_bits() == 0);
+                            continue;
+                        }
+                        bit &= same_bits(gs, &per[p * m..(p + 1) * m]);
+                        if p % stride != 0 {
+                            continue;
+                        }
+                        let col = if per_pair { p } else { p / slots };
+                        let act: Vec<BlockQ8_1> = x[col * k..(col + 1) * k]
+                            .chunks_exact(32)
+                            .map(BlockQ8_1::quantize)
+                            .collect();
+                        let ew = &w[e as usize * ebytes..(e as usize + 1) * ebytes];
+                        want_routed.extend(ref_matmul(ew, m, k, &[act], variant == FP2_AFFINE));
+                        got_routed.extend_from_slice(gs);
+                    }
+                    let e = nmse(&got_routed, &want_routed);
+                    let ok = (bit || tiles) && zeros && e <= 5e-4 && ran_grouped;
+                    all_ok &= ok;
+                    println!(
+                        "{:<10} {:>5} {:>5} {:>4} {:>5} {:>7} {:>9} {:>8} {:>12.3e} {} {kernel}",
+                        vname,
+                        k,
+                        m,
+                        n_tok,
+                        slots,
+                        masked,
+                        bit,
+                        zeros,
+                        e,
+                        if ok { "ok" } else { "FAIL" }
+                    );
+                    json.push(format!(
+                    "{{\"test\":\"grouped\",\"variant\":\"{vname}\",\"k\":{k},\"m\":{m},\"tokens\":{n_tok},\"masked\":{masked},\"bit_identical\":{bit},\"masked_zero\":{zeros},\"nmse\":{e:e},\"kernel\":\"{kernel}\",\"ok\":{ok}}}"
+                ));
+                    for b in [bx, bi, bo, bp] {
+                        into_result((g.be.free)(b)).unwrap();
+                    }
+                    FORCE_MMB.store(false, Ordering::Relaxed);
+                }
+                into_result((g.be.free)(bw)).unwrap();
+            }
+        }
+        all_ok &= id_multi(&g, &mut rng, &mut json);
+        all_ok &= swiglu_id(&g, &mut rng, &mut json);
+        all_ok &= hc_post_pre_gsync(&g, &mut rng, &mut json);
+        all_ok &= router_mm(&g, &mut rng, &mut json);
+        all_ok &= norm_matmul(&g, &mut rng, &mut json);
+        all_ok &= attention_decode(&g, &mut rng, &mut json);
+        all_ok &= topk_rows(&g, &mut rng, &mut json);
+        all_ok &= index_scores(&g, &mut rng, &mut json);
+        all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);
+        all_ok &= mmw_check(&g, &mut rng, dev.cc, &mut json);
+        all_ok &= dense_decode(&g, &mut rng, &mut json);
+        all_ok &= f32_tiles_check(&g, &mut rng, &mut json);
     }
-    all_ok &= id_multi(&g, &mut rng, &mut json);
-    all_ok &= swiglu_id(&g, &mut rng, &mut json);
-    all_ok &= hc_post_pre_gsync(&g, &mut rng, &mut json);
-    all_ok &= router_mm(&g, &mut rng, &mut json);
-    all_ok &= norm_matmul(&g, &mut rng, &mut json);
-    all_ok &= attention_decode(&g, &mut rng, &mut json);
-    all_ok &= topk_rows(&g, &mut rng, &mut json);
-    all_ok &= index_scores(&g, &mut rng, &mut json);
-    all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);
-    all_ok &= mmw_check(&g, &mut rng, dev.cc, &mut json);
-    all_ok &= dense_decode(&g, &mut rng, &mut json);
-    all_ok &= f32_tiles_check(&g, &mut rng, &mut json);
     if quick {
         println!("\nparity: {}", if all_ok { "ALL OK" } else { "FAILURES" });
         return;
@@ -2675,18 +2694,12 @@ fn main() {
             .collect();
         for (mrows, n, mode) in mmq_runs {
             FORCE_MMB.store(matches!(mode, 1 | 3 | 4), Ordering::Relaxed);
-            FORCE_MMW.store(mode >= 3, Ordering::Relaxed);
-            FORCE_MMW_ROWS32.store(mode == 4, Ordering::Relaxed);
+            // (mode 1 the plain bf16 tiles whatever MOE_GPU_MMB says, 3 / 4 the streamed
+            // ones at 16 / 32 rows a warp, 0 and 2 as configured)
+            FORCE_MMW.store([0, 2, 0, 1, 1][mode as usize], Ordering::Relaxed);
+            FORCE_MMW_ROWS.store([0, 0, 0, 16, 32][mode as usize], Ordering::Relaxed);
             FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
-            let kname = if mode == 4 {
-                "mmw_dense_m2"
-            } else if mode == 3 {
-                "mmw_dense"
-            } else if mmb(dev.cc) {
-                "mmb_dense"
-            } else {
-                mmq_kernel(dev.cc)
-            };
+            let before = g.counters();
             let ms = g.time(10, || {
                 g.op(
                     ops::MATMUL,
@@ -2700,9 +2713,20 @@ fn main() {
             let tf = 2.0 * mrows as f64 * k as f64 * n as f64 / (ms * 1e-3) / 1e12;
             let gbps = (mrows as f64 * k as f64 / 32.0 * 10.0) / (ms * 1e-3) / 1e9;
             FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
-            FORCE_MMW_ROWS32.store(false, Ordering::Relaxed);
-            FORCE_MMW.store(false, Ordering::Relaxed);
+            FORCE_MMW_ROWS.store(0, Ordering::Relaxed);
+            FORCE_MMW.store(0, Ordering::Relaxed);
             FORCE_MMB.store(false, Ordering::Relaxed);
+            let after = g.counters();
+            let kname = [
+                "mmw_dense_m2",
+                "mmw_dense",
+                "mmb_dense",
+                "mmq_mma_107",
+                "mmq_dp4a_107",
+            ]
+            .into_iter()
+            .find(|n| device_launches(&before, &after, n) > 0)
+            .unwrap_or("?");
             println!(
                 "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
                 kname,
@@ -2807,8 +2831,8 @@ fn main() {
             .filter(|&md| md == 0 || dev.cc.0 >= 8)
         {
             FORCE_MMB.store(mode != 0, Ordering::Relaxed);
-            FORCE_MMW.store(mode >= 3, Ordering::Relaxed);
-            FORCE_MMW_ROWS32.store(mode == 4, Ordering::Relaxed);
+            FORCE_MMW.store([0, 2, 0, 1, 1][mode as usize], Ordering::Relaxed);
+            FORCE_MMW_ROWS.store([0, 0, 0, 16, 32][mode as usize], Ordering::Relaxed);
             let before = g.counters();
             let ms = g.time(10, || {
                 g.op(
@@ -2821,8 +2845,8 @@ fn main() {
                 )
             });
             let after = g.counters();
-            FORCE_MMW_ROWS32.store(false, Ordering::Relaxed);
-            FORCE_MMW.store(false, Ordering::Relaxed);
+            FORCE_MMW_ROWS.store(0, Ordering::Relaxed);
+            FORCE_MMW.store(0, Ordering::Relaxed);
             FORCE_MMB.store(false, Ordering::Relaxed);
             let kname = [
                 "mmw_id_m2",

@@ -8,7 +8,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     ffi::c_void,
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering},
         Mutex, OnceLock,
     },
 };
@@ -31,12 +31,12 @@ use crate::{
 pub static FORCE_MMQ_DP4A: AtomicBool = AtomicBool::new(false);
 /// Tests: the bf16 MMB tiles without `MOE_GPU_MMB=1` (see `bf16_tiles`).
 pub static FORCE_MMB: AtomicBool = AtomicBool::new(false);
-/// Tests: the bf16 tiles in their streamed form without `MOE_GPU_MMB=stream` (see
-/// `bf16_streamed`; with FORCE_MMB or a mode that takes the bf16 tiles).
-pub static FORCE_MMW: AtomicBool = AtomicBool::new(false);
-/// Tests: the streamed tiles with two m-tiles a warp (`mmw_*_m2`) without
-/// `MOE_GPU_MMW_ROWS=32`.
-pub static FORCE_MMW_ROWS32: AtomicBool = AtomicBool::new(false);
+/// Tests: the bf16 tiles' streamed form as `MOE_GPU_MMB` says (0), on (1: with
+/// FORCE_MMB or a mode that takes the bf16 tiles) or off (2); see `bf16_streamed`.
+pub static FORCE_MMW: AtomicU8 = AtomicU8::new(0);
+/// Tests: rows a warp of the streamed tiles as `MOE_GPU_MMW_ROWS` says (0), or 16 / 32
+/// (`mmw_*_m2`); see `bf16_streamed_rows`.
+pub static FORCE_MMW_ROWS: AtomicU32 = AtomicU32::new(0);
 /// Tests: the streamed tiles given room for narrow tiles only (a grouped list over 16
 /// pairs then runs as narrow tiles).
 pub static FORCE_MMW_NARROW: AtomicBool = AtomicBool::new(false);
@@ -182,7 +182,11 @@ impl plan::Gpu for Stream<'_> {
     }
 
     fn bf16_streamed(&self) -> u32 {
-        let room = match mmb_env().1 || FORCE_MMW.load(Ordering::Relaxed) {
+        let on = match FORCE_MMW.load(Ordering::Relaxed) {
+            0 => mmb_env().1,
+            forced => forced == 1,
+        };
+        let room = match on {
             true => self.module.mmw_smem,
             false => 0,
         };
@@ -193,9 +197,9 @@ impl plan::Gpu for Stream<'_> {
     }
 
     fn bf16_streamed_rows(&self) -> u32 {
-        match FORCE_MMW_ROWS32.load(Ordering::Relaxed) || mmw_rows_env() == 32 {
-            true => 32,
-            false => 16,
+        match FORCE_MMW_ROWS.load(Ordering::Relaxed) {
+            0 => mmw_rows_env(),
+            forced => forced,
         }
     }
 }

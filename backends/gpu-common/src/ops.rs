@@ -2582,6 +2582,7 @@ mod run_tests {
     struct Rec {
         launches: RefCell<Vec<(&'static str, Grid, usize)>>,
         smem: RefCell<Vec<(&'static str, u32)>>,
+        blocks: RefCell<Vec<(&'static str, u32)>>,
         scratch: RefCell<Vec<usize>>,
         bulk: u32,
         /// Whether products take the bf16 tiles, and the room of their streamed form.
@@ -2602,6 +2603,7 @@ mod run_tests {
             self.launches
                 .borrow_mut()
                 .push((l.name, l.grid, params.len()));
+            self.blocks.borrow_mut().push((l.name, l.block));
             Ok(())
         }
         unsafe fn launch_smem(
@@ -2729,17 +2731,24 @@ mod run_tests {
             scratch,
             [(layout.bytes as u64).next_multiple_of(256) as usize + 32 * 1024 * 2]
         );
-        // 32 rows a warp: the _m2 kernels (their parameters checked as the others').
-        for (op, args, want) in [
-            (ops::MATMUL, &a[..], "mmw_dense_m2"),
-            (ops::MATMUL_ID, &g[..], "mmw_id_m2"),
-        ] {
-            let g32 = Rec {
-                rows: 32,
-                ..rec(true, 120_000)
-            };
-            let (l, _, _) = launched(&g32, op, args);
-            assert_eq!(l.last().unwrap().0, want);
+        // 16 rows a warp: 256 threads; 32: the _m2 kernels, 128 threads (their parameters
+        // checked as the others'); the other launches keep theirs.
+        for (rows, threads, suffix) in [(16, 256, ""), (32, 128, "_m2")] {
+            for (op, args, base, before) in [
+                (ops::MATMUL, &a[..], "mmw_dense", "f32_to_bf16"),
+                (ops::MATMUL_ID, &g[..], "mmw_id", "moe_sort"),
+            ] {
+                let gr = Rec {
+                    rows,
+                    ..rec(true, 120_000)
+                };
+                let (l, _, _) = launched(&gr, op, args);
+                assert_eq!(l.last().unwrap().0, format!("{base}{suffix}"));
+                let blocks = gr.blocks.borrow().clone();
+                let n = blocks.len();
+                assert_eq!(blocks[n - 1].1, threads);
+                assert_eq!(blocks[n - 2], (before, 256));
+            }
         }
         let (l, _, _) = launched(&rec(true, 0), ops::MATMUL_ID, &g);
         assert_eq!(
