@@ -24,6 +24,7 @@ if want quick; then
     step "gpu_kernels --quick"
     OUT=$OUT timeout 150 bash scripts/device/gpu_kernels.sh --quick > "$OUT/gk_quick.log" 2>&1
     echo "rc=$?"
+    grep -E "^(mmw_|streamed tiles)" "$OUT/gk_quick.log"
     sed -n '/streamed bf16 tiles/,/^$/p' "$OUT/gk_quick.log"
     grep -E "FAIL|^parity:" "$OUT/gk_quick.log" | tail -12
 fi

@@ -2349,6 +2349,17 @@ fn main() {
         moe_backend_cuda::kernels::cache_dir().display()
     );
     // Without them the "register path" cases below compare that path with itself.
+    // The streamed tiles' resources as NVRTC built them (registers and spills decide
+    // their blocks a multiprocessor).
+    for name in ["mmw_dense", "mmw_id", "mmw_dense_m2", "mmw_id_m2"] {
+        if let Some((regs, local)) = module.resources(name) {
+            println!("{name}: {regs} registers, {local} bytes of local memory a thread");
+        }
+    }
+    println!(
+        "streamed tiles' shared memory room: {} bytes",
+        module.mmw_smem
+    );
     match module.bulk_smem {
         0 => println!("bulk copies: off (the register-path cases compare nothing)"),
         n => println!("bulk copies: on, up to {n} bytes of shared memory a block"),

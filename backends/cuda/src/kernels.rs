@@ -292,6 +292,23 @@ impl Module {
         }
     }
 
+    /// Kernel `name`'s registers a thread and local (spilled) bytes a thread, as the
+    /// driver reports them for the loaded image (None: no such kernel, or no answer).
+    pub fn resources(&self, name: &str) -> Option<(i32, i32)> {
+        use sys::CUfunction_attribute as FA;
+        let f = self.funcs.get(name)?;
+        let attr = |a| {
+            let mut v = 0;
+            // SAFETY: a live function of this module; v is written by the call.
+            (unsafe { sys::cuFuncGetAttribute(&mut v, a, f.0) } == sys::CUresult::CUDA_SUCCESS)
+                .then_some(v)
+        };
+        Some((
+            attr(FA::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            attr(FA::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+        ))
+    }
+
     /// Reads the device-side launch counters (waits for queued work on the device's
     /// legacy stream, which the backend's streams synchronise with).
     pub fn device_counts(&self, dev: &Device) -> Result<[u32; COUNTER_SLOTS], String> {
