@@ -2632,6 +2632,33 @@ mod run_tests {
         }
     }
 
+    /// The host's copy of the streamed tiles' shapes is the kernel source's: the shared
+    /// memory it gives a launch must be what the kernel's stages take.
+    #[test]
+    fn streamed_tile_shapes_match_the_source() {
+        let src = include_str!("../../../kernels/gpu/rocmfpx.cu");
+        let define = |name: &str| -> String {
+            let line = src
+                .lines()
+                .find(|l| l.starts_with(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("#define {name} in rocmfpx.cu"));
+            let v = line[format!("#define {name} ").len()..]
+                .split("//")
+                .next()
+                .unwrap();
+            v.trim().to_string()
+        };
+        assert_eq!(define("MMW_BM"), MMW_BM.to_string());
+        assert_eq!(define("MMW_KS"), MMW_KS.to_string());
+        assert_eq!(define("MMW_STAGES"), MMW_STAGES.to_string());
+        assert_eq!(define("MMW_ALD"), "(MMW_KS / 2 + 4)");
+        assert_eq!(MMW_ALD, MMW_KS / 2 + 4);
+        assert_eq!(define("MMA_BN"), MMA_BN_COLS.to_string());
+        // mmw_row_bytes: 4 blocks (of 10 or 18 bytes) a stage row.
+        assert!(src.contains("return 4 * mma_block_bytes<TY>();"));
+        assert!(src.contains("return MMW_BM * mmw_row_bytes<TY>() + BN * MMW_ALD * 4;"));
+    }
+
     /// The streamed bf16 tiles (MOE_GPU_MMB=stream): a product that takes the bf16 tiles
     /// converts its input once (`f32_to_bf16`, into the scratch) and launches `mmw_dense`
     /// / `mmw_id` with its stages' shared memory (narrow where no tile is over 16
