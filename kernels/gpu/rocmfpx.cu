@@ -3029,7 +3029,7 @@ GPU_DEV void mmw_block(const unsigned char* rows, const unsigned int* as_, int l
 // each B fragment feeds two products, half the activations' shared-memory reads a
 // product; the host's MOE_GPU_MMW_ROWS=32).
 template <int TY, int BN, int MT>
-GPU_DEV void mmw_tile(unsigned char* smem, const int* acol, const int* ocol,
+static __device__ __attribute__((noinline)) void mmw_tile(unsigned char* smem, const int* acol, const int* ocol,
                       const unsigned int* lut, const unsigned char* __restrict__ w,
                       long long row_bytes, int nb, int m, int r0,
                       const unsigned int* __restrict__ xb, float* __restrict__ out, int affine) {
