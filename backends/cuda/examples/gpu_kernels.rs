@@ -2892,6 +2892,67 @@ fn main() {
             into_result((g.be.free)(b)).unwrap();
         }
     }
+    // A prefill chunk's big ROCmFP4 products (wq_b, wo_b) at 512 columns on each tile
+    // kind: as configured, bf16, streamed bf16 at 16 and 32 rows a warp (mode 0, 1, 3, 4).
+    for (k, m) in [(1024usize, 32768usize), (8192, 4096)] {
+        let n = 512usize;
+        let (w, _) = random_dense(&mut rng, 100, m, k);
+        let bw = g.buf(&w);
+        let bx = g.buf(&f32_bytes(
+            &(0..n * k).map(|_| rng.f32()).collect::<Vec<f32>>(),
+        ));
+        let bo = g.zeros(m * n * 4);
+        for mode in [0u8, 1, 3, 4]
+            .into_iter()
+            .filter(|&md| md == 0 || dev.cc.0 >= 8)
+        {
+            FORCE_MMB.store(mode != 0, Ordering::Relaxed);
+            FORCE_MMW.store([0, 2, 0, 1, 1][mode as usize], Ordering::Relaxed);
+            FORCE_MMW_ROWS.store([0, 0, 0, 16, 32][mode as usize], Ordering::Relaxed);
+            let before = g.counters();
+            let ms = g.time(10, || {
+                g.op(
+                    ops::MATMUL,
+                    &[
+                        t(bw, 0, 100, 0, [k as u64, m as u64, 1, 1]),
+                        t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
+                        t(bo, 0, types::F32, 0, [m as u64, n as u64, 1, 1]),
+                    ],
+                )
+            });
+            let after = g.counters();
+            FORCE_MMW_ROWS.store(0, Ordering::Relaxed);
+            FORCE_MMW.store(0, Ordering::Relaxed);
+            FORCE_MMB.store(false, Ordering::Relaxed);
+            let kname = [
+                "mmw_dense_m2",
+                "mmw_dense",
+                "mmb_dense",
+                "mmq_mma_dense",
+                "matvec_dense",
+            ]
+            .into_iter()
+            .find(|nm| device_launches(&before, &after, nm) > 0)
+            .unwrap_or("?");
+            let tf = 2.0 * (m * k * n) as f64 / (ms * 1e-3) / 1e12;
+            let gbps = w.len() as f64 / (ms * 1e-3) / 1e9;
+            println!(
+                "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
+                format!("{kname} (rocmfp4)"),
+                k,
+                m,
+                n,
+                ms * 1e3,
+                gbps,
+                100.0 * gbps * 1e9 / copy_bw,
+                tf
+            );
+            json.push(format!("{{\"bench\":\"prefill_fp4\",\"kernel\":\"{kname}\",\"k\":{k},\"m\":{m},\"n\":{n},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
+        }
+        for b in [bw, bx, bo] {
+            into_result((g.be.free)(b)).unwrap();
+        }
+    }
     println!("\nkernel counters (host launches / device-counted runs):");
     for (k, v) in g.counters() {
         println!("  {k:<28} {v}");
