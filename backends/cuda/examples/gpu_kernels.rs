@@ -2281,6 +2281,48 @@ fn check_reference(rng: &mut Rng) -> bool {
     };
     let (m, k, n) = (256usize, 4096usize, 3usize);
     let mut ok = true;
+    // The f64 weight values the bf16 tiles' cases compare with (values_107, random_dense's
+    // ROCmFP4) against the plugin's decode.
+    for (ty, variant, vname) in [
+        (107u32, FP2_TWO_SCALE, "107 two-scale"),
+        (107, FP2_AFFINE, "107 affine"),
+        (100, 0, "rocmfp4"),
+    ] {
+        let Some(f) = (plugin.quant_formats())()
+            .into_iter()
+            .find(|f| f.type_id == ty)
+        else {
+            println!(
+                "reference check FAILED: {} has no type {ty}",
+                path.display()
+            );
+            return false;
+        };
+        let (w, mine) = if ty == 107 {
+            let w = random_weights(rng, 64, 1024);
+            let v = values_107(&w, variant == FP2_AFFINE);
+            (w, v)
+        } else {
+            random_dense(rng, ty, 64, 1024)
+        };
+        let mut theirs = vec![0f32; mine.len()];
+        into_result((f.decode)(
+            variant,
+            w.as_slice().into(),
+            theirs.as_mut_slice().into(),
+        ))
+        .unwrap();
+        let worst = theirs
+            .iter()
+            .zip(&mine)
+            .map(|(a, b)| (*a as f64 - b).abs() / b.abs().max(1e-30))
+            .fold(0f64, f64::max);
+        ok &= worst <= 1e-6;
+        println!(
+            "reference check ({vname}): this file's weight values vs the plugin's decode, worst relative {worst:.3e} {}",
+            if worst <= 1e-6 { "ok" } else { "FAIL" }
+        );
+    }
     for (variant, vname) in [(FP2_TWO_SCALE, "two-scale"), (FP2_AFFINE, "affine")] {
         let w = random_weights(rng, m, k);
         let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
