@@ -1136,6 +1136,50 @@ fn f32_tiles_check(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all_ok
 }
 
+/// Times `f` (10 runs after a warm-up) on each prefill tile kind of `modes`: 0 as
+/// configured, 1 the bf16 tiles, 2 the dp4a ones, 3 / 4 the streamed bf16 ones at 16 / 32
+/// rows a warp (modes 1, 3, 4 whatever MOE_GPU_MMB says). Returns each mode's tile kernel
+/// (the one the counters saw run) and milliseconds.
+fn time_tile_modes(g: &Gpu, modes: &[u8], f: &dyn Fn()) -> Vec<(&'static str, f64)> {
+    let tiles = [
+        "mmw_dense_m2",
+        "mmw_id_m2",
+        "mmw_dense",
+        "mmw_id",
+        "mmb_dense",
+        "mmb_id",
+        "mmq_mma_dense",
+        "mmq_mma_id",
+        "mmq_mma_107",
+        "mmq_dp4a_107",
+        "mmq_dp4a_id",
+        "mmvq_grouped_107",
+        "matvec_dense",
+    ];
+    modes
+        .iter()
+        .map(|&mode| {
+            let i = mode as usize;
+            FORCE_MMB.store(matches!(mode, 1 | 3 | 4), Ordering::Relaxed);
+            FORCE_MMW.store([0, 2, 0, 1, 1][i], Ordering::Relaxed);
+            FORCE_MMW_ROWS.store([0, 0, 0, 16, 32][i], Ordering::Relaxed);
+            FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
+            let before = g.counters();
+            let ms = g.time(10, f);
+            let after = g.counters();
+            FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
+            FORCE_MMW_ROWS.store(0, Ordering::Relaxed);
+            FORCE_MMW.store(0, Ordering::Relaxed);
+            FORCE_MMB.store(false, Ordering::Relaxed);
+            let name = tiles
+                .into_iter()
+                .find(|n| device_launches(&before, &after, n) > 0)
+                .unwrap_or("?");
+            (name, ms)
+        })
+        .collect()
+}
+
 fn nmse(got: &[f32], want: &[f64]) -> f64 {
     let (mut e, mut s) = (0f64, 0f64);
     for (g, w) in got.iter().zip(want) {
@@ -2735,25 +2779,17 @@ fn main() {
         // MMQ on one expert-sized and on a 16-expert-tall matrix, 512 columns; each tile
         // kernel the device has (as configured, bf16, dp4a, streamed bf16 with 16 and 32
         // rows a warp: mode 0 - 4).
-        let mmq_runs: Vec<(u64, usize, u8)> = [(m as u64, 512usize), (16 * m as u64, 512)]
-            .into_iter()
-            .flat_map(|(mr, n)| (0u8..5).map(move |mode| (mr, n, mode)))
-            .filter(|&(_, _, mode)| match mode {
+        let modes: Vec<u8> = (0u8..5)
+            .filter(|&mode| match mode {
                 0 => true,
                 1 => dev.cc.0 >= 8 && !mmb(dev.cc),
                 2 => mmq_kernel(dev.cc) != "mmq_dp4a_107",
                 _ => dev.cc.0 >= 8,
             })
             .collect();
-        for (mrows, n, mode) in mmq_runs {
-            FORCE_MMB.store(matches!(mode, 1 | 3 | 4), Ordering::Relaxed);
-            // (mode 1 the plain bf16 tiles whatever MOE_GPU_MMB says, 3 / 4 the streamed
-            // ones at 16 / 32 rows a warp, 0 and 2 as configured)
-            FORCE_MMW.store([0, 2, 0, 1, 1][mode as usize], Ordering::Relaxed);
-            FORCE_MMW_ROWS.store([0, 0, 0, 16, 32][mode as usize], Ordering::Relaxed);
-            FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
-            let before = g.counters();
-            let ms = g.time(10, || {
+        for mrows in [m as u64, 16 * m as u64] {
+            let n = 512usize;
+            let run = || {
                 g.op(
                     ops::MATMUL,
                     &[
@@ -2762,36 +2798,23 @@ fn main() {
                         t(bo, 0, types::F32, 0, [mrows, n as u64, 1, 1]),
                     ],
                 )
-            });
-            let tf = 2.0 * mrows as f64 * k as f64 * n as f64 / (ms * 1e-3) / 1e12;
-            let gbps = (mrows as f64 * k as f64 / 32.0 * 10.0) / (ms * 1e-3) / 1e9;
-            FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
-            FORCE_MMW_ROWS.store(0, Ordering::Relaxed);
-            FORCE_MMW.store(0, Ordering::Relaxed);
-            FORCE_MMB.store(false, Ordering::Relaxed);
-            let after = g.counters();
-            let kname = [
-                "mmw_dense_m2",
-                "mmw_dense",
-                "mmb_dense",
-                "mmq_mma_107",
-                "mmq_dp4a_107",
-            ]
-            .into_iter()
-            .find(|n| device_launches(&before, &after, n) > 0)
-            .unwrap_or("?");
-            println!(
-                "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
-                kname,
-                k,
-                mrows,
-                n,
-                ms * 1e3,
-                gbps,
-                100.0 * gbps * 1e9 / copy_bw,
-                tf
-            );
-            json.push(format!("{{\"bench\":\"mmq\",\"kernel\":\"{kname}\",\"k\":{k},\"m\":{mrows},\"n\":{n},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
+            };
+            for (kname, ms) in time_tile_modes(&g, &modes, &run) {
+                let tf = 2.0 * mrows as f64 * k as f64 * n as f64 / (ms * 1e-3) / 1e12;
+                let gbps = (mrows as f64 * k as f64 / 32.0 * 10.0) / (ms * 1e-3) / 1e9;
+                println!(
+                    "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
+                    kname,
+                    k,
+                    mrows,
+                    n,
+                    ms * 1e3,
+                    gbps,
+                    100.0 * gbps * 1e9 / copy_bw,
+                    tf
+                );
+                json.push(format!("{{\"bench\":\"mmq\",\"kernel\":\"{kname}\",\"k\":{k},\"m\":{mrows},\"n\":{n},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
+            }
         }
         // Grouped: n tokens, top-6 of 256 experts; bytes = distinct experts touched.
         for n_tok in [1usize, 4, 16, 64] {
@@ -2879,39 +2902,21 @@ fn main() {
             &(0..cols * k).map(|_| rng.f32()).collect::<Vec<f32>>(),
         ));
         let bo2 = g.zeros(m * 6 * n_tok * 4);
-        for mode in [0u8, 1, 3, 4]
+        let modes: Vec<u8> = [0u8, 1, 3, 4]
             .into_iter()
             .filter(|&md| md == 0 || dev.cc.0 >= 8)
-        {
-            FORCE_MMB.store(mode != 0, Ordering::Relaxed);
-            FORCE_MMW.store([0, 2, 0, 1, 1][mode as usize], Ordering::Relaxed);
-            FORCE_MMW_ROWS.store([0, 0, 0, 16, 32][mode as usize], Ordering::Relaxed);
-            let before = g.counters();
-            let ms = g.time(10, || {
-                g.op(
-                    OP_MATMUL_ID,
-                    &id_args(
-                        [bw, bx2, bi, bo2],
-                        (107, FP2_AFFINE),
-                        [k, m, experts, 6, n_tok, cols],
-                    ),
-                )
-            });
-            let after = g.counters();
-            FORCE_MMW_ROWS.store(0, Ordering::Relaxed);
-            FORCE_MMW.store(0, Ordering::Relaxed);
-            FORCE_MMB.store(false, Ordering::Relaxed);
-            let kname = [
-                "mmw_id_m2",
-                "mmw_id",
-                "mmb_id",
-                "mmq_mma_id",
-                "mmq_dp4a_id",
-                "mmvq_grouped_107",
-            ]
-            .into_iter()
-            .find(|n| device_launches(&before, &after, n) > 0)
-            .unwrap_or("?");
+            .collect();
+        let run = || {
+            g.op(
+                OP_MATMUL_ID,
+                &id_args(
+                    [bw, bx2, bi, bo2],
+                    (107, FP2_AFFINE),
+                    [k, m, experts, 6, n_tok, cols],
+                ),
+            )
+        };
+        for (kname, ms) in time_tile_modes(&g, &modes, &run) {
             let tf = 2.0 * (6 * n_tok * m * k) as f64 / (ms * 1e-3) / 1e12;
             let gbps = w.len() as f64 / (ms * 1e-3) / 1e9;
             println!(
@@ -2944,38 +2949,21 @@ fn main() {
             &(0..n * k).map(|_| rng.f32()).collect::<Vec<f32>>(),
         ));
         let bo = g.zeros(m * n * 4);
-        for mode in [0u8, 1, 3, 4]
+        let modes: Vec<u8> = [0u8, 1, 3, 4]
             .into_iter()
             .filter(|&md| md == 0 || dev.cc.0 >= 8)
-        {
-            FORCE_MMB.store(mode != 0, Ordering::Relaxed);
-            FORCE_MMW.store([0, 2, 0, 1, 1][mode as usize], Ordering::Relaxed);
-            FORCE_MMW_ROWS.store([0, 0, 0, 16, 32][mode as usize], Ordering::Relaxed);
-            let before = g.counters();
-            let ms = g.time(10, || {
-                g.op(
-                    ops::MATMUL,
-                    &[
-                        t(bw, 0, 100, 0, [k as u64, m as u64, 1, 1]),
-                        t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
-                        t(bo, 0, types::F32, 0, [m as u64, n as u64, 1, 1]),
-                    ],
-                )
-            });
-            let after = g.counters();
-            FORCE_MMW_ROWS.store(0, Ordering::Relaxed);
-            FORCE_MMW.store(0, Ordering::Relaxed);
-            FORCE_MMB.store(false, Ordering::Relaxed);
-            let kname = [
-                "mmw_dense_m2",
-                "mmw_dense",
-                "mmb_dense",
-                "mmq_mma_dense",
-                "matvec_dense",
-            ]
-            .into_iter()
-            .find(|nm| device_launches(&before, &after, nm) > 0)
-            .unwrap_or("?");
+            .collect();
+        let run = || {
+            g.op(
+                ops::MATMUL,
+                &[
+                    t(bw, 0, 100, 0, [k as u64, m as u64, 1, 1]),
+                    t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
+                    t(bo, 0, types::F32, 0, [m as u64, n as u64, 1, 1]),
+                ],
+            )
+        };
+        for (kname, ms) in time_tile_modes(&g, &modes, &run) {
             let tf = 2.0 * (m * k * n) as f64 / (ms * 1e-3) / 1e12;
             let gbps = w.len() as f64 / (ms * 1e-3) / 1e9;
             println!(
