@@ -1136,6 +1136,22 @@ fn f32_tiles_check(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all_ok
 }
 
+/// One microbenchmark row: kernel, shape, microseconds, weight GB/s and its share of the
+/// copy rate, TFLOP/s.
+fn bench_row(name: &str, [k, m, n]: [u64; 3], ms: f64, gbps: f64, copy_bw: f64, tf: f64) {
+    println!(
+        "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
+        name,
+        k,
+        m,
+        n,
+        ms * 1e3,
+        gbps,
+        100.0 * gbps * 1e9 / copy_bw,
+        tf
+    );
+}
+
 /// Times `f` (10 runs after a warm-up) on each prefill tile kind of `modes`: 0 as
 /// configured, 1 the bf16 tiles, 2 the dp4a ones, 3 / 4 the streamed bf16 ones at 16 / 32
 /// rows a warp (modes 1, 3, 4 whatever MOE_GPU_MMB says). Returns each mode's tile kernel
@@ -2763,16 +2779,13 @@ fn main() {
             });
             let gbps = w.len() as f64 / (ms * 1e-3) / 1e9;
             let tf = 2.0 * rows as f64 * k as f64 * n as f64 / (ms * 1e-3) / 1e12;
-            println!(
-                "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
-                format!("mmvq_107_n{n}"),
-                k,
-                rows,
-                n,
-                ms * 1e3,
+            bench_row(
+                &format!("mmvq_107_n{n}"),
+                [k as u64, rows, n as u64],
+                ms,
                 gbps,
-                100.0 * gbps * 1e9 / copy_bw,
-                tf
+                copy_bw,
+                tf,
             );
             json.push(format!("{{\"bench\":\"mmvq\",\"k\":{k},\"m\":{rows},\"n\":{n},\"us\":{:.2},\"gbps\":{gbps:.1},\"of_copy\":{:.3}}}", ms * 1e3, gbps * 1e9 / copy_bw));
         }
@@ -2802,17 +2815,7 @@ fn main() {
             for (kname, ms) in time_tile_modes(&g, &modes, &run) {
                 let tf = 2.0 * mrows as f64 * k as f64 * n as f64 / (ms * 1e-3) / 1e12;
                 let gbps = (mrows as f64 * k as f64 / 32.0 * 10.0) / (ms * 1e-3) / 1e9;
-                println!(
-                    "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
-                    kname,
-                    k,
-                    mrows,
-                    n,
-                    ms * 1e3,
-                    gbps,
-                    100.0 * gbps * 1e9 / copy_bw,
-                    tf
-                );
+                bench_row(kname, [k as u64, mrows, n as u64], ms, gbps, copy_bw, tf);
                 json.push(format!("{{\"bench\":\"mmq\",\"kernel\":\"{kname}\",\"k\":{k},\"m\":{mrows},\"n\":{n},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
             }
         }
@@ -2919,16 +2922,13 @@ fn main() {
         for (kname, ms) in time_tile_modes(&g, &modes, &run) {
             let tf = 2.0 * (6 * n_tok * m * k) as f64 / (ms * 1e-3) / 1e12;
             let gbps = w.len() as f64 / (ms * 1e-3) / 1e9;
-            println!(
-                "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
-                format!("{kname} (prefill)"),
-                k,
-                m,
-                n_tok,
-                ms * 1e3,
+            bench_row(
+                &format!("{kname} (prefill)"),
+                [k as u64, m as u64, n_tok as u64],
+                ms,
                 gbps,
-                100.0 * gbps * 1e9 / copy_bw,
-                tf
+                copy_bw,
+                tf,
             );
             json.push(format!("{{\"bench\":\"grouped_prefill\",\"kernel\":\"{kname}\",\"k\":{k},\"m\":{m},\"tokens\":{n_tok},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
         }
@@ -2966,16 +2966,13 @@ fn main() {
         for (kname, ms) in time_tile_modes(&g, &modes, &run) {
             let tf = 2.0 * (m * k * n) as f64 / (ms * 1e-3) / 1e12;
             let gbps = w.len() as f64 / (ms * 1e-3) / 1e9;
-            println!(
-                "{:<26} {:>5} {:>7} {:>5} {:>10.1} {:>9.0} {:>7.0}% {:>9.2}",
-                format!("{kname} (rocmfp4)"),
-                k,
-                m,
-                n,
-                ms * 1e3,
+            bench_row(
+                &format!("{kname} (rocmfp4)"),
+                [k as u64, m as u64, n as u64],
+                ms,
                 gbps,
-                100.0 * gbps * 1e9 / copy_bw,
-                tf
+                copy_bw,
+                tf,
             );
             json.push(format!("{{\"bench\":\"prefill_fp4\",\"kernel\":\"{kname}\",\"k\":{k},\"m\":{m},\"n\":{n},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
         }
