@@ -25,13 +25,19 @@ CUDA = os.path.join(ROOT, ".dev", "cuda")
 NVRTC_WHEEL = "nvidia-cuda-nvrtc-cu12==12.9.86"
 
 
-def nvrtc_lib():
+def nvrtc_lib(skip_offline):
     libs = glob.glob(os.path.join(CUDA, "nvrtc", "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.*"))
     if not libs:
         os.makedirs(os.path.join(CUDA, "whl"), exist_ok=True)
         print(f"nvrtc_check: fetching {NVRTC_WHEEL} into .dev/cuda...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "-d", os.path.join(CUDA, "whl"), NVRTC_WHEEL], check=True)
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+               "-d", os.path.join(CUDA, "whl"), NVRTC_WHEEL]
+        # (three tries: a registry hiccup is not a finding about the kernels)
+        if not any(subprocess.run(cmd).returncode == 0 for _ in range(3)):
+            if skip_offline:
+                print(f"nvrtc_check: SKIPPED: could not fetch {NVRTC_WHEEL} from PyPI")
+                sys.exit(0)
+            sys.exit(f"nvrtc_check: could not fetch {NVRTC_WHEEL} from PyPI")
         for w in glob.glob(os.path.join(CUDA, "whl", "nvidia_cuda_nvrtc_cu12-*.whl")):
             zipfile.ZipFile(w).extractall(os.path.join(CUDA, "nvrtc"))
         libs = glob.glob(os.path.join(CUDA, "nvrtc", "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.*"))
@@ -51,9 +57,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("-D", action="append", default=[], help="extra define (an A/B option)")
+    ap.add_argument("--skip-offline", action="store_true",
+                    help="exit 0 with a SKIPPED line when PyPI cannot be reached (CI)")
     ap.add_argument("pattern", nargs="?", default=".")
     a = ap.parse_args()
-    lib = nvrtc_lib()
+    lib = nvrtc_lib(a.skip_offline)
     prog = ctypes.c_void_p()
     src = source().encode()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"rocmfpx.cu", 0, None, None) != 0:
