@@ -466,21 +466,11 @@ fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
     // Runs `f` on the MMB tiles, then on each streamed layout: the MMB output, and for
     // each layout the kernel expected (`want`, its _m2 form for 32 rows; mmb where the
     // shape does not stream), its output and whether it ran and the other kinds did not.
-    let tiles = [
-        "mmb_dense",
-        "mmb_id",
-        "mmw_dense",
-        "mmw_id",
-        "mmw_dense_m2",
-        "mmw_id_m2",
-        "mmq_mma_dense",
-        "mmq_mma_id",
-    ];
     // Whether `name` ran between two counter readings and no other tile kernel did.
     let only = |before: &std::collections::BTreeMap<String, u64>,
                 after: &std::collections::BTreeMap<String, u64>,
                 name: &str| {
-        tiles
+        TILE_KERNELS
             .iter()
             .all(|k| (device_launches(before, after, k) > 0) == (*k == name))
     };
@@ -1152,48 +1142,61 @@ fn bench_row(name: &str, [k, m, n]: [u64; 3], ms: f64, gbps: f64, copy_bw: f64, 
     );
 }
 
-/// Times `f` (10 runs after a warm-up) on each prefill tile kind of `modes`: 0 as
-/// configured, 1 the bf16 tiles, 2 the dp4a ones, 3 / 4 the streamed bf16 ones at 16 / 32
-/// rows a warp (modes 1, 3, 4 whatever MOE_GPU_MMB says). Returns each mode's tile kernel
-/// (the one the counters saw run) and milliseconds.
-fn time_tile_modes(g: &Gpu, modes: &[u8], f: &dyn Fn()) -> Vec<(&'static str, f64)> {
-    let tiles = [
-        "mmw_dense_m2",
-        "mmw_id_m2",
-        "mmw_dense",
-        "mmw_id",
-        "mmb_dense",
-        "mmb_id",
-        "mmq_mma_dense",
-        "mmq_mma_id",
-        "mmq_mma_107",
-        "mmq_dp4a_107",
-        "mmq_dp4a_id",
-        "mmvq_grouped_107",
-        "matvec_dense",
-    ];
-    modes
-        .iter()
-        .map(|&mode| {
-            let i = mode as usize;
-            FORCE_MMB.store(matches!(mode, 1 | 3 | 4), Ordering::Relaxed);
-            FORCE_MMW.store([0, 2, 0, 1, 1][i], Ordering::Relaxed);
-            FORCE_MMW_ROWS.store([0, 0, 0, 16, 32][i], Ordering::Relaxed);
-            FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
-            let before = g.counters();
-            let ms = g.time(10, f);
-            let after = g.counters();
-            FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
-            FORCE_MMW_ROWS.store(0, Ordering::Relaxed);
-            FORCE_MMW.store(0, Ordering::Relaxed);
-            FORCE_MMB.store(false, Ordering::Relaxed);
-            let name = tiles
-                .into_iter()
-                .find(|n| device_launches(&before, &after, n) > 0)
-                .unwrap_or("?");
-            (name, ms)
-        })
-        .collect()
+/// The kernels a product's tiles may run on (the prefill tile kinds, and the mat-vecs
+/// few columns fall back to), most specific first.
+const TILE_KERNELS: [&str; 13] = [
+    "mmw_dense_m2",
+    "mmw_id_m2",
+    "mmw_dense",
+    "mmw_id",
+    "mmb_dense",
+    "mmb_id",
+    "mmq_mma_dense",
+    "mmq_mma_id",
+    "mmq_mma_107",
+    "mmq_dp4a_107",
+    "mmq_dp4a_id",
+    "mmvq_grouped_107",
+    "matvec_dense",
+];
+
+/// One microbenchmark row of `f` (10 runs after a warm-up) on each prefill tile kind of
+/// `modes` (0 as configured, 1 the bf16 tiles, 2 the dp4a ones, 3 / 4 the streamed bf16
+/// ones at 16 / 32 rows a warp; 1, 3, 4 whatever MOE_GPU_MMB says): the kernel the
+/// counters saw run (+ `what`), the shape, TFLOP/s of `flop` and GB/s of `bytes`; and its
+/// JSON (`bench`).
+#[allow(clippy::too_many_arguments)]
+fn bench_tile_modes(
+    g: &Gpu,
+    modes: &[u8],
+    (what, bench): (&str, &str),
+    [k, m, n]: [u64; 3],
+    (flop, bytes, copy_bw): (f64, f64, f64),
+    json: &mut Vec<String>,
+    f: &dyn Fn(),
+) {
+    for &mode in modes {
+        let i = mode as usize;
+        FORCE_MMB.store(matches!(mode, 1 | 3 | 4), Ordering::Relaxed);
+        FORCE_MMW.store([0, 2, 0, 1, 1][i], Ordering::Relaxed);
+        FORCE_MMW_ROWS.store([0, 0, 0, 16, 32][i], Ordering::Relaxed);
+        FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
+        let before = g.counters();
+        let ms = g.time(10, f);
+        let after = g.counters();
+        FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
+        FORCE_MMW_ROWS.store(0, Ordering::Relaxed);
+        FORCE_MMW.store(0, Ordering::Relaxed);
+        FORCE_MMB.store(false, Ordering::Relaxed);
+        let name = TILE_KERNELS
+            .into_iter()
+            .find(|nm| device_launches(&before, &after, nm) > 0)
+            .unwrap_or("?");
+        let tf = flop / (ms * 1e-3) / 1e12;
+        let gbps = bytes / (ms * 1e-3) / 1e9;
+        bench_row(&format!("{name}{what}"), [k, m, n], ms, gbps, copy_bw, tf);
+        json.push(format!("{{\"bench\":\"{bench}\",\"kernel\":\"{name}\",\"k\":{k},\"m\":{m},\"n\":{n},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
+    }
 }
 
 fn nmse(got: &[f32], want: &[f64]) -> f64 {
@@ -2757,6 +2760,11 @@ fn main() {
         "kernel", "K", "M", "n", "us", "GB/s", "of copy", "TFLOP/s"
     );
     let experts = 256usize;
+    // The prefill rows' tile kinds: as configured, bf16, streamed at 16 and 32 rows a warp.
+    let prefill_modes: Vec<u8> = [0u8, 1, 3, 4]
+        .into_iter()
+        .filter(|&md| md == 0 || dev.cc.0 >= 8)
+        .collect();
     for (k, m) in [(4096usize, 2048usize), (2048, 4096)] {
         let ebytes = m * k / 32 * 10;
         // Whole expert set as one matrix for plain MMVQ (well past the 60 MB L2).
@@ -2812,12 +2820,11 @@ fn main() {
                     ],
                 )
             };
-            for (kname, ms) in time_tile_modes(&g, &modes, &run) {
-                let tf = 2.0 * mrows as f64 * k as f64 * n as f64 / (ms * 1e-3) / 1e12;
-                let gbps = (mrows as f64 * k as f64 / 32.0 * 10.0) / (ms * 1e-3) / 1e9;
-                bench_row(kname, [k as u64, mrows, n as u64], ms, gbps, copy_bw, tf);
-                json.push(format!("{{\"bench\":\"mmq\",\"kernel\":\"{kname}\",\"k\":{k},\"m\":{mrows},\"n\":{n},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
-            }
+            let flop = 2.0 * mrows as f64 * k as f64 * n as f64;
+            let bytes = mrows as f64 * k as f64 / 32.0 * 10.0;
+            let shape = [k as u64, mrows, n as u64];
+            let rates = (flop, bytes, copy_bw);
+            bench_tile_modes(&g, &modes, ("", "mmq"), shape, rates, &mut json, &run);
         }
         // Grouped: n tokens, top-6 of 256 experts; bytes = distinct experts touched.
         for n_tok in [1usize, 4, 16, 64] {
@@ -2905,10 +2912,6 @@ fn main() {
             &(0..cols * k).map(|_| rng.f32()).collect::<Vec<f32>>(),
         ));
         let bo2 = g.zeros(m * 6 * n_tok * 4);
-        let modes: Vec<u8> = [0u8, 1, 3, 4]
-            .into_iter()
-            .filter(|&md| md == 0 || dev.cc.0 >= 8)
-            .collect();
         let run = || {
             g.op(
                 OP_MATMUL_ID,
@@ -2919,19 +2922,10 @@ fn main() {
                 ),
             )
         };
-        for (kname, ms) in time_tile_modes(&g, &modes, &run) {
-            let tf = 2.0 * (6 * n_tok * m * k) as f64 / (ms * 1e-3) / 1e12;
-            let gbps = w.len() as f64 / (ms * 1e-3) / 1e9;
-            bench_row(
-                &format!("{kname} (prefill)"),
-                [k as u64, m as u64, n_tok as u64],
-                ms,
-                gbps,
-                copy_bw,
-                tf,
-            );
-            json.push(format!("{{\"bench\":\"grouped_prefill\",\"kernel\":\"{kname}\",\"k\":{k},\"m\":{m},\"tokens\":{n_tok},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
-        }
+        let shape = [k as u64, m as u64, n_tok as u64];
+        let rates = (2.0 * (6 * n_tok * m * k) as f64, w.len() as f64, copy_bw);
+        let what = (" (prefill)", "grouped_prefill");
+        bench_tile_modes(&g, &prefill_modes, what, shape, rates, &mut json, &run);
         for b in [bi, bx2, bo2] {
             into_result((g.be.free)(b)).unwrap();
         }
@@ -2949,10 +2943,6 @@ fn main() {
             &(0..n * k).map(|_| rng.f32()).collect::<Vec<f32>>(),
         ));
         let bo = g.zeros(m * n * 4);
-        let modes: Vec<u8> = [0u8, 1, 3, 4]
-            .into_iter()
-            .filter(|&md| md == 0 || dev.cc.0 >= 8)
-            .collect();
         let run = || {
             g.op(
                 ops::MATMUL,
@@ -2963,19 +2953,10 @@ fn main() {
                 ],
             )
         };
-        for (kname, ms) in time_tile_modes(&g, &modes, &run) {
-            let tf = 2.0 * (m * k * n) as f64 / (ms * 1e-3) / 1e12;
-            let gbps = w.len() as f64 / (ms * 1e-3) / 1e9;
-            bench_row(
-                &format!("{kname} (rocmfp4)"),
-                [k as u64, m as u64, n as u64],
-                ms,
-                gbps,
-                copy_bw,
-                tf,
-            );
-            json.push(format!("{{\"bench\":\"prefill_fp4\",\"kernel\":\"{kname}\",\"k\":{k},\"m\":{m},\"n\":{n},\"us\":{:.2},\"tflops\":{tf:.2}}}", ms * 1e3));
-        }
+        let shape = [k as u64, m as u64, n as u64];
+        let rates = (2.0 * (m * k * n) as f64, w.len() as f64, copy_bw);
+        let what = (" (rocmfp4)", "prefill_fp4");
+        bench_tile_modes(&g, &prefill_modes, what, shape, rates, &mut json, &run);
         for b in [bw, bx, bo] {
             into_result((g.be.free)(b)).unwrap();
         }

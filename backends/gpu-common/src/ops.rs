@@ -1381,13 +1381,12 @@ pub fn takes_mmw(gpu: &impl Gpu, ty: u32, k: u64, w: u64, cols: u64) -> Option<u
     if !k.is_multiple_of(MMW_KS) || !w.is_multiple_of(8) {
         return None;
     }
-    [mmw_smem(ty, 64), mmw_smem(ty, 16)]
+    [mmw_smem(ty, mmq_tile(MMQ_MMA).1), mmw_smem(ty, 16)]
         .into_iter()
         .enumerate()
         .find(|&(i, smem)| room >= smem && (i == 0 || cols <= 16))
         .map(|(_, smem)| smem)
 }
-const MMA_BN_COLS: u64 = 64;
 
 /// `values` f32 at `x` (a multiple of 4, 16-byte aligned) as bf16 pairs at `dst`
 /// (`f32_to_bf16`: the streamed tiles' activations, rounded as the MMB tiles round them).
@@ -1438,7 +1437,7 @@ unsafe fn mmw_dense(
     let l = Launch {
         name,
         grid: (
-            (n as u64).div_ceil(MMA_BN_COLS) as u32,
+            (n as u64).div_ceil(mmq_tile(MMQ_MMA).1) as u32,
             (m as u64).div_ceil(MMW_BM) as u32,
             1,
         ),
@@ -2653,7 +2652,7 @@ mod run_tests {
         assert_eq!(define("MMW_STAGES"), MMW_STAGES.to_string());
         assert_eq!(define("MMW_ALD"), "(MMW_KS / 2 + 4)");
         assert_eq!(MMW_ALD, MMW_KS / 2 + 4);
-        assert_eq!(define("MMA_BN"), MMA_BN_COLS.to_string());
+        assert_eq!(define("MMA_BN"), mmq_tile(MMQ_MMA).1.to_string());
         // mmw_row_bytes: 4 blocks (of 10 or 18 bytes) a stage row.
         assert!(src.contains("return 4 * mma_block_bytes<TY>();"));
         assert!(src.contains("return MMW_BM * mmw_row_bytes<TY>() + BN * MMW_ALD * 4;"));
