@@ -290,7 +290,7 @@ fn rope(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str, Stri
 }
 
 /// Cache geometry [hd, kv_heads, ctx, slots] and a (slot, pos) -> row offset check.
-fn cache_row(cache: &TensorRef, slot: i32, pos: i32) -> Result<usize, String> {
+pub(crate) fn cache_row(cache: &TensorRef, slot: i32, pos: i32) -> Result<usize, String> {
     let (row, ctx, slots) = (
         (cache.dims[0] * cache.dims[1]) as usize,
         cache.dims[2] as usize,
@@ -322,64 +322,6 @@ fn kv_store(b: &Buffers, _p: &OpParams, a: &[TensorRef]) -> Result<&'static str,
         cs[at..at + row].copy_from_slice(&xs[t * row..(t + 1) * row]);
     }
     Ok("kv_store")
-}
-
-inventory::submit! { CpuKernel { op: ops::ATTENTION, name: "attention", run: attention } }
-fn attention(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
-    let [q, kc, vc, slot, pos, out] = args::<6>(a, "attention")?;
-    let (hd, heads) = (q.dims[0] as usize, q.dims[1] as usize);
-    let kvh = kc.dims[1] as usize;
-    if kc.dims != vc.dims || kc.dims[0] as usize != hd || kvh == 0 || heads % kvh != 0 {
-        return Err("attention: q / k cache / v cache shapes disagree".into());
-    }
-    let (qs, ks, vs) = (b.f32s(&q)?, b.f32s(&kc)?, b.f32s(&vc)?);
-    let (ss, ps, out) = (b.i32s(&slot)?, b.i32s(&pos)?, b.f32s_mut(&out)?);
-    same_len("attention", out.len(), qs.len())?;
-    same_len("attention", ss.len() * hd * heads, qs.len())?;
-    let scale = p.f[0];
-    let group = heads / kvh;
-    // Validate every (slot, pos) up front so the parallel part cannot fail.
-    for (&s, &ps_) in ss.iter().zip(ps) {
-        cache_row(&kc, s, ps_)?;
-    }
-    let work: usize = ps.iter().map(|&p| (p as usize + 1) * hd * heads).sum();
-    let items = ss.len() * heads;
-    let grain = if work < (1 << 16) { items } else { 1 };
-    let out_addr = out.as_mut_ptr() as usize;
-    par_for(items, grain, |ths| {
-        for th in ths {
-            // SAFETY: (token, head) th's output belongs to this task alone.
-            let o = unsafe { sub_mut::<f32>(out_addr, th * hd, hd) };
-            let (t, h) = (th / heads, th % heads);
-            let qv = &qs[th * hd..(th + 1) * hd];
-            let kv_head = h / group;
-            let n_pos = ps[t] as usize + 1;
-            let base = cache_row(&kc, ss[t], 0).unwrap_or(0);
-            let row = hd * kvh;
-            let mut scores: Vec<f32> = (0..n_pos)
-                .map(|j| {
-                    let at = base + j * row + kv_head * hd;
-                    dot_f32(qv, &ks[at..at + hd]) * scale
-                })
-                .collect();
-            let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
-            for s in scores.iter_mut() {
-                *s = (*s - mx).exp();
-                sum += *s;
-            }
-            o.fill(0.0);
-            for (j, s) in scores.iter().enumerate() {
-                let at = base + j * row + kv_head * hd;
-                let wgt = s / sum;
-                for (o, v) in o.iter_mut().zip(&vs[at..at + hd]) {
-                    *o += wgt * v;
-                }
-            }
-        }
-        Ok(())
-    })?;
-    Ok("attention")
 }
 
 inventory::submit! { CpuKernel { op: ops::SWIGLU, name: "swiglu", run: swiglu } }

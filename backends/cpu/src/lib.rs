@@ -4,6 +4,7 @@
 //! Streams run their ops synchronously, so events are complete when recorded; the
 //! stream/event API is still honoured so the host's code paths are the GPU ones.
 
+mod attention;
 mod buffers;
 mod ds4;
 mod kernels;

@@ -141,17 +141,18 @@ impl DotUnit for Q4_1 {
     type U = Unpacked32;
     #[inline(always)]
     fn unpack<O: Ops>(b: &[u8]) -> Unpacked32 {
+        let [d, m] = O::f16x2(b[0..4].try_into().unwrap());
         Unpacked32 {
             q: nibbles(&b[4..20]),
-            d: f16_at::<O>(b, 0),
-            m: f16_at::<O>(b, 2),
+            d,
+            m,
         }
     }
     /// `d_w d_a sum(q_w q_a) + m_w sum(x)`: the offset uses the activation block's exact
     /// sum of the original values (the q8_1 contract), not `d_a sum(q_a)`.
     #[inline(always)]
     fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
-        acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
+        acc.add_scaled::<O>(u.d * a[0].d, &O::dot32u(&u.q, &a[0].qs));
         acc.s += u.m * a[0].sum;
     }
 }
@@ -243,7 +244,7 @@ impl DotUnit for Q5_1 {
     }
     #[inline(always)]
     fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
-        acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
+        acc.add_scaled::<O>(u.d * a[0].d, &O::dot32u(&u.q, &a[0].qs));
         acc.s += u.m * a[0].sum;
     }
 }
