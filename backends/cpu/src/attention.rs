@@ -84,17 +84,19 @@ fn attend(c: &Call, out: &mut [f32]) -> Result<(), String> {
     }
     let geo = Geometry {
         hd,
+        heads,
+        kvh,
         group: heads / kvh,
         row: hd * kvh,
         scale,
     };
     let longest = ps.iter().map(|&p| p as usize + 1).max().unwrap_or(1);
-    // Spans a (token, kv head) pair gets: enough tasks to keep the pool busy when there
-    // are few tokens, none shorter than MIN_SPAN.
-    let want = (4 * crate::threads()).div_ceil(tokens * kvh);
+    // Spans a token gets: enough tasks to keep the pool busy when there are few tokens,
+    // none shorter than MIN_SPAN.
+    let want = (4 * crate::threads()).div_ceil(tokens);
     let spans = want.min(longest.div_ceil(MIN_SPAN)).max(1);
     let span_len = longest.div_ceil(spans);
-    let items = tokens * kvh * spans;
+    let items = tokens * spans;
     let work: usize = ps.iter().map(|&p| (p as usize + 1) * hd * heads).sum();
     let grain = if work < (1 << 16) { items } else { 1 };
     // With several spans: per (token, head, span) its max, its sum of exps, then hd
@@ -112,20 +114,18 @@ fn attend(c: &Call, out: &mut [f32]) -> Result<(), String> {
     par_for(items, grain, |tasks| {
         let mut sc = Scratch::default();
         for task in tasks {
-            let (pair, span) = (task / spans, task % spans);
-            let (t, g) = (pair / kvh, pair % kvh);
+            let (t, span) = (task / spans, task % spans);
             let n_pos = ps[t] as usize + 1;
             let (j0, j1) = (
                 (span * span_len).min(n_pos),
                 ((span + 1) * span_len).min(n_pos),
             );
-            let q0 = (t * heads + g * geo.group) * hd;
-            let kv0 = bases[t] + g * hd;
-            sc.run(&geo, &qs[q0..q0 + geo.group * hd], ks, vs, kv0, j0, j1);
-            for h in 0..geo.group {
+            let q0 = t * heads * hd;
+            sc.run(&geo, &qs[q0..q0 + heads * hd], ks, vs, bases[t], j0, j1);
+            for h in 0..heads {
                 let o = &sc.o[h * hd..(h + 1) * hd];
                 let (m, l) = (sc.max[h], sc.sum[h]);
-                let head = t * heads + g * geo.group + h;
+                let head = t * heads + h;
                 if spans == 1 {
                     // SAFETY: (token, head) `head`'s output belongs to this task alone.
                     let dst = unsafe { sub_mut::<f32>(out_addr, head * hd, hd) };
@@ -188,6 +188,8 @@ fn merge_spans(parts: &[f32], spans: usize, hd: usize, out: &mut [f32]) -> Resul
 
 struct Geometry {
     hd: usize,
+    heads: usize,
+    kvh: usize,
     group: usize,
     /// Floats from one position's cached row to the next.
     row: usize,
@@ -197,17 +199,19 @@ struct Geometry {
 /// One task's working memory, reused across its pool chunk's tasks.
 #[derive(Default)]
 struct Scratch {
-    /// Scores then exps, [group][span positions].
+    /// Scores then exps, [head][span positions].
     s: Vec<f32>,
-    /// Unnormalised outputs, [group][hd].
+    /// Unnormalised outputs, [head][hd].
     o: Vec<f32>,
     max: Vec<f32>,
     sum: Vec<f32>,
 }
 
 impl Scratch {
-    /// The group's query heads `q` ([group][hd]) over positions j0..j1 of the cached
-    /// rows starting at `kv0`: fills `max`, `sum` (of exps relative to max) and `o`.
+    /// A token's query heads `q` ([heads][hd]) over positions j0..j1 of the cached rows
+    /// starting at `base`: fills `max`, `sum` (of exps relative to max) and `o`. Whole
+    /// cached rows (every kv head) are taken in position order, so both passes read
+    /// memory front to back.
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
@@ -215,69 +219,100 @@ impl Scratch {
         q: &[f32],
         ks: &[f32],
         vs: &[f32],
-        kv0: usize,
+        base: usize,
         j0: usize,
         j1: usize,
     ) {
-        let (hd, n) = (g.hd, j1 - j0);
+        let (hd, n, heads) = (g.hd, j1 - j0, g.heads);
         self.s.clear();
-        self.s.resize(g.group * n, 0.0);
+        self.s.resize(heads * n, 0.0);
         self.o.clear();
-        self.o.resize(g.group * hd, 0.0);
+        self.o.resize(heads * hd, 0.0);
         self.max.clear();
         self.sum.clear();
         if n == 0 {
             // A span past this token's last position: nothing to add.
-            self.max.resize(g.group, f32::NEG_INFINITY);
-            self.sum.resize(g.group, 0.0);
+            self.max.resize(heads, f32::NEG_INFINITY);
+            self.sum.resize(heads, 0.0);
             return;
         }
-        let row = |j: usize| &ks[kv0 + j * g.row..kv0 + j * g.row + hd];
-        for (h, s) in self.s.chunks_exact_mut(n).enumerate().take(g.group) {
-            let qh = &q[h * hd..(h + 1) * hd];
-            let mut j = j0;
-            for s4 in s.chunks_exact_mut(4) {
-                let d = dots4(qh, [row(j), row(j + 1), row(j + 2), row(j + 3)]);
-                for (s, d) in s4.iter_mut().zip(d) {
-                    *s = d * g.scale;
-                }
-                j += 4;
-            }
-            for s in s.chunks_exact_mut(4).into_remainder() {
-                *s = dot8(qh, row(j)) * g.scale;
-                j += 1;
-            }
-            let mx = s.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
-            self.max.push(mx);
-            self.sum.push(simd::exp_less(s, mx));
-        }
-        // o_h += sum_j p_h[j] v_j, four value rows at a time (each row read once for
-        // the whole group).
-        let vrow = |j: usize| &vs[kv0 + j * g.row..kv0 + j * g.row + hd];
+        // Row of position j, kv head kv.
+        let at = |j: usize, kv: usize| base + j * g.row + kv * hd;
+        let qh = |h: usize| &q[h * hd..(h + 1) * hd];
+        // Scores four positions at a time, every head of a kv head's group against its
+        // rows while they are in L1.
         let mut i = 0;
         while i + 4 <= n {
-            let v = [
-                vrow(j0 + i),
-                vrow(j0 + i + 1),
-                vrow(j0 + i + 2),
-                vrow(j0 + i + 3),
-            ];
-            for h in 0..g.group {
-                let p = &self.s[h * n + i..h * n + i + 4];
-                axpy4(&mut self.o[h * hd..(h + 1) * hd], p, v);
+            prefetch_rows(ks, at(j0 + i + AHEAD, 0), 4 * g.row);
+            for kv in 0..g.kvh {
+                let a = [0, 1, 2, 3].map(|d| at(j0 + i + d, kv));
+                let k = a.map(|a| &ks[a..a + hd]);
+                for h in kv * g.group..(kv + 1) * g.group {
+                    let d = dots4(qh(h), k);
+                    for (s, d) in self.s[h * n + i..h * n + i + 4].iter_mut().zip(d) {
+                        *s = d * g.scale;
+                    }
+                }
             }
             i += 4;
         }
         for i in i..n {
-            let v = vrow(j0 + i);
-            for h in 0..g.group {
-                let w = self.s[h * n + i];
-                for (o, v) in self.o[h * hd..(h + 1) * hd].iter_mut().zip(v) {
+            for h in 0..heads {
+                let a = at(j0 + i, h / g.group);
+                self.s[h * n + i] = dot8(qh(h), &ks[a..a + hd]) * g.scale;
+            }
+        }
+        for s in self.s.chunks_exact_mut(n) {
+            let mx = s.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+            self.max.push(mx);
+            self.sum.push(simd::exp_less(s, mx));
+        }
+        // o_h += sum_j p_h[j] v_j, four value rows at a time.
+        let mut i = 0;
+        while i + 4 <= n {
+            prefetch_rows(vs, at(j0 + i + AHEAD, 0), 4 * g.row);
+            for kv in 0..g.kvh {
+                let a = [0, 1, 2, 3].map(|d| at(j0 + i + d, kv));
+                let v = a.map(|a| &vs[a..a + hd]);
+                for h in kv * g.group..(kv + 1) * g.group {
+                    let p = &self.s[h * n + i..h * n + i + 4];
+                    axpy4(&mut self.o[h * hd..(h + 1) * hd], p, v);
+                }
+            }
+            i += 4;
+        }
+        for i in i..n {
+            for h in 0..heads {
+                let (a, w) = (at(j0 + i, h / g.group), self.s[h * n + i]);
+                for (o, v) in self.o[h * hd..(h + 1) * hd].iter_mut().zip(&vs[a..a + hd]) {
                     *o += w * v;
                 }
             }
         }
     }
+}
+
+/// Positions ahead of the one being read whose rows are asked for early.
+const AHEAD: usize = 16;
+
+/// Asks for the cache lines of `len` floats from `at` (clipped to the slice): the
+/// hardware prefetchers fall behind a loop that streams one cache's rows between
+/// others' and the weights'.
+#[inline(always)]
+fn prefetch_rows(x: &[f32], at: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let end = (at + len).min(x.len());
+        let mut i = at;
+        while i < end {
+            // SAFETY: i < x.len(); a prefetch never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(x.as_ptr().add(i).cast()) };
+            i += 16;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (x, at, len);
 }
 
 /// One query against four key rows.
