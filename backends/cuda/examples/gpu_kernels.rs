@@ -30,7 +30,8 @@ use moe_plugin_api::{into_result, ops, types, Backend, BlockQ8_1, OpParams, Tens
 
 /// Whether prefill products of type 107 / ROCmFP4 take the bf16 tiles (`mmb_dense`,
 /// `mmb_id`) on a device of compute capability `cc`: sm_80 on, with MOE_GPU_MMB=1 or
-/// forced by a test.
+/// forced by a test. (`main` sets MOE_GPU_MMB=0 where it is unset, so the int8 cases
+/// test the int8 tiles; the streamed tiles, the backend's default, have their own cases.)
 fn mmb(cc: (i32, i32)) -> bool {
     cc.0 >= 8
         && (FORCE_MMB.load(Ordering::Relaxed)
@@ -2416,6 +2417,11 @@ fn check_reference(rng: &mut Rng) -> bool {
 }
 
 fn main() {
+    if std::env::var_os("MOE_GPU_MMB").is_none() {
+        // Before any backend call (the backend reads it once): the MMQ cases run the int8
+        // tiles, as they expect; `mmw_check` forces the streamed ones itself.
+        std::env::set_var("MOE_GPU_MMB", "0");
+    }
     let quick = std::env::args().any(|a| a == "--quick");
     // --bench: the microbenchmark alone (its rows' kernels are the parity cases' ones).
     let bench_only = std::env::args().any(|a| a == "--bench");

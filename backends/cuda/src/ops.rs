@@ -29,7 +29,7 @@ use crate::{
 /// Forces the dp4a MMQ kernel even where the tensor-core one runs (benchmarks and
 /// parity comparisons only; off by default).
 pub static FORCE_MMQ_DP4A: AtomicBool = AtomicBool::new(false);
-/// Tests: the bf16 MMB tiles without `MOE_GPU_MMB=1` (see `bf16_tiles`).
+/// Tests: the bf16 MMB tiles whatever `MOE_GPU_MMB` says (see `bf16_tiles`).
 pub static FORCE_MMB: AtomicBool = AtomicBool::new(false);
 /// Tests: the bf16 tiles' streamed form as `MOE_GPU_MMB` says (0), on (1: with
 /// FORCE_MMB or a mode that takes the bf16 tiles) or off (2); see `bf16_streamed`.
@@ -44,17 +44,20 @@ pub static FORCE_MMW_NARROW: AtomicBool = AtomicBool::new(false);
 /// them room for their bulk copies (see `bulk_smem`), to compare the two paths' bits.
 pub static FORCE_FP4_REGS: AtomicBool = AtomicBool::new(false);
 
-/// `MOE_GPU_MMB`: which prefill products of type 107 / ROCmFP4 take the bf16 tiles (more
-/// accurate, measured slower: see the README), and whether in their streamed form
-/// (`stream`, `stream-wide`: `mmw_dense` / `mmw_id`, not measured yet); read once.
+/// `MOE_GPU_MMB`: which prefill products of type 107 / ROCmFP4 take the bf16 tiles, and
+/// whether in their streamed form (`mmw_dense` / `mmw_id`). Unset or `stream`: all of
+/// them, streamed (the default since 2026-12-05: pp512 +34% at depth 0 on the H200, and
+/// closer to the CPU than the int8 tiles); `0`: the int8 tiles (MMQ); `1` / `wide`: the
+/// unstreamed bf16 tiles (all / only products of 64+ columns an expert); `stream-wide`:
+/// the streamed ones for 64+ columns. Read once.
 fn mmb_env() -> (MmbMode, bool) {
     static MODE: std::sync::OnceLock<(MmbMode, bool)> = std::sync::OnceLock::new();
     *MODE.get_or_init(|| match std::env::var("MOE_GPU_MMB").as_deref() {
+        Ok("0") => (MmbMode::Off, false),
         Ok("1") => (MmbMode::All, false),
         Ok("wide") => (MmbMode::Wide, false),
-        Ok("stream") => (MmbMode::All, true),
         Ok("stream-wide") => (MmbMode::Wide, true),
-        _ => (MmbMode::Off, false),
+        _ => (MmbMode::All, true),
     })
 }
 
@@ -68,8 +71,8 @@ fn mmw_rows_env() -> u32 {
     })
 }
 
-/// Which prefill products `MOE_GPU_MMB` sends to the bf16 tiles: none (unset), all
-/// (`1`), or (`wide`) those with at least a whole tile's columns (MMA_BN, 64) an expert:
+/// Which prefill products `MOE_GPU_MMB` sends to the bf16 tiles: none (`0`), all
+/// (unset, `stream`, `1`), or (`wide`, `stream-wide`) those with at least a whole tile's columns (MMA_BN, 64) an expert:
 /// the dense products and the output projection's groups of a long chunk, not the routed
 /// experts' few tokens each (the bf16 decode of a staged weight is paid once a tile).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,7 +172,7 @@ impl plan::Gpu for Stream<'_> {
     }
 
     fn bf16_tiles(&self, cols: u64) -> bool {
-        // mma.sync on bf16 and cvt.rn.bf16x2: sm_80 on; opt-in.
+        // mma.sync on bf16 and cvt.rn.bf16x2: sm_80 on (older devices keep the int8 tiles).
         let on = match mmb_env().0 {
             MmbMode::All => true,
             MmbMode::Wide => cols >= 64,
