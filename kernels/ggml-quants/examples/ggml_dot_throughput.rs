@@ -19,7 +19,6 @@ use moe_plugin_api::{
 };
 use moe_quant_ggml::{all_formats, dot::best_isa, dot_q8_with_isa, Isa};
 
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let json = args.iter().any(|a| a == "--json");
