@@ -8,8 +8,9 @@ use moe_plugin_api::BlockQ8_1;
 use moe_quant_ggml::{dot_q8_with_isa, Isa};
 
 const KS: [usize; 5] = [32, 256, 576, 1536, 4096];
-/// (rows, columns): batch-1 decode, a few columns, more columns than one group of 8.
-const SHAPES: [(usize, usize); 3] = [(1, 1), (7, 3), (3, 11)];
+/// (rows, columns): batch-1 decode, a few columns, more columns than one group of 8,
+/// and rows in groups of eight (the 32-weight formats' eight-row kernel) with a rest.
+const SHAPES: [(usize, usize); 5] = [(1, 1), (7, 3), (3, 11), (8, 2), (19, 5)];
 
 fn weights(
     f: &moe_plugin_api::QuantFormat,
