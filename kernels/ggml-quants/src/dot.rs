@@ -31,28 +31,6 @@ pub const COL_GROUP: usize = 8;
 
 /// The integer dot primitives, one implementation per instruction set.
 pub trait Ops: 'static {
-    /// Whether batch-1 rows alternate their units between two accumulators (x86: the
-    /// add chain bounds a short unit's loop; the portable form vectorises worse so).
-    const PAIRED: bool = true;
-    /// Whether prefill products of the 32-weight formats take eight rows at a time
-    /// ([`Ops::dot8x32`]; the portable form keeps the general path).
-    const GEMM8: bool = true;
-    /// Eight rows' dots with one activation block: `w` holds the rows' codes interleaved
-    /// four at a time (`w[32 g + 4 i + j]` = code 4 g + j of row i), so each 32-byte
-    /// group meets one broadcast word of `a`. `unsigned`: codes in 0..=127; otherwise
-    /// signed, and `asum` is the sum of `a` (the offset form needs it). Exact.
-    fn dot8x32(w: &[u8; 256], a: &[i8; 32], unsigned: bool, asum: i32) -> [i32; 8] {
-        let _ = (unsigned, asum);
-        let mut out = [0i32; 8];
-        for (g, wg) in w.chunks_exact(32).enumerate() {
-            for (i, o) in out.iter_mut().enumerate() {
-                for j in 0..4 {
-                    *o += wg[4 * i + j] as i8 as i32 * a[4 * g + j] as i32;
-                }
-            }
-        }
-        out
-    }
     /// Eight i32 partial sums of the 32 products `a[i] * b[i]` (which lane holds which
     /// products is the implementation's business; only their total is meaningful).
     fn dot32(a: &[i8; 32], b: &[i8; 32]) -> [i32; 8];
@@ -87,8 +65,6 @@ pub trait Ops: 'static {
 pub struct Portable;
 
 impl Ops for Portable {
-    const PAIRED: bool = false;
-    const GEMM8: bool = false;
     #[inline(always)]
     fn axpy(acc: &mut [f32; 8], scale: f32, lanes: &[i32; 8]) {
         for (v, l) in acc.iter_mut().zip(lanes) {
@@ -225,56 +201,6 @@ mod x86 {
     #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
     fn vnni_dpbusd(u: __m256i, s: __m256i) -> [i32; 8] {
         lanes(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s))
-    }
-
-    /// The 32 bytes of group g of an interleaved block, and a's word g in every lane.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn group(w: &[u8; 256], a: &[i8; 32], g: usize) -> (__m256i, __m256i) {
-        let wg: &[u8; 32] = w[32 * g..32 * g + 32].try_into().unwrap();
-        let word = i32::from_le_bytes([
-            a[4 * g] as u8,
-            a[4 * g + 1] as u8,
-            a[4 * g + 2] as u8,
-            a[4 * g + 3] as u8,
-        ]);
-        // SAFETY: 32 readable bytes; unaligned load.
-        let wv = unsafe { _mm256_loadu_si256(wg.as_ptr().cast()) };
-        (wv, _mm256_set1_epi32(word))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn avx2_dot8x32(w: &[u8; 256], a: &[i8; 32], unsigned: bool) -> [i32; 8] {
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = _mm256_setzero_si256();
-        for g in 0..8 {
-            let (wv, av) = group(w, a, g);
-            // Signed codes: |w| against a with w's sign (exact: |w| <= 128, |a| <= 127).
-            let (u, s) = if unsigned {
-                (wv, av)
-            } else {
-                sign_split(wv, av)
-            };
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones));
-        }
-        lanes(acc)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
-    fn vnni_dot8x32(w: &[u8; 256], a: &[i8; 32], unsigned: bool, asum: i32) -> [i32; 8] {
-        let mut acc = _mm256_setzero_si256();
-        // Signed codes as w + 128 (unsigned): the sum gains 128 sum(a), taken off after.
-        let flip = _mm256_set1_epi8(if unsigned { 0 } else { -128 });
-        for g in 0..8 {
-            let (wv, av) = group(w, a, g);
-            acc = _mm256_dpbusd_epi32(acc, _mm256_xor_si256(wv, flip), av);
-        }
-        if !unsigned {
-            acc = _mm256_sub_epi32(acc, _mm256_set1_epi32(128 * asum));
-        }
-        lanes(acc)
     }
 
     #[inline]
@@ -416,11 +342,6 @@ mod x86 {
             unsafe { avx2_dot32u(w, a) }
         }
         #[inline(always)]
-        fn dot8x32(w: &[u8; 256], a: &[i8; 32], unsigned: bool, _asum: i32) -> [i32; 8] {
-            // SAFETY: as above.
-            unsafe { avx2_dot8x32(w, a, unsigned) }
-        }
-        #[inline(always)]
         fn dot32w(w: &[i16; 32], a: &[i8; 32]) -> [i32; 8] {
             // SAFETY: as above.
             unsafe { avx2_dot32w(w, a) }
@@ -441,11 +362,6 @@ mod x86 {
             unsafe { vnni_dot32u(w, a) }
         }
         #[inline(always)]
-        fn dot8x32(w: &[u8; 256], a: &[i8; 32], unsigned: bool, asum: i32) -> [i32; 8] {
-            // SAFETY: as above.
-            unsafe { vnni_dot8x32(w, a, unsigned, asum) }
-        }
-        #[inline(always)]
         fn dot32w(w: &[i16; 32], a: &[i8; 32]) -> [i32; 8] {
             // SAFETY: as above.
             unsafe { vnni_dot32w(w, a) }
@@ -463,31 +379,6 @@ pub trait DotUnit: 'static {
     fn unpack<O: Ops>(b: &[u8]) -> Self::U;
     /// Adds the dot of an unpacked unit with `DW / 32` activation blocks to `acc`.
     fn dot<O: Ops>(u: &Self::U, a: &[BlockQ8_1], acc: &mut Acc);
-    /// The 32-weight formats: how their units read as codes, scale and offset (`plain`),
-    /// which the eight-row prefill kernel takes. `None`: the general path only.
-    const PLAIN: Option<PlainKind> = None;
-    /// The unit as w = d q + m (`Some` exactly where `PLAIN` is).
-    #[inline(always)]
-    fn plain(u: &Self::U) -> Option<&Unpacked32> {
-        let _ = u;
-        None
-    }
-}
-
-/// An unpacked 32-weight block: integer codes and the f32 scale (and offset).
-pub struct Unpacked32 {
-    pub q: [i8; 32],
-    pub d: f32,
-    pub m: f32,
-}
-
-/// What the eight-row kernel needs to know of a 32-weight format's codes.
-#[derive(Clone, Copy, Debug)]
-pub struct PlainKind {
-    /// Codes lie in 0..=127 (else any i8).
-    pub unsigned: bool,
-    /// The offset m is used (else it is 0 and skipped, as the format's `dot` does).
-    pub affine: bool,
 }
 
 /// A dot-product accumulator: eight f32 lanes (summed only once per row, so no
@@ -508,15 +399,6 @@ impl Acc {
     #[inline(always)]
     pub fn add_scaled_f<O: Ops>(&mut self, scale: f32, lanes: &[f32; 8]) {
         O::axpy_f(&mut self.v, scale, lanes)
-    }
-    /// Lane-wise sum of two accumulators (one row's even and odd units).
-    #[inline(always)]
-    pub fn merged(&self, o: &Acc) -> Acc {
-        let mut v = self.v;
-        for (v, w) in v.iter_mut().zip(&o.v) {
-            *v += *w;
-        }
-        Acc { v, s: self.s + o.s }
     }
     #[inline(always)]
     pub fn total(&self) -> f32 {
@@ -539,53 +421,22 @@ pub struct Shape {
 fn driver<D: DotUnit, O: Ops>(rows: &[u8], s: Shape, act: &[BlockQ8_1], out: &mut [f32]) {
     let apu = D::DW / 32;
     if s.n_cols == 1 {
-        // Batch-1 decode: one pass over the weights. Units alternate between two
-        // accumulators so consecutive units' adds do not wait on each other (one chain
-        // of adds bounds a short unit's loop at the add's latency).
+        // Batch-1 decode: one pass over the weights, one accumulator, in the order the
+        // several-column path below takes too: a prefill's products equal decode's bit
+        // for bit (the CPU backend's prefill and token-by-token decode agree exactly, and
+        // DeepSeek-V4's top-k choices with them). Two accumulators by unit parity measured
+        // +9-14% here from cache but cost the several-column path a quarter.
         let act = &act[..s.per_col];
-        if !O::PAIRED {
-            for (row, o) in rows.chunks_exact(s.row_bytes).zip(out.iter_mut()) {
-                let mut acc = Acc::default();
-                for (unit, a) in row.chunks_exact(D::DB).zip(act.chunks_exact(apu)) {
-                    D::dot::<O>(&D::unpack::<O>(unit), a, &mut acc);
-                }
-                *o = acc.total();
-            }
-            return;
-        }
         for (row, o) in rows.chunks_exact(s.row_bytes).zip(out.iter_mut()) {
-            let (mut even, mut odd) = (Acc::default(), Acc::default());
-            let mut units = row.chunks_exact(2 * D::DB);
-            let mut acts = act.chunks_exact(2 * apu);
-            for (pair, a) in (&mut units).zip(&mut acts) {
-                let (u0, u1) = pair.split_at(D::DB);
-                let (a0, a1) = a.split_at(apu);
-                D::dot::<O>(&D::unpack::<O>(u0), a0, &mut even);
-                D::dot::<O>(&D::unpack::<O>(u1), a1, &mut odd);
+            let mut acc = Acc::default();
+            for (unit, a) in row.chunks_exact(D::DB).zip(act.chunks_exact(apu)) {
+                D::dot::<O>(&D::unpack::<O>(unit), a, &mut acc);
             }
-            if !units.remainder().is_empty() {
-                D::dot::<O>(
-                    &D::unpack::<O>(units.remainder()),
-                    acts.remainder(),
-                    &mut even,
-                );
-            }
-            *o = even.merged(&odd).total();
+            *o = acc.total();
         }
         return;
     }
-    let mut done = 0;
-    if let (true, Some(kind)) = (O::GEMM8, D::PLAIN) {
-        if D::DW == 32 && s.n_rows >= 8 {
-            done = gemm8::<D, O>(rows, s, act, out, kind);
-        }
-    }
-    for (r, row) in rows
-        .chunks_exact(s.row_bytes)
-        .enumerate()
-        .take(s.n_rows)
-        .skip(done)
-    {
+    for (r, row) in rows.chunks_exact(s.row_bytes).enumerate().take(s.n_rows) {
         let mut c0 = 0;
         while c0 < s.n_cols {
             let cn = (s.n_cols - c0).min(COL_GROUP);
@@ -603,77 +454,6 @@ fn driver<D: DotUnit, O: Ops>(rows: &[u8], s: Shape, act: &[BlockQ8_1], out: &mu
             c0 += cn;
         }
     }
-}
-
-/// Several columns of a 32-weight format, eight rows at a time: each group's codes are
-/// interleaved once (`Ops::dot8x32`'s layout) and then meet every column, so a block
-/// and column cost eight multiply-add instructions for eight rows, each row's integer
-/// dot whole in its own lane (no reduction). Returns the rows done (whole groups).
-#[inline(always)]
-fn gemm8<D: DotUnit, O: Ops>(
-    rows: &[u8],
-    s: Shape,
-    act: &[BlockQ8_1],
-    out: &mut [f32],
-    kind: PlainKind,
-) -> usize {
-    let units = s.per_col;
-    let groups = s.n_rows / 8;
-    let mut w = vec![[0u8; 256]; units];
-    let mut d = vec![[0f32; 8]; units];
-    let mut m = vec![[0f32; 8]; units];
-    // The signed codes' offset form needs each activation block's sum of codes.
-    let asum: Vec<i32> = match kind.unsigned {
-        true => Vec::new(),
-        false => act[..s.n_cols * units]
-            .iter()
-            .map(|b| b.qs.iter().map(|&q| q as i32).sum())
-            .collect(),
-    };
-    for g in 0..groups {
-        for u in 0..units {
-            for i in 0..8 {
-                let at = (8 * g + i) * s.row_bytes + u * D::DB;
-                let up = D::unpack::<O>(&rows[at..at + D::DB]);
-                let Some(p) = D::plain(&up) else {
-                    // Not a format of codes after all: the general path does every row.
-                    return 0;
-                };
-                // Word c of the row's codes to group c, slot i.
-                for (c, q) in p.q.chunks_exact(4).enumerate() {
-                    w[u][32 * c + 4 * i..32 * c + 4 * i + 4]
-                        .copy_from_slice(&[q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
-                }
-                d[u][i] = p.d;
-                m[u][i] = p.m;
-            }
-        }
-        for c in 0..s.n_cols {
-            let (mut acc, mut accm) = ([0f32; 8], [0f32; 8]);
-            for u in 0..units {
-                let a = &act[c * units + u];
-                let sum = if kind.unsigned {
-                    0
-                } else {
-                    asum[c * units + u]
-                };
-                let isum = O::dot8x32(&w[u], &a.qs, kind.unsigned, sum);
-                for i in 0..8 {
-                    acc[i] += isum[i] as f32 * (d[u][i] * a.d);
-                }
-                if kind.affine {
-                    for i in 0..8 {
-                        accm[i] += m[u][i] * a.sum;
-                    }
-                }
-            }
-            let o = &mut out[c * s.n_rows + 8 * g..c * s.n_rows + 8 * g + 8];
-            for i in 0..8 {
-                o[i] = acc[i] + accm[i];
-            }
-        }
-    }
-    groups * 8
 }
 
 #[cfg(target_arch = "x86_64")]

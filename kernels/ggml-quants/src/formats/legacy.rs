@@ -13,10 +13,15 @@
 use moe_plugin_api::BlockQ8_1;
 
 use super::{min_max, signed_absmax, Block};
-use crate::dot::{Acc, DotUnit, Ops, PlainKind, Portable};
+use crate::dot::{Acc, DotUnit, Ops, Portable};
 use crate::fp::{check_f16, f16_at, f16_checked, round_clamp};
 
-pub use crate::dot::Unpacked32;
+/// An unpacked 32-weight block: integer codes and the f32 scale (and offset).
+pub struct Unpacked32 {
+    pub q: [i8; 32],
+    pub d: f32,
+    pub m: f32,
+}
 
 #[inline(always)]
 fn nibbles(qs: &[u8]) -> [i8; 32] {
@@ -104,14 +109,6 @@ impl DotUnit for Q4_0 {
     fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
         acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
     }
-    const PLAIN: Option<PlainKind> = Some(PlainKind {
-        unsigned: false,
-        affine: false,
-    });
-    #[inline(always)]
-    fn plain(u: &Unpacked32) -> Option<&Unpacked32> {
-        Some(u)
-    }
 }
 
 impl Block for Q4_0 {
@@ -157,14 +154,6 @@ impl DotUnit for Q4_1 {
     fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
         acc.add_scaled::<O>(u.d * a[0].d, &O::dot32u(&u.q, &a[0].qs));
         acc.s += u.m * a[0].sum;
-    }
-    const PLAIN: Option<PlainKind> = Some(PlainKind {
-        unsigned: true,
-        affine: true,
-    });
-    #[inline(always)]
-    fn plain(u: &Unpacked32) -> Option<&Unpacked32> {
-        Some(u)
     }
 }
 
@@ -214,14 +203,6 @@ impl DotUnit for Q5_0 {
     fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
         acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
     }
-    const PLAIN: Option<PlainKind> = Some(PlainKind {
-        unsigned: false,
-        affine: false,
-    });
-    #[inline(always)]
-    fn plain(u: &Unpacked32) -> Option<&Unpacked32> {
-        Some(u)
-    }
 }
 
 impl Block for Q5_0 {
@@ -265,14 +246,6 @@ impl DotUnit for Q5_1 {
     fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
         acc.add_scaled::<O>(u.d * a[0].d, &O::dot32u(&u.q, &a[0].qs));
         acc.s += u.m * a[0].sum;
-    }
-    const PLAIN: Option<PlainKind> = Some(PlainKind {
-        unsigned: true,
-        affine: true,
-    });
-    #[inline(always)]
-    fn plain(u: &Unpacked32) -> Option<&Unpacked32> {
-        Some(u)
     }
 }
 
@@ -322,14 +295,6 @@ impl DotUnit for Q8_0 {
     #[inline(always)]
     fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
         acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
-    }
-    const PLAIN: Option<PlainKind> = Some(PlainKind {
-        unsigned: false,
-        affine: false,
-    });
-    #[inline(always)]
-    fn plain(u: &Unpacked32) -> Option<&Unpacked32> {
-        Some(u)
     }
 }
 

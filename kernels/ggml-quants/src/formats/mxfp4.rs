@@ -6,7 +6,7 @@
 use moe_plugin_api::BlockQ8_1;
 
 use super::{legacy::Unpacked32, Block};
-use crate::dot::{Acc, DotUnit, Ops, PlainKind, Portable};
+use crate::dot::{Acc, DotUnit, Ops, Portable};
 use crate::fp::e8m0_half_to_f32;
 
 /// e2m1 values times two: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
@@ -34,14 +34,6 @@ impl DotUnit for Mxfp4 {
     #[inline(always)]
     fn dot<O: Ops>(u: &Unpacked32, a: &[BlockQ8_1], acc: &mut Acc) {
         acc.add_scaled::<O>(u.d * a[0].d, &O::dot32(&u.q, &a[0].qs));
-    }
-    const PLAIN: Option<PlainKind> = Some(PlainKind {
-        unsigned: false,
-        affine: false,
-    });
-    #[inline(always)]
-    fn plain(u: &Unpacked32) -> Option<&Unpacked32> {
-        Some(u)
     }
 }
 
