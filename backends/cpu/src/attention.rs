@@ -241,21 +241,15 @@ impl Scratch {
         let qh = |h: usize| &q[h * hd..(h + 1) * hd];
         // Scores four positions at a time, every head of a kv head's group against its
         // rows while they are in L1.
-        let mut i = 0;
-        while i + 4 <= n {
-            prefetch_rows(ks, at(j0 + i + AHEAD, 0), 4 * g.row);
-            for kv in 0..g.kvh {
-                let a = [0, 1, 2, 3].map(|d| at(j0 + i + d, kv));
-                let k = a.map(|a| &ks[a..a + hd]);
-                for h in kv * g.group..(kv + 1) * g.group {
-                    let d = dots4(qh(h), k);
-                    for (s, d) in self.s[h * n + i..h * n + i + 4].iter_mut().zip(d) {
-                        *s = d * g.scale;
-                    }
+        let sc = &mut self.s;
+        let i = quads(g, ks, base, j0, n, |i, kv, k| {
+            for h in kv * g.group..(kv + 1) * g.group {
+                let d = dots4(qh(h), k);
+                for (s, d) in sc[h * n + i..h * n + i + 4].iter_mut().zip(d) {
+                    *s = d * g.scale;
                 }
             }
-            i += 4;
-        }
+        });
         for i in i..n {
             for h in 0..heads {
                 let a = at(j0 + i, h / g.group);
@@ -268,19 +262,16 @@ impl Scratch {
             self.sum.push(simd::exp_less(s, mx));
         }
         // o_h += sum_j p_h[j] v_j, four value rows at a time.
-        let mut i = 0;
-        while i + 4 <= n {
-            prefetch_rows(vs, at(j0 + i + AHEAD, 0), 4 * g.row);
-            for kv in 0..g.kvh {
-                let a = [0, 1, 2, 3].map(|d| at(j0 + i + d, kv));
-                let v = a.map(|a| &vs[a..a + hd]);
-                for h in kv * g.group..(kv + 1) * g.group {
-                    let p = &self.s[h * n + i..h * n + i + 4];
-                    axpy4(&mut self.o[h * hd..(h + 1) * hd], p, v);
-                }
+        let (sc, o) = (&self.s, &mut self.o);
+        let i = quads(g, vs, base, j0, n, |i, kv, v| {
+            for h in kv * g.group..(kv + 1) * g.group {
+                axpy4(
+                    &mut o[h * hd..(h + 1) * hd],
+                    &sc[h * n + i..h * n + i + 4],
+                    v,
+                );
             }
-            i += 4;
-        }
+        });
         for i in i..n {
             for h in 0..heads {
                 let (a, w) = (at(j0 + i, h / g.group), self.s[h * n + i]);
@@ -290,6 +281,32 @@ impl Scratch {
             }
         }
     }
+}
+
+/// f(i, kv, rows) for each whole quad of positions j0 + i .. j0 + i + 4 (i < n) and each
+/// kv head, `rows` being that kv head's four rows of `cache` (rows start at `base`, one
+/// position `g.row` floats on); the rows 16 positions on are asked for meanwhile. Returns
+/// the first i not in a whole quad.
+#[inline(always)]
+fn quads<'a>(
+    g: &Geometry,
+    cache: &'a [f32],
+    base: usize,
+    j0: usize,
+    n: usize,
+    mut f: impl FnMut(usize, usize, [&'a [f32]; 4]),
+) -> usize {
+    let at = |j: usize, kv: usize| base + j * g.row + kv * g.hd;
+    let mut i = 0;
+    while i + 4 <= n {
+        prefetch_rows(cache, at(j0 + i + AHEAD, 0), 4 * g.row);
+        for kv in 0..g.kvh {
+            let a = [0, 1, 2, 3].map(|d| at(j0 + i + d, kv));
+            f(i, kv, a.map(|a| &cache[a..a + g.hd]));
+        }
+        i += 4;
+    }
+    i
 }
 
 /// Positions ahead of the one being read whose rows are asked for early.
