@@ -25,7 +25,9 @@ impl BlockQ8_1 {
         let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
         let mut qs = [0i8; QK8_1];
         for (q, v) in qs.iter_mut().zip(x) {
-            *q = (v * inv).round() as i8;
+            // Within +-127 even when inv overflows (a block of subnormal values): the
+            // dot kernels' sign trick needs no -128.
+            *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
         }
         BlockQ8_1 { d, sum, qs }
     }

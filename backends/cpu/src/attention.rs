@@ -1,11 +1,14 @@
 //! ATTENTION on the CPU: each token's query heads over its slot's cached rows, causal.
 //!
-//! Work goes out by (token, kv head, span of positions). The query heads that share a kv
-//! head are done together, so each cached key / value row is read once per group. A
-//! decode step (one token) still spreads over the pool: its positions split into spans
-//! whose partial results (max score, sum of exps, unnormalised output) are merged after,
-//! the split-K form GPU decoders use. Scores are taken four positions at a time and
-//! values added four rows at a time, so no chain of dependent adds sets the pace.
+//! Work goes out by (token, span of positions), every head in a task: the query heads
+//! that share a kv head are done together, so each cached key / value row is read once
+//! per group. A decode step (one token) still spreads over the pool: its positions split
+//! into spans whose partial results (max score, sum of exps, unnormalised output) are
+//! merged after, the split-K form GPU decoders use. Spans start at whole multiples of
+//! SPAN, so a token's arithmetic depends on its own position alone: the same bits in a
+//! prefill, in decode, beside other requests and on any number of threads. Scores are
+//! taken four positions at a time and values added four rows at a time, so no chain of
+//! dependent adds sets the pace.
 
 use moe_plugin_api::{ops, OpParams, TensorRef};
 
@@ -15,8 +18,9 @@ use crate::{
     par_for,
 };
 
-/// The fewest positions a span covers (its fixed costs against its work).
-const MIN_SPAN: usize = 64;
+/// Positions a span covers (the last of a token's spans fewer): a multiple of the four
+/// positions a step and of the exp's eight lanes.
+const SPAN: usize = 256;
 
 inventory::submit! { CpuKernel { op: ops::ATTENTION, name: "attention", run: attention } }
 fn attention(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str, String> {
@@ -90,51 +94,44 @@ fn attend(c: &Call, out: &mut [f32]) -> Result<(), String> {
         row: hd * kvh,
         scale,
     };
-    let longest = ps.iter().map(|&p| p as usize + 1).max().unwrap_or(1);
-    // Spans a token gets: enough tasks to keep the pool busy when there are few tokens,
-    // none shorter than MIN_SPAN.
-    let want = (4 * crate::threads()).div_ceil(tokens);
-    let spans = want.min(longest.div_ceil(MIN_SPAN)).max(1);
-    let span_len = longest.div_ceil(spans);
-    let items = tokens * spans;
-    let work: usize = ps.iter().map(|&p| (p as usize + 1) * hd * heads).sum();
-    let grain = if work < (1 << 16) { items } else { 1 };
-    // With several spans: per (token, head, span) its max, its sum of exps, then hd
-    // unnormalised output values.
-    let part_len = hd + 2;
-    let mut parts = vec![
-        0f32;
-        if spans > 1 {
-            tokens * heads * spans * part_len
-        } else {
-            0
+    // Tasks (token, span); tokens of several spans get their partials' place.
+    let spans = |t: usize| (ps[t] as usize + 1).div_ceil(SPAN);
+    let mut tasks = Vec::new();
+    let mut part_at = vec![0usize; tokens];
+    let mut n_parts = 0;
+    for (t, at) in part_at.iter_mut().enumerate() {
+        tasks.extend((0..spans(t)).map(|sp| (t, sp)));
+        if spans(t) > 1 {
+            *at = n_parts;
+            n_parts += spans(t) * heads;
         }
-    ];
+    }
+    let work: usize = ps.iter().map(|&p| (p as usize + 1) * hd * heads).sum();
+    let grain = if work < (1 << 16) { tasks.len() } else { 1 };
+    // Per (token, head, span) of a token of several spans: its max, its sum of exps, then
+    // hd unnormalised output values.
+    let part_len = hd + 2;
+    let mut parts = vec![0f32; n_parts * part_len];
     let (out_addr, parts_addr) = (out.as_mut_ptr() as usize, parts.as_mut_ptr() as usize);
-    par_for(items, grain, |tasks| {
+    par_for(tasks.len(), grain, |range| {
         let mut sc = Scratch::default();
-        for task in tasks {
-            let (t, span) = (task / spans, task % spans);
+        for &(t, span) in &tasks[range] {
             let n_pos = ps[t] as usize + 1;
-            let (j0, j1) = (
-                (span * span_len).min(n_pos),
-                ((span + 1) * span_len).min(n_pos),
-            );
+            let (j0, j1) = (span * SPAN, ((span + 1) * SPAN).min(n_pos));
             let q0 = t * heads * hd;
             sc.run(&geo, &qs[q0..q0 + heads * hd], ks, vs, bases[t], j0, j1);
             for h in 0..heads {
                 let o = &sc.o[h * hd..(h + 1) * hd];
                 let (m, l) = (sc.max[h], sc.sum[h]);
-                let head = t * heads + h;
-                if spans == 1 {
-                    // SAFETY: (token, head) `head`'s output belongs to this task alone.
-                    let dst = unsafe { sub_mut::<f32>(out_addr, head * hd, hd) };
+                if spans(t) == 1 {
+                    // SAFETY: (token, head)'s output belongs to this task alone.
+                    let dst = unsafe { sub_mut::<f32>(out_addr, (t * heads + h) * hd, hd) };
                     let inv = 1.0 / l;
                     for (d, v) in dst.iter_mut().zip(o) {
                         *d = v * inv;
                     }
                 } else {
-                    let at = (head * spans + span) * part_len;
+                    let at = (part_at[t] + h * spans(t) + span) * part_len;
                     // SAFETY: (token, head, span)'s partial belongs to this task alone.
                     let dst = unsafe { sub_mut::<f32>(parts_addr, at, part_len) };
                     dst[0] = m;
@@ -145,32 +142,41 @@ fn attend(c: &Call, out: &mut [f32]) -> Result<(), String> {
         }
         Ok(())
     })?;
-    if spans > 1 {
-        merge_spans(&parts, spans, hd, out)?;
+    if n_parts > 0 {
+        let split: Vec<(usize, usize)> = (0..tokens)
+            .filter(|&t| spans(t) > 1)
+            .map(|t| (t, spans(t)))
+            .collect();
+        merge_spans(&parts, &part_at, &split, heads, hd, out)?;
     }
     Ok(())
 }
 
 /// out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M), M the largest m_s, for every
-/// (token, head); empty spans take no part.
-fn merge_spans(parts: &[f32], spans: usize, hd: usize, out: &mut [f32]) -> Result<(), String> {
+/// head of each token in `split` (token, its spans), whose partials start at part_at.
+fn merge_spans(
+    parts: &[f32],
+    part_at: &[usize],
+    split: &[(usize, usize)],
+    heads: usize,
+    hd: usize,
+    out: &mut [f32],
+) -> Result<(), String> {
     let part_len = hd + 2;
-    let n = out.len() / hd;
     let out_addr = out.as_mut_ptr() as usize;
-    par_for(n, 64, |heads| {
-        for th in heads {
-            let ps = &parts[th * spans * part_len..(th + 1) * spans * part_len];
-            // An empty span says so by m = -inf and l = 0 (a NaN sum still counts).
-            let live = || {
-                ps.chunks_exact(part_len)
-                    .filter(|p| !(p[0] == f32::NEG_INFINITY && p[1] == 0.0))
-            };
-            let mx = live().fold(f32::NEG_INFINITY, |m, p| m.max(p[0]));
-            // SAFETY: (token, head) th's output belongs to this task alone.
-            let o = unsafe { sub_mut::<f32>(out_addr, th * hd, hd) };
+    par_for(split.len() * heads, 64, |range| {
+        for i in range {
+            let ((t, n), h) = (split[i / heads], i % heads);
+            let at = (part_at[t] + h * n) * part_len;
+            let ps = &parts[at..at + n * part_len];
+            let mx = ps
+                .chunks_exact(part_len)
+                .fold(f32::NEG_INFINITY, |m, p| m.max(p[0]));
+            // SAFETY: (token, head)'s output belongs to this task alone.
+            let o = unsafe { sub_mut::<f32>(out_addr, (t * heads + h) * hd, hd) };
             o.fill(0.0);
             let mut l = 0.0;
-            for p in live() {
+            for p in ps.chunks_exact(part_len) {
                 let w = (p[0] - mx).exp();
                 l += p[1] * w;
                 for (o, v) in o.iter_mut().zip(&p[2..]) {
@@ -338,7 +344,8 @@ fn dots4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     simd::dots4(q, k)
 }
 
-/// A dot product (a span's last few positions).
+/// A dot product in one serial chain of fused multiply-adds (a span's last few
+/// positions).
 #[inline(always)]
 fn dot8(q: &[f32], k: &[f32]) -> f32 {
     let mut s = 0.0;
@@ -443,6 +450,8 @@ mod simd {
         l
     }
 
+    /// e^x for x <= 0 (scores less their span's largest; above ~88 the exponent bits
+    /// would overflow).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     fn exp8(x: __m256) -> __m256 {
@@ -625,6 +634,45 @@ mod tests {
                     "hd {hd} heads {heads}/{kvh} positions {ps:?}: [{i}] {o} vs {w}"
                 );
             }
+        }
+    }
+
+    /// A token's output is the same bits alone (decode) and among other tokens (prefill,
+    /// or other requests in the step): its spans depend on its position only.
+    #[test]
+    fn a_token_alone_equals_it_in_a_batch() {
+        let mut rng = seeded();
+        let (hd, heads, kvh, ctx) = (64, 6, 2, 1024);
+        let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen::<f32>() - 0.5).collect() };
+        let (ks, vs) = (rand(2 * ctx * kvh * hd), rand(2 * ctx * kvh * hd));
+        let ps = [300, 5, 700, 129];
+        let qs = rand(ps.len() * heads * hd);
+        let bases: Vec<usize> = (0..ps.len()).map(|t| (t % 2) * ctx * kvh * hd).collect();
+        let call = |ps: &[i32], qs: &[f32], bases: &[usize]| {
+            let c = Call {
+                qs,
+                ks: &ks,
+                vs: &vs,
+                bases,
+                ps,
+                heads,
+                kvh,
+                hd,
+                scale: 0.125,
+            };
+            let mut out = vec![f32::NAN; qs.len()];
+            attend(&c, &mut out).unwrap();
+            out
+        };
+        let batch = call(&ps, &qs, &bases);
+        let w = heads * hd;
+        for t in 0..ps.len() {
+            let alone = call(&ps[t..t + 1], &qs[t * w..(t + 1) * w], &bases[t..t + 1]);
+            let same = alone
+                .iter()
+                .zip(&batch[t * w..(t + 1) * w])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "token {t} at position {}", ps[t]);
         }
     }
 

@@ -32,7 +32,8 @@ pub const COL_GROUP: usize = 8;
 /// The integer dot primitives, one implementation per instruction set.
 pub trait Ops: 'static {
     /// Eight i32 partial sums of the 32 products `a[i] * b[i]` (which lane holds which
-    /// products is the implementation's business; only their total is meaningful).
+    /// products is the implementation's business; only their total is meaningful). `b`
+    /// (the activations: q8_1 codes, within +-127) must not hold -128.
     fn dot32(a: &[i8; 32], b: &[i8; 32]) -> [i32; 8];
     /// The same for weights known to lie in 0..=127 (the codes of an unsigned format):
     /// no sign handling needed, so one instruction fewer on x86.
@@ -121,9 +122,9 @@ impl Ops for Portable {
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// `pmaddwd` of sign-extended i8 (exact for every i8, -128 included).
+    /// i8 dots by `pmaddubsw` + `pmaddwd` (i16 weights by `pmaddwd`).
     pub struct Avx2;
-    /// The same with AVX-512 VNNI's `vpdpwssd` (multiply-add-accumulate in one).
+    /// The same lanes by AVX-512 VNNI's `vpdpbusd` (`vpdpwssd` for i16 weights).
     pub struct Avx512;
 
     #[inline]
@@ -185,8 +186,8 @@ mod x86 {
     }
 
     /// Lane j = u[4j..4j+4] . s[4j..4j+4] for u8 `u` and i8 `s`: `pmaddubsw` (sums of
-    /// pairs in i16, saturating: exact while u <= 128 and s >= -127, which every caller
-    /// keeps: |2 * 128 * 127| < 2^15) then `pmaddwd` by ones.
+    /// pairs in i16, saturating: exact for any s while u <= 128, which every caller
+    /// keeps: 2 * 128 * 128 = 2^15 fits below, 2 * 128 * 127 above) then `pmaddwd` by ones.
     #[inline]
     #[target_feature(enable = "avx2")]
     fn avx2_dpbusd(u: __m256i, s: __m256i) -> [i32; 8] {
