@@ -58,6 +58,7 @@ fn attention(b: &Buffers, p: &OpParams, a: &[TensorRef]) -> Result<&'static str,
 
 /// One checked call: queries [tokens][heads][hd]; caches whose rows for token t start
 /// at bases[t] (position j at bases[t] + j kvh hd); token t attends positions 0..=ps[t].
+#[derive(Clone, Copy)]
 struct Call<'a> {
     qs: &'a [f32],
     ks: &'a [f32],
@@ -70,30 +71,30 @@ struct Call<'a> {
     scale: f32,
 }
 
+impl Call<'_> {
+    /// Query heads a kv head serves.
+    fn group(&self) -> usize {
+        self.heads / self.kvh
+    }
+    /// Floats from one position's cached row to the next.
+    fn row(&self) -> usize {
+        self.hd * self.kvh
+    }
+}
+
 fn attend(c: &Call, out: &mut [f32]) -> Result<(), String> {
     let Call {
         qs,
-        ks,
-        vs,
         bases,
         ps,
         heads,
-        kvh,
         hd,
-        scale,
+        ..
     } = *c;
     let tokens = ps.len();
     if tokens == 0 || hd == 0 {
         return Ok(());
     }
-    let geo = Geometry {
-        hd,
-        heads,
-        kvh,
-        group: heads / kvh,
-        row: hd * kvh,
-        scale,
-    };
     // Tasks (token, span); tokens of several spans get their partials' place.
     let spans = |t: usize| (ps[t] as usize + 1).div_ceil(SPAN);
     let mut tasks = Vec::new();
@@ -119,7 +120,7 @@ fn attend(c: &Call, out: &mut [f32]) -> Result<(), String> {
             let n_pos = ps[t] as usize + 1;
             let (j0, j1) = (span * SPAN, ((span + 1) * SPAN).min(n_pos));
             let q0 = t * heads * hd;
-            sc.run(&geo, &qs[q0..q0 + heads * hd], ks, vs, bases[t], j0, j1);
+            sc.run(c, &qs[q0..q0 + heads * hd], bases[t], j0, j1);
             for h in 0..heads {
                 let o = &sc.o[h * hd..(h + 1) * hd];
                 let (m, l) = (sc.max[h], sc.sum[h]);
@@ -192,16 +193,6 @@ fn merge_spans(
     })
 }
 
-struct Geometry {
-    hd: usize,
-    heads: usize,
-    kvh: usize,
-    group: usize,
-    /// Floats from one position's cached row to the next.
-    row: usize,
-    scale: f32,
-}
-
 /// One task's working memory, reused across its pool chunk's tasks.
 #[derive(Default)]
 struct Scratch {
@@ -218,39 +209,24 @@ impl Scratch {
     /// starting at `base`: fills `max`, `sum` (of exps relative to max) and `o`. Whole
     /// cached rows (every kv head) are taken in position order, so both passes read
     /// memory front to back.
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        &mut self,
-        g: &Geometry,
-        q: &[f32],
-        ks: &[f32],
-        vs: &[f32],
-        base: usize,
-        j0: usize,
-        j1: usize,
-    ) {
-        let (hd, n, heads) = (g.hd, j1 - j0, g.heads);
+    fn run(&mut self, g: &Call, q: &[f32], base: usize, j0: usize, j1: usize) {
+        let (hd, n, heads, group) = (g.hd, j1 - j0, g.heads, g.group());
+        let (ks, vs) = (g.ks, g.vs);
         self.s.clear();
         self.s.resize(heads * n, 0.0);
         self.o.clear();
         self.o.resize(heads * hd, 0.0);
         self.max.clear();
         self.sum.clear();
-        if n == 0 {
-            // A span past this token's last position: nothing to add.
-            self.max.resize(heads, f32::NEG_INFINITY);
-            self.sum.resize(heads, 0.0);
-            return;
-        }
         // Row of position j, kv head kv.
-        let at = |j: usize, kv: usize| base + j * g.row + kv * hd;
+        let at = |j: usize, kv: usize| base + j * g.row() + kv * hd;
         let qh = |h: usize| &q[h * hd..(h + 1) * hd];
         // Scores four positions at a time, every head of a kv head's group against its
         // rows while they are in L1.
         let sc = &mut self.s;
         let i = quads(g, ks, base, j0, n, |i, kv, k| {
-            for h in kv * g.group..(kv + 1) * g.group {
-                let d = dots4(qh(h), k);
+            for h in kv * group..(kv + 1) * group {
+                let d = simd::dots4(qh(h), k);
                 for (s, d) in sc[h * n + i..h * n + i + 4].iter_mut().zip(d) {
                     *s = d * g.scale;
                 }
@@ -258,7 +234,7 @@ impl Scratch {
         });
         for i in i..n {
             for h in 0..heads {
-                let a = at(j0 + i, h / g.group);
+                let a = at(j0 + i, h / group);
                 self.s[h * n + i] = dot8(qh(h), &ks[a..a + hd]) * g.scale;
             }
         }
@@ -270,7 +246,7 @@ impl Scratch {
         // o_h += sum_j p_h[j] v_j, four value rows at a time.
         let (sc, o) = (&self.s, &mut self.o);
         let i = quads(g, vs, base, j0, n, |i, kv, v| {
-            for h in kv * g.group..(kv + 1) * g.group {
+            for h in kv * group..(kv + 1) * group {
                 axpy4(
                     &mut o[h * hd..(h + 1) * hd],
                     &sc[h * n + i..h * n + i + 4],
@@ -280,7 +256,7 @@ impl Scratch {
         });
         for i in i..n {
             for h in 0..heads {
-                let (a, w) = (at(j0 + i, h / g.group), self.s[h * n + i]);
+                let (a, w) = (at(j0 + i, h / group), self.s[h * n + i]);
                 for (o, v) in self.o[h * hd..(h + 1) * hd].iter_mut().zip(&vs[a..a + hd]) {
                     *o += w * v;
                 }
@@ -291,21 +267,21 @@ impl Scratch {
 
 /// f(i, kv, rows) for each whole quad of positions j0 + i .. j0 + i + 4 (i < n) and each
 /// kv head, `rows` being that kv head's four rows of `cache` (rows start at `base`, one
-/// position `g.row` floats on); the rows 16 positions on are asked for meanwhile. Returns
+/// position `g.row()` floats on); the rows 16 positions on are asked for meanwhile. Returns
 /// the first i not in a whole quad.
 #[inline(always)]
 fn quads<'a>(
-    g: &Geometry,
+    g: &Call,
     cache: &'a [f32],
     base: usize,
     j0: usize,
     n: usize,
     mut f: impl FnMut(usize, usize, [&'a [f32]; 4]),
 ) -> usize {
-    let at = |j: usize, kv: usize| base + j * g.row + kv * g.hd;
+    let at = |j: usize, kv: usize| base + j * g.row() + kv * g.hd;
     let mut i = 0;
     while i + 4 <= n {
-        prefetch_rows(cache, at(j0 + i + AHEAD, 0), 4 * g.row);
+        prefetch_rows(cache, at(j0 + i + AHEAD, 0), 4 * g.row());
         for kv in 0..g.kvh {
             let a = [0, 1, 2, 3].map(|d| at(j0 + i + d, kv));
             f(i, kv, a.map(|a| &cache[a..a + g.hd]));
@@ -336,12 +312,6 @@ fn prefetch_rows(x: &[f32], at: usize, len: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (x, at, len);
-}
-
-/// One query against four key rows.
-#[inline(always)]
-fn dots4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
-    simd::dots4(q, k)
 }
 
 /// A dot product in one serial chain of fused multiply-adds (a span's last few

@@ -72,7 +72,8 @@ fn mmw_rows_env() -> u32 {
 }
 
 /// Which prefill products `MOE_GPU_MMB` sends to the bf16 tiles: none (`0`), all
-/// (unset, `stream`, `1`), or (`wide`, `stream-wide`) those with at least a whole tile's columns (MMA_BN, 64) an expert:
+/// (unset, `stream`, `1`), or (`wide`, `stream-wide`) those with at least a whole
+/// tile's columns (MMA_BN, 64) an expert:
 /// the dense products and the output projection's groups of a long chunk, not the routed
 /// experts' few tokens each (the bf16 decode of a staged weight is paid once a tile).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

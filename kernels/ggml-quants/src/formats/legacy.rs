@@ -236,10 +236,11 @@ impl DotUnit for Q5_1 {
     type U = Unpacked32;
     #[inline(always)]
     fn unpack<O: Ops>(b: &[u8]) -> Unpacked32 {
+        let [d, m] = O::f16x2(b[0..4].try_into().unwrap());
         Unpacked32 {
             q: with_high_bits(&b[8..24], &b[4..8]),
-            d: f16_at::<O>(b, 0),
-            m: f16_at::<O>(b, 2),
+            d,
+            m,
         }
     }
     #[inline(always)]
