@@ -3,8 +3,9 @@
 # hang in one still returns the others): the parity cases of the bf16 tiles and their
 # streamed form (`gpu_kernels --quick`, then again with MOE_GPU_MMW_LDSM=1), the
 # microbenchmark's prefill rows (int8 / bf16 / streamed bf16), then `ds4_ab.sh` of the
-# 43-layer model at DEPTHS (0,32768) for the defaults against MOE_GPU_MMB=stream (as is,
-# with 32 rows a warp, with the ldmatrix option). Prints each step's table; full logs in $OUT.
+# 43-layer model at DEPTHS (0,32768) for each of SETTINGS (default: the defaults, the
+# int8 tiles, the streamed ones at 32 rows a warp and with the ldmatrix option). Prints
+# each step's table; full logs in $OUT.
 # STEPS picks steps (default "quick ldsm bench": one 10-minute device call; then
 # STEPS=ab in another).
 #
@@ -48,8 +49,7 @@ if want ab; then
     # One ds4_ab.sh run a setting (each builds the model again), so a setting that fails
     # leaves the others' rows: the first run of never-run code may well fail.
     n=0
-    for setting in base MOE_GPU_MMB=stream MOE_GPU_MMB=stream,MOE_GPU_MMW_ROWS=32 \
-        MOE_GPU_MMB=stream,MOE_GPU_MMW_LDSM=1; do
+    for setting in ${SETTINGS:-base MOE_GPU_MMB=0 MOE_GPU_MMW_ROWS=32 MOE_GPU_MMW_LDSM=1}; do
         n=$((n + 1))
         step "ds4_ab $setting"
         OUT=$OUT/ab$n DEPTHS=${DEPTHS:-0,32768} timeout 140 bash scripts/device/ds4_ab.sh "$setting" \

@@ -191,13 +191,20 @@ pub fn pdl_enabled(cc: (i32, i32)) -> bool {
 
 /// `MOE_GPU_PDL_EARLY=1`: kernels let their successor launch when they start; `=small`:
 /// only kernels of small grids do (see gpu_grid_wait in kernels/gpu/common.cuh; A/B
-/// runs). The compiler define to add, if set.
+/// runs); `=graph`: as `small`, with dependent launch only for launches a graph records
+/// (a decode step), none outside (prefill). The compiler define to add, if set.
 fn pdl_early() -> Option<&'static str> {
     match std::env::var("MOE_GPU_PDL_EARLY").as_deref() {
         Ok("1") => Some("-DGPU_PDL_EARLY=1"),
-        Ok("small") => Some("-DGPU_PDL_EARLY_SMALL=1"),
+        Ok("small" | "graph") => Some("-DGPU_PDL_EARLY_SMALL=1"),
         _ => None,
     }
+}
+
+/// `MOE_GPU_PDL_EARLY=graph` (see [`pdl_early`]); read once.
+fn pdl_graph_only() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MOE_GPU_PDL_EARLY").is_some_and(|v| v == "graph"))
 }
 
 /// Compile-time kernel switches for A/B runs, each the same sums as the default:
@@ -342,13 +349,15 @@ impl Module {
         let mut counters = self.counters;
         let mut all: Vec<*mut c_void> = params.to_vec();
         all.push(&mut counters as *mut u64 as *mut c_void);
-        let timed = profiling()
-            && matches!(
+        let uncaptured = || {
+            matches!(
                 cu::stream::is_capturing(stream),
                 Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-            );
+            )
+        };
+        let timed = profiling() && uncaptured();
         let start = if timed { record(stream) } else { None };
-        if self.pdl {
+        if self.pdl && !(pdl_graph_only() && uncaptured()) {
             let mut attr = sys::CUlaunchAttribute {
                 id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
                 pad: [0; 4],
