@@ -2863,15 +2863,25 @@ GPU_DEV constexpr int mmw_stage_bytes() {
 
 // A tile's columns (tile_dense_cols / tile_pair_cols fill them) and the decode table:
 // 107: the prmt selector of a nibble's two codes (16 entries); ROCmFP4: mmb_lut's 256.
+// MMW_E4_LUT (a compile option, for A/B runs): lut[256 + b] also holds ue4m3(b)'s bits,
+// which the blocks' tables then look up instead of converting (the same values).
+#if defined(MMW_E4_LUT)
+#define MMW_LUT_WORDS 512
+#else
+#define MMW_LUT_WORDS 256
+#endif
 struct mmw_cols {
     int acol[MMA_BN], ocol[MMA_BN];
-    unsigned int lut[256];
+    unsigned int lut[MMW_LUT_WORDS];
 };
 
 template <int TY>
 GPU_DEV void mmw_lut_fill(mmw_cols& sm) {
     for (unsigned int i = threadIdx.x; i < (TY == MT_107 ? 16u : 256u); i += blockDim.x)
         sm.lut[i] = TY == MT_107 ? 0x1010u + 34u * (i & 3u) + 8704u * (i >> 2) : mmb_lut<DT_ROCMFP4>(i);
+#if defined(MMW_E4_LUT)
+    for (unsigned int i = threadIdx.x; i < 256u; i += blockDim.x) sm.lut[256 + i] = __float_as_uint(ue4m3(i));
+#endif
 }
 
 #if defined(RF_MMA_PTX)
@@ -2885,6 +2895,16 @@ GPU_DEV void mmw_copy(void* dst, const void* src, bool on) {
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(gpu_smem_addr(dst)),
                      "l"(src), "r"(on ? 8 : 0)
+                     : "memory");
+}
+// The same copy to a shared-memory address already converted (gpu_smem_addr).
+template <int BYTES>
+GPU_DEV void mmw_copy_s(unsigned int dst, const void* src, bool on) {
+    if (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(on ? 16 : 0)
+                     : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(on ? 8 : 0)
                      : "memory");
 }
 GPU_DEV void mmw_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -2928,10 +2948,15 @@ struct mmw_tab {
     unsigned int t0[2], t1[2];
 };
 template <int TY, int BLK>
-GPU_DEV mmw_tab mmw_tables(const unsigned char* row, int affine) {
+GPU_DEV mmw_tab mmw_tables(const unsigned char* row, int affine, const unsigned int* lut) {
     constexpr int BB = mma_block_bytes<TY>();
     const unsigned int sc = gpu_load_u16(row + BLK * BB + (TY == MT_107 ? 8 : 16));
+#if defined(MMW_E4_LUT)
+    const float e0 = __uint_as_float(lut[256 + (sc & 0xffu)]), e1 = __uint_as_float(lut[256 + (sc >> 8)]);
+#else
+    (void)lut;
     const float e0 = ue4m3(sc), e1 = ue4m3(sc >> 8);
+#endif
     mmw_tab tb;
     if (TY == MT_107) {
         // (mmb_decode: half h's scale e and offset o; affine: S and O for both halves,
@@ -2985,7 +3010,7 @@ GPU_DEV void mmw_block(const unsigned char* rows, const unsigned int* as_, int l
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) tab[mt][r] = mmw_tables<TY, BLK>(rows + (16 * mt + 8 * r + g) * WRB, affine);
+        for (int r = 0; r < 2; ++r) tab[mt][r] = mmw_tables<TY, BLK>(rows + (16 * mt + 8 * r + g) * WRB, affine, lut);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int ks = 2 * BLK + h;  // the k16 step within the stage
@@ -3044,6 +3069,40 @@ static __device__ __attribute__((noinline)) void mmw_tile(unsigned char* smem, c
     for (int i = 0; i < NE; ++i) acc[i] = 0.0f;
     // Stage s's copies into buffer s % MMW_STAGES: 8-byte pieces of the rows' raw
     // blocks (zeros past m: zero scales, zero values), 16-byte pieces of the columns.
+#if defined(MMW_FAST_ISSUE)
+    // Each thread's pieces are fixed for the tile, so their addresses are worked out
+    // once here and a stage adds its offsets: TPR threads a row (lane pairs take a row's
+    // neighbouring pieces), pieces k, k + TPR, ... of it; the activation pieces as the
+    // loop below, each column's word offset kept (-1: zeros). The same bytes land in
+    // the same places; only the address arithmetic differs.
+    constexpr int TPR = NTH / MMW_BM, WCP = (G + TPR - 1) / TPR, ACP = BN * 16 / NTH;
+    static_assert(NTH % MMW_BM == 0 && (BN * 16) % NTH == 0, "mmw_tile: copy layout");
+    const unsigned int s0 = gpu_smem_addr(smem);
+    const int wrow = t / TPR, wk = t % TPR;
+    const bool won = r0 + wrow < m;
+    const unsigned char* wsrc = w + (won ? (long long)(r0 + wrow) * row_bytes + 8 * wk : 0);
+    const unsigned int wdst = wrow * WRB + 8 * wk;
+    long long aoff[ACP];
+#pragma unroll
+    for (int j = 0; j < ACP; ++j) {
+        const int gc = acol[(t >> 4) + j * (NTH >> 4)];
+        aoff[j] = gc >= 0 ? gc * kw + 4 * (t & 15) : -1;
+    }
+    const unsigned int adst = AOFF + 4 * ((t >> 4) * MMW_ALD + 4 * (t & 15));
+    auto issue = [&](int s) {
+        const unsigned int st = s0 + (s % MMW_STAGES) * SB;
+#pragma unroll
+        for (int j = 0; j < WCP; ++j) {
+            if (wk + TPR * j < G)
+                mmw_copy_s<8>(st + wdst + 8 * TPR * j, won ? wsrc + (long long)s * WRB + 8 * TPR * j : w, won);
+        }
+#pragma unroll
+        for (int j = 0; j < ACP; ++j) {
+            const bool on = aoff[j] >= 0;
+            mmw_copy_s<16>(st + adst + j * (NTH >> 4) * MMW_ALD * 4, on ? xb + aoff[j] + 64 * s : xb, on);
+        }
+    };
+#else
     auto issue = [&](int s) {
         unsigned char* st = smem + (s % MMW_STAGES) * SB;
         const long long off = (long long)s * WRB;  // (a stage is 4 whole blocks of a row)
@@ -3059,6 +3118,7 @@ static __device__ __attribute__((noinline)) void mmw_tile(unsigned char* smem, c
                          on ? xb + gc * kw + 64 * s + 4 * part : xb, on);
         }
     };
+#endif
 #pragma unroll
     for (int s = 0; s < MMW_STAGES - 1; ++s) {
         if (s < stages) issue(s);

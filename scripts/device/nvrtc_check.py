@@ -5,7 +5,7 @@ of the kernels matching a pattern. NVRTC and ptxas come from NVIDIA's PyPI wheel
 (nvidia-cuda-nvrtc-cu12, and nvidia-cuda-nvcc-cu12 as scripts/device/cuda_local.sh
 unpacks it into .dev/cuda), fetched once into .dev/cuda (git-ignored).
 
-  python3 scripts/device/nvrtc_check.py [--arch sm_90] [-D NAME=VALUE ...] [PATTERN]
+  python3 scripts/device/nvrtc_check.py [--arch sm_90] [-D NAME=VALUE ...] [--cubin F] [PATTERN]
 
 Exit status 1 if NVRTC rejects the source. The device machine's NVRTC (CUDA 13) stays
 the reference: this catches front-end errors and register growth before a device call.
@@ -59,6 +59,7 @@ def main():
     ap.add_argument("-D", action="append", default=[], help="extra define (an A/B option)")
     ap.add_argument("--skip-offline", action="store_true",
                     help="exit 0 with a SKIPPED line when PyPI cannot be reached (CI)")
+    ap.add_argument("--cubin", help="also keep ptxas's cubin here (for cuobjdump -sass)")
     ap.add_argument("pattern", nargs="?", default=".")
     a = ap.parse_args()
     lib = nvrtc_lib(a.skip_offline)
@@ -91,7 +92,8 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "k.ptx")
         open(p, "wb").write(ptx.value)
-        out = subprocess.run([ptxas, f"-arch={a.arch}", "-v", p, "-o", os.path.join(d, "k.cubin")],
+        cubin = a.cubin or os.path.join(d, "k.cubin")
+        out = subprocess.run([ptxas, f"-arch={a.arch}", "-v", p, "-o", cubin],
                              capture_output=True, text=True)
     if out.returncode != 0:
         print(out.stderr)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The prefill tile kinds in two device calls (each step under its own time limit, so a
 # hang in one still returns the others): the parity cases of the bf16 tiles and their
-# streamed form (`gpu_kernels --quick`, then again with MOE_GPU_MMW_LDSM=1), the
-# microbenchmark's prefill rows (int8 / bf16 / streamed bf16), then `ds4_ab.sh` of the
-# 43-layer model at DEPTHS (0,32768) for each of SETTINGS (default: the defaults, the
-# int8 tiles, the streamed ones at 32 rows a warp and with the ldmatrix option). Prints
-# each step's table; full logs in $OUT.
-# STEPS picks steps (default "quick ldsm bench": one 10-minute device call; then
-# STEPS=ab in another).
+# streamed form (`gpu_kernels --quick`, then again with VARIANT: VAR=VALUE[,VAR=VALUE...],
+# default MOE_GPU_MMW_ISSUE=fast,MOE_GPU_MMW_E4=lut), the microbenchmark's prefill rows
+# (int8 / bf16 / streamed bf16; again with VARIANT), then `ds4_ab.sh` of the 43-layer
+# model at DEPTHS (0,32768) for each of SETTINGS (default: the defaults, the copy-address
+# option alone and VARIANT, twice). Prints each step's table; full logs in $OUT.
+# STEPS picks steps (default "quick variant bench bench-variant": one 10-minute device
+# call; then STEPS=ab in another).
 #
 # Here (has Rust):  bash scripts/device/carry_ds4.sh && bash scripts/device/gpu_kernels.sh --prepare
 # There:            bash scripts/device/prefill_tiles.sh     # carry .dev/ds4 and .dev/gpu
@@ -17,7 +17,7 @@ OUT=${OUT:-/tmp/prefill-tiles}
 mkdir -p "$OUT"
 export MOE_KERNEL_CACHE=${MOE_KERNEL_CACHE:-/tmp/moe-kernel-cache}
 t0=$(date +%s)
-STEPS=${STEPS:-quick ldsm bench}
+STEPS=${STEPS:-quick variant bench bench-variant}
 step() { echo "== $1 ($(($(date +%s) - t0)) s in)"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -29,14 +29,17 @@ if want quick; then
     sed -n '/streamed bf16 tiles/,/^$/p' "$OUT/gk_quick.log"
     grep -E "FAIL|^parity:" "$OUT/gk_quick.log" | tail -12
 fi
-if want ldsm; then
-    step "gpu_kernels --quick, MOE_GPU_MMW_LDSM=1"
-    mkdir -p "$OUT/ldsm"
-    MOE_GPU_MMW_LDSM=1 OUT=$OUT/ldsm timeout 150 bash scripts/device/gpu_kernels.sh --quick \
-        > "$OUT/gk_quick_ldsm.log" 2>&1
+VARIANT=${VARIANT:-MOE_GPU_MMW_ISSUE=fast,MOE_GPU_MMW_E4=lut}
+IFS=, read -r -a VENV <<< "$VARIANT"
+if want variant; then
+    step "gpu_kernels --quick, $VARIANT"
+    mkdir -p "$OUT/variant"
+    env "${VENV[@]}" OUT="$OUT/variant" timeout 150 bash scripts/device/gpu_kernels.sh --quick \
+        > "$OUT/gk_quick_variant.log" 2>&1
     echo "rc=$?"
-    sed -n '/streamed bf16 tiles/,/^$/p' "$OUT/gk_quick_ldsm.log"
-    grep -E "FAIL|^parity:" "$OUT/gk_quick_ldsm.log" | tail -12
+    grep -E "^mmw_" "$OUT/gk_quick_variant.log"
+    sed -n '/streamed bf16 tiles/,/^$/p' "$OUT/gk_quick_variant.log"
+    grep -E "FAIL|^parity:" "$OUT/gk_quick_variant.log" | tail -12
 fi
 if want bench; then
     step "gpu_kernels microbenchmark"
@@ -45,11 +48,19 @@ if want bench; then
     echo "rc=$?"
     grep -E "^(device-to-device|kernel |mmq_|mmb_|mmw_|grouped)" "$OUT/gk_bench.log"
 fi
+if want bench-variant; then
+    step "gpu_kernels microbenchmark, $VARIANT"
+    mkdir -p "$OUT/bench_variant"
+    env "${VENV[@]}" OUT="$OUT/bench_variant" timeout 240 bash scripts/device/gpu_kernels.sh --bench \
+        > "$OUT/gk_bench_variant.log" 2>&1
+    echo "rc=$?"
+    grep -E "^(mmw_|mmb_)" "$OUT/gk_bench_variant.log"
+fi
 if want ab; then
     # One ds4_ab.sh run a setting (each builds the model again), so a setting that fails
     # leaves the others' rows: the first run of never-run code may well fail.
     n=0
-    for setting in ${SETTINGS:-base MOE_GPU_MMB=0 MOE_GPU_MMW_ROWS=32 MOE_GPU_MMW_LDSM=1}; do
+    for setting in ${SETTINGS:-base MOE_GPU_MMW_ISSUE=fast $VARIANT base MOE_GPU_MMW_ISSUE=fast $VARIANT}; do
         n=$((n + 1))
         step "ds4_ab $setting"
         OUT=$OUT/ab$n DEPTHS=${DEPTHS:-0,32768} timeout 140 bash scripts/device/ds4_ab.sh "$setting" \

@@ -224,7 +224,10 @@ fn pdl_graph_only() -> bool {
 /// `MOE_GPU_FP4_CHUNKS=8` has that path ask for a block's rows in 8 chunks instead of 4
 /// and `MOE_GPU_FP4_INFLIGHT=N` (1 - 6) keep only N of them in flight (the same values;
 /// see fp4_runs_q8_bulk); `MOE_GPU_MMW_LDSM=1` has the streamed bf16 tiles load their
-/// activation fragments by ldmatrix (the same words).
+/// activation fragments by ldmatrix (the same words); `MOE_GPU_MMW_ISSUE=fast` has them
+/// work out each thread's copy addresses once a tile instead of once a stage (the same
+/// bytes in the same places); `MOE_GPU_MMW_E4=lut` has them look up the blocks' scale
+/// bytes in a shared-memory table instead of converting them (the same values).
 fn ab_defines() -> Vec<String> {
     let set = |var: &str, val: &str| std::env::var_os(var).is_some_and(|v| v == val);
     let mut d = Vec::new();
@@ -245,6 +248,12 @@ fn ab_defines() -> Vec<String> {
     }
     if set("MOE_GPU_MMW_LDSM", "1") {
         d.push("-DMMW_LDSM=1");
+    }
+    if set("MOE_GPU_MMW_ISSUE", "fast") {
+        d.push("-DMMW_FAST_ISSUE=1");
+    }
+    if set("MOE_GPU_MMW_E4", "lut") {
+        d.push("-DMMW_E4_LUT=1");
     }
     match std::env::var("MOE_GPU_STREAM_HINT").as_deref() {
         Ok("0") => d.push("-DGPU_NO_STREAM_HINT=1"),
