@@ -3052,8 +3052,9 @@ GPU_DEV void mmw_block(const unsigned char* rows, const unsigned int* as_, int l
 // launch's dynamic shared memory (MMW_STAGES stages). Warp w takes rows 16 MT w ..
 // 16 MT (w + 1) - 1: 256 threads of one m-tile each (MT = 1) or 128 of two (MT = 2:
 // each B fragment feeds two products, half the activations' shared-memory reads a
-// product; the host's MOE_GPU_MMW_ROWS=32).
-template <int TY, int BN, int MT>
+// product; the host's MOE_GPU_MMW_ROWS=32). AFF: `affine` as the launch gives it (-1),
+// or known to be 0 / 1 when compiled (mmw_tile_aff).
+template <int TY, int BN, int MT, int AFF = -1>
 static __device__ __attribute__((noinline)) void mmw_tile(unsigned char* smem, const int* acol, const int* ocol,
                       const unsigned int* lut, const unsigned char* __restrict__ w,
                       long long row_bytes, int nb, int m, int r0,
@@ -3132,10 +3133,11 @@ static __device__ __attribute__((noinline)) void mmw_tile(unsigned char* smem, c
         const unsigned char* st = smem + (s % MMW_STAGES) * SB;
         const unsigned char* rows = st + wr * WRB;
         const unsigned int* as_ = (const unsigned int*)(st + AOFF);
-        mmw_block<TY, MT, NT, 0>(rows, as_, lane, affine, lut, acc);
-        mmw_block<TY, MT, NT, 1>(rows, as_, lane, affine, lut, acc);
-        mmw_block<TY, MT, NT, 2>(rows, as_, lane, affine, lut, acc);
-        mmw_block<TY, MT, NT, 3>(rows, as_, lane, affine, lut, acc);
+        const int aff = AFF < 0 ? affine : AFF;
+        mmw_block<TY, MT, NT, 0>(rows, as_, lane, aff, lut, acc);
+        mmw_block<TY, MT, NT, 1>(rows, as_, lane, aff, lut, acc);
+        mmw_block<TY, MT, NT, 2>(rows, as_, lane, aff, lut, acc);
+        mmw_block<TY, MT, NT, 3>(rows, as_, lane, aff, lut, acc);
     }
     mmw_wait<0>();  // (only empty groups are left; none outlives the tile)
 #pragma unroll
@@ -3152,6 +3154,28 @@ GPU_DEV unsigned int mmw_dyn_bytes() {
     return n;
 }
 
+// mmw_tile with the weights' kind compiled in where MMW_AFF_T (a compile option, for
+// A/B runs) asks: a type-107 tile of affine blocks (the routed experts' kind) or of
+// two-scale ones then builds only the tables it uses (the same values), at the price of
+// a second copy of the 107 tiles' code.
+template <int TY, int BN, int MT>
+GPU_DEV void mmw_tile_aff(unsigned char* smem, const int* acol, const int* ocol, const unsigned int* lut,
+                          const unsigned char* __restrict__ w, long long row_bytes, int nb, int m,
+                          int r0, const unsigned int* __restrict__ xb, float* __restrict__ out,
+                          int affine) {
+#if defined(MMW_AFF_T)
+    if constexpr (TY == MT_107) {
+        if (affine) {
+            mmw_tile<TY, BN, MT, 1>(smem, acol, ocol, lut, w, row_bytes, nb, m, r0, xb, out, 1);
+            return;
+        }
+    }
+    mmw_tile<TY, BN, MT, 0>(smem, acol, ocol, lut, w, row_bytes, nb, m, r0, xb, out, 0);
+#else
+    mmw_tile<TY, BN, MT>(smem, acol, ocol, lut, w, row_bytes, nb, m, r0, xb, out, affine);
+#endif
+}
+
 // Columns c0 .. min(c0 + 64, end) of a tile list (acol / ocol from c0): one wide tile
 // where there are more than 16 and the launch has room for its stages, else narrow
 // tiles of 16 (each weight decoded again for each: the same sums).
@@ -3161,12 +3185,12 @@ GPU_DEV void mmw_cols_tiles(unsigned char* smem, const mmw_cols& sm, int ncols,
                             int m, int r0, const unsigned int* __restrict__ xb,
                             float* __restrict__ out, int affine) {
     if (ncols > 16 && mmw_dyn_bytes() >= (unsigned int)(MMW_STAGES * mmw_stage_bytes<TY, MMA_BN>())) {
-        mmw_tile<TY, MMA_BN, MT>(smem, sm.acol, sm.ocol, sm.lut, w, row_bytes, nb, m, r0, xb, out, affine);
+        mmw_tile_aff<TY, MMA_BN, MT>(smem, sm.acol, sm.ocol, sm.lut, w, row_bytes, nb, m, r0, xb, out, affine);
         return;
     }
     for (int j = 0; j < ncols && j < MMA_BN; j += 16) {
         __syncthreads();  // the last tile's buffers are read
-        mmw_tile<TY, 16, MT>(smem, sm.acol + j, sm.ocol + j, sm.lut, w, row_bytes, nb, m, r0, xb, out, affine);
+        mmw_tile_aff<TY, 16, MT>(smem, sm.acol + j, sm.ocol + j, sm.lut, w, row_bytes, nb, m, r0, xb, out, affine);
     }
 }
 

@@ -2,7 +2,8 @@
 # The prefill tile kinds in two device calls (each step under its own time limit, so a
 # hang in one still returns the others): the parity cases of the bf16 tiles and their
 # streamed form (`gpu_kernels --quick`, then again with VARIANT: VAR=VALUE[,VAR=VALUE...],
-# default MOE_GPU_MMW_ISSUE=fast,MOE_GPU_MMW_E4=lut), the microbenchmark's prefill rows
+# default MOE_GPU_MMW_ISSUE=fast,MOE_GPU_MMW_E4=lut,MOE_GPU_MMW_AFF=template), the
+# microbenchmark's prefill rows
 # (int8 / bf16 / streamed bf16; again with VARIANT), then `ds4_ab.sh` of the 43-layer
 # model at DEPTHS (0,32768) for each of SETTINGS (default: the defaults, the copy-address
 # option alone and VARIANT, twice). Prints each step's table; full logs in $OUT.
@@ -29,7 +30,7 @@ if want quick; then
     sed -n '/streamed bf16 tiles/,/^$/p' "$OUT/gk_quick.log"
     grep -E "FAIL|^parity:" "$OUT/gk_quick.log" | tail -12
 fi
-VARIANT=${VARIANT:-MOE_GPU_MMW_ISSUE=fast,MOE_GPU_MMW_E4=lut}
+VARIANT=${VARIANT:-MOE_GPU_MMW_ISSUE=fast,MOE_GPU_MMW_E4=lut,MOE_GPU_MMW_AFF=template}
 IFS=, read -r -a VENV <<< "$VARIANT"
 if want variant; then
     step "gpu_kernels --quick, $VARIANT"

@@ -227,34 +227,27 @@ fn pdl_graph_only() -> bool {
 /// activation fragments by ldmatrix (the same words); `MOE_GPU_MMW_ISSUE=fast` has them
 /// work out each thread's copy addresses once a tile instead of once a stage (the same
 /// bytes in the same places); `MOE_GPU_MMW_E4=lut` has them look up the blocks' scale
-/// bytes in a shared-memory table instead of converting them (the same values).
+/// bytes in a shared-memory table instead of converting them (the same values);
+/// `MOE_GPU_MMW_AFF=template` compiles their type-107 tiles once for affine blocks and
+/// once for two-scale ones (the same values, only the tables each uses).
 fn ab_defines() -> Vec<String> {
-    let set = |var: &str, val: &str| std::env::var_os(var).is_some_and(|v| v == val);
-    let mut d = Vec::new();
-    if set("MOE_GPU_PLAIN_I2F", "1") {
-        d.push("-DGPU_PLAIN_I2F=1");
-    }
-    if set("MOE_GPU_MMQ_NARROW", "0") {
-        d.push("-DMMQ_NARROW_OFF=1");
-    }
-    if set("MOE_GPU_BARRIER_FENCES", "1") {
-        d.push("-DGPU_BARRIER_FENCES=1");
-    }
-    if set("MOE_GPU_FP4_STAGE", "serial") {
-        d.push("-DFP4_STAGE_SERIAL=1");
-    }
-    if set("MOE_GPU_FP4_CHUNKS", "8") {
-        d.push("-DFP4_BULK_CHUNKS=8");
-    }
-    if set("MOE_GPU_MMW_LDSM", "1") {
-        d.push("-DMMW_LDSM=1");
-    }
-    if set("MOE_GPU_MMW_ISSUE", "fast") {
-        d.push("-DMMW_FAST_ISSUE=1");
-    }
-    if set("MOE_GPU_MMW_E4", "lut") {
-        d.push("-DMMW_E4_LUT=1");
-    }
+    // (variable, the value that switches it on, the define)
+    const SWITCHES: [(&str, &str, &str); 9] = [
+        ("MOE_GPU_PLAIN_I2F", "1", "-DGPU_PLAIN_I2F=1"),
+        ("MOE_GPU_MMQ_NARROW", "0", "-DMMQ_NARROW_OFF=1"),
+        ("MOE_GPU_BARRIER_FENCES", "1", "-DGPU_BARRIER_FENCES=1"),
+        ("MOE_GPU_FP4_STAGE", "serial", "-DFP4_STAGE_SERIAL=1"),
+        ("MOE_GPU_FP4_CHUNKS", "8", "-DFP4_BULK_CHUNKS=8"),
+        ("MOE_GPU_MMW_LDSM", "1", "-DMMW_LDSM=1"),
+        ("MOE_GPU_MMW_ISSUE", "fast", "-DMMW_FAST_ISSUE=1"),
+        ("MOE_GPU_MMW_E4", "lut", "-DMMW_E4_LUT=1"),
+        ("MOE_GPU_MMW_AFF", "template", "-DMMW_AFF_T=1"),
+    ];
+    let mut d: Vec<&str> = SWITCHES
+        .iter()
+        .filter(|(var, val, _)| std::env::var_os(var).is_some_and(|v| v == *val))
+        .map(|&(_, _, define)| define)
+        .collect();
     match std::env::var("MOE_GPU_STREAM_HINT").as_deref() {
         Ok("0") => d.push("-DGPU_NO_STREAM_HINT=1"),
         Ok("runs") => d.push("-DRUNS_NO_STREAM_HINT=1"),
