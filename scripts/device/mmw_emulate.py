@@ -4,7 +4,8 @@ CPU, for working on them without a device: the stages filled as the cp.async pie
 fill them, each lane's A and B fragment words read as the kernel reads them (the scalar
 loads and MMW_LDSM's ldmatrix), the mma.sync m16n8k16 fragment layout, the epilogue's
 mapping, for both warp layouts and tile widths, against a direct product of the same
-bf16 values (float64). It mirrors the kernel by reading, so a change to one needs the
+bf16 values (float64); and MMW_FAST_ISSUE's per-thread copy addresses against the
+stage loop's (the same pieces to the same places). It mirrors the kernel by reading, so a change to one needs the
 same change here; it checks the design's indexing, not the compiled code (the device's
 `gpu_kernels` does that). Prints the relative error (0 expected) and unwritten outputs.
 
@@ -173,3 +174,40 @@ for TY, aff in ((107, 1), (107, 0), (100, 0)):
     for BN, MT, ldsm in ((16, 1, False), (16, 2, True), (64, 1, True), (64, 2, False)):
         e, nans = run(TY, aff, BN, MT, ldsm, n=BN - 3 if BN == 16 else 40)
         print(TY, 'affine' if aff else '', 'BN', BN, 'MT', MT, 'ldsm' if ldsm else '', 'rel err %.2e' % e, 'unwritten', nans)
+
+def copies(TY, BN, MT, s, r0, m, acol, fast):
+    """Stage s's cp.async pieces as (dst offset in the stage, source, bytes, zero-fill):
+    the stage loop's (i = t, t + NTH, ...) or MMW_FAST_ISSUE's per-thread layout."""
+    BB = 10 if TY == 107 else 18
+    WRB = 4 * BB; G = WRB // 8; NTH = 256 // MT; AOFF = BM * WRB; row_bytes = 4096
+    out = []
+    for t in range(NTH):
+        if not fast:
+            for i in range(t, BM * G, NTH):
+                row, part = divmod(i, G); on = r0 + row < m
+                out.append((row * WRB + 8 * part, ('w', (r0 + row) * row_bytes + s * WRB + 8 * part if on else 0), 8, not on))
+            for i in range(t, BN * 16, NTH):
+                col, part = i >> 4, i & 15; gc = acol[col]
+                out.append((AOFF + 4 * (col * ALD + 4 * part), ('x', gc * 4096 + 64 * s + 4 * part if gc >= 0 else 0), 16, gc < 0))
+            continue
+        TPR = NTH // BM; WCP = -(-G // TPR); ACP = BN * 16 // NTH
+        wrow, wk = t // TPR, t % TPR; won = r0 + wrow < m
+        wsrc = (r0 + wrow) * row_bytes + 8 * wk if won else 0; wdst = wrow * WRB + 8 * wk
+        for j in range(WCP):
+            if wk + TPR * j < G:
+                out.append((wdst + 8 * TPR * j, ('w', wsrc + s * WRB + 8 * TPR * j if won else 0), 8, not won))
+        adst = AOFF + 4 * ((t >> 4) * ALD + 4 * (t & 15))
+        for j in range(ACP):
+            gc = acol[(t >> 4) + j * (NTH >> 4)]
+            aoff = gc * 4096 + 4 * (t & 15) if gc >= 0 else -1
+            out.append((adst + j * (NTH >> 4) * ALD * 4, ('x', aoff + 64 * s if aoff >= 0 else 0), 16, aoff < 0))
+    return sorted(out)
+
+bad = 0
+for TY in (107, 100):
+    for BN, MT in ((16, 1), (16, 2), (64, 1), (64, 2)):
+        acol = [c if c % 5 else -1 for c in range(BN)]
+        for s, r0, m in ((0, 0, 300), (3, 128, 200), (7, 256, 300)):
+            a, b = copies(TY, BN, MT, s, r0, m, acol, False), copies(TY, BN, MT, s, r0, m, acol, True)
+            bad += a != b
+print('MMW_FAST_ISSUE copies: the same pieces as the stage loop' if not bad else f'MMW_FAST_ISSUE copies: {bad} cases differ')
