@@ -2885,19 +2885,8 @@ GPU_DEV void mmw_lut_fill(mmw_cols& sm) {
 }
 
 #if defined(RF_MMA_PTX)
-// cp.async of BYTES (8 or 16) from src to shared dst; with on = false zeros (src unread).
-template <int BYTES>
-GPU_DEV void mmw_copy(void* dst, const void* src, bool on) {
-    if (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(gpu_smem_addr(dst)),
-                     "l"(src), "r"(on ? 16 : 0)
-                     : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(gpu_smem_addr(dst)),
-                     "l"(src), "r"(on ? 8 : 0)
-                     : "memory");
-}
-// The same copy to a shared-memory address already converted (gpu_smem_addr).
+// cp.async of BYTES (8 or 16) from src to the shared-memory address dst (gpu_smem_addr);
+// with on = false zeros (src unread). mmw_copy: to a generic pointer into shared memory.
 template <int BYTES>
 GPU_DEV void mmw_copy_s(unsigned int dst, const void* src, bool on) {
     if (BYTES == 16)
@@ -2906,6 +2895,10 @@ GPU_DEV void mmw_copy_s(unsigned int dst, const void* src, bool on) {
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(on ? 8 : 0)
                      : "memory");
+}
+template <int BYTES>
+GPU_DEV void mmw_copy(void* dst, const void* src, bool on) {
+    mmw_copy_s<BYTES>(gpu_smem_addr(dst), src, on);
 }
 GPU_DEV void mmw_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>

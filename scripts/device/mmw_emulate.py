@@ -5,9 +5,10 @@ fill them, each lane's A and B fragment words read as the kernel reads them (the
 loads and MMW_LDSM's ldmatrix), the mma.sync m16n8k16 fragment layout, the epilogue's
 mapping, for both warp layouts and tile widths, against a direct product of the same
 bf16 values (float64); and MMW_FAST_ISSUE's per-thread copy addresses against the
-stage loop's (the same pieces to the same places). It mirrors the kernel by reading, so a change to one needs the
-same change here; it checks the design's indexing, not the compiled code (the device's
-`gpu_kernels` does that). Prints the relative error (0 expected) and unwritten outputs.
+stage loop's (the same pieces to the same places). It mirrors the kernel by reading, so
+a change to one needs the same change here; it checks the design's indexing, not the
+compiled code (the device's `gpu_kernels` does that). Prints the relative error (0
+expected) and unwritten outputs.
 
   python3 scripts/device/mmw_emulate.py
 """

@@ -3,10 +3,10 @@
 # hang in one still returns the others): the parity cases of the bf16 tiles and their
 # streamed form (`gpu_kernels --quick`, then again with VARIANT: VAR=VALUE[,VAR=VALUE...],
 # default MOE_GPU_MMW_ISSUE=fast,MOE_GPU_MMW_E4=lut,MOE_GPU_MMW_AFF=template), the
-# microbenchmark's prefill rows
-# (int8 / bf16 / streamed bf16; again with VARIANT), then `ds4_ab.sh` of the 43-layer
-# model at DEPTHS (0,32768) for each of SETTINGS (default: the defaults, the copy-address
-# option alone and VARIANT, twice). Prints each step's table; full logs in $OUT.
+# microbenchmark's prefill rows (int8 / bf16 / streamed bf16; again with VARIANT), then
+# `ds4_ab.sh` of the 43-layer model at DEPTHS (0,32768) for each of SETTINGS (default:
+# the defaults, the copy-address option alone and VARIANT, twice). Prints each step's
+# table; full logs in $OUT.
 # STEPS picks steps (default "quick variant bench bench-variant": one 10-minute device
 # call; then STEPS=ab in another).
 #
