@@ -32,4 +32,24 @@ for src in *.cu; do
         echo "FAIL $src sm_90"; status=1
     fi
 done
+# The A/B compile options (backends/cuda/src/kernels.rs, ab_defines) change code that the
+# default build leaves out: every one of them at once, for one AMD and the NVIDIA target.
+OPTS=(-DGPU_PLAIN_I2F=1 -DMMQ_NARROW_OFF=1 -DGPU_BARRIER_FENCES=1 -DFP4_STAGE_SERIAL=1
+      -DFP4_BULK_CHUNKS=8 -DFP4_BULK_INFLIGHT=2 -DMMW_LDSM=1 -DMMW_FAST_ISSUE=1 -DMMW_E4_LUT=1
+      -DMMW_AFF_T=1 -DRF2_ID_LEAN=1 -DFP4_LOOP_LEAN=1 -DGPU_POLICY_IMM=1)
+for src in *.cu; do
+    base=${src%.cu}
+    if "$CXX" -x hip --cuda-device-only --no-gpu-bundle-output --offload-arch=gfx1151 \
+        -nogpulib -nogpuinc -include "$SHIM" -Werror -O3 "${OPTS[@]}" -c "$src" -o "$OUT/$base.opts.o"; then
+        echo "ok   $src gfx1151 (A/B options)"
+    else
+        echo "FAIL $src gfx1151 (A/B options)"; status=1
+    fi
+    if "$CXX" -x cuda --cuda-device-only --cuda-gpu-arch=sm_90 -nocudalib -nocudainc \
+        --cuda-feature=+ptx80 -include "$SHIM" -Werror -O3 "${OPTS[@]}" -S "$src" -o "$OUT/$base.opts.ptx"; then
+        echo "ok   $src sm_90 (A/B options)"
+    else
+        echo "FAIL $src sm_90 (A/B options)"; status=1
+    fi
+done
 exit $status

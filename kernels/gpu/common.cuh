@@ -309,6 +309,19 @@ GPU_DEV void gpu_count_launch(unsigned int* counters, int id) {
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GPU_NO_STREAM_HINT)
 #define GPU_STREAM_HINT 1
 #endif
+// GPU_POLICY_IMM (a compile option, `MOE_GPU_POLICY=imm`): the loads below name the
+// policy as an immediate, the 64-bit value ptxas (12.9, sm_90) folds that createpolicy
+// to: ptxas then keeps it in one uniform register pair for every load, where from a
+// register operand it copies it into a fresh pair before each load (R2UR; 70 of the
+// ~800 instructions of a routed-expert decode stage). The same loads, the same hint.
+#define GPU_EF_POLICY "0x12F0000000000000"
+#if defined(GPU_STREAM_HINT) && defined(GPU_POLICY_IMM)
+#define GPU_POL_OP(n) GPU_EF_POLICY
+#define GPU_POL_ARG
+#else
+#define GPU_POL_OP(n) "%" #n
+#define GPU_POL_ARG , "l"(gpu_stream_policy())
+#endif
 GPU_DEV unsigned long long gpu_stream_policy() {
 #if defined(GPU_STREAM_HINT)
     unsigned long long p;
@@ -326,9 +339,9 @@ GPU_DEV gpu_u4 gpu_load_stream_u4(const void* p) {
 #if defined(GPU_STREAM_HINT)
     if (HINT) {
         gpu_u4 v;
-        asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], " GPU_POL_OP(5) ";"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-            : "l"(p), "l"(gpu_stream_policy()));
+            : "l"(p) GPU_POL_ARG);
         return v;
     }
 #endif
@@ -339,7 +352,7 @@ GPU_DEV unsigned int gpu_load_stream_u32(const void* p) {
 #if defined(GPU_STREAM_HINT)
     if (HINT) {
         unsigned int v;
-        asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(gpu_stream_policy()));
+        asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], " GPU_POL_OP(2) ";" : "=r"(v) : "l"(p) GPU_POL_ARG);
         return v;
     }
 #endif
@@ -350,7 +363,7 @@ GPU_DEV unsigned int gpu_load_stream_u16(const unsigned char* p) {
 #if defined(GPU_STREAM_HINT)
     if (HINT) {
         unsigned short v;
-        asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(gpu_stream_policy()));
+        asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], " GPU_POL_OP(2) ";" : "=h"(v) : "l"(p) GPU_POL_ARG);
         return (unsigned int)v;
     }
 #endif

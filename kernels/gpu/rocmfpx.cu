@@ -203,25 +203,38 @@ GPU_DEV void rf2_block_affine(const unsigned int (&w0)[R], const unsigned int (&
     }
 }
 
+// A scale byte (the low 8 bits of b) as a float: converted (ue4m3, ~9 instructions),
+// or looked up in a block's shared table of ue4m3 over all 256 bytes (the same values;
+// an address and a shared load).
+struct rf2_sc_calc {
+    GPU_MEMBER float operator()(unsigned int b) const { return ue4m3(b); }
+};
+struct rf2_sc_lut {
+    const float* t;
+    GPU_MEMBER float operator()(unsigned int b) const { return t[b & 0xffu]; }
+};
+
 // The A / B scales of half h of a block with scale bytes e (two-scale: A = B = E[h];
 // affine: A = S = E[0], B = O = E[1] for both halves).
-template <int R>
+template <int R, typename SC = rf2_sc_calc>
 GPU_DEV void rf2_scales(const unsigned int (&e)[R], int h, int affine, float (&A)[R],
-                        float (&B)[R]) {
+                        float (&B)[R], const SC& sc = SC()) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        A[r] = ue4m3(affine || h == 0 ? e[r] : e[r] >> 8);
-        B[r] = affine ? ue4m3(e[r] >> 8) : A[r];
+        A[r] = sc(affine || h == 0 ? e[r] : e[r] >> 8);
+        B[r] = affine ? sc(e[r] >> 8) : A[r];
     }
 }
 
-// A block pair (20 bytes = five words v[0..4]) for R rows: blocks 2p and 2p+1.
-template <int NC, int R>
+// A block pair (20 bytes = five words v[0..4]) for R rows: blocks 2p and 2p+1. AFF: 1
+// affine blocks, 0 two-scale ones, -1 as `affine` says (a template constant leaves
+// the other kind's code out of the loop); SC: the scales' conversion (rf2_scales).
+template <int NC, int R, int AFF = -1, typename SC = rf2_sc_calc>
 GPU_DEV void rf2_pair(const unsigned int (&v)[R][5], int p, const q8_1_block* const (&cols)[NC],
-                      int affine, float (&acc)[R][NC]) {
+                      int affine, float (&acc)[R][NC], const SC& sc = SC()) {
     unsigned int w[R], e[R];
     float A[R], B[R];
-    if (affine) {
+    if (AFF < 0 ? affine : AFF) {
         unsigned int w1[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -229,7 +242,7 @@ GPU_DEV void rf2_pair(const unsigned int (&v)[R][5], int p, const q8_1_block* co
             w1[r] = v[r][1];
             e[r] = v[r][2] & 0xffffu;
         }
-        rf2_scales<R>(e, 0, 1, A, B);
+        rf2_scales<R>(e, 0, 1, A, B, sc);
         rf2_block_affine<NC, R>(w, w1, A, B, 2 * p, cols, acc);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -237,29 +250,29 @@ GPU_DEV void rf2_pair(const unsigned int (&v)[R][5], int p, const q8_1_block* co
             w1[r] = (v[r][3] >> 16) | (v[r][4] << 16);
             e[r] = v[r][4] >> 16;
         }
-        rf2_scales<R>(e, 0, 1, A, B);
+        rf2_scales<R>(e, 0, 1, A, B, sc);
         rf2_block_affine<NC, R>(w, w1, A, B, 2 * p + 1, cols, acc);
         return;
     }
     // Two-scale: a scale a half.
 #pragma unroll
     for (int r = 0; r < R; ++r) { w[r] = v[r][0]; e[r] = v[r][2] & 0xffffu; }
-    rf2_scales<R>(e, 0, 0, A, B);
+    rf2_scales<R>(e, 0, 0, A, B, sc);
     rf2_half<NC, R>(w, A, B, 2 * p, 0, cols, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) w[r] = v[r][1];
-    rf2_scales<R>(e, 1, 0, A, B);
+    rf2_scales<R>(e, 1, 0, A, B, sc);
     rf2_half<NC, R>(w, A, B, 2 * p, 1, cols, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         w[r] = (v[r][2] >> 16) | (v[r][3] << 16);
         e[r] = v[r][4] >> 16;
     }
-    rf2_scales<R>(e, 0, 0, A, B);
+    rf2_scales<R>(e, 0, 0, A, B, sc);
     rf2_half<NC, R>(w, A, B, 2 * p + 1, 0, cols, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) w[r] = (v[r][3] >> 16) | (v[r][4] << 16);
-    rf2_scales<R>(e, 1, 0, A, B);
+    rf2_scales<R>(e, 1, 0, A, B, sc);
     rf2_half<NC, R>(w, A, B, 2 * p + 1, 1, cols, acc);
 }
 
@@ -271,9 +284,11 @@ GPU_DEV void rf2_pair(const unsigned int (&v)[R][5], int p, const q8_1_block* co
 #define RF2_HINT true
 #endif
 
-template <int NC, int R>
+template <int NC, int R, int AFF = -1, typename SC = rf2_sc_calc>
 GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
-                          const q8_1_block* const (&cols)[NC], int affine, float (&acc)[R][NC]) {
+                          const q8_1_block* const (&cols)[NC], int affine, float (&acc)[R][NC],
+                          const SC& sc = SC()) {
+    if (AFF >= 0) affine = AFF;
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -299,8 +314,8 @@ GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
                     for (int j = 0; j < 5; ++j) v2[r][j] = gpu_load_stream_u32<RF2_HINT>(src + j);
                 }
             }
-            rf2_pair<NC, R>(v, p, cols, affine, acc);
-            if (p2 < np) rf2_pair<NC, R>(v2, p2, cols, affine, acc);
+            rf2_pair<NC, R, AFF>(v, p, cols, affine, acc, sc);
+            if (p2 < np) rf2_pair<NC, R, AFF>(v2, p2, cols, affine, acc, sc);
         }
     } else {
         for (int hb = lane; hb < 2 * nb; hb += GPU_WARP) {
@@ -313,7 +328,7 @@ GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
                 w[r] = gpu_load_stream_u32_a2<RF2_HINT>(bp + 4 * h);
                 e[r] = gpu_load_stream_u16<RF2_HINT>(bp + 8);
             }
-            rf2_scales<R>(e, h, affine, A, B);
+            rf2_scales<R>(e, h, affine, A, B, sc);
             rf2_half<NC, R>(w, A, B, blk, h, cols, acc);
         }
     }
@@ -507,12 +522,15 @@ extern "C" __global__ void __launch_bounds__(128)
 // UTC); every output is the same sum as mmvq_grouped_107's, whatever R. Block z takes
 // the product with weights and outputs z w_step / z out_step bytes on (MATMUL_ID_MULTI:
 // the routed experts' gate and up share the input, its quantisation and the launch).
+// RF2_ID_LEAN (a compile option, `MOE_GPU_RF2_ID=lean`): the block kind is a template
+// constant (AFF) and the scales come from a shared table (SC): a warp's 4-row stage of
+// affine blocks 1001 -> ~740 instructions by count, the same values.
 // grid = (ceil(m / (4 R)), pairs, products), block = 128.
-template <int R>
+template <int R, int AFF = -1, typename SC = rf2_sc_calc>
 GPU_DEV void mmvq_id_rows(const unsigned char* __restrict__ w, long long expert_bytes, int nb,
                           int m, int n_experts, const q8_1_block* __restrict__ act,
                           int act_per_pair, int n_slots, const int* __restrict__ ids,
-                          float* __restrict__ out, int affine) {
+                          float* __restrict__ out, int affine, const SC& sc = SC()) {
     const int r0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R, p = blockIdx.y, e = ids[p];
     if (r0 >= m) return;
     const bool lead = (threadIdx.x & 31) == 0;
@@ -533,7 +551,7 @@ GPU_DEV void mmvq_id_rows(const unsigned char* __restrict__ w, long long expert_
     }
     const q8_1_block* const cols[1] = {act + (long long)(act_per_pair ? p : p / n_slots) * nb};
     float acc[R][1];
-    rf2_rows_dot<1, R>(rows, nb, cols, affine, acc);
+    rf2_rows_dot<1, R, AFF>(rows, nb, cols, affine, acc, sc);
     if (lead)
 #pragma unroll
         for (int r = 0; r < R; ++r)
@@ -545,10 +563,29 @@ extern "C" __global__ void __launch_bounds__(128)
                 int n_experts, const q8_1_block* __restrict__ act, int act_per_pair, int n_slots,
                 const int* __restrict__ ids, float* __restrict__ out, int affine, int rows,
                 long long w_step, long long out_step, unsigned int* counters) {
+#if defined(RF2_ID_LEAN)
+    // (filled before the dependent-launch wait: the table depends on nothing)
+    __shared__ float sct[256];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) sct[i] = ue4m3(i);
+    __syncthreads();
+    const rf2_sc_lut sc = {sct};
+#endif
     gpu_count_launch(counters, KID_MMVQ_ID_107);
     // Both steps are in bytes.
     w += blockIdx.z * w_step;
     out = (float*)((char*)out + blockIdx.z * out_step);
+#if defined(RF2_ID_LEAN)
+#define RF2_ID_ROWS(R)                                                                             \
+    (affine ? mmvq_id_rows<R, 1>(w, expert_bytes, nb, m, n_experts, act, act_per_pair, n_slots,  \
+                                 ids, out, affine, sc)                                            \
+            : mmvq_id_rows<R, 0>(w, expert_bytes, nb, m, n_experts, act, act_per_pair, n_slots,  \
+                                 ids, out, affine, sc))
+    if (rows == 4) RF2_ID_ROWS(4);
+    else if (rows == 2) RF2_ID_ROWS(2);
+    else RF2_ID_ROWS(1);
+#undef RF2_ID_ROWS
+    return;
+#endif
     if (rows == 4)
         mmvq_id_rows<4>(w, expert_bytes, nb, m, n_experts, act, act_per_pair, n_slots, ids, out, affine);
     else if (rows == 2)
@@ -1540,6 +1577,9 @@ struct fp4_q8_smem {
     float ds[8][FP4_RUNS_MAX_K / 256];
     float sc[256];
     unsigned long long bar[FP4_BULK_MAX_CHUNKS];  // the bulk path's chunks (fp4_runs_q8_bulk)
+#if defined(FP4_LOOP_LEAN)
+    unsigned int perm_lo;  // FP4_LOOP_LEAN: the magnitudes' first table word (fp4_runs_q8_bulk)
+#endif
 };
 
 // Where the runs kernel's activations come from, 4 values (chunk c) at a time: x itself
@@ -1661,17 +1701,17 @@ GPU_DEV float fp4_block_scaled(float d, unsigned int e, int s0, int s1, const fl
 // its quantised activations a (the 4 words fp4_q8_stage laid out) and their scale d: its
 // part of the row's sum.
 GPU_DEV float fp4_block_dot_q8(const unsigned int* v, int b0, bool odd, const gpu_u4 (&a)[4],
-                               float d, const fp4_q8_smem& sm) {
+                               float d, const fp4_q8_smem& sm, unsigned int lo = 0x03020100u) {
     int p0 = 0, n0 = 0, p1 = 0, n1 = 0;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
         const unsigned int w = odd ? (v[b0 + t] >> 16) | (v[b0 + t + 1] << 16) : v[b0 + t];
         const unsigned int wn = w ^ 0x88888888u;
         // Magnitudes 0, 1, 2, 3, 4, 6, 8, 10 for codes 0..7.
-        const unsigned int pa = gpu_perm(0x03020100u, 0x0a080604u, w);
-        const unsigned int na = gpu_perm(0x03020100u, 0x0a080604u, wn);
-        const unsigned int pb = gpu_perm(0x03020100u, 0x0a080604u, w >> 16);
-        const unsigned int nb = gpu_perm(0x03020100u, 0x0a080604u, wn >> 16);
+        const unsigned int pa = gpu_perm(lo, 0x0a080604u, w);
+        const unsigned int na = gpu_perm(lo, 0x0a080604u, wn);
+        const unsigned int pb = gpu_perm(lo, 0x0a080604u, w >> 16);
+        const unsigned int nb = gpu_perm(lo, 0x0a080604u, wn >> 16);
         p0 = gpu_dp4a((int)pa, (int)a[t].x, p0);
         n0 = gpu_dp4a((int)na, (int)a[t].x, n0);
         p1 = gpu_dp4a((int)pa, (int)a[t].y, p1);
@@ -1689,27 +1729,44 @@ GPU_DEV float fp4_block_dot_q8(const unsigned int* v, int b0, bool odd, const gp
 // i0 on, W a row) against the staged activations, added to acc.
 template <int R, int NB, int W>
 GPU_DEV void fp4_blocks_dot_q8(const unsigned int (&v)[R][W], int g, int i0, const fp4_q8_smem& sm,
-                               float (&acc)[R]) {
+                               float (&acc)[R], unsigned int lo = 0x03020100u) {
     const int sw = g & 7;
     const gpu_u4* xr = sm.xq + 32 * g;
+#if defined(FP4_LOOP_LEAN)
+    // (4 i + t) ^ sw = 4 (i ^ s2) + (t ^ s1) (sw = 4 s2 + s1): word t of an even block i
+    // at ev[t] + 4 i, of an odd one at od[t] + 4 (i - 1), offsets the loads carry as
+    // immediates, where the plain form works an address out for every load.
+    const int s1 = sw & 3, s2 = sw >> 2;
+    const gpu_u4 *ev[4], *od[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        ev[t] = xr + 4 * s2 + (t ^ s1);
+        od[t] = xr + 4 - 4 * s2 + (t ^ s1);
+    }
+#endif
 #pragma unroll
     for (int ii = 0; ii < NB; ++ii) {
         const int i = i0 + ii;  // (the same parity as ii)
         gpu_u4 a[4];
+#if defined(FP4_LOOP_LEAN)
+#pragma unroll
+        for (int t = 0; t < 4; ++t) a[t] = i & 1 ? od[t][4 * (i - 1)] : ev[t][4 * i];
+#else
 #pragma unroll
         for (int t = 0; t < 4; ++t) a[t] = xr[(4 * i + t) ^ sw];
+#endif
         const float d = sm.ds[i][g];
         const int b0 = (9 * ii) >> 1;
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += fp4_block_dot_q8(v[r], b0, ii & 1, a, d, sm);
+        for (int r = 0; r < R; ++r) acc[r] += fp4_block_dot_q8(v[r], b0, ii & 1, a, d, sm, lo);
     }
 }
 
 // A whole run (8 blocks) of R rows.
 template <int R>
 GPU_DEV void fp4_run_dot_q8(const fp4_run<R>& run, int g, const fp4_q8_smem& sm,
-                            float (&acc)[R]) {
-    fp4_blocks_dot_q8<R, 8, 36>(run.v, g, 0, sm, acc);
+                            float (&acc)[R], unsigned int lo = 0x03020100u) {
+    fp4_blocks_dot_q8<R, 8, 36>(run.v, g, 0, sm, acc, lo);
 }
 
 #if defined(GPU_BULK)
@@ -1751,7 +1808,18 @@ GPU_DEV void fp4_runs_q8_bulk(const unsigned char* __restrict__ w, long long row
     src.begin(k);  // after the wait: the source is the previous kernel's output
     fp4_q8_stage<false, true>(src, k, sm.xq, sm.ds);
     for (int i = t; i < 256; i += blockDim.x) sm.sc[i] = ue4m3(i);
+#if defined(FP4_LOOP_LEAN)
+    // The permutes' first table word from shared memory: a value ptxas keeps in one
+    // register, where the literal it copies from a uniform register before every permute
+    // (~100 of a run's ~835 instructions).
+    if (t == 0) sm.perm_lo = 0x03020100u;
+#endif
     __syncthreads();
+#if defined(FP4_LOOP_LEAN)
+    const unsigned int lo = sm.perm_lo;
+#else
+    const unsigned int lo = 0x03020100u;
+#endif
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         // Rows past m (the last block's) sum whatever the chunk holds and are not stored.
@@ -1773,7 +1841,7 @@ GPU_DEV void fp4_runs_q8_bulk(const unsigned char* __restrict__ w, long long row
                 run.v[0][4 * u + 2] = v.z;
                 run.v[0][4 * u + 3] = v.w;
             }
-            fp4_run_dot_q8<1>(run, g, sm, acc);
+            fp4_run_dot_q8<1>(run, g, sm, acc, lo);
         }
         fp4_runs_store<1>(acc, L, j, row0 + lr, m, out);
     }
@@ -2880,7 +2948,7 @@ GPU_DEV void mmw_lut_fill(mmw_cols& sm) {
     for (unsigned int i = threadIdx.x; i < (TY == MT_107 ? 16u : 256u); i += blockDim.x)
         sm.lut[i] = TY == MT_107 ? 0x1010u + 34u * (i & 3u) + 8704u * (i >> 2) : mmb_lut<DT_ROCMFP4>(i);
 #if defined(MMW_E4_LUT)
-    for (unsigned int i = threadIdx.x; i < 256u; i += blockDim.x) sm.lut[256 + i] = __float_as_uint(ue4m3(i));
+    for (unsigned int i = threadIdx.x; i < 256u; i += blockDim.x) sm.lut[256 + i] = (unsigned int)__float_as_int(ue4m3(i));
 #endif
 }
 
@@ -2945,7 +3013,8 @@ GPU_DEV mmw_tab mmw_tables(const unsigned char* row, int affine, const unsigned 
     constexpr int BB = mma_block_bytes<TY>();
     const unsigned int sc = gpu_load_u16(row + BLK * BB + (TY == MT_107 ? 8 : 16));
 #if defined(MMW_E4_LUT)
-    const float e0 = __uint_as_float(lut[256 + (sc & 0xffu)]), e1 = __uint_as_float(lut[256 + (sc >> 8)]);
+    const float e0 = __int_as_float((int)lut[256 + (sc & 0xffu)]),
+                e1 = __int_as_float((int)lut[256 + (sc >> 8)]);
 #else
     (void)lut;
     const float e0 = ue4m3(sc), e1 = ue4m3(sc >> 8);
