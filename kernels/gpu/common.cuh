@@ -314,8 +314,9 @@ GPU_DEV void gpu_count_launch(unsigned int* counters, int id) {
 // to: ptxas then keeps it in one uniform register pair for every load, where from a
 // register operand it copies it into a fresh pair before each load (R2UR; 70 of the
 // ~800 instructions of a routed-expert decode stage). The same loads, the same hint.
+// (sm_90 only: the policy's encoding is opaque, and that value was checked for sm_90)
 #define GPU_EF_POLICY "0x12F0000000000000"
-#if defined(GPU_STREAM_HINT) && defined(GPU_POLICY_IMM)
+#if defined(GPU_STREAM_HINT) && defined(GPU_POLICY_IMM) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000
 #define GPU_POL_OP(n) GPU_EF_POLICY
 #define GPU_POL_ARG
 #else

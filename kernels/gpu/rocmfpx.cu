@@ -584,14 +584,14 @@ extern "C" __global__ void __launch_bounds__(128)
     else if (rows == 2) RF2_ID_ROWS(2);
     else RF2_ID_ROWS(1);
 #undef RF2_ID_ROWS
-    return;
-#endif
+#else
     if (rows == 4)
         mmvq_id_rows<4>(w, expert_bytes, nb, m, n_experts, act, act_per_pair, n_slots, ids, out, affine);
     else if (rows == 2)
         mmvq_id_rows<2>(w, expert_bytes, nb, m, n_experts, act, act_per_pair, n_slots, ids, out, affine);
     else
         mmvq_id_rows<1>(w, expert_bytes, nb, m, n_experts, act, act_per_pair, n_slots, ids, out, affine);
+#endif
 }
 
 // ---------------------------------------------------------------------------------
