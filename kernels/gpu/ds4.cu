@@ -479,6 +479,35 @@ GPU_DEV void ds4_hcf_weights(int t, int nb, int tid, int lane, int warp, int hc,
                              const float* part, float base_t, float scale_t, float* mix, float* M,
                              float* B, float* Wn, float* S) {
     const float* tp = part + (long long)t * nb * pr;
+#if defined(HCF_SUM_BATCH)
+    // HCF_SUM_BATCH (a compile option, `MOE_GPU_HCF_SUM=batch`): a warp asks for all of
+    // its rows' shares at once (at most 3 rows x 2 a lane: pr <= 35, nb <= 64), then adds
+    // them in the same order, where the loop below waits for each share before asking
+    // for the next (~6 round trips to L2 in a row on a decode step's critical path).
+    if (pr <= 3 * DS4_HCF_WARPS && nb <= 64) {
+        float v[3][2];
+#pragma unroll
+        for (int q = 0; q < 3; ++q) {
+            const int r = warp + DS4_HCF_WARPS * q;
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int j = lane + 32 * u;
+                v[q][u] = r < pr && j < nb ? gpu_load_l2(tp + (long long)j * pr + r) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < 3; ++q) {
+            const int r = warp + DS4_HCF_WARPS * q;
+            if (r >= pr) break;  // (the same for the whole warp)
+            float a = 0.0f;
+#pragma unroll
+            for (int u = 0; u < 2; ++u)
+                if (lane + 32 * u < nb) a += v[q][u];
+            a = gpu_warp_sum(a);
+            if (lane == 0) mix[r] = a;
+        }
+    } else
+#endif
     for (int r = warp; r < pr; r += DS4_HCF_WARPS) {
         float a = 0.0f;
         for (int j = lane; j < nb; j += 32) a += gpu_load_l2(tp + (long long)j * pr + r);

@@ -5,7 +5,8 @@
 # default every opt-in kernel option written without a device: the streamed tiles' three
 # (MOE_GPU_MMW_ISSUE=fast, MOE_GPU_MMW_E4=lut, MOE_GPU_MMW_AFF=template), the routed
 # experts' decode mat-vec (MOE_GPU_RF2_ID=lean), the ROCmFP4 runs kernels' inner loop
-# (MOE_GPU_FP4_LOOP=lean), the weights' policy as an immediate (MOE_GPU_POLICY=imm) and
+# (MOE_GPU_FP4_LOOP=lean), the weights' policy as an immediate (MOE_GPU_POLICY=imm), the
+# mHC site's shares asked for at once (MOE_GPU_HCF_SUM=batch) and
 # early dependent launch inside the decode graph only
 # (MOE_GPU_PDL_EARLY=graph). Each is the same sums as the default by construction, so
 # the fixtures must give the committed digits.
@@ -28,7 +29,7 @@ mkdir -p "$OUT"
 export MOE_KERNEL_CACHE=${MOE_KERNEL_CACHE:-/tmp/moe-kernel-cache}
 t0=$(date +%s)
 STEPS=${STEPS:-policy quick fixtures}
-STAGED=${STAGED:-MOE_GPU_MMW_ISSUE=fast,MOE_GPU_MMW_E4=lut,MOE_GPU_MMW_AFF=template,MOE_GPU_RF2_ID=lean,MOE_GPU_FP4_LOOP=lean,MOE_GPU_POLICY=imm,MOE_GPU_PDL_EARLY=graph}
+STAGED=${STAGED:-MOE_GPU_MMW_ISSUE=fast,MOE_GPU_MMW_E4=lut,MOE_GPU_MMW_AFF=template,MOE_GPU_RF2_ID=lean,MOE_GPU_FP4_LOOP=lean,MOE_GPU_POLICY=imm,MOE_GPU_HCF_SUM=batch,MOE_GPU_PDL_EARLY=graph}
 IFS=, read -r -a SENV <<< "$STAGED"
 step() { echo "== $1 ($(($(date +%s) - t0)) s in)"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }

@@ -233,12 +233,14 @@ fn pdl_graph_only() -> bool {
 /// `MOE_GPU_RF2_ID=lean` does the same for the routed experts' decode mat-vec
 /// (`mmvq_id_107`) and has it look its scales up in a shared table (the same values);
 /// `MOE_GPU_FP4_LOOP=lean` has the ROCmFP4 runs kernels keep their permute table in a
-/// register and take their activations at immediate offsets (the same values); and
+/// register and take their activations at immediate offsets (the same values);
+/// `MOE_GPU_HCF_SUM=batch` has the fused mHC site ask for all of a warp's shares of the
+/// mixes at once before summing them (the same sums in the same order); and
 /// `MOE_GPU_POLICY=imm` names the weights' evict-first L2 policy as an immediate in
 /// their loads (the same hint; see `GPU_POLICY_IMM` in kernels/gpu/common.cuh).
 fn ab_defines() -> Vec<String> {
     // (variable, the value that switches it on, the define)
-    const SWITCHES: [(&str, &str, &str); 12] = [
+    const SWITCHES: [(&str, &str, &str); 13] = [
         ("MOE_GPU_PLAIN_I2F", "1", "-DGPU_PLAIN_I2F=1"),
         ("MOE_GPU_MMQ_NARROW", "0", "-DMMQ_NARROW_OFF=1"),
         ("MOE_GPU_BARRIER_FENCES", "1", "-DGPU_BARRIER_FENCES=1"),
@@ -250,6 +252,7 @@ fn ab_defines() -> Vec<String> {
         ("MOE_GPU_MMW_AFF", "template", "-DMMW_AFF_T=1"),
         ("MOE_GPU_RF2_ID", "lean", "-DRF2_ID_LEAN=1"),
         ("MOE_GPU_FP4_LOOP", "lean", "-DFP4_LOOP_LEAN=1"),
+        ("MOE_GPU_HCF_SUM", "batch", "-DHCF_SUM_BATCH=1"),
         ("MOE_GPU_POLICY", "imm", "-DGPU_POLICY_IMM=1"),
     ];
     let mut d: Vec<&str> = SWITCHES
