@@ -89,7 +89,8 @@ for r in new:
     o = ref.get(key(r))
     diff = [k for k in r if k != "gpu_seconds" and o is not None and r[k] != o.get(k)]
     print(f"{key(r)}: " + ("no committed row" if o is None else
-                          "the committed numbers" if not diff else "DIFFERS in " + ", ".join(diff)))
+                          "the committed numbers" if not diff else
+                          "DIFFERS: " + ", ".join(f"{k} {o.get(k)} -> {r[k]}" for k in diff)))
 PY
 fi
 if want ab; then
