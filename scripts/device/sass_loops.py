@@ -3,8 +3,14 @@
 holds one of the given words, the four largest backward-branch bodies (target .. branch)
 with their instruction counts and opcode histograms. Shows where a kernel's
 instructions go (address arithmetic, conversions, loads) without Nsight Compute.
+`--inner N` lists the smallest loops of at least N instructions instead (the hot inner
+loops, where the largest are the outer ones around them). Each loop also counts two
+kinds of instruction that do no work of the kernel's: R2UR (a register copied into a
+uniform register, e.g. a cache policy before each hinted load) and copies of a uniform
+register into a register (`IMAD.U32 R, RZ, RZ, UR` / `MOV R, UR`: a constant ptxas
+rematerialises instead of keeping it live).
 
-    cuobjdump -sass kernels.cubin | python3 sass_loops.py matvec_dense_rows mmvq_id_107
+    cuobjdump -sass kernels.cubin | python3 sass_loops.py [--inner 300] matvec_dense_rows mmvq_id_107
 """
 import collections
 import re
@@ -12,6 +18,8 @@ import sys
 
 LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 FUNC = re.compile(r"Function : (\S+)")
+# A uniform register copied into a register: IMAD.U32 R, RZ, RZ, URn or MOV R, URn.
+UR_COPY = re.compile(r"(IMAD\.U32\s+R\d+, RZ, RZ, UR\d+|MOV\s+R\d+, UR\d+)\s*$")
 
 
 def loops(code):
@@ -27,7 +35,11 @@ def loops(code):
 
 
 def main():
-    words = sys.argv[1:]
+    args = sys.argv[1:]
+    inner = None
+    if args[:1] == ["--inner"]:
+        inner, args = int(args[1]), args[2:]
+    words = args
     funcs, name = {}, None
     for line in sys.stdin:
         m = FUNC.search(line)
@@ -42,11 +54,18 @@ def main():
         if words and not any(w in name for w in words):
             continue
         print(f"== {name}: {len(code)} instructions")
-        for s, e in sorted(loops(code), key=lambda p: p[0] - p[1])[:4]:
+        found = loops(code)
+        if inner is None:
+            chosen = sorted(found, key=lambda p: p[0] - p[1])[:4]
+        else:
+            chosen = sorted((p for p in found if p[1] - p[0] + 1 >= inner), key=lambda p: p[1] - p[0])[:4]
+        for s, e in chosen:
             body = code[s : e + 1]
             hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
             top = ", ".join(f"{k} {v}" for k, v in hist.most_common(14))
-            print(f"  loop {body[0][0]:#x}..{body[-1][0]:#x}: {len(body)} instr: {top}")
+            copies = sum(1 for _, op, rest in body if UR_COPY.match(op + rest))
+            print(f"  loop {body[0][0]:#x}..{body[-1][0]:#x}: {len(body)} instr: {top}"
+                  f" [R2UR {hist['R2UR']}, uniform copies {copies}]")
 
 
 if __name__ == "__main__":
