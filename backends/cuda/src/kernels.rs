@@ -222,7 +222,7 @@ fn pdl_graph_only() -> bool {
 /// `MOE_GPU_FP4_STAGE=serial` has the ROCmFP4 runs kernels' bulk path load x one chunk
 /// at a time as it quantises it, as the register path does (the same values);
 /// `MOE_GPU_FP4_CHUNKS=8` has that path ask for a block's rows in 8 chunks instead of 4
-/// and `MOE_GPU_FP4_INFLIGHT=N` (1 - 6) keep only N of them in flight (the same values;
+/// and `MOE_GPU_FP4_INFLIGHT=N` (1, 2, 3, 4 or 6) keep only N of them in flight (the same values;
 /// see fp4_runs_q8_bulk); `MOE_GPU_MMW_LDSM=1` has the streamed bf16 tiles load their
 /// activation fragments by ldmatrix (the same words); `MOE_GPU_MMW_ISSUE=fast` has them
 /// work out each thread's copy addresses once a tile instead of once a stage (the same

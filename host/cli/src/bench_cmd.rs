@@ -36,6 +36,17 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
     (m, var.sqrt())
 }
 
+/// The worker threads the report names: the CPU backend's device description ends in
+/// "(N threads)", the count its pool really runs (the plugin's `threads` setting, else
+/// MOE_CPU_THREADS when a positive number, else one per core); other devices: "n/a".
+fn threads_used(device: &str) -> String {
+    device
+        .strip_suffix(" threads)")
+        .and_then(|s| s.rsplit_once('('))
+        .map(|(_, n)| n.to_string())
+        .unwrap_or_else(|| "n/a".into())
+}
+
 /// Streaming bandwidth: `out = a + b` over 3 x 1 GiB (read 2, write 1), bytes moved / s.
 fn stream_bandwidth(dev: &Arc<Device>) -> Result<f64> {
     let n = 1u64 << 28;
@@ -208,7 +219,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
         .iter()
         .map(|p| format!("{}: {}", p.info.name, p.info.description))
         .collect();
-    let threads = std::env::var("MOE_CPU_THREADS").unwrap_or_else(|_| "all".into());
+    let threads = threads_used(&dev.description());
     let depth_json: Vec<_> = rows
         .iter()
         .map(|r| {
@@ -274,4 +285,17 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::threads_used;
+
+    #[test]
+    fn threads_come_from_the_cpu_backends_description() {
+        assert_eq!(threads_used("Intel(R) Xeon(R) Gold (16 threads)"), "16");
+        assert_eq!(threads_used("AMD EPYC 9654 (2 threads)"), "2");
+        assert_eq!(threads_used("NVIDIA H200"), "n/a");
+        assert_eq!(threads_used("cuda:0"), "n/a");
+    }
 }

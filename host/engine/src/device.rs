@@ -28,6 +28,16 @@ impl Device {
         format!("{}:{}", self.be.name, self.index)
     }
 
+    /// The backend's own name for this device (its `DeviceInfo` name, e.g. the CPU
+    /// backend's "<model> (N threads)"), or [`Device::name`] when it lists no such device.
+    pub fn description(&self) -> String {
+        into_result((self.be.devices)())
+            .ok()
+            .and_then(|v| v.into_iter().find(|d| d.index == self.index))
+            .map(|d| d.name.to_string())
+            .unwrap_or_else(|| self.name())
+    }
+
     /// A new zeroed tensor.
     pub fn tensor(self: &Arc<Self>, type_id: u32, dims: [u64; 4], bytes: u64) -> Result<Tensor> {
         let buffer = into_result((self.be.alloc)(self.index, bytes))

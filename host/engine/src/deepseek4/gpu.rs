@@ -295,7 +295,7 @@ impl GpuPath {
     /// glue ops (the probe's "not supported").
     pub(super) fn new(m: &Deepseek4) -> Result<Option<GpuPath>> {
         let dev = &m.dev;
-        if std::env::var_os("MOE_DS4_HOST_GLUE").is_some() || !probe(dev) {
+        if std::env::var_os("MOE_DS4_HOST_GLUE").is_some_and(|v| v == "1") || !probe(dev) {
             return Ok(None);
         }
         let comp = |c: &CompWeights| -> Result<DevComp> {
@@ -368,7 +368,7 @@ impl GpuPath {
                 .min()
                 .unwrap_or(0),
             graphs: vec![
-                if std::env::var_os("MOE_DS4_NO_GRAPH").is_some() {
+                if std::env::var_os("MOE_DS4_NO_GRAPH").is_some_and(|v| v == "1") {
                     GraphState::Off
                 } else {
                     GraphState::Cold
