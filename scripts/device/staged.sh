@@ -71,7 +71,7 @@ if want quick; then
         > "$OUT/gk_quick.log" 2>&1
     echo "rc=$?"
     grep -E "^mmw_" "$OUT/gk_quick.log"
-    grep -E "FAIL|^parity:" "$OUT/gk_quick.log" | tail -12
+    grep -E "FAIL|^parity:" "$OUT/gk_quick.log" | tail -12 || tail -3 "$OUT/gk_quick.log"
 fi
 if want fixtures; then
     step "fixtures (ds4_gpu.sh), staged"
@@ -81,7 +81,9 @@ if want fixtures; then
     tail -c 300 "$OUT/fixtures.log"; echo
     # The staged options change no sum: every number of every row as committed.
     python3 - "$OUT/ds4_gpu.json" docs/notes/ds4-gpu-h200.json <<'PY'
-import json, sys
+import json, os, sys
+if not os.path.exists(sys.argv[1]):
+    sys.exit("fixtures: no ds4_gpu.json (the run failed; see fixtures.log)")
 new, old = (json.load(open(p)) for p in sys.argv[1:])
 key = lambda r: (r["fixture"], r["type"])
 ref = {key(r): r for r in old}
