@@ -33,14 +33,8 @@ fi
 VARIANT=${VARIANT:-MOE_GPU_MMW_ISSUE=fast,MOE_GPU_MMW_E4=lut,MOE_GPU_MMW_AFF=template}
 IFS=, read -r -a VENV <<< "$VARIANT"
 if want variant; then
-    step "gpu_kernels --quick, $VARIANT"
-    mkdir -p "$OUT/variant"
-    env "${VENV[@]}" OUT="$OUT/variant" timeout 150 bash scripts/device/gpu_kernels.sh --quick \
-        > "$OUT/gk_quick_variant.log" 2>&1
-    echo "rc=$?"
-    grep -E "^mmw_" "$OUT/gk_quick_variant.log"
-    sed -n '/streamed bf16 tiles/,/^$/p' "$OUT/gk_quick_variant.log"
-    grep -E "FAIL|^parity:" "$OUT/gk_quick_variant.log" | tail -12
+    # (staged.sh's parity step with VARIANT as the staged set)
+    STAGED=$VARIANT OUT=$OUT/variant STEPS=quick bash scripts/device/staged.sh | grep -v '^staged: '
 fi
 if want bench; then
     step "gpu_kernels microbenchmark"
@@ -58,15 +52,8 @@ if want bench-variant; then
     grep -E "^(mmw_|mmb_)" "$OUT/gk_bench_variant.log"
 fi
 if want ab; then
-    # One ds4_ab.sh run a setting (each builds the model again), so a setting that fails
-    # leaves the others' rows: the first run of never-run code may well fail.
-    n=0
-    for setting in ${SETTINGS:-base MOE_GPU_MMW_ISSUE=fast $VARIANT base MOE_GPU_MMW_ISSUE=fast $VARIANT}; do
-        n=$((n + 1))
-        step "ds4_ab $setting"
-        OUT=$OUT/ab$n DEPTHS=${DEPTHS:-0,32768} timeout 140 bash scripts/device/ds4_ab.sh "$setting" \
-            > "$OUT/ab$n.log" 2>&1 || echo "setting $setting failed (rc=$?)"
-        grep "^| $setting " "$OUT/ab$n.log" || tail -3 "$OUT/ab$n.log"
-    done
+    # (staged.sh's A/B step: one ds4_ab.sh run a setting, each under its own limit)
+    SETTINGS=${SETTINGS:-base MOE_GPU_MMW_ISSUE=fast $VARIANT base MOE_GPU_MMW_ISSUE=fast $VARIANT} \
+        OUT=$OUT STEPS=ab bash scripts/device/staged.sh | grep -v '^staged: '
 fi
 step "done"

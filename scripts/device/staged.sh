@@ -71,6 +71,7 @@ if want quick; then
         > "$OUT/gk_quick.log" 2>&1
     echo "rc=$?"
     grep -E "^mmw_" "$OUT/gk_quick.log"
+    sed -n '/streamed bf16 tiles/,/^$/p' "$OUT/gk_quick.log"
     grep -E "FAIL|^parity:" "$OUT/gk_quick.log" | tail -12 || tail -3 "$OUT/gk_quick.log"
 fi
 if want fixtures; then
