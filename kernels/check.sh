@@ -32,6 +32,16 @@ for src in *.cu; do
         echo "FAIL $src sm_90"; status=1
     fi
 done
+# The AMD forms of the byte permutes (gpu_perm_nosign / gpu_perm_pos in rocmfpx.cu) against
+# PTX prmt's rule: clang folds the self-test kernel, v_perm_b32 and all, into one constant.
+if "$CXX" -x hip --cuda-device-only --no-gpu-bundle-output --offload-arch=gfx1151 -nogpulib \
+    -nogpuinc -include "$SHIM" -Werror -O3 -DGPU_PERM_SELFTEST=1 -S rocmfpx.cu -o "$OUT/perm.s" &&
+    awk '/^gpu_perm_selftest:/,/s_endpgm/' "$OUT/perm.s" > "$OUT/perm_kernel.s" &&
+    grep -q 0x600d600d "$OUT/perm_kernel.s" && ! grep -q 0xbad0bad0 "$OUT/perm_kernel.s"; then
+    echo "ok   AMD byte permutes = PTX prmt (gpu_perm_selftest, gfx1151)"
+else
+    echo "FAIL AMD byte permutes (gpu_perm_selftest: not folded to 0x600d600d)"; status=1
+fi
 # The A/B compile options (backends/cuda/src/kernels.rs, ab_defines) change code that the
 # default build leaves out: every one of them at once, for one AMD and the NVIDIA target.
 OPTS=(-DGPU_PLAIN_I2F=1 -DMMQ_NARROW_OFF=1 -DGPU_BARRIER_FENCES=1 -DFP4_STAGE_SERIAL=1

@@ -1320,13 +1320,9 @@ extern "C" __global__ void __launch_bounds__(128)
 }
 
 // Byte permute, PTX prmt semantics: result byte i = byte (s_i & 7) of {a (0-3), b (4-7)},
-// or that byte's sign bit replicated where s_i & 8 (s_i = nibble i of s).
-GPU_DEV unsigned int gpu_perm(unsigned int a, unsigned int b, unsigned int s) {
-#if defined(GPU_CUDA) && defined(__CUDA_ARCH__)
-    unsigned int r;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
-    return r;
-#else
+// or that byte's sign bit replicated where s_i & 8 (s_i = nibble i of s). The rule in
+// plain integer code (gpu_perm off CUDA; the reference of the HIP forms below).
+GPU_DEV unsigned int gpu_perm_ref(unsigned int a, unsigned int b, unsigned int s) {
     const unsigned long long ab = ((unsigned long long)b << 32) | a;
     unsigned int r = 0;
 #pragma unroll
@@ -1337,6 +1333,49 @@ GPU_DEV unsigned int gpu_perm(unsigned int a, unsigned int b, unsigned int s) {
         r |= byte << (8 * i);
     }
     return r;
+}
+GPU_DEV unsigned int gpu_perm(unsigned int a, unsigned int b, unsigned int s) {
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__)
+    unsigned int r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+#else
+    return gpu_perm_ref(a, b, s);
+#endif
+}
+
+// gpu_perm where the rule needs less, for AMD's v_perm_b32, whose selectors are bytes
+// (0-3: S1's bytes, 4-7: S0's, 8-11: the sign of byte 1, 3, 5 or 7, 12: 0x00, 13 up:
+// 0xff) where prmt's are nibbles: the PTX form is emulated bit by bit there (~25
+// instructions a permute; the ROCmFP4 decode is made of them). On CUDA both are prmt.
+// gpu_perm_nosign: every selector nibble below 8 (no sign replication).
+// gpu_perm_pos: a and b hold no byte of 0x80 or more, so a nibble of 8 or more gives 0.
+// (kernels/check.sh checks both against gpu_perm_ref through clang's constant folding.)
+#if defined(GPU_HIP)
+// The four nibbles of s's low 16 bits (HI: of its high 16 bits) as the bytes of a
+// v_perm_b32 selector.
+template <bool HI = false>
+GPU_DEV unsigned int gpu_perm_bytes(unsigned int s) {
+    // s's bytes 0, 1 (2, 3) at 0 and 2
+    const unsigned int t = __builtin_amdgcn_perm(0u, s, HI ? 0x0c030c02u : 0x0c010c00u);
+    return (t & 0x000f000fu) | ((t << 4) & 0x0f000f00u);
+}
+// A v_perm_b32 selector of nibbles for tables of no byte of 0x80 or more: 12-15 become
+// 8-11 (the sign of an odd byte, 0 here), so every nibble of 8 or more gives 0 as prmt's.
+GPU_DEV unsigned int gpu_perm_pos_sel(unsigned int u) { return u & ~((u >> 1) & 0x04040404u); }
+#endif
+GPU_DEV unsigned int gpu_perm_nosign(unsigned int a, unsigned int b, unsigned int s) {
+#if defined(GPU_HIP)
+    return __builtin_amdgcn_perm(b, a, gpu_perm_bytes(s));
+#else
+    return gpu_perm(a, b, s);
+#endif
+}
+GPU_DEV unsigned int gpu_perm_pos(unsigned int a, unsigned int b, unsigned int s) {
+#if defined(GPU_HIP)
+    return __builtin_amdgcn_perm(b, a, gpu_perm_pos_sel(gpu_perm_bytes(s)));
+#else
+    return gpu_perm(a, b, s);
 #endif
 }
 
@@ -1348,15 +1387,15 @@ GPU_DEV void fp4_values8(unsigned int wq, unsigned int& lo, unsigned int& hi) {
     const unsigned int idx = wq & 0x77777777u;
     // Result byte i from the negative table (4 + i) where code i's sign bit is set.
     const unsigned int sel = 0x32103210u | ((wq >> 1) & 0x44444444u);
-    const unsigned int p0 = gpu_perm(0x03020100u, 0x0a080604u, idx & 0xffffu);
-    const unsigned int n0 = gpu_perm(0xfdfeff00u, 0xf6f8fafcu, idx & 0xffffu);
-    const unsigned int p1 = gpu_perm(0x03020100u, 0x0a080604u, idx >> 16);
-    const unsigned int n1 = gpu_perm(0xfdfeff00u, 0xf6f8fafcu, idx >> 16);
+    const unsigned int p0 = gpu_perm_nosign(0x03020100u, 0x0a080604u, idx & 0xffffu);
+    const unsigned int n0 = gpu_perm_nosign(0xfdfeff00u, 0xf6f8fafcu, idx & 0xffffu);
+    const unsigned int p1 = gpu_perm_nosign(0x03020100u, 0x0a080604u, idx >> 16);
+    const unsigned int n1 = gpu_perm_nosign(0xfdfeff00u, 0xf6f8fafcu, idx >> 16);
     // a = values of codes (lo0, hi0, lo1, hi1), b = (lo2, hi2, lo3, hi3).
-    const unsigned int a = gpu_perm(p0, n0, sel & 0xffffu);
-    const unsigned int b = gpu_perm(p1, n1, sel >> 16);
-    lo = gpu_perm(a, b, 0x6420u);
-    hi = gpu_perm(a, b, 0x7531u);
+    const unsigned int a = gpu_perm_nosign(p0, n0, sel & 0xffffu);
+    const unsigned int b = gpu_perm_nosign(p1, n1, sel >> 16);
+    lo = gpu_perm_nosign(a, b, 0x6420u);
+    hi = gpu_perm_nosign(a, b, 0x7531u);
 }
 
 // An integer |i| < 2^22 as a float without the int-to-float conversion unit.
@@ -1700,18 +1739,36 @@ GPU_DEV float fp4_block_scaled(float d, unsigned int e, int s0, int s1, const fl
 // Block i of a run (32 values, words from b0 = 9 i / 2; odd i starts mid-word) against
 // its quantised activations a (the 4 words fp4_q8_stage laid out) and their scale d: its
 // part of the row's sum.
+// A ROCmFP4 code word's magnitudes (0, 1, 2, 3, 4, 6, 8, 10 for codes 0..7; lo = the
+// table's first word, 0x03020100) as the runs kernels' dot takes them: pa / pb the
+// positive codes' of the word's low / high 16 bits (0 for negative codes), na / nb the
+// negative codes'. On HIP each half's nibbles are spread into selector bytes once for
+// both of its permutes.
+GPU_DEV void fp4_word_mags(unsigned int w, unsigned int lo, unsigned int& pa, unsigned int& na,
+                           unsigned int& pb, unsigned int& nb) {
+#if defined(GPU_HIP)
+    const unsigned int ul = gpu_perm_bytes(w), uh = gpu_perm_bytes<true>(w);
+    pa = __builtin_amdgcn_perm(0x0a080604u, lo, gpu_perm_pos_sel(ul));
+    na = __builtin_amdgcn_perm(0x0a080604u, lo, gpu_perm_pos_sel(ul ^ 0x08080808u));
+    pb = __builtin_amdgcn_perm(0x0a080604u, lo, gpu_perm_pos_sel(uh));
+    nb = __builtin_amdgcn_perm(0x0a080604u, lo, gpu_perm_pos_sel(uh ^ 0x08080808u));
+#else
+    const unsigned int wn = w ^ 0x88888888u;
+    pa = gpu_perm_pos(lo, 0x0a080604u, w);
+    na = gpu_perm_pos(lo, 0x0a080604u, wn);
+    pb = gpu_perm_pos(lo, 0x0a080604u, w >> 16);
+    nb = gpu_perm_pos(lo, 0x0a080604u, wn >> 16);
+#endif
+}
+
 GPU_DEV float fp4_block_dot_q8(const unsigned int* v, int b0, bool odd, const gpu_u4 (&a)[4],
                                float d, const fp4_q8_smem& sm, unsigned int lo = 0x03020100u) {
     int p0 = 0, n0 = 0, p1 = 0, n1 = 0;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
         const unsigned int w = odd ? (v[b0 + t] >> 16) | (v[b0 + t + 1] << 16) : v[b0 + t];
-        const unsigned int wn = w ^ 0x88888888u;
-        // Magnitudes 0, 1, 2, 3, 4, 6, 8, 10 for codes 0..7.
-        const unsigned int pa = gpu_perm(lo, 0x0a080604u, w);
-        const unsigned int na = gpu_perm(lo, 0x0a080604u, wn);
-        const unsigned int pb = gpu_perm(lo, 0x0a080604u, w >> 16);
-        const unsigned int nb = gpu_perm(lo, 0x0a080604u, wn >> 16);
+        unsigned int pa, na, pb, nb;
+        fp4_word_mags(w, lo, pa, na, pb, nb);
         p0 = gpu_dp4a((int)pa, (int)a[t].x, p0);
         n0 = gpu_dp4a((int)na, (int)a[t].x, n0);
         p1 = gpu_dp4a((int)pa, (int)a[t].y, p1);
@@ -2001,10 +2058,10 @@ GPU_DEV void fp4_mma_word(unsigned int wa, unsigned int wb, unsigned int b0, uns
                           const gpu_u4& own, int (&cp)[4], int (&cn)[4]) {
     const unsigned int tl = 0x03020100u, th = 0x0a080604u;  // magnitudes of codes 0..7
     const unsigned int na = wa ^ 0x88888888u, nb = wb ^ 0x88888888u;
-    const int pal = (int)gpu_perm(tl, th, wa), pah = (int)gpu_perm(tl, th, wa >> 16);
-    const int pbl = (int)gpu_perm(tl, th, wb), pbh = (int)gpu_perm(tl, th, wb >> 16);
-    const int nal = (int)gpu_perm(tl, th, na), nah = (int)gpu_perm(tl, th, na >> 16);
-    const int nbl = (int)gpu_perm(tl, th, nb), nbh = (int)gpu_perm(tl, th, nb >> 16);
+    const int pal = (int)gpu_perm_pos(tl, th, wa), pah = (int)gpu_perm_pos(tl, th, wa >> 16);
+    const int pbl = (int)gpu_perm_pos(tl, th, wb), pbh = (int)gpu_perm_pos(tl, th, wb >> 16);
+    const int nal = (int)gpu_perm_pos(tl, th, na), nah = (int)gpu_perm_pos(tl, th, na >> 16);
+    const int nbl = (int)gpu_perm_pos(tl, th, nb), nbh = (int)gpu_perm_pos(tl, th, nb >> 16);
 #if defined(RF_MMA_PTX)
     (void)own;
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
@@ -3351,3 +3408,34 @@ extern "C" __global__ void __launch_bounds__(128, 2)
                     n_slots, offsets, active, sorted, out, affine);
 #endif
 }
+
+#if defined(GPU_PERM_SELFTEST)
+#define GPU_PERM_SELFTEST_N 32
+// kernels/check.sh (HIP): gpu_perm_nosign / gpu_perm_pos against gpu_perm_ref on 256
+// pseudo-random selectors each, inputs all constant, so clang folds the whole kernel
+// (v_perm_b32 included, by its own reading of the instruction) into one stored word:
+// 0x600d600d when every case agrees, 0xbad0bad0 otherwise.
+extern "C" __global__ void gpu_perm_selftest(unsigned int* out) {
+    unsigned int bad = 0, x = 0x2545f491u;
+#pragma unroll
+    for (int i = 0; i < GPU_PERM_SELFTEST_N; ++i) {
+        x = x * 1664525u + 1013904223u;
+        const unsigned int s = x ^ (x >> 13);
+        // The ROCmFP4 magnitudes (positive), the negative table, and arbitrary bytes.
+        bad += gpu_perm_pos(0x03020100u, 0x0a080604u, s) != gpu_perm_ref(0x03020100u, 0x0a080604u, s);
+        bad += gpu_perm_pos(0x7f3a1c00u, 0x01020408u, s >> 16) !=
+               gpu_perm_ref(0x7f3a1c00u, 0x01020408u, s >> 16);
+        const unsigned int n = s & 0x77777777u;
+        bad += gpu_perm_nosign(0xfdfeff00u, 0xf6f8fafcu, n) != gpu_perm_ref(0xfdfeff00u, 0xf6f8fafcu, n);
+        bad += gpu_perm_nosign(x, ~x, n >> 16) != gpu_perm_ref(x, ~x, n >> 16);
+        unsigned int m[4];
+        fp4_word_mags(s, 0x03020100u, m[0], m[1], m[2], m[3]);
+        const unsigned int sn = s ^ 0x88888888u;
+        bad += m[0] != gpu_perm_ref(0x03020100u, 0x0a080604u, s);
+        bad += m[1] != gpu_perm_ref(0x03020100u, 0x0a080604u, sn);
+        bad += m[2] != gpu_perm_ref(0x03020100u, 0x0a080604u, s >> 16);
+        bad += m[3] != gpu_perm_ref(0x03020100u, 0x0a080604u, sn >> 16);
+    }
+    out[0] = bad == 0 ? 0x600d600du : 0xbad0bad0u;
+}
+#endif
