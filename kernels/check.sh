@@ -43,10 +43,9 @@ else
     echo "FAIL AMD byte permutes (gpu_perm_selftest: not folded to 0x600d600d)"; status=1
 fi
 # The A/B compile options (backends/cuda/src/kernels.rs, ab_defines) change code that the
-# default build leaves out: every one of them at once, for one AMD and the NVIDIA target.
-OPTS=(-DGPU_PLAIN_I2F=1 -DMMQ_NARROW_OFF=1 -DGPU_BARRIER_FENCES=1 -DFP4_STAGE_SERIAL=1
-      -DFP4_BULK_CHUNKS=8 -DFP4_BULK_INFLIGHT=2 -DMMW_LDSM=1 -DMMW_FAST_ISSUE=1 -DMMW_E4_LUT=1
-      -DMMW_AFF_T=1 -DRF2_ID_LEAN=1 -DFP4_LOOP_LEAN=1 -DGPU_POLICY_IMM=1 -DHCF_SUM_BATCH=1)
+# default build leaves out: every one of them at once (listed in ab_options, one NAME=VALUE
+# a line; CI's NVRTC check reads the same list), for one AMD and the NVIDIA target.
+mapfile -t OPTS < <(sed 's/^/-D/' ab_options)
 for src in *.cu; do
     base=${src%.cu}
     if "$CXX" -x hip --cuda-device-only --no-gpu-bundle-output --offload-arch=gfx1151 \

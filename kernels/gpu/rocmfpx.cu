@@ -2056,12 +2056,11 @@ struct fp4_mma_smem {
 // own staged words own (x, z, y, w).
 GPU_DEV void fp4_mma_word(unsigned int wa, unsigned int wb, unsigned int b0, unsigned int b1,
                           const gpu_u4& own, int (&cp)[4], int (&cn)[4]) {
-    const unsigned int tl = 0x03020100u, th = 0x0a080604u;  // magnitudes of codes 0..7
-    const unsigned int na = wa ^ 0x88888888u, nb = wb ^ 0x88888888u;
-    const int pal = (int)gpu_perm_pos(tl, th, wa), pah = (int)gpu_perm_pos(tl, th, wa >> 16);
-    const int pbl = (int)gpu_perm_pos(tl, th, wb), pbh = (int)gpu_perm_pos(tl, th, wb >> 16);
-    const int nal = (int)gpu_perm_pos(tl, th, na), nah = (int)gpu_perm_pos(tl, th, na >> 16);
-    const int nbl = (int)gpu_perm_pos(tl, th, nb), nbh = (int)gpu_perm_pos(tl, th, nb >> 16);
+    unsigned int m[8];  // the magnitudes of codes 0..7, as fp4_word_mags gives them
+    fp4_word_mags(wa, 0x03020100u, m[0], m[1], m[2], m[3]);
+    fp4_word_mags(wb, 0x03020100u, m[4], m[5], m[6], m[7]);
+    const int pal = (int)m[0], nal = (int)m[1], pah = (int)m[2], nah = (int)m[3];
+    const int pbl = (int)m[4], nbl = (int)m[5], pbh = (int)m[6], nbh = (int)m[7];
 #if defined(RF_MMA_PTX)
     (void)own;
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
