@@ -60,3 +60,9 @@ def test_wrong_key_raises_authentication_error(keyed_server):
 def test_health_and_metrics_need_no_key(keyed_server):
     assert keyed_server.get_json("/health") == (200, {"status": "ok"})
     assert keyed_server.request("GET", "/metrics").status == 200
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER"])
+def test_the_scheme_is_case_insensitive(keyed_server, scheme):
+    r = keyed_server.request("GET", "/v1/models", headers={"Authorization": f"{scheme} {KEY}"})
+    assert r.status == 200, r.text

@@ -37,6 +37,20 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Seconds a client has to send a request's headers, and again its body.
+    #[arg(long, default_value_t = 30.0)]
+    pub read_timeout: f64,
+    /// Seconds in-flight requests may run after SIGTERM / Ctrl-C before the server
+    /// exits anyway.
+    #[arg(long, default_value_t = 60.0)]
+    pub shutdown_timeout: f64,
+}
+
+fn seconds(v: f64, flag: &str) -> Result<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(v)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("{flag} must be a positive number of seconds, got {v}"))
 }
 
 pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
@@ -58,6 +72,8 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
             max_tokens_limit: a.max_tokens_limit,
         },
         max_body_bytes: a.max_body_bytes,
+        read_timeout: seconds(a.read_timeout, "--read-timeout")?,
+        shutdown_timeout: seconds(a.shutdown_timeout, "--shutdown-timeout")?,
     };
     let load_opts = LoadOptions {
         n_ctx: a.ctx_size,

@@ -13,4 +13,6 @@ pub use model::{
     load, load_gguf, open_gguf_bytes, BatchEntry, CausalLm, LoadOptions, LoadedModel, StepTraffic,
 };
 pub use sampling::{Sampled, SamplingParams};
-pub use scheduler::{Event, FinishReason, GenRequest, Scheduler, SchedulerOptions, Stats, Timings};
+pub use scheduler::{
+    Emitted, Event, FinishReason, GenRequest, Scheduler, SchedulerOptions, Stats, Timings,
+};

@@ -21,6 +21,9 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// Number of alternatives to report per token (0 = none); `None` = no logprobs.
     pub logprobs: Option<usize>,
+    /// Added to a token's logit before anything else (OpenAI's `logit_bias`: -100
+    /// bans a token in practice, +100 forces it).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -34,6 +37,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             logprobs: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -41,7 +45,8 @@ impl Default for SamplingParams {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub id: u32,
-    /// log p of the chosen token under the model (after penalties, before temperature);
+    /// log p of the chosen token under the model (after logit bias and penalties,
+    /// before temperature);
     /// computed only when logprobs were asked for (0 otherwise).
     pub logprob: f32,
     /// The most likely alternatives, best first.
@@ -237,6 +242,11 @@ impl Sampler {
     fn sample_in(&mut self, logits: &[f32], l: &mut Vec<f32>, w: &mut Vec<f32>) -> Sampled {
         l.clear();
         l.extend_from_slice(logits);
+        for &(id, b) in &self.p.logit_bias {
+            if let Some(v) = l.get_mut(id as usize) {
+                *v += b;
+            }
+        }
         if self.p.presence_penalty != 0.0 || self.p.frequency_penalty != 0.0 {
             for (&id, &n) in &self.counts {
                 if let Some(v) = l.get_mut(id as usize) {
@@ -704,5 +714,30 @@ mod tests {
         });
         s.accept(1);
         assert_eq!(s.sample(&logits()).id, 2);
+    }
+
+    #[test]
+    fn logit_bias_bans_and_forces() {
+        let greedy = |bias: Vec<(u32, f32)>| {
+            Sampler::new(SamplingParams {
+                temperature: 0.0,
+                logit_bias: bias,
+                ..Default::default()
+            })
+            .sample(&logits())
+            .id
+        };
+        let best = greedy(vec![]);
+        assert_ne!(greedy(vec![(best, -100.0)]), best);
+        assert_eq!(greedy(vec![(0, 100.0)]), 0);
+        // ids past the vocabulary are ignored, not a panic
+        assert_eq!(greedy(vec![(1 << 30, 100.0)]), best);
+        // sampled at temperature 1, a banned token never comes up
+        let mut s = Sampler::new(SamplingParams {
+            seed: Some(7),
+            logit_bias: vec![(best, -100.0)],
+            ..Default::default()
+        });
+        assert!((0..200).all(|_| s.sample(&logits()).id != best));
     }
 }

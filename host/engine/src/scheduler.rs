@@ -46,18 +46,35 @@ pub struct Timings {
 
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// One generated token and the text it completes (may be empty while a multi-byte
-    /// character or a possible stop string is held back).
+    /// Text released by one step (empty while a multi-byte character or a possible
+    /// stop string is held back), and the tokens whose text it completes: a token's
+    /// logprobs go out with its text, so none is reported for text a stop string cut.
     Token {
-        id: u32,
         text: String,
-        sampled: Sampled,
+        tokens: Vec<Emitted>,
     },
     Done {
         reason: FinishReason,
         timings: Timings,
     },
     Error(String),
+}
+
+/// A sampled token as the client sees it.
+#[derive(Debug, Clone)]
+pub struct Emitted {
+    pub sampled: Sampled,
+    /// Byte offset in the completion text where the token's text begins.
+    pub offset: usize,
+}
+
+/// A sampled token whose text is not yet released: its text spans bytes
+/// `start..end` of the sequence's text (`end` as far as the text was decoded).
+#[derive(Debug)]
+struct Pending {
+    start: usize,
+    end: usize,
+    sampled: Sampled,
 }
 
 pub struct GenRequest {
@@ -166,11 +183,35 @@ struct Seq {
     first_token: Option<Instant>,
     /// A stop string ended the text (nothing held back is sent then).
     stop_string_hit: bool,
+    /// Sampled tokens whose text has not all been released.
+    pending: VecDeque<Pending>,
 }
 
 impl Seq {
     fn prefilling(&self) -> bool {
         self.fed < self.req.prompt.len()
+    }
+
+    /// The pending tokens the text up to `release` completes; after a stop string
+    /// (`cut`), the ones that put any text before it, and the rest are dropped.
+    fn take_released(&mut self, release: usize, cut: bool) -> Vec<Emitted> {
+        let emit = |p: Pending| Emitted {
+            sampled: p.sampled,
+            offset: p.start,
+        };
+        if cut {
+            return self
+                .pending
+                .drain(..)
+                .filter(|p| p.start < release)
+                .map(emit)
+                .collect();
+        }
+        let mut out = Vec::new();
+        while self.pending.front().is_some_and(|p| p.end <= release) {
+            out.extend(self.pending.pop_front().map(emit));
+        }
+        out
     }
 }
 
@@ -224,6 +265,7 @@ fn run(
                 started: Instant::now(),
                 first_token: None,
                 stop_string_hit: false,
+                pending: VecDeque::new(),
             });
         }
         stats.active.store(active.len(), Ordering::Relaxed);
@@ -302,18 +344,23 @@ fn run(
                 continue;
             }
             s.generated.push(id);
+            let start = s.text.len();
             s.text.push_str(&s.decoder.push(&tok, id));
+            s.pending.push_back(Pending {
+                start,
+                end: s.text.len(),
+                sampled,
+            });
             let (release, stop_hit) = release_text(&s.text, s.emitted, &s.req.stop);
             if stop_hit {
                 s.text.truncate(release);
             }
-            let delta = s.text[s.emitted..release].to_string();
+            let text = s.text[s.emitted..release].to_string();
             s.emitted = release;
-            let _ = s.req.events.send(Event::Token {
-                id,
-                text: delta,
-                sampled,
-            });
+            let tokens = s.take_released(release, stop_hit);
+            if !text.is_empty() || !tokens.is_empty() {
+                let _ = s.req.events.send(Event::Token { text, tokens });
+            }
             if stop_hit {
                 s.stop_string_hit = true;
                 finished[i] = Some(FinishReason::Stop);
@@ -332,17 +379,11 @@ fn run(
             // open UTF-8) unless a stop string cut the text there.
             if !s.stop_string_hit {
                 s.text.push_str(&s.decoder.finish());
-                let rest = s.text[s.emitted..].to_string();
-                if !rest.is_empty() {
-                    let _ = s.req.events.send(Event::Token {
-                        id: u32::MAX,
-                        text: rest,
-                        sampled: Sampled {
-                            id: u32::MAX,
-                            logprob: 0.0,
-                            top: Vec::new(),
-                        },
-                    });
+                let text = s.text[s.emitted..].to_string();
+                s.emitted = s.text.len();
+                let tokens = s.take_released(s.text.len(), false);
+                if !text.is_empty() || !tokens.is_empty() {
+                    let _ = s.req.events.send(Event::Token { text, tokens });
                 }
             }
             let now = Instant::now();

@@ -11,7 +11,7 @@ use axum::response::{
     IntoResponse, Response,
 };
 use futures_util::stream::{self, Stream, StreamExt};
-use moe_engine::{Event, FinishReason, GenRequest, Sampled, SamplingParams, Timings};
+use moe_engine::{Emitted, Event, FinishReason, GenRequest, Sampled, SamplingParams, Timings};
 use moe_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -125,7 +125,7 @@ fn chat_logprob(tok: &Tokenizer, s: &Sampled) -> Value {
 /// Collected result of a non-streamed generation.
 struct Collected {
     text: String,
-    tokens: Vec<Sampled>,
+    tokens: Vec<Emitted>,
     reason: FinishReason,
     timings: Timings,
 }
@@ -135,13 +135,9 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Collected, Ap
     let mut tokens = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Token {
-                text: t, sampled, ..
-            } => {
+            Event::Token { text: t, tokens: e } => {
                 text.push_str(&t);
-                if sampled.id != u32::MAX {
-                    tokens.push(sampled);
-                }
+                tokens.extend(e);
             }
             Event::Done { reason, timings } => {
                 return Ok(Collected {
@@ -186,7 +182,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
         let body = match job.flavor {
             Flavor::Chat => {
                 let logprobs = job.logprobs.map(|_| {
-                    json!({"content": c.tokens.iter().map(|s| chat_logprob(&tok, s)).collect::<Vec<_>>()})
+                    json!({"content": c.tokens.iter().map(|e| chat_logprob(&tok, &e.sampled)).collect::<Vec<_>>()})
                 });
                 json!({
                     "id": id, "object": "chat.completion", "created": created, "model": model,
@@ -196,7 +192,9 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
                 })
             }
             Flavor::Text => {
-                let logprobs = job.logprobs.map(|_| legacy_logprobs(&tok, &c.tokens));
+                let logprobs = job
+                    .logprobs
+                    .map(|_| legacy_logprobs(&tok, &c.tokens, &c.text, &mut (0, 0)));
                 json!({
                     "id": id, "object": "text_completion", "created": created, "model": model,
                     "choices": [{"index": 0, "text": c.text, "logprobs": logprobs,
@@ -210,20 +208,31 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     Ok(stream_response(job, rx, id, model, created, tok))
 }
 
-fn legacy_logprobs(tok: &Tokenizer, toks: &[Sampled]) -> Value {
-    let mut offset = 0;
+/// Legacy (completions) logprobs of `toks`; `text` is the completion text so far, in
+/// which each token's `text_offset` counts characters, as OpenAI's do. `at` is where
+/// the count stands, (bytes, characters): tokens come in text order, so a stream
+/// counts each character once.
+fn legacy_logprobs(
+    tok: &Tokenizer,
+    toks: &[Emitted],
+    text: &str,
+    at: &mut (usize, usize),
+) -> Value {
     let mut tokens = Vec::new();
     let mut lps = Vec::new();
     let mut tops = Vec::new();
     let mut offsets = Vec::new();
-    for s in toks {
-        let (t, _) = token_str(tok, s.id);
-        // OpenAI's offsets count characters of the completion text.
-        offsets.push(offset);
-        offset += t.chars().count();
-        tokens.push(t);
-        lps.push(s.logprob);
-        let m: serde_json::Map<String, Value> = s
+    for e in toks {
+        let to = e.offset.min(text.len());
+        if to >= at.0 {
+            at.1 += text.get(at.0..to).map_or(0, |s| s.chars().count());
+            at.0 = to;
+        }
+        offsets.push(at.1);
+        tokens.push(token_str(tok, e.sampled.id).0);
+        lps.push(e.sampled.logprob);
+        let m: serde_json::Map<String, Value> = e
+            .sampled
             .top
             .iter()
             .map(|(id, lp)| (token_str(tok, *id).0, json!(lp)))
@@ -261,16 +270,19 @@ fn stream_response(
         chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None)
     });
     let chunk2 = chunk.clone();
+    // The completion text so far (the legacy logprobs' offsets count its characters).
+    let (mut sent, mut at) = (String::new(), (0, 0));
     let body = UnboundedReceiverStream::new(rx).flat_map(move |ev| {
         let out: Vec<SseEvent> = match ev {
-            Event::Token { text, sampled, .. } => {
-                if text.is_empty() && !(want_lp && sampled.id != u32::MAX) {
+            Event::Token { text, tokens } => {
+                sent.push_str(&text);
+                let lp = (want_lp && !tokens.is_empty()).then(|| match flavor {
+                    Flavor::Chat => json!({"content": tokens.iter().map(|e| chat_logprob(&tok, &e.sampled)).collect::<Vec<_>>()}),
+                    Flavor::Text => legacy_logprobs(&tok, &tokens, &sent, &mut at),
+                });
+                if text.is_empty() && lp.is_none() {
                     Vec::new()
                 } else {
-                    let lp = (want_lp && sampled.id != u32::MAX).then(|| match flavor {
-                        Flavor::Chat => json!({"content": [chat_logprob(&tok, &sampled)]}),
-                        Flavor::Text => legacy_logprobs(&tok, std::slice::from_ref(&sampled)),
-                    });
                     let choice = match flavor {
                         Flavor::Chat => json!({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}),
                         Flavor::Text => json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": null}),

@@ -8,11 +8,12 @@ mod request;
 use std::{
     net::SocketAddr,
     sync::{atomic::Ordering, Arc, OnceLock},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use axum::{
-    body::Bytes,
-    extract::{rejection::BytesRejection, DefaultBodyLimit, Request, State},
+    body::{Body, Bytes},
+    extract::{rejection::BytesRejection, DefaultBodyLimit, Path, Request, State},
     http::{header, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Response},
@@ -27,13 +28,19 @@ use serde_json::json;
 pub use error::ApiError;
 use generate::{Flavor, Job};
 pub use request::LengthLimits;
-use request::{content_text, output_length, ChatRequest, CompletionRequest, Prompt};
+use request::{content_text, not_supported, output_length, ChatRequest, CompletionRequest, Prompt};
 
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     pub api_key: Option<String>,
     pub limits: LengthLimits,
     pub max_body_bytes: usize,
+    /// Time a client has to send a request's headers, and again its body; a slower
+    /// one is dropped (it would hold a connection, and shutdown, open).
+    pub read_timeout: Duration,
+    /// After SIGTERM / Ctrl-C, how long in-flight requests may run before the
+    /// server exits anyway.
+    pub shutdown_timeout: Duration,
 }
 
 pub struct AppInner {
@@ -42,6 +49,8 @@ pub struct AppInner {
     pub opts: ServerOptions,
     /// Name clients may also use for the model (the GGUF file stem).
     pub alias: String,
+    /// When the server started (Unix seconds): the model's `created`.
+    pub started: u64,
 }
 
 pub type AppState = Arc<AppInner>;
@@ -64,6 +73,12 @@ impl AppInner {
 }
 
 /// Parses a JSON body into `T`, mapping every failure to an OpenAI-style error.
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let bytes = body.map_err(|r| {
         let status = r.status();
@@ -83,8 +98,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        // (the key is checked first: no body is read for a client without it)
+        .route_layer(middleware::from_fn_with_state(state.clone(), read_body))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .merge(guarded)
@@ -98,7 +116,64 @@ pub fn router(state: AppState) -> Router {
                 .status(StatusCode::METHOD_NOT_ALLOWED)
         })
         .layer(DefaultBodyLimit::max(state.opts.max_body_bytes))
+        .layer(middleware::from_fn(log_request))
         .with_state(state)
+}
+
+/// One log line a request: method, path, status, time to the response's head.
+async fn log_request(req: Request, next: Next) -> Response {
+    let (method, path, t0) = (
+        req.method().clone(),
+        req.uri().path().to_owned(),
+        Instant::now(),
+    );
+    let r = next.run(req).await;
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    let status = r.status().as_u16();
+    if r.status().is_server_error() {
+        tracing::warn!(target: "moeserve::http", "{method} {path} {status} {ms:.1} ms");
+    } else {
+        tracing::info!(target: "moeserve::http", "{method} {path} {status} {ms:.1} ms");
+    }
+    r
+}
+
+/// Reads the whole body within the read timeout (and the size limit), so a client
+/// that stops sending mid-body gets a 408 instead of holding its connection.
+async fn read_body(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let limit = st.opts.max_body_bytes;
+    match tokio::time::timeout(st.opts.read_timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Ok(Err(e)) => {
+            // to_bytes fails on the size limit or on a broken connection
+            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+            let mut too_big = false;
+            while let Some(c) = cause {
+                too_big |= c.is::<http_body_util::LengthLimitError>();
+                cause = c.source();
+            }
+            if too_big {
+                ApiError::invalid("request body too large", None)
+                    .status(StatusCode::PAYLOAD_TOO_LARGE)
+                    .into_response()
+            } else {
+                ApiError::invalid(format!("reading the request body: {e}"), None).into_response()
+            }
+        }
+        Err(_) => ApiError::invalid(
+            format!(
+                "the request body did not arrive within {} s",
+                st.opts.read_timeout.as_secs_f64()
+            ),
+            None,
+        )
+        .status(StatusCode::REQUEST_TIMEOUT)
+        .into_response(),
+    }
 }
 
 async fn require_key(State(st): State<AppState>, req: Request, next: Next) -> Response {
@@ -107,8 +182,9 @@ async fn require_key(State(st): State<AppState>, req: Request, next: Next) -> Re
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|k| k == key);
+            .and_then(|v| v.split_once(' '))
+            // (the scheme is case-insensitive, RFC 9110)
+            .is_some_and(|(scheme, k)| scheme.eq_ignore_ascii_case("bearer") && k.trim() == key);
         if !ok {
             return ApiError::unauthorized().into_response();
         }
@@ -127,13 +203,22 @@ async fn health(State(st): State<AppState>) -> Response {
     }
 }
 
+fn model_card(st: &AppInner, s: &Scheduler) -> serde_json::Value {
+    json!({
+        "id": s.model_name, "object": "model", "created": st.started, "owned_by": "moeserve",
+        "meta": {"n_ctx": s.n_ctx, "n_slots": s.n_slots, "n_vocab": s.tokenizer.vocab_size(), "alias": st.alias},
+    })
+}
+
 async fn models(State(st): State<AppState>) -> Result<Response, ApiError> {
     let s = st.scheduler()?;
-    Ok(Json(json!({"object": "list", "data": [{
-        "id": s.model_name, "object": "model", "created": 0, "owned_by": "moeserve",
-        "meta": {"n_ctx": s.n_ctx, "n_slots": s.n_slots, "n_vocab": s.tokenizer.vocab_size(), "alias": st.alias},
-    }]}))
-    .into_response())
+    Ok(Json(json!({"object": "list", "data": [model_card(&st, s)]})).into_response())
+}
+
+/// `GET /v1/models/{id}`: the model by its name or alias.
+async fn model(State(st): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    st.check_model(&Some(id))?;
+    Ok(Json(model_card(&st, st.scheduler()?)).into_response())
 }
 
 async fn chat_completions(
@@ -143,6 +228,7 @@ async fn chat_completions(
     let req: ChatRequest = parse_body(body)?;
     st.check_model(&req.common.model)?;
     let s = st.scheduler()?;
+    req.common.unsupported()?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid(
             "'messages' must not be empty",
@@ -157,6 +243,12 @@ async fn chat_completions(
                 Some("messages"),
             ));
         }
+        if m.tool_calls
+            .as_ref()
+            .is_some_and(|v| !v.is_null() && v != &json!([]))
+        {
+            return Err(not_supported("a message with 'tool_calls'", "messages"));
+        }
         msgs.push(ChatMessage::new(m.role.clone(), content_text(&m.content)?));
     }
     let top = req.top_logprobs.unwrap_or(0);
@@ -166,26 +258,30 @@ async fn chat_completions(
             Some("top_logprobs"),
         ));
     }
+    if req.top_logprobs.is_some() && req.logprobs != Some(true) {
+        return Err(ApiError::invalid(
+            "'top_logprobs' needs 'logprobs' set to true",
+            Some("top_logprobs"),
+        ));
+    }
     let logprobs = req.logprobs.unwrap_or(false).then_some(top as usize);
-    let sampling = req.common.sampling(logprobs)?;
+    let sampling = req.common.sampling(logprobs, s.tokenizer.vocab_size())?;
     let tok = &s.tokenizer;
-    let prompt_text = match tok.apply_chat_template(&msgs, true) {
-        Ok(t) => t,
+    // Message content is encoded as plain text: a control-token string in it (e.g.
+    // "<|im_end|>") cannot open or close a turn.
+    let encoded = match tok.encode_chat(&msgs, true) {
         Err(moe_tokenizer::TokenizerError::NoChatTemplate) => {
             tracing::warn!("the model has no chat template; using ChatML");
-            tok.apply_template(FALLBACK_CHAT_TEMPLATE, &msgs, true)
-                .map_err(|e| ApiError::internal(e.to_string()))?
+            tok.encode_chat_template(FALLBACK_CHAT_TEMPLATE, &msgs, true)
         }
-        Err(e) => {
-            return Err(ApiError::invalid(
-                format!("chat template: {e}"),
-                Some("messages"),
-            ))
-        }
+        r => r,
     };
-    let prompt = tok
-        .encode(&prompt_text, true, true)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let prompt = encoded.map_err(|e| match e {
+        moe_tokenizer::TokenizerError::Template { .. } => {
+            ApiError::invalid(format!("chat template: {e}"), Some("messages"))
+        }
+        e => ApiError::invalid(e.to_string(), Some("messages")),
+    })?;
     generate::run(
         &st,
         Job {
@@ -194,7 +290,7 @@ async fn chat_completions(
             sampling,
             max_tokens: output_length(&req.common, st.opts.limits),
             stop: req.common.stop_strings()?,
-            stream: req.common.stream,
+            stream: req.common.stream(),
             include_usage: req.common.include_usage(),
             logprobs,
         },
@@ -209,15 +305,21 @@ async fn completions(
     let req: CompletionRequest = parse_body(body)?;
     st.check_model(&req.common.model)?;
     let s = st.scheduler()?;
-    let lp = req.logprobs.unwrap_or(-1);
-    if lp > 20 {
+    req.common.unsupported()?;
+    if req.echo == Some(true) {
+        return Err(not_supported("'echo'", "echo"));
+    }
+    if req.suffix.as_ref().is_some_and(|x| !x.is_empty()) {
+        return Err(not_supported("'suffix'", "suffix"));
+    }
+    if req.logprobs.is_some_and(|n| !(0..=20).contains(&n)) {
         return Err(ApiError::invalid(
-            "'logprobs' must be at most 20",
+            "'logprobs' must be between 0 and 20",
             Some("logprobs"),
         ));
     }
-    let logprobs = (lp >= 0).then_some(lp as usize);
-    let sampling = req.common.sampling(logprobs)?;
+    let logprobs = req.logprobs.map(|n| n as usize);
+    let sampling = req.common.sampling(logprobs, s.tokenizer.vocab_size())?;
     let prompt = match &req.prompt {
         Prompt::Text(t) => s
             .tokenizer
@@ -255,7 +357,7 @@ async fn completions(
             sampling,
             max_tokens: output_length(&req.common, st.opts.limits),
             stop: req.common.stop_strings()?,
-            stream: req.common.stream,
+            stream: req.common.stream(),
             include_usage: req.common.include_usage(),
             logprobs,
         },
@@ -384,6 +486,7 @@ pub async fn serve(
         scheduler: OnceLock::new(),
         opts,
         alias,
+        started: unix_now(),
     });
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -396,11 +499,7 @@ pub async fn serve(
     });
     let app = router(state.clone());
     // Serve while loading, so /health can say 503 instead of refusing connections.
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-    });
+    let server = tokio::spawn(serve_connections(listener, app, state.opts.clone()));
     loaded
         .await
         .map_err(|e| anyhow::anyhow!("model loading panicked: {e}"))??;
@@ -412,8 +511,63 @@ pub async fn serve(
     eprintln!(
         "try: curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}],\"temperature\":0}}'"
     );
-    server.await??;
+    server
+        .await
+        .map_err(|e| anyhow::anyhow!("the server task failed: {e}"))?;
     Ok(())
+}
+
+/// Accepts connections until SIGTERM / Ctrl-C, then lets open ones finish for up to
+/// `shutdown_timeout`. Each connection gets `read_timeout` for a request's headers.
+async fn serve_connections(listener: tokio::net::TcpListener, app: Router, opts: ServerOptions) {
+    use hyper_util::{
+        rt::{TokioIo, TokioTimer},
+        server::graceful::GracefulShutdown,
+        service::TowerToHyperService,
+    };
+    let graceful = GracefulShutdown::new();
+    let mut signal = std::pin::pin!(shutdown_signal());
+    loop {
+        let (io, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // (out of file descriptors and the like: back off, keep serving)
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut signal => break,
+        };
+        let _ = io.set_nodelay(true);
+        let svc = TowerToHyperService::new(app.clone());
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(opts.read_timeout)
+            .serve_connection(TokioIo::new(io), svc);
+        let watched = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = watched.await {
+                tracing::debug!("connection from {peer}: {e}");
+            }
+        });
+    }
+    drop(listener);
+    let open = graceful.count();
+    if open > 0 {
+        eprintln!("waiting for {open} open connection(s)");
+    }
+    let limit = opts.shutdown_timeout;
+    if tokio::time::timeout(limit, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        eprintln!(
+            "connections still open after {} s; closing them",
+            limit.as_secs_f64()
+        );
+    }
 }
 
 async fn shutdown_signal() {

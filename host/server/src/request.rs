@@ -1,5 +1,7 @@
 //! Request bodies of the two generation endpoints, and their validation.
 
+use std::collections::HashMap;
+
 use moe_engine::SamplingParams;
 use serde::Deserialize;
 use serde_json::Value;
@@ -19,6 +21,9 @@ pub struct Message {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// Refused when present (tool calling is not supported).
+    #[serde(default)]
+    pub tool_calls: Option<Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -42,8 +47,10 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// Fields shared by chat and text completions (unknown fields are ignored, as OpenAI
-/// clients send many).
+/// Fields shared by chat and text completions. Unknown fields are ignored, as OpenAI
+/// clients send many; known ones that would change the answer and are not supported
+/// (tools, structured output...) are refused by [`Common::unsupported`]. `null` is
+/// the same as leaving a field out.
 #[derive(Deserialize, Debug, Default)]
 pub struct Common {
     pub model: Option<String>,
@@ -59,10 +66,22 @@ pub struct Common {
     pub max_completion_tokens: Option<i64>,
     pub max_output_tokens: Option<i64>,
     #[serde(default)]
-    pub stream: bool,
+    pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub n: Option<i64>,
+    /// Token id (a decimal string) -> bias in [-100, 100].
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub best_of: Option<i64>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub functions: Option<Value>,
+    pub function_call: Option<Value>,
+    pub response_format: Option<Value>,
 }
+
+/// The longest stop sequence accepted, in bytes (each is searched for after every
+/// token).
+pub const MAX_STOP_BYTES: usize = 1024;
 
 #[derive(Deserialize, Debug)]
 pub struct ChatRequest {
@@ -80,6 +99,9 @@ pub struct CompletionRequest {
     pub prompt: Prompt,
     /// Legacy style: the number of alternatives per token.
     pub logprobs: Option<i64>,
+    /// Refused when true / non-empty (not supported).
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -117,9 +139,69 @@ fn range(v: Option<f64>, lo: f64, hi: f64, name: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Whether a field was given a value that asks for something (not null, not empty).
+fn given(v: &Option<Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(_) => true,
+    }
+}
+
+pub fn not_supported(what: &str, param: &str) -> ApiError {
+    ApiError::invalid(
+        format!("{what} is not supported by this server"),
+        Some(param),
+    )
+    .with_code("unsupported_parameter")
+}
+
 impl Common {
-    /// Checks values and builds sampling parameters (`top_logprobs`: None = no logprobs).
-    pub fn sampling(&self, logprobs: Option<usize>) -> Result<SamplingParams, ApiError> {
+    pub fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// Refuses what the request asks for that this server cannot do, rather than
+    /// answering as if it had not been asked.
+    pub fn unsupported(&self) -> Result<(), ApiError> {
+        if given(&self.tools) || given(&self.functions) {
+            let p = if given(&self.tools) {
+                "tools"
+            } else {
+                "functions"
+            };
+            return Err(not_supported("tool calling", p));
+        }
+        for (v, p) in [
+            (&self.tool_choice, "tool_choice"),
+            (&self.function_call, "function_call"),
+        ] {
+            if given(v) && v.as_ref().and_then(Value::as_str) != Some("none") {
+                return Err(not_supported("tool calling", p));
+            }
+        }
+        if let Some(f) = self.response_format.as_ref().filter(|v| !v.is_null()) {
+            if f.get("type").and_then(Value::as_str) != Some("text") {
+                return Err(not_supported(
+                    "'response_format' other than {\"type\": \"text\"}",
+                    "response_format",
+                ));
+            }
+        }
+        if self.best_of.is_some_and(|b| b != 1) {
+            return Err(not_supported("'best_of' other than 1", "best_of"));
+        }
+        Ok(())
+    }
+
+    /// Checks values and builds sampling parameters (`top_logprobs`: None = no
+    /// logprobs; `n_vocab` bounds `logit_bias`'s token ids).
+    pub fn sampling(
+        &self,
+        logprobs: Option<usize>,
+        n_vocab: usize,
+    ) -> Result<SamplingParams, ApiError> {
         range(self.temperature, 0.0, 2.0, "temperature")?;
         range(self.top_p, 0.0, 1.0, "top_p")?;
         range(self.min_p, 0.0, 1.0, "min_p")?;
@@ -133,7 +215,7 @@ impl Common {
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
         }
-        if self.stream_options.is_some() && !self.stream {
+        if self.stream_options.is_some() && !self.stream() {
             return Err(ApiError::invalid(
                 "'stream_options' is only allowed when 'stream' is true",
                 Some("stream_options"),
@@ -145,6 +227,25 @@ impl Common {
                 Some("top_p"),
             ));
         }
+        let mut logit_bias = Vec::new();
+        for (k, &b) in self.logit_bias.iter().flatten() {
+            let bad = |m: String| ApiError::invalid(m, Some("logit_bias"));
+            let id: u32 = k
+                .parse()
+                .map_err(|_| bad(format!("'logit_bias' key {k:?} is not a token id")))?;
+            if id as usize >= n_vocab {
+                return Err(bad(format!(
+                    "'logit_bias' token id {id} is outside the vocabulary ({n_vocab})"
+                )));
+            }
+            if !(-100.0..=100.0).contains(&b) {
+                return Err(bad(format!(
+                    "'logit_bias' values must be between -100 and 100, got {b}"
+                )));
+            }
+            logit_bias.push((id, b as f32));
+        }
+        logit_bias.sort_unstable_by_key(|&(id, _)| id);
         Ok(SamplingParams {
             temperature: self.temperature.unwrap_or(1.0) as f32,
             top_k: self.top_k.unwrap_or(0) as usize,
@@ -154,6 +255,7 @@ impl Common {
             presence_penalty: self.presence_penalty.unwrap_or(0.0) as f32,
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0) as f32,
             logprobs,
+            logit_bias,
         })
     }
 
@@ -165,6 +267,12 @@ impl Common {
         };
         if v.len() > 4 {
             return Err(ApiError::invalid("at most 4 stop sequences", Some("stop")));
+        }
+        if v.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::invalid(
+                format!("a stop sequence may be at most {MAX_STOP_BYTES} bytes long"),
+                Some("stop"),
+            ));
         }
         Ok(v.into_iter().filter(|s| !s.is_empty()).collect())
     }
@@ -184,17 +292,18 @@ pub fn content_text(c: &Option<Content>) -> Result<String, ApiError> {
         Some(Content::Parts(parts)) => {
             let mut out = String::new();
             for p in parts {
-                match (
-                    p.get("type").and_then(Value::as_str),
-                    p.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("text"), Some(t)) => out.push_str(t),
-                    (kind, _) => {
-                        return Err(ApiError::invalid(
-                            format!("content part of type {kind:?} is not supported (text only)"),
-                            Some("messages"),
+                let bad = |m: String| Err(ApiError::invalid(m, Some("messages")));
+                match (p.get("type"), p.get("text").and_then(Value::as_str)) {
+                    (Some(Value::String(k)), Some(t)) if k == "text" => out.push_str(t),
+                    (Some(Value::String(k)), None) if k == "text" => {
+                        return bad("a content part of type 'text' needs a string 'text'".into())
+                    }
+                    (Some(Value::String(k)), _) => {
+                        return bad(format!(
+                            "content parts of type '{k}' are not supported (text only)"
                         ))
                     }
+                    _ => return bad("a content part needs a string 'type'".into()),
                 }
             }
             Ok(out)
@@ -251,13 +360,49 @@ mod tests {
     fn bad_values_name_their_parameter() {
         use serde_json::json;
         let e = common(json!({"temperature": 3.0}))
-            .sampling(None)
+            .sampling(None, 10)
             .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"));
         let e = common(json!({"stream_options": {"include_usage": true}}))
-            .sampling(None)
+            .sampling(None, 10)
             .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stream_options"));
-        assert!(common(json!({"n": 2})).sampling(None).is_err());
+        assert!(common(json!({"n": 2})).sampling(None, 10).is_err());
+        for (j, p) in [
+            (json!({"logit_bias": {"x": 1}}), "logit_bias"),
+            (json!({"logit_bias": {"10": 1}}), "logit_bias"),
+            (json!({"logit_bias": {"3": 101}}), "logit_bias"),
+        ] {
+            let e = common(j).sampling(None, 10).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(p));
+        }
+        let s = common(json!({"logit_bias": {"9": -100, "2": 5.5}, "stream": null}))
+            .sampling(None, 10)
+            .unwrap();
+        assert_eq!(s.logit_bias, [(2, 5.5), (9, -100.0)]);
+    }
+
+    #[test]
+    fn unsupported_features_are_refused_and_empty_ones_pass() {
+        use serde_json::json;
+        for (j, p) in [
+            (json!({"tools": [{"type": "function"}]}), "tools"),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (json!({"functions": [{}]}), "functions"),
+            (
+                json!({"response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (json!({"best_of": 3}), "best_of"),
+        ] {
+            let e = common(j).unsupported().unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(p));
+        }
+        for j in [
+            json!({"tools": [], "tool_choice": "none", "response_format": {"type": "text"}}),
+            json!({"tools": null, "tool_choice": null, "best_of": 1, "stream": null}),
+        ] {
+            assert!(common(j).unsupported().is_ok());
+        }
     }
 }

@@ -132,6 +132,8 @@ pub enum TokenizerError {
     Encode(String),
     #[error("the model has no chat template")]
     NoChatTemplate,
+    #[error("message content holds the control-token string {0:?}, and this chat template changes content, so it cannot be kept as plain text")]
+    LiteralContent(String),
     #[error("chat template error{}: {message}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
     Template {
         line: Option<usize>,
@@ -413,24 +415,46 @@ impl Tokenizer {
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let mut ids = Vec::with_capacity(text.len() / 3 + 2);
+        self.encode_segments(&[(text, parse_special)], add_special)
+    }
+
+    /// Encodes the concatenation of `segments`, each with its own `parse_special`:
+    /// a special-token string is recognised only when it lies wholly inside one
+    /// segment that allows it, while the text between special tokens is merged as one
+    /// run across segment boundaries (so a literal segment tokenizes exactly as it
+    /// would inside the whole text).
+    pub fn encode_segments(
+        &self,
+        segments: &[(&str, bool)],
+        add_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let len: usize = segments.iter().map(|(t, _)| t.len()).sum();
+        let mut ids = Vec::with_capacity(len / 3 + 2);
         if add_special && self.add_bos {
             ids.extend(self.bos_id);
         }
-        let matcher = if parse_special {
-            &self.all_special
-        } else {
-            &self.always_special
-        };
-        let mut last = 0;
-        if let Some(m) = matcher {
-            for found in m.automaton.find_iter(text) {
-                self.encode_text(&text[last..found.start()], last == 0, &mut ids)?;
-                ids.push(m.ids[found.pattern().as_usize()]);
-                last = found.end();
+        let mut run = String::new();
+        let mut at_start = true;
+        for &(text, parse_special) in segments {
+            let matcher = if parse_special {
+                &self.all_special
+            } else {
+                &self.always_special
+            };
+            let mut last = 0;
+            if let Some(m) = matcher {
+                for found in m.automaton.find_iter(text) {
+                    run.push_str(&text[last..found.start()]);
+                    self.encode_text(&run, at_start, &mut ids)?;
+                    run.clear();
+                    at_start = false;
+                    ids.push(m.ids[found.pattern().as_usize()]);
+                    last = found.end();
+                }
             }
+            run.push_str(&text[last..]);
         }
-        self.encode_text(&text[last..], last == 0, &mut ids)?;
+        self.encode_text(&run, at_start, &mut ids)?;
         if add_special && self.add_eos {
             ids.extend(self.eos_id);
         }
@@ -625,6 +649,121 @@ impl Tokenizer {
             self.special_text(self.eos_id),
         )
     }
+}
+
+impl Tokenizer {
+    /// Renders the model's chat template and encodes it with every message's content
+    /// kept literal: a control-token string such as `<|im_end|>` typed by a user
+    /// stays text instead of closing a turn. Errors as [`Tokenizer::apply_chat_template`],
+    /// plus [`TokenizerError::LiteralContent`] (see [`Tokenizer::encode_chat_with`]).
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_chat_with(messages, |m| {
+            self.apply_chat_template(m, add_generation_prompt)
+        })
+    }
+
+    /// [`Tokenizer::encode_chat`] with another template (e.g. [`FALLBACK_CHAT_TEMPLATE`]).
+    pub fn encode_chat_template(
+        &self,
+        template: &str,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let t = ChatTemplate::compile(template)?;
+        self.encode_chat_with(messages, |m| {
+            t.render(
+                m,
+                add_generation_prompt,
+                self.special_text(self.bos_id),
+                self.special_text(self.eos_id),
+            )
+        })
+    }
+
+    /// Encodes `render(messages)` (BOS/EOS as `encode(.., true, true)` adds them) with
+    /// the messages' content literal. The content's place in the text is found by
+    /// rendering once more with a marker per message; when putting the contents back
+    /// in the markers' places gives the same text, the markers' spans are encoded
+    /// without special tokens and the template's text with them. A template that
+    /// changes content (trims it, branches on it) fails that check: its text is then
+    /// encoded as a whole, which is the same when no content holds a control-token
+    /// string, and otherwise a [`TokenizerError::LiteralContent`] error.
+    pub fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        render: impl Fn(&[ChatMessage]) -> Result<String, TokenizerError>,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let text = render(messages)?;
+        if let Some(segments) = content_spans(messages, &text, &render) {
+            let segs: Vec<(&str, bool)> = segments
+                .iter()
+                .map(|&(a, b, literal)| (&text[a..b], !literal))
+                .collect();
+            return self.encode_segments(&segs, true);
+        }
+        if let Some(m) = &self.all_special {
+            for msg in messages {
+                if let Some(found) = m.automaton.find(msg.content.as_str()) {
+                    return Err(TokenizerError::LiteralContent(
+                        msg.content[found.start()..found.end()].to_string(),
+                    ));
+                }
+            }
+        }
+        self.encode(&text, true, true)
+    }
+}
+
+/// Marker characters around a message's index (Unicode private use: no template
+/// filter touches them, no tokenizer gives them meaning).
+const MARK_OPEN: char = '\u{F8FF}';
+const MARK_CLOSE: char = '\u{F8FE}';
+
+/// `(start, end, literal)` byte spans covering `text`: literal ones are message
+/// content. None when the template does not place content verbatim (see
+/// [`Tokenizer::encode_chat_with`]) or content already holds a marker character.
+fn content_spans(
+    messages: &[ChatMessage],
+    text: &str,
+    render: &impl Fn(&[ChatMessage]) -> Result<String, TokenizerError>,
+) -> Option<Vec<(usize, usize, bool)>> {
+    let has_mark = |s: &str| s.contains(MARK_OPEN) || s.contains(MARK_CLOSE);
+    if messages.iter().any(|m| has_mark(&m.content)) {
+        return None;
+    }
+    let marked: Vec<ChatMessage> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| ChatMessage::new(m.role.clone(), format!("{MARK_OPEN}{i}{MARK_CLOSE}")))
+        .collect();
+    let skeleton = render(&marked).ok()?;
+    let mut spans = Vec::new();
+    let mut rebuilt = String::with_capacity(text.len());
+    let mut rest = skeleton.as_str();
+    while let Some(open) = rest.find(MARK_OPEN) {
+        let after = &rest[open + MARK_OPEN.len_utf8()..];
+        let close = after.find(MARK_CLOSE)?;
+        let i: usize = after[..close].parse().ok()?;
+        let content = &messages.get(i)?.content;
+        let a = rebuilt.len();
+        rebuilt.push_str(&rest[..open]);
+        spans.push((a, rebuilt.len(), false));
+        let a = rebuilt.len();
+        rebuilt.push_str(content);
+        spans.push((a, rebuilt.len(), true));
+        rest = &after[close + MARK_CLOSE.len_utf8()..];
+    }
+    if has_mark(rest) {
+        return None;
+    }
+    let a = rebuilt.len();
+    rebuilt.push_str(rest);
+    spans.push((a, rebuilt.len(), false));
+    (rebuilt == text).then_some(spans)
 }
 
 /// The HF `tokenizers` BPE + pre-tokenizer for a byte-level vocabulary.
