@@ -422,9 +422,11 @@ pub fn release_text(text: &str, emitted: usize, stops: &[String]) -> (usize, boo
         return (at.max(emitted), true);
     }
     let mut hold = 0;
+    let last = text.as_bytes().last().copied();
     for s in stops {
         for (k, _) in s.char_indices().skip(1) {
-            if text.ends_with(&s[..k]) {
+            // (the byte test first: a token's check stays linear in the stop's length)
+            if Some(s.as_bytes()[k - 1]) == last && text.ends_with(&s[..k]) {
                 hold = hold.max(k);
             }
         }
