@@ -50,3 +50,28 @@ def test_concurrent_requests_equal_served_alone(ds4_server):
     with ThreadPoolExecutor(len(PROMPTS)) as ex:
         together = list(ex.map(lambda p: complete(ds4_server, p), PROMPTS))
     assert together == alone
+
+
+def test_prompt_extending_a_slot_continues_its_state(ds4_server):
+    """The compressed state cannot be rewound, so only a prompt that extends all a
+    slot holds reuses it; the answer equals a full prefill's."""
+    def run(prompt, **kw):
+        r = ds4_server.post("/v1/completions", {"prompt": prompt, "max_tokens": 6,
+                                                "temperature": 0, "logprobs": 2, **kw})
+        assert r.status == 200, r.text
+        body = r.json()
+        return body["usage"]["timings"]["cached_prefix_tokens"], body["choices"][0]
+
+    ids = ds4_server.post("/tokenize", {"content": "The router scores the experts and"}).json()["tokens"]
+    # one token generated: the slot holds exactly the prompt
+    r = ds4_server.post("/v1/completions", {"prompt": ids, "max_tokens": 1, "temperature": 0})
+    assert r.status == 200, r.text
+    longer = ids + ids[:5]
+    got, ans = run(longer)
+    assert got == len(ids)
+    full_cached, full = run(longer, cache_prompt=False)
+    assert full_cached == 0
+    assert ans == full
+    # a prompt that diverges inside what a slot holds starts over
+    got, _ = run(ids[:-2] + ids[:3])
+    assert got == 0

@@ -37,6 +37,11 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Reuse a slot's cache for a prompt that starts with the tokens it holds
+    /// (multi-turn chats prefill only the new turn); `--prefix-cache false` turns it
+    /// off (a request can with `"cache_prompt": false`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub prefix_cache: bool,
     /// Seconds a client has to send a request's headers, and again its body.
     #[arg(long, default_value_t = 30.0)]
     pub read_timeout: f64,
@@ -82,6 +87,7 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
     };
     let sched_opts = SchedulerOptions {
         max_batch_tokens: a.batch_tokens,
+        prefix_cache: a.prefix_cache,
     };
     let model = a.model.clone();
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;

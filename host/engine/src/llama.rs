@@ -233,6 +233,12 @@ impl CausalLm for Llama {
     fn device(&self) -> &Arc<Device> {
         &self.dev
     }
+    /// Any matching prefix: the cache is by position, and attention reads only the
+    /// positions before a token's own, so rows past the kept prefix are overwritten
+    /// before anything reads them.
+    fn keep_prefix(&self, _cached: usize, matching: usize) -> usize {
+        matching
+    }
 
     fn forward(&mut self, batch: &[BatchEntry]) -> Result<Vec<Vec<f32>>> {
         let t = batch.len();

@@ -41,6 +41,8 @@ pub struct Timings {
     pub decode_ms: f64,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose cache rows an earlier sequence in the slot left (not
+    /// prefilled again).
     pub cached_prefix_tokens: usize,
 }
 
@@ -83,6 +85,9 @@ pub struct GenRequest {
     /// Already clamped by the caller; also capped here by the context.
     pub max_tokens: usize,
     pub stop: Vec<String>,
+    /// May the prompt reuse cache rows an earlier sequence left in a slot (when the
+    /// scheduler's `prefix_cache` is on too).
+    pub cache_prompt: bool,
     pub events: UnboundedSender<Event>,
 }
 
@@ -90,13 +95,68 @@ pub struct GenRequest {
 pub struct SchedulerOptions {
     /// Most tokens in one forward pass (prefill chunks fill what decoding leaves).
     pub max_batch_tokens: usize,
+    /// A slot keeps the tokens its last sequence fed, and a new prompt that starts
+    /// with them skips prefilling what the model can keep ([`CausalLm::keep_prefix`]).
+    pub prefix_cache: bool,
 }
 
 impl Default for SchedulerOptions {
     fn default() -> Self {
         SchedulerOptions {
             max_batch_tokens: 256,
+            prefix_cache: true,
         }
+    }
+}
+
+/// The free slots and what each one's cache holds.
+struct Slots {
+    free: Vec<u32>,
+    /// Per slot: the tokens its cache holds, in position order (kept while free).
+    held: Vec<Vec<u32>>,
+    /// Per slot: when it was last given back (a tick), so misses take the stalest.
+    freed_at: Vec<u64>,
+    tick: u64,
+}
+
+impl Slots {
+    fn new(n: usize) -> Self {
+        Slots {
+            free: (0..n as u32).rev().collect(),
+            held: vec![Vec::new(); n],
+            freed_at: vec![0; n],
+            tick: 0,
+        }
+    }
+
+    /// Gives a slot back; its cache holds `tokens` (empty: unknown, keep nothing).
+    fn give_back(&mut self, slot: u32, tokens: Vec<u32>) {
+        self.tick += 1;
+        self.held[slot as usize] = tokens;
+        self.freed_at[slot as usize] = self.tick;
+        self.free.push(slot);
+    }
+
+    /// Takes the free slot that keeps the most of `prompt` (`keep(cached, matching)`,
+    /// at most all but the prompt's last token, whose logits must be computed), the
+    /// stalest on a tie; returns it and the tokens kept.
+    fn take(
+        &mut self,
+        prompt: &[u32],
+        keep: impl Fn(usize, usize) -> usize,
+    ) -> Option<(u32, usize)> {
+        let head = &prompt[..prompt.len().saturating_sub(1)];
+        let kept = |slot: u32| {
+            let held = &self.held[slot as usize];
+            let matching = held.iter().zip(head).take_while(|(a, b)| a == b).count();
+            keep(held.len(), matching).min(matching)
+        };
+        let (best, n) = (0..self.free.len())
+            .map(|i| (i, kept(self.free[i])))
+            .max_by_key(|&(i, n)| (n, std::cmp::Reverse(self.freed_at[self.free[i] as usize])))?;
+        let slot = self.free.swap_remove(best);
+        self.held[slot as usize].clear();
+        Some((slot, n))
     }
 }
 
@@ -105,6 +165,8 @@ impl Default for SchedulerOptions {
 pub struct Stats {
     pub requests: AtomicU64,
     pub prompt_tokens: AtomicU64,
+    /// Prompt tokens a slot's cache already held (not prefilled).
+    pub cached_prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub forward_passes: AtomicU64,
     pub forward_us: AtomicU64,
@@ -185,11 +247,21 @@ struct Seq {
     stop_string_hit: bool,
     /// Sampled tokens whose text has not all been released.
     pending: VecDeque<Pending>,
+    /// Prompt tokens the slot's cache already held.
+    cached: usize,
 }
 
 impl Seq {
     fn prefilling(&self) -> bool {
         self.fed < self.req.prompt.len()
+    }
+
+    /// The tokens the slot's cache now holds: every one fed to the model.
+    fn fed_tokens(&self) -> Vec<u32> {
+        let p = &self.req.prompt;
+        let mut v = p[..self.fed.min(p.len())].to_vec();
+        v.extend(&self.generated[..self.fed.saturating_sub(p.len())]);
+        v
     }
 
     /// The pending tokens the text up to `release` completes; after a stop string
@@ -225,7 +297,7 @@ fn run(
     let n_ctx = model.n_ctx();
     let mut waiting: VecDeque<GenRequest> = VecDeque::new();
     let mut active: Vec<Seq> = Vec::new();
-    let mut free: Vec<u32> = (0..model.n_slots() as u32).rev().collect();
+    let mut slots = Slots::new(model.n_slots());
     loop {
         if active.is_empty() && waiting.is_empty() {
             match rx.recv() {
@@ -241,22 +313,32 @@ fn run(
         active.retain(|s| {
             let gone = s.req.events.is_closed();
             if gone {
-                free.push(s.slot);
+                slots.give_back(s.slot, s.fed_tokens());
             }
             !gone
         });
-        while !waiting.is_empty() {
-            let Some(slot) = free.pop() else { break };
+        while !waiting.is_empty() && !slots.free.is_empty() {
             let req = waiting.pop_front().expect("non-empty");
+            let reuse = opts.prefix_cache && req.cache_prompt;
+            let (slot, cached) = slots
+                .take(
+                    &req.prompt,
+                    |c, m| if reuse { model.keep_prefix(c, m) } else { 0 },
+                )
+                .expect("a free slot");
             stats
                 .prompt_tokens
                 .fetch_add(req.prompt.len() as u64, Ordering::Relaxed);
+            stats
+                .cached_prompt_tokens
+                .fetch_add(cached as u64, Ordering::Relaxed);
             let max_tokens = req.max_tokens.min(n_ctx - req.prompt.len());
             active.push(Seq {
                 sampler: Sampler::new(req.sampling.clone()),
                 req,
                 slot,
-                fed: 0,
+                fed: cached,
+                cached,
                 generated: Vec::new(),
                 decoder: StreamDecoder::new(),
                 text: String::new(),
@@ -323,7 +405,8 @@ fn run(
                 tracing::error!("forward pass failed: {e:#}");
                 for s in active.drain(..) {
                     let _ = s.req.events.send(Event::Error(format!("{e:#}")));
-                    free.push(s.slot);
+                    // (what a failed pass left in the caches is unknown)
+                    slots.give_back(s.slot, Vec::new());
                 }
                 continue;
             }
@@ -393,10 +476,10 @@ fn run(
                 decode_ms: (now - first).as_secs_f64() * 1e3,
                 prompt_tokens: s.req.prompt.len(),
                 completion_tokens: s.generated.len(),
-                cached_prefix_tokens: 0,
+                cached_prefix_tokens: s.cached,
             };
             let _ = s.req.events.send(Event::Done { reason, timings });
-            free.push(s.slot);
+            slots.give_back(s.slot, s.fed_tokens());
             false
         });
         // Keep the gauges true while idle too (the loop may now block for work).
@@ -436,7 +519,42 @@ pub fn release_text(text: &str, emitted: usize, stops: &[String]) -> (usize, boo
 
 #[cfg(test)]
 mod tests {
-    use super::release_text;
+    use super::{release_text, Slots};
+
+    #[test]
+    fn slots_keep_the_longest_prefix_the_model_allows() {
+        let any = |_: usize, m: usize| m;
+        let whole = |c: usize, m: usize| if m == c { c } else { 0 };
+        let mut s = Slots::new(3);
+        // nothing held: the stalest slot, nothing kept
+        let (a, k) = s.take(&[1, 2, 3], any).unwrap();
+        assert_eq!(k, 0);
+        s.give_back(a, vec![1, 2, 3, 4]);
+        // the slot that matches most, never the prompt's last token
+        assert_eq!(s.take(&[1, 2, 3], any), Some((a, 2)));
+        s.give_back(a, vec![1, 2, 3, 4]);
+        assert_eq!(s.take(&[1, 2, 3, 4, 5], any), Some((a, 4)));
+        s.give_back(a, vec![1, 2, 3, 4]);
+        assert_eq!(s.take(&[1, 2, 9, 9], any), Some((a, 2)));
+        s.give_back(a, vec![1, 2, 3, 4]);
+        // a model that keeps only the whole held sequence
+        let (b, k) = s.take(&[1, 2, 9, 9], whole).unwrap();
+        assert_eq!(k, 0);
+        assert_ne!(
+            b, a,
+            "a miss takes the stalest slot, not the one with a cache"
+        );
+        s.give_back(b, Vec::new());
+        assert_eq!(s.take(&[1, 2, 3, 4, 7], whole), Some((a, 4)));
+        // reuse off (keep 0 everywhere)
+        s.give_back(a, vec![5, 6]);
+        let (_, k) = s.take(&[5, 6, 7], |_, _| 0).unwrap();
+        assert_eq!(k, 0);
+        // nothing free
+        let mut one = Slots::new(1);
+        one.take(&[1], any).unwrap();
+        assert_eq!(one.take(&[1], any), None);
+    }
 
     #[test]
     fn stop_strings_cut_and_hold_back() {

@@ -33,6 +33,7 @@ pub struct Job {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    pub cache_prompt: bool,
     /// Whether the client asked for logprobs (None = no).
     pub logprobs: Option<usize>,
 }
@@ -162,6 +163,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
             sampling: job.sampling.clone(),
             max_tokens: job.max_tokens,
             stop: job.stop.clone(),
+            cache_prompt: job.cache_prompt,
             events: tx,
         })
         .map_err(|e| {

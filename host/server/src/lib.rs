@@ -292,6 +292,7 @@ async fn chat_completions(
             stop: req.common.stop_strings()?,
             stream: req.common.stream(),
             include_usage: req.common.include_usage(),
+            cache_prompt: req.common.cache_prompt.unwrap_or(true),
             logprobs,
         },
     )
@@ -359,6 +360,7 @@ async fn completions(
             stop: req.common.stop_strings()?,
             stream: req.common.stream(),
             include_usage: req.common.include_usage(),
+            cache_prompt: req.common.cache_prompt.unwrap_or(true),
             logprobs,
         },
     )
@@ -438,6 +440,11 @@ async fn metrics(State(st): State<AppState>) -> Response {
             "moeserve_prompt_tokens_total",
             "Prompt tokens admitted",
             ld(&s.prompt_tokens)
+        );
+        counter!(
+            "moeserve_prompt_tokens_cached_total",
+            "Prompt tokens a slot's cache already held (not prefilled)",
+            ld(&s.cached_prompt_tokens)
         );
         counter!(
             "moeserve_generated_tokens_total",

@@ -77,6 +77,9 @@ pub struct Common {
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
     pub response_format: Option<Value>,
+    /// llama-server's switch: false = prefill the whole prompt even where a slot's
+    /// cache holds its start (default true).
+    pub cache_prompt: Option<bool>,
 }
 
 /// The longest stop sequence accepted, in bytes (each is searched for after every

@@ -1020,6 +1020,17 @@ impl CausalLm for Deepseek4 {
         &self.dev
     }
 
+    /// Only the whole cached sequence: the compressed rows and the compressors'
+    /// partial windows cannot be rewound, but a prompt that extends what the slot
+    /// holds continues from there as a prompt's next chunk does.
+    fn keep_prefix(&self, cached: usize, matching: usize) -> usize {
+        if matching == cached {
+            cached
+        } else {
+            0
+        }
+    }
+
     fn seek(&mut self, slot: u32, pos: usize) -> Result<()> {
         if self.gpu.is_none() {
             bail!("deepseek4: seeking needs the device-resident forward (the host glue keeps its compressor state on the host)");
