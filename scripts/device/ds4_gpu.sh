@@ -18,4 +18,20 @@ pid=$!
 for _ in $(seq 60); do curl -sf http://127.0.0.1:8099/health >/dev/null && break; sleep 0.5; done
 curl -s http://127.0.0.1:8099/v1/completions -H 'Content-Type: application/json' \
     -d '{"prompt":"The router scores","max_tokens":12,"temperature":0}' | head -c 600; echo
+# The prefix cache on the GPU path: a prompt that extends all a slot holds continues its
+# state; its answer (text and logprobs) must equal a full prefill's.
+python3 - <<'PY' || echo "prefix cache on CUDA: FAILED"
+import json, urllib.request
+def post(path, body):
+    r = urllib.request.Request("http://127.0.0.1:8099" + path, json.dumps(body).encode(),
+                               {"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(r, timeout=120))
+ids = post("/tokenize", {"content": "The router scores the experts and"})["tokens"]
+post("/v1/completions", {"prompt": ids, "max_tokens": 1, "temperature": 0})
+body = {"prompt": ids + ids[:5], "max_tokens": 6, "temperature": 0, "logprobs": 2}
+hit, full = post("/v1/completions", body), post("/v1/completions", {**body, "cache_prompt": False})
+n = hit["usage"]["timings"]["cached_prefix_tokens"]
+same = hit["choices"][0] == full["choices"][0]
+print(f"prefix cache on CUDA: cached {n} of {len(ids) + 5}, same answer as a full prefill: {'yes' if same else 'NO'}")
+PY
 kill $pid; wait $pid 2>/dev/null || true
