@@ -56,6 +56,8 @@ def test_stream_raw_sse_ends_with_done(server, greedy_hello):
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+    # as OpenAI: the other chunks carry "usage": null
+    assert all("usage" in c and c["usage"] is None for c in chunks[:-1])
     fin = chunks[-2]["choices"][0]
     assert fin["delta"] == {} and fin["finish_reason"] in ("stop", "length")
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])

@@ -258,15 +258,19 @@ fn stream_response(
     } else {
         "text_completion"
     };
+    let include_usage = job.include_usage;
     let chunk = move |choices: Value, extra: Option<(&str, Value)>| {
         let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
+        if include_usage {
+            // (as OpenAI: every chunk has the field; only the last one fills it)
+            v["usage"] = Value::Null;
+        }
         if let Some((k, x)) = extra {
             v[k] = x;
         }
         SseEvent::default().data(v.to_string())
     };
     let want_lp = job.logprobs.is_some();
-    let include_usage = job.include_usage;
     // The role comes first, as OpenAI sends it.
     let head = (flavor == Flavor::Chat).then(|| {
         chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None)
