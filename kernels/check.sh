@@ -19,7 +19,7 @@ for src in *.cu; do
     base=${src%.cu}
     for arch in gfx1100 gfx1151; do
         if "$CXX" -x hip --cuda-device-only --no-gpu-bundle-output --offload-arch=$arch \
-            -nogpulib -nogpuinc -include "$SHIM" -Werror -O3 -c "$src" -o "$OUT/$base.$arch.o"; then
+            -nogpulib -nogpuinc -include "$SHIM" -Werror -O3 -S "$src" -o "$OUT/$base.$arch.s"; then
             echo "ok   $src $arch"
         else
             echo "FAIL $src $arch"; status=1
@@ -32,6 +32,28 @@ for src in *.cu; do
         echo "FAIL $src sm_90"; status=1
     fi
 done
+# Registers spilled to scratch on AMD (the code objects' metadata): none but the ones
+# amd_spills lists (kernel, VGPRs it may spill), so a change that starts spilling fails.
+if python3 - "$OUT" amd_spills <<'PY'; then echo "ok   AMD spills within amd_spills"; else status=1; fi
+import glob, re, sys
+out, allow_file = sys.argv[1], sys.argv[2]
+allow = {}
+for line in open(allow_file):
+    line = line.split("#")[0].split()
+    if line:
+        allow[line[0]] = int(line[1])
+bad = 0
+for f in sorted(glob.glob(out + "/*.gfx*.s")):
+    meta = open(f).read().split("amdhsa.kernels:", 1)[-1]
+    for item in meta.split("\n  - ")[1:]:
+        name = re.search(r"\.name:\s+(\S+)", item)
+        spill = re.search(r"\.vgpr_spill_count:\s+(\d+)", item)
+        if name and spill and int(spill.group(1)) > allow.get(name.group(1), 0):
+            print(f"FAIL {f.rsplit('/', 1)[-1]}: {name.group(1)} spills {spill.group(1)} VGPRs "
+                  f"(amd_spills allows {allow.get(name.group(1), 0)})")
+            bad = 1
+sys.exit(bad)
+PY
 # The AMD forms of the byte permutes (gpu_perm_nosign / gpu_perm_pos in rocmfpx.cu) against
 # PTX prmt's rule: clang folds the self-test kernel, v_perm_b32 and all, into one constant.
 if "$CXX" -x hip --cuda-device-only --no-gpu-bundle-output --offload-arch=gfx1151 -nogpulib \

@@ -339,8 +339,15 @@ GPU_DEV void rf2_rows_dot(const unsigned char* const (&rows)[R], int nb,
 }
 
 // Rows per warp of the MMVQ kernels: more columns reuse each activation load over
-// more rows (the activations are read from L1 once per R rows).
+// more rows (the activations are read from L1 once per R rows). HIP keeps 2 past 4
+// columns: with 4 rows, 5 - 8 columns spill 42 - 62 VGPRs on gfx1100 at the 256 a
+// lane can hold (the same sums: every (row, column) sum is built in the same order
+// whatever R is). The backends' grids follow (mmvq_rows_per_warp in gpu-common).
+#if defined(GPU_HIP)
+#define RF_MMVQ_ROWS(NC) ((NC) == 1 ? 4 : 2)
+#else
 #define RF_MMVQ_ROWS(NC) ((NC) == 1 ? 4 : (NC) <= 4 ? 2 : 4)
+#endif
 
 // MMVQ: out[c*m + r] = dot(row r, column c); a 128-thread block = 4 warps x R rows.
 template <int NC>

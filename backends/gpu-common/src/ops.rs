@@ -942,11 +942,13 @@ pub struct Matmul {
     pub launch: Launch,
 }
 
-/// Rows per warp of the MMVQ kernel for `n` columns (RF_MMVQ_ROWS in rocmfpx.cu).
-pub fn mmvq_rows_per_warp(n: u64) -> u64 {
+/// Rows per warp of the MMVQ kernel for `n` columns on `backend` (RF_MMVQ_ROWS in
+/// rocmfpx.cu: HIP keeps 2 rows past 4 columns, where 4 spill on gfx11).
+pub fn mmvq_rows_per_warp(n: u64, backend: &str) -> u64 {
     match n {
         1 => 4,
         2..=4 => 2,
+        _ if backend == "hip" => 2,
         _ => 4,
     }
 }
@@ -996,7 +998,7 @@ pub fn matmul(
     let a = affine(&w)?;
     let (n_cols, launch) = if n <= 8 {
         // 4 warps per block.
-        let grid = (m.div_ceil(4 * mmvq_rows_per_warp(n)) as u32, 1, 1);
+        let grid = (m.div_ceil(4 * mmvq_rows_per_warp(n, backend)) as u32, 1, 1);
         let name = crate::kernels::KERNELS[n as usize];
         (
             None,
@@ -2456,6 +2458,9 @@ mod tests {
             (p.launch.grid, p.launch.block, p.n_cols),
             ((8, 2, 1), 256, Some(100))
         );
+        // HIP: two rows a warp past four columns (125 blocks of 4 warps for 1000 rows)
+        let p = matmul(&[w, x(8), o(8)], "hip", MMQ_DP4A, seq()).unwrap();
+        assert_eq!((p.launch.name, p.launch.grid), ("mmvq_107_n8", (125, 1, 1)));
         let p = matmul(&[w, x(100), o(100)], "hip", MMQ_DP4A, seq()).unwrap();
         assert_eq!((p.launch.name, p.launch.grid), (MMQ_DP4A, (16, 4, 1)));
         let e = matmul(&[t(107, [48, 4, 1, 1]), x(1), o(1)], "cuda", MMQ_MMA, seq());

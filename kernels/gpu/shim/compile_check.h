@@ -10,7 +10,18 @@
 #define __shared__ __attribute__((shared))
 #define __constant__ __attribute__((constant))
 #define __forceinline__ __inline__ __attribute__((always_inline))
+#if defined(__HIP__)
+// As hip_runtime.h defines it: the block size bounds the flat work-group size (without
+// it clang assumes 1024 threads and caps a kernel at 192 VGPRs on gfx11, spilling
+// kernels the real hiprtc build does not), and a second argument is the least waves
+// per execution unit (not CUDA's blocks per multiprocessor).
+#define RF_SHIM_LB1(t) __attribute__((amdgpu_flat_work_group_size(1, t)))
+#define RF_SHIM_LB2(t, w) __attribute__((amdgpu_flat_work_group_size(1, t), amdgpu_waves_per_eu(w)))
+#define RF_SHIM_LB_PICK(_1, _2, name, ...) name
+#define __launch_bounds__(...) RF_SHIM_LB_PICK(__VA_ARGS__, RF_SHIM_LB2, RF_SHIM_LB1, )(__VA_ARGS__)
+#else
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+#endif
 
 #if defined(__HIP__)
 struct rf_shim_tid {
