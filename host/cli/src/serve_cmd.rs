@@ -42,6 +42,12 @@ pub struct ServeArgs {
     /// off (a request can with `"cache_prompt": false`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub prefix_cache: bool,
+    /// Speculative decoding: up to N drafted tokens checked a step (0 = off). Drafts
+    /// come from the sequence's own text (prompt lookup); greedy requests only, on
+    /// models that can rewind their cache (llama architecture), same output as
+    /// without.
+    #[arg(long, default_value_t = 3)]
+    pub draft_max: usize,
     /// Seconds a client has to send a request's headers, and again its body.
     #[arg(long, default_value_t = 30.0)]
     pub read_timeout: f64,
@@ -88,6 +94,7 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
     let sched_opts = SchedulerOptions {
         max_batch_tokens: a.batch_tokens,
         prefix_cache: a.prefix_cache,
+        draft_max: a.draft_max,
     };
     let model = a.model.clone();
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;

@@ -239,6 +239,9 @@ impl CausalLm for Llama {
     fn keep_prefix(&self, _cached: usize, matching: usize) -> usize {
         matching
     }
+    fn can_rewind(&self) -> bool {
+        true
+    }
 
     fn forward(&mut self, batch: &[BatchEntry]) -> Result<Vec<Vec<f32>>> {
         let t = batch.len();

@@ -64,6 +64,11 @@ pub trait CausalLm: Send {
     fn keep_prefix(&self, _cached: usize, _matching: usize) -> usize {
         0
     }
+    /// Whether a slot may go back to any earlier position (its cache rows past it
+    /// count for nothing): speculative decoding needs it to drop rejected drafts.
+    fn can_rewind(&self) -> bool {
+        false
+    }
     /// What one decoded token reads at context depth `pos`, where the model knows.
     fn step_traffic(&self, _pos: usize) -> Option<StepTraffic> {
         None

@@ -44,6 +44,11 @@ pub struct Timings {
     /// Prompt tokens whose cache rows an earlier sequence in the slot left (not
     /// prefilled again).
     pub cached_prefix_tokens: usize,
+    /// Speculative decoding ran for this sequence (it was eligible and on).
+    pub spec_decode_ran: bool,
+    /// Drafted tokens checked, and how many of them the model's own choice matched.
+    pub draft_offered: usize,
+    pub draft_accepted: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -98,6 +103,11 @@ pub struct SchedulerOptions {
     /// A slot keeps the tokens its last sequence fed, and a new prompt that starts
     /// with them skips prefilling what the model can keep ([`CausalLm::keep_prefix`]).
     pub prefix_cache: bool,
+    /// Speculative decoding: up to this many drafted tokens checked a step (0 = off).
+    /// Drafts come from the sequence's own text ([`lookup_draft`]) and are checked
+    /// in the step's forward pass; greedy sequences only, on models that can rewind
+    /// ([`CausalLm::can_rewind`]), so the output is the same as without drafts.
+    pub draft_max: usize,
 }
 
 impl Default for SchedulerOptions {
@@ -105,6 +115,7 @@ impl Default for SchedulerOptions {
         SchedulerOptions {
             max_batch_tokens: 256,
             prefix_cache: true,
+            draft_max: 3,
         }
     }
 }
@@ -168,6 +179,8 @@ pub struct Stats {
     /// Prompt tokens a slot's cache already held (not prefilled).
     pub cached_prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
+    pub draft_offered: AtomicU64,
+    pub draft_accepted: AtomicU64,
     pub forward_passes: AtomicU64,
     pub forward_us: AtomicU64,
     pub active: AtomicUsize,
@@ -249,11 +262,61 @@ struct Seq {
     pending: VecDeque<Pending>,
     /// Prompt tokens the slot's cache already held.
     cached: usize,
+    /// Whether this sequence drafts (greedy, drafting on, a model that can rewind).
+    speculative: bool,
+    /// The tokens drafted for this step (checked after the sequence's last token).
+    drafts: Vec<u32>,
+    draft_offered: usize,
+    draft_accepted: usize,
 }
 
 impl Seq {
     fn prefilling(&self) -> bool {
         self.fed < self.req.prompt.len()
+    }
+
+    /// Takes one sampled token: text, stop strings, limits. Returns why the sequence
+    /// ends, if it does.
+    fn take_token(
+        &mut self,
+        sampled: Sampled,
+        tok: &Tokenizer,
+        n_ctx: usize,
+    ) -> Option<FinishReason> {
+        let id = sampled.id;
+        self.sampler.accept(id);
+        self.first_token.get_or_insert_with(Instant::now);
+        if tok.is_end_of_generation(id) {
+            return Some(FinishReason::Stop);
+        }
+        self.generated.push(id);
+        let start = self.text.len();
+        self.text.push_str(&self.decoder.push(tok, id));
+        self.pending.push_back(Pending {
+            start,
+            end: self.text.len(),
+            sampled,
+        });
+        let (release, stop_hit) = release_text(&self.text, self.emitted, &self.req.stop);
+        if stop_hit {
+            self.text.truncate(release);
+        }
+        let text = self.text[self.emitted..release].to_string();
+        self.emitted = release;
+        let tokens = self.take_released(release, stop_hit);
+        if !text.is_empty() || !tokens.is_empty() {
+            let _ = self.req.events.send(Event::Token { text, tokens });
+        }
+        if stop_hit {
+            self.stop_string_hit = true;
+            Some(FinishReason::Stop)
+        } else if self.generated.len() >= self.max_tokens
+            || self.req.prompt.len() + self.generated.len() >= n_ctx
+        {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
     }
 
     /// The tokens the slot's cache now holds: every one fed to the model.
@@ -333,7 +396,13 @@ fn run(
                 .cached_prompt_tokens
                 .fetch_add(cached as u64, Ordering::Relaxed);
             let max_tokens = req.max_tokens.min(n_ctx - req.prompt.len());
+            let speculative =
+                opts.draft_max > 0 && req.sampling.temperature == 0.0 && model.can_rewind();
             active.push(Seq {
+                speculative,
+                drafts: Vec::new(),
+                draft_offered: 0,
+                draft_accepted: 0,
                 sampler: Sampler::new(req.sampling.clone()),
                 req,
                 slot,
@@ -356,20 +425,44 @@ fn run(
             continue;
         }
 
-        // Decoding sequences first (one token each), then prompt chunks.
+        // Decoding sequences first (one token each, and their drafts), then prompt
+        // chunks.
         let mut batch = Vec::new();
-        let mut owner = Vec::new(); // which seq each logits row belongs to
+        // (sequence, logits rows) in batch order: a decoding sequence has one row for
+        // its last token and one a draft; a prompt's last chunk one
+        let mut owner: Vec<(usize, usize)> = Vec::new();
         let mut budget = opts.max_batch_tokens.max(1);
-        for (i, s) in active.iter().enumerate().filter(|(_, s)| !s.prefilling()) {
+        let decoding: Vec<bool> = active.iter().map(|s| !s.prefilling()).collect();
+        for (i, s) in active.iter_mut().enumerate().filter(|(i, _)| decoding[*i]) {
             let last = *s.generated.last().expect("decoding seqs have a token");
-            batch.push(BatchEntry {
-                token: last,
-                slot: s.slot,
-                pos: s.fed as u32,
-                want_logits: true,
-            });
-            owner.push(i);
             budget = budget.saturating_sub(1);
+            s.drafts.clear();
+            if s.speculative {
+                // Drafts never run past the output limit, the context or the budget.
+                let room = (s.max_tokens.saturating_sub(s.generated.len() + 1))
+                    .min(n_ctx.saturating_sub(s.fed + 1))
+                    .min(budget)
+                    .min(opts.draft_max);
+                if room > 0 {
+                    let mut history = s.req.prompt.clone();
+                    history.extend(&s.generated);
+                    s.drafts = lookup_draft(&history, DRAFT_NGRAM, room);
+                }
+            }
+            budget -= s.drafts.len();
+            s.draft_offered += s.drafts.len();
+            stats
+                .draft_offered
+                .fetch_add(s.drafts.len() as u64, Ordering::Relaxed);
+            for (j, &token) in std::iter::once(&last).chain(&s.drafts).enumerate() {
+                batch.push(BatchEntry {
+                    token,
+                    slot: s.slot,
+                    pos: (s.fed + j) as u32,
+                    want_logits: true,
+                });
+            }
+            owner.push((i, 1 + s.drafts.len()));
         }
         let mut fed_now = vec![0usize; active.len()];
         for (i, s) in active.iter().enumerate().filter(|(_, s)| s.prefilling()) {
@@ -388,7 +481,7 @@ fn run(
                     want_logits: last,
                 });
                 if last {
-                    owner.push(i);
+                    owner.push((i, 1));
                 }
             }
             fed_now[i] = n;
@@ -412,45 +505,32 @@ fn run(
             }
         };
         for (i, s) in active.iter_mut().enumerate() {
-            s.fed += if s.prefilling() { fed_now[i] } else { 1 };
+            s.fed += fed_now[i];
         }
         let mut finished = vec![None; active.len()];
-        for (row, &i) in logits.iter().zip(&owner) {
+        let mut rows = logits.iter();
+        for &(i, n) in &owner {
             let s = &mut active[i];
-            let sampled = s.sampler.sample(row);
-            let id = sampled.id;
-            s.sampler.accept(id);
-            s.first_token.get_or_insert_with(Instant::now);
-            stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
-            if tok.is_end_of_generation(id) {
-                finished[i] = Some(FinishReason::Stop);
-                continue;
+            let group: Vec<&Vec<f32>> = rows.by_ref().take(n).collect();
+            // Row j is the model's choice after the last token and drafts 0..j: it
+            // counts only while every earlier draft was that choice.
+            let mut used = 0;
+            for (j, row) in group.into_iter().enumerate() {
+                used = j + 1;
+                let sampled = s.sampler.sample(row);
+                let id = sampled.id;
+                stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                finished[i] = s.take_token(sampled, &tok, n_ctx);
+                if finished[i].is_some() || s.drafts.get(j) != Some(&id) {
+                    break;
+                }
+                s.draft_accepted += 1;
+                stats.draft_accepted.fetch_add(1, Ordering::Relaxed);
             }
-            s.generated.push(id);
-            let start = s.text.len();
-            s.text.push_str(&s.decoder.push(&tok, id));
-            s.pending.push_back(Pending {
-                start,
-                end: s.text.len(),
-                sampled,
-            });
-            let (release, stop_hit) = release_text(&s.text, s.emitted, &s.req.stop);
-            if stop_hit {
-                s.text.truncate(release);
-            }
-            let text = s.text[s.emitted..release].to_string();
-            s.emitted = release;
-            let tokens = s.take_released(release, stop_hit);
-            if !text.is_empty() || !tokens.is_empty() {
-                let _ = s.req.events.send(Event::Token { text, tokens });
-            }
-            if stop_hit {
-                s.stop_string_hit = true;
-                finished[i] = Some(FinishReason::Stop);
-            } else if s.generated.len() >= s.max_tokens
-                || s.req.prompt.len() + s.generated.len() >= n_ctx
-            {
-                finished[i] = Some(FinishReason::Length);
+            if decoding[i] {
+                // the last token and the drafts that matched are in the cache; the
+                // rows of the others are overwritten before anything reads them
+                s.fed += used;
             }
         }
         let mut i = 0;
@@ -477,6 +557,9 @@ fn run(
                 prompt_tokens: s.req.prompt.len(),
                 completion_tokens: s.generated.len(),
                 cached_prefix_tokens: s.cached,
+                spec_decode_ran: s.speculative,
+                draft_offered: s.draft_offered,
+                draft_accepted: s.draft_accepted,
             };
             let _ = s.req.events.send(Event::Done { reason, timings });
             slots.give_back(s.slot, s.fed_tokens());
@@ -486,6 +569,29 @@ fn run(
         stats.active.store(active.len(), Ordering::Relaxed);
         stats.waiting.store(waiting.len(), Ordering::Relaxed);
     }
+}
+
+/// Longest suffix the drafter looks up (it tries this many tokens, then fewer, down to
+/// two).
+const DRAFT_NGRAM: usize = 3;
+
+/// Prompt-lookup drafting: up to `k` tokens that followed the latest earlier place
+/// where `history` holds its own last `n` tokens (n from `max_n` down to 2); none when
+/// no such place exists. Text that repeats itself (lists, code being edited, the
+/// prompt quoted back) drafts well; anything else costs nothing but the lookup.
+pub fn lookup_draft(history: &[u32], max_n: usize, k: usize) -> Vec<u32> {
+    let len = history.len();
+    for n in (2..=max_n.min(len.saturating_sub(1))).rev() {
+        let tail = &history[len - n..];
+        // latest start first, not the tail itself
+        for start in (0..len - n).rev() {
+            if &history[start..start + n] == tail {
+                let from = start + n;
+                return history[from..(from + k).min(len)].to_vec();
+            }
+        }
+    }
+    Vec::new()
 }
 
 /// How much of `text` may be sent now: everything up to a stop string (and whether one
@@ -520,6 +626,23 @@ pub fn release_text(text: &str, emitted: usize, stops: &[String]) -> (usize, boo
 #[cfg(test)]
 mod tests {
     use super::{release_text, Slots};
+
+    #[test]
+    fn lookup_drafts_what_followed_the_latest_match() {
+        use super::lookup_draft;
+        // "7 8" last appeared before "9 1": the draft is what followed it there
+        let h = [7, 8, 1, 2, 7, 8, 9, 1, 5, 7, 8];
+        assert_eq!(lookup_draft(&h, 3, 3), [9, 1, 5]);
+        assert_eq!(lookup_draft(&h, 3, 1), [9]);
+        // the longest suffix that matches wins: "5 7 8" has no earlier match, "7 8" does
+        assert_eq!(lookup_draft(&h, 2, 2), [9, 1]);
+        // a draft stops at the history's end
+        assert_eq!(lookup_draft(&[4, 4, 4], 3, 5), [4]);
+        // nothing repeats, or too short: no draft
+        assert!(lookup_draft(&[1, 2, 3, 4], 3, 3).is_empty());
+        assert!(lookup_draft(&[1], 3, 3).is_empty());
+        assert!(lookup_draft(&[], 3, 3).is_empty());
+    }
 
     #[test]
     fn slots_keep_the_longest_prefix_the_model_allows() {

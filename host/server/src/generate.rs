@@ -60,6 +60,19 @@ fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
+/// Accepted drafts / offered drafts (0 when none were offered).
+fn accept_rate(t: &Timings) -> f64 {
+    if t.draft_offered == 0 {
+        0.0
+    } else {
+        round3(t.draft_accepted as f64 / t.draft_offered as f64)
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1e3).round() / 1e3
+}
+
 /// `usage` with the seed's timings, plus the llama-server style top-level `timings`.
 pub fn usage_and_timings(t: &Timings) -> (Value, Value) {
     let decode_s = t.decode_ms / 1e3;
@@ -86,8 +99,8 @@ pub fn usage_and_timings(t: &Timings) -> (Value, Value) {
             "prefilled_tokens": t.prompt_tokens - t.cached_prefix_tokens,
             "effective_prompt_tokens": t.prompt_tokens,
         },
-        "accept_rate": 0.0,
-        "spec_decode_ran": false,
+        "accept_rate": accept_rate(t),
+        "spec_decode_ran": t.spec_decode_ran,
     });
     let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
     let timings = json!({
@@ -100,6 +113,8 @@ pub fn usage_and_timings(t: &Timings) -> (Value, Value) {
         "predicted_ms": t.decode_ms,
         "predicted_per_token_ms": per(t.decode_ms, t.completion_tokens),
         "predicted_per_second": tps,
+        "draft_n": t.draft_offered,
+        "draft_n_accepted": t.draft_accepted,
     });
     (usage, timings)
 }

@@ -452,6 +452,16 @@ async fn metrics(State(st): State<AppState>) -> Response {
             ld(&s.generated_tokens)
         );
         counter!(
+            "moeserve_draft_tokens_total",
+            "Drafted tokens checked (speculative decoding)",
+            ld(&s.draft_offered)
+        );
+        counter!(
+            "moeserve_draft_tokens_accepted_total",
+            "Drafted tokens the model's own choice matched",
+            ld(&s.draft_accepted)
+        );
+        counter!(
             "moeserve_forward_passes_total",
             "Forward passes run",
             ld(&s.forward_passes)

@@ -1,0 +1,69 @@
+"""Speculative decoding (prompt-lookup drafts checked in the step's forward pass) gives
+exactly the tokens and logprobs of plain decoding: the shared server drafts (the
+default `--draft-max 3`), a second one does not (`--draft-max 0`)."""
+
+import pytest
+
+from helpers import LONG_PROMPT, Server, chat_body
+
+REPEAT = "Write the word BETA forty times, separated by spaces: BETA BETA BETA BETA"
+
+
+@pytest.fixture(scope="module")
+def plain_server():
+    with Server("--parallel", "2", "--draft-max", "0") as s:
+        yield s
+
+
+@pytest.mark.parametrize("prompt", [REPEAT, LONG_PROMPT], ids=["repeat", "count"])
+def test_drafted_greedy_equals_plain_greedy(server, plain_server, prompt):
+    body = chat_body(prompt, temperature=0, max_tokens=60, logprobs=True, top_logprobs=2)
+    spec, plain = server.post("/v1/chat/completions", body), plain_server.post(
+        "/v1/chat/completions", body)
+    assert spec.status == plain.status == 200, (spec.text, plain.text)
+    s, p = spec.json(), plain.json()
+    assert s["choices"][0]["message"] == p["choices"][0]["message"]
+    assert s["choices"][0]["logprobs"] == p["choices"][0]["logprobs"]
+    assert s["choices"][0]["finish_reason"] == p["choices"][0]["finish_reason"]
+    assert s["usage"]["completion_tokens"] == p["usage"]["completion_tokens"]
+    assert s["usage"]["spec_decode_ran"] is True
+    assert p["usage"]["spec_decode_ran"] is False and p["usage"]["accept_rate"] == 0
+    t = s["timings"]
+    assert 0 <= t["draft_n_accepted"] <= t["draft_n"]
+    assert s["usage"]["accept_rate"] == pytest.approx(
+        t["draft_n_accepted"] / t["draft_n"] if t["draft_n"] else 0, abs=1e-3)
+
+
+def test_repetitive_text_accepts_drafts_and_takes_fewer_passes(server):
+    before = server.metrics()
+    r = server.post("/v1/chat/completions", chat_body(REPEAT, temperature=0, max_tokens=60))
+    after = server.metrics()
+    body = r.json()
+    n = body["usage"]["completion_tokens"]
+    assert body["usage"]["accept_rate"] > 0.3, body["usage"]
+    passes = after["moeserve_forward_passes_total"] - before["moeserve_forward_passes_total"]
+    # one pass for the prompt, then fewer than one a token
+    assert passes < n, (passes, n)
+    assert (after["moeserve_draft_tokens_accepted_total"]
+            - before["moeserve_draft_tokens_accepted_total"]) == body["timings"]["draft_n_accepted"]
+
+
+def test_stop_strings_and_length_limits_hold_with_drafts(server, plain_server):
+    for body in [
+        {"prompt": LONG_PROMPT, "max_tokens": 30, "temperature": 0, "stop": ", 9,"},
+        {"prompt": REPEAT, "max_tokens": 7, "temperature": 0},
+        {"prompt": REPEAT, "max_tokens": 7, "temperature": 0, "stream": True},
+    ]:
+        a, b = server.post("/v1/completions", body), plain_server.post("/v1/completions", body)
+        assert a.status == b.status == 200
+        if body.get("stream"):
+            assert a.text.count("data:") > 2
+            continue
+        assert a.json()["choices"] == b.json()["choices"]
+        assert a.json()["usage"]["completion_tokens"] == b.json()["usage"]["completion_tokens"]
+
+
+def test_sampled_requests_do_not_draft(server):
+    r = server.post("/v1/chat/completions", chat_body(REPEAT, temperature=0.7, seed=3,
+                                                      max_tokens=8))
+    assert r.json()["usage"]["spec_decode_ran"] is False
