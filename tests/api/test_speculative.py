@@ -1,6 +1,6 @@
 """Speculative decoding (prompt-lookup drafts checked in the step's forward pass) gives
-exactly the tokens and logprobs of plain decoding: the shared server drafts (the
-default `--draft-max 3`), a second one does not (`--draft-max 0`)."""
+exactly the tokens and logprobs of plain decoding: a server that drafts (`--draft-max
+3`) against the shared one, which does not (the default, 0)."""
 
 import pytest
 
@@ -10,15 +10,20 @@ REPEAT = "Write the word BETA forty times, separated by spaces: BETA BETA BETA B
 
 
 @pytest.fixture(scope="module")
-def plain_server():
-    with Server("--parallel", "2", "--draft-max", "0") as s:
+def spec_server():
+    with Server("--parallel", "2", "--draft-max", "3") as s:
         yield s
 
 
+@pytest.fixture(scope="module")
+def plain_server(server):
+    return server
+
+
 @pytest.mark.parametrize("prompt", [REPEAT, LONG_PROMPT], ids=["repeat", "count"])
-def test_drafted_greedy_equals_plain_greedy(server, plain_server, prompt):
+def test_drafted_greedy_equals_plain_greedy(spec_server, plain_server, prompt):
     body = chat_body(prompt, temperature=0, max_tokens=60, logprobs=True, top_logprobs=2)
-    spec, plain = server.post("/v1/chat/completions", body), plain_server.post(
+    spec, plain = spec_server.post("/v1/chat/completions", body), plain_server.post(
         "/v1/chat/completions", body)
     assert spec.status == plain.status == 200, (spec.text, plain.text)
     s, p = spec.json(), plain.json()
@@ -34,10 +39,10 @@ def test_drafted_greedy_equals_plain_greedy(server, plain_server, prompt):
         t["draft_n_accepted"] / t["draft_n"] if t["draft_n"] else 0, abs=1e-3)
 
 
-def test_repetitive_text_accepts_drafts_and_takes_fewer_passes(server):
-    before = server.metrics()
-    r = server.post("/v1/chat/completions", chat_body(REPEAT, temperature=0, max_tokens=60))
-    after = server.metrics()
+def test_repetitive_text_accepts_drafts_and_takes_fewer_passes(spec_server):
+    before = spec_server.metrics()
+    r = spec_server.post("/v1/chat/completions", chat_body(REPEAT, temperature=0, max_tokens=60))
+    after = spec_server.metrics()
     body = r.json()
     n = body["usage"]["completion_tokens"]
     assert body["usage"]["accept_rate"] > 0.3, body["usage"]
@@ -48,13 +53,13 @@ def test_repetitive_text_accepts_drafts_and_takes_fewer_passes(server):
             - before["moeserve_draft_tokens_accepted_total"]) == body["timings"]["draft_n_accepted"]
 
 
-def test_stop_strings_and_length_limits_hold_with_drafts(server, plain_server):
+def test_stop_strings_and_length_limits_hold_with_drafts(spec_server, plain_server):
     for body in [
         {"prompt": LONG_PROMPT, "max_tokens": 30, "temperature": 0, "stop": ", 9,"},
         {"prompt": REPEAT, "max_tokens": 7, "temperature": 0},
         {"prompt": REPEAT, "max_tokens": 7, "temperature": 0, "stream": True},
     ]:
-        a, b = server.post("/v1/completions", body), plain_server.post("/v1/completions", body)
+        a, b = spec_server.post("/v1/completions", body), plain_server.post("/v1/completions", body)
         assert a.status == b.status == 200
         if body.get("stream"):
             assert a.text.count("data:") > 2
@@ -63,7 +68,7 @@ def test_stop_strings_and_length_limits_hold_with_drafts(server, plain_server):
         assert a.json()["usage"]["completion_tokens"] == b.json()["usage"]["completion_tokens"]
 
 
-def test_sampled_requests_do_not_draft(server):
-    r = server.post("/v1/chat/completions", chat_body(REPEAT, temperature=0.7, seed=3,
+def test_sampled_requests_do_not_draft(spec_server):
+    r = spec_server.post("/v1/chat/completions", chat_body(REPEAT, temperature=0.7, seed=3,
                                                       max_tokens=8))
     assert r.json()["usage"]["spec_decode_ran"] is False

@@ -115,7 +115,7 @@ impl Default for SchedulerOptions {
         SchedulerOptions {
             max_batch_tokens: 256,
             prefix_cache: true,
-            draft_max: 3,
+            draft_max: 0,
         }
     }
 }
