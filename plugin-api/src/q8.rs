@@ -16,10 +16,18 @@ pub struct BlockQ8_1 {
 }
 
 impl BlockQ8_1 {
-    /// Quantises 32 values: `d = max|x| / 127`, `q = round(x / d)`.
+    /// Quantises 32 values: `d = max|x| / 127`, `q = round(x / d)`. A NaN among them
+    /// makes `d` NaN, so every product with the block is NaN, as in f32 (`f32::max`
+    /// alone would skip it and quietly give a finite result).
     pub fn quantize(x: &[f32]) -> BlockQ8_1 {
         debug_assert_eq!(x.len(), QK8_1);
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let amax = x.iter().fold(0f32, |m, v| {
+            if m.is_nan() || v.is_nan() {
+                f32::NAN
+            } else {
+                m.max(v.abs())
+            }
+        });
         let sum: f32 = x.iter().sum();
         let d = amax / 127.0;
         let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -56,5 +64,12 @@ mod tests {
         }
         assert!((b.sum - x.iter().sum::<f32>()).abs() < 1e-4);
         assert_eq!(BlockQ8_1::quantize(&[0.0; 32]).qs, [0; 32]);
+        // a NaN anywhere poisons the block's scale (first, middle, last)
+        for at in [0, 13, 31] {
+            let mut y = x.clone();
+            y[at] = f32::NAN;
+            let b = BlockQ8_1::quantize(&y);
+            assert!(b.d.is_nan() && b.sum.is_nan(), "NaN at {at}: {b:?}");
+        }
     }
 }

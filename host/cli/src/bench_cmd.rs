@@ -125,8 +125,21 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
     if a.depths.is_empty() || a.prompt_tokens == 0 {
         bail!("bench: need at least one depth and one prompt token");
     }
+    if a.repetitions == 0 {
+        bail!("bench: --repetitions must be at least 1 (a warm-up round runs before them)");
+    }
     let deepest = a.depths.iter().max().copied().unwrap_or(0);
-    let n_ctx = deepest + a.prompt_tokens + a.gen_tokens + 8;
+    let n_ctx = [deepest, a.prompt_tokens, a.gen_tokens, 8]
+        .into_iter()
+        .try_fold(0usize, |s, v| s.checked_add(v))
+        .filter(|&n| n <= 1 << 24)
+        .with_context(|| {
+            format!(
+                "bench: depth {deepest} + {} prompt + {} generated tokens is past any context \
+                 (at most 16M positions)",
+                a.prompt_tokens, a.gen_tokens
+            )
+        })?;
     let opts = LoadOptions {
         n_ctx,
         n_slots: 1,
@@ -136,9 +149,11 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
     let mut m = source.load(config, &opts)?;
     eprintln!("bench: loaded in {:.1} s", t_load.elapsed().as_secs_f64());
     let vocab = m.model.n_vocab() as u32;
-    // Deterministic pseudo-random prompt ids, avoiding the first few (special) ids.
+    // Deterministic pseudo-random prompt ids, avoiding the first few (special) ids where
+    // the vocabulary is large enough to.
+    let skip = if vocab > 200 { 100 } else { 0 };
     let prompt: Vec<u32> = (0..a.prompt_tokens as u32)
-        .map(|i| 100 + (i.wrapping_mul(2654435761) % (vocab - 100)))
+        .map(|i| skip + (i.wrapping_mul(2654435761) % (vocab - skip).max(1)))
         .collect();
     let mut rows = Vec::new();
     for &depth in &a.depths {

@@ -13,6 +13,17 @@ use moe_plugin_api::{
 use moe_plugin_host::Registry;
 
 pub fn run(config: &Path, dir: &Path, out: &Path, ty: &str, pre: Option<&str>) -> Result<()> {
+    // The checkpoint's own files (weights, config, tokenizer) are inputs; a GGUF there
+    // may be replaced.
+    let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let inputs: Vec<&Path> = inputs
+        .iter()
+        .filter(|p| p.extension().is_none_or(|e| e != "gguf"))
+        .map(|p| p.as_path())
+        .collect();
+    crate::out_path::check_out(out, &inputs)?;
     let ty = OutType::parse(ty)?;
     let reg = Registry::from_config_file(config)?;
     let encode = |type_id: u32, v: &[f32], k: usize| -> Result<Vec<u8>> {

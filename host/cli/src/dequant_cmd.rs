@@ -165,6 +165,9 @@ pub struct DequantArgs {
 }
 
 pub fn run(config: &Path, a: &DequantArgs) -> Result<()> {
+    if let Some(out) = &a.out {
+        crate::out_path::check_out(out, &[&a.model])?;
+    }
     let fp2 = a.fp2.as_deref().map(parse_fp2).transpose()?;
     let reg = Registry::from_config_file(config)?;
     let file = open_gguf(&reg, &a.model)?;
@@ -212,21 +215,10 @@ pub fn run(config: &Path, a: &DequantArgs) -> Result<()> {
     Ok(())
 }
 
-/// Writes `<out>.part`, then renames it onto `out`.
+/// Writes the file whole or not at all (`write_atomic`).
 fn write_npy(out: &Path, shape: &[usize], values: &[f32]) -> Result<()> {
-    let mut part = out.as_os_str().to_owned();
-    part.push(".part");
-    let part = PathBuf::from(part);
-    let result = (|| -> std::io::Result<()> {
-        let mut w = std::io::BufWriter::new(std::fs::File::create(&part)?);
-        npy::write_f32(&mut w, shape, values)?;
-        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        std::fs::rename(&part, out)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&part);
-    }
-    result.with_context(|| format!("writing {}", out.display()))
+    moe_gguf::write_atomic(out, |mut w| npy::write_f32(&mut w, shape, values))
+        .with_context(|| format!("writing {}", out.display()))
 }
 
 fn print_summary(t: &TensorInfo, f: &QuantFormat, variant: Variant, shape: &[usize], v: &[f32]) {

@@ -35,6 +35,8 @@ pub fn logits(
     if toks.is_empty() {
         bail!("--tokens is empty");
     }
+    let inputs: Vec<&Path> = source.model.as_deref().into_iter().collect();
+    crate::out_path::check_out(out, &inputs)?;
     let mut m = source.load(
         config,
         &LoadOptions {
@@ -57,11 +59,11 @@ pub fn logits(
     };
     let vocab = m.model.n_vocab();
     let flat: Vec<f32> = rows.concat();
-    let mut f = std::io::BufWriter::new(
-        std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
-    );
-    npy::write_f32(&mut f, &[toks.len(), vocab], &flat)?;
-    f.flush()?;
+    // whole or not at all: a failed write leaves an earlier file as it was
+    moe_gguf::write_atomic(out, |mut w| {
+        npy::write_f32(&mut w, &[toks.len(), vocab], &flat)
+    })
+    .with_context(|| format!("writing {}", out.display()))?;
     eprintln!("wrote {} x {vocab} logits to {}", toks.len(), out.display());
     Ok(())
 }

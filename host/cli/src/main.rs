@@ -5,6 +5,7 @@ mod convert_cmd;
 mod dequant_cmd;
 mod eval_cmd;
 mod model_source;
+mod out_path;
 mod plugins_cmd;
 mod quantize_cmd;
 mod serve_cmd;

@@ -44,13 +44,7 @@ enum Plan<'r> {
 const CHUNK_WEIGHTS: usize = 1 << 20;
 
 pub fn run(config: &Path, a: &QuantizeArgs) -> Result<()> {
-    if same_file(&a.model, &a.out) {
-        bail!(
-            "--out {} is the input file; write to another file (the input is read while \
-             the output is written)",
-            a.out.display()
-        );
-    }
+    crate::out_path::check_out(&a.out, &[&a.model])?;
     let re = Regex::new(&a.tensors).map_err(|e| {
         // The regex crate's syntax errors draw a caret diagram over several lines; keep
         // the line that says what is wrong.
@@ -214,19 +208,6 @@ pub fn run(config: &Path, a: &QuantizeArgs) -> Result<()> {
     let file_size = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
     s.print(&a.model, &a.out, &target_label, file_size, mode);
     Ok(())
-}
-
-/// Whether `out` names the same file as `input` (after resolving links and `..`).
-fn same_file(input: &Path, out: &Path) -> bool {
-    let Ok(input) = input.canonicalize() else {
-        return false; // opening it fails later with a proper message
-    };
-    let out = out.canonicalize().ok().or_else(|| {
-        let parent = out.parent().filter(|p| !p.as_os_str().is_empty());
-        let parent = parent.unwrap_or(Path::new(".")).canonicalize().ok()?;
-        Some(parent.join(out.file_name()?))
-    });
-    out.is_some_and(|o| o == input)
 }
 
 /// A `--type`: a format name as the plugins spell it (any case) or a type id, optionally

@@ -67,10 +67,19 @@ fn seconds(v: f64, flag: &str) -> Result<std::time::Duration> {
 }
 
 pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
-    let addr: SocketAddr = format!("{}:{}", a.host, a.port)
-        .parse()
-        .with_context(|| format!("bad --host/--port '{}:{}'", a.host, a.port))?;
-    if !a.model.is_file() {
+    // (a name such as localhost, an IPv4 or an IPv6 address, brackets or not)
+    let host = a.host.trim_start_matches('[').trim_end_matches(']');
+    let addr: SocketAddr = std::net::ToSocketAddrs::to_socket_addrs(&(host, a.port))
+        .with_context(|| format!("--host {}: not an address or a known name", a.host))?
+        .next()
+        .with_context(|| format!("--host {}: the name has no address", a.host))?;
+    if a.model.is_dir() {
+        anyhow::bail!(
+            "--model {} is a directory, not a GGUF file",
+            a.model.display()
+        );
+    }
+    if !a.model.exists() {
         anyhow::bail!("model file {} does not exist", a.model.display());
     }
     let alias = a

@@ -543,3 +543,86 @@ fn type_107_without_a_meaning_is_refused_until_chosen() {
     assert_eq!(dst.tensor("fp2.weight").unwrap().type_id, 107);
     assert!(dst.get("rocmfpx.fp2_mode").is_none());
 }
+
+#[test]
+fn outputs_never_destroy_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    // An input named as the old fixed temporary name (`<out>.part`) survives.
+    let input = dir.path().join("m.gguf.part");
+    write_model(&input);
+    let before = std::fs::read(&input).unwrap();
+    let out = dir.path().join("m.gguf");
+    let (ok, _, err) = run(&[
+        "quantize",
+        "--model",
+        s(&input),
+        "--out",
+        s(&out),
+        "--tensors",
+        "w",
+        "--type",
+        "Q8_0",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read(&input).unwrap(), before, "input changed");
+    assert!(open(&out).tensor(GAUSS).is_some());
+    let (ok, _, err) = run(&[
+        "dequant",
+        "--model",
+        s(&input),
+        "--tensor",
+        GAUSS,
+        "--out",
+        s(&dir.path().join("g.npy")),
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read(&input).unwrap(), before, "input changed");
+
+    // dequant and logits onto their model: refused, the model unchanged.
+    let (ok, _, err) = run(&[
+        "dequant",
+        "--model",
+        s(&input),
+        "--tensor",
+        GAUSS,
+        "--out",
+        s(&input),
+    ]);
+    let line = assert_one_error_line(ok, &err);
+    assert!(line.contains("is the input file"), "{line}");
+    let (ok, _, err) = run(&[
+        "logits",
+        "--model",
+        s(&input),
+        "--tokens",
+        "1",
+        "--out",
+        s(&input),
+    ]);
+    let line = assert_one_error_line(ok, &err);
+    assert!(line.contains("is the input file"), "{line}");
+    assert_eq!(std::fs::read(&input).unwrap(), before, "input changed");
+
+    // An output in a directory that does not exist: refused before any work.
+    let nowhere = dir.path().join("no-such-dir").join("o.gguf");
+    let (ok, _, err) = run(&[
+        "quantize",
+        "--model",
+        s(&input),
+        "--out",
+        s(&nowhere),
+        "--tensors",
+        "w",
+        "--type",
+        "Q8_0",
+    ]);
+    let line = assert_one_error_line(ok, &err);
+    assert!(line.contains("does not exist"), "{line}");
+    // and nothing but the files written above is left in the directory
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["g.npy", "m.gguf", "m.gguf.part"]);
+}

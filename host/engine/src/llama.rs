@@ -53,7 +53,7 @@ impl LlamaParams {
             "linear" => 1.0 / opt_f("rope.scaling.factor", 1.0),
             other => bail!("{arch}: rope scaling '{other}' is not supported"),
         };
-        Ok(LlamaParams {
+        let p = LlamaParams {
             n_layer: u("block_count")?,
             d_model,
             d_ff: u("feed_forward_length")?,
@@ -66,7 +66,55 @@ impl LlamaParams {
             eps: opt_f("attention.layer_norm_rms_epsilon", 1e-5),
             n_vocab: embd.dims.get(1).copied().unwrap_or(0) as usize,
             train_ctx: u("context_length").unwrap_or(2048),
-        })
+        };
+        p.check(f, arch)?;
+        Ok(p)
+    }
+
+    /// Values that would not fail later but quietly give wrong (or NaN) logits.
+    fn check(&self, f: &GgufFile, arch: &str) -> Result<()> {
+        let positive = |v: f32, key: &str| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(anyhow::anyhow!(
+                    "{arch}.{key} is {v}; it must be a positive number"
+                ))
+            }
+        };
+        positive(self.eps, "attention.layer_norm_rms_epsilon")?;
+        positive(self.rope_base, "rope.freq_base")?;
+        positive(self.rope_scale, "rope.scaling.factor (as 1 / factor)")?;
+        if self.n_rot == 0 || !self.n_rot.is_multiple_of(2) || self.n_rot > self.head_dim {
+            bail!(
+                "{arch}.rope.dimension_count is {}; it must be even, and between 2 and the \
+                 head size {}",
+                self.n_rot,
+                self.head_dim
+            );
+        }
+        // The layers the file holds must be the layers the metadata names: a
+        // block_count below them would run a truncated model, above them fail late.
+        let held = f
+            .tensors()
+            .iter()
+            .filter_map(|t| {
+                t.name
+                    .strip_prefix("blk.")?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .max()
+            .map_or(0, |l| l + 1);
+        if held != self.n_layer {
+            bail!(
+                "{arch}.block_count is {}, but the file holds tensors for {held} layers",
+                self.n_layer
+            );
+        }
+        Ok(())
     }
 }
 
@@ -136,9 +184,18 @@ impl Llama {
         let expect = |name: &str, dims: &[usize]| -> Result<Arc<Tensor>> {
             let t = w.get(name)?;
             let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
-            let have: Vec<u64> = t.r.dims[..dims.len()].to_vec();
-            if have != want {
-                bail!("tensor {name} has dims {have:?}, expected {want:?}");
+            // (dims past the expected ones must be 1: a [576, 2] norm is not a [576] one)
+            let have = &t.r.dims[..];
+            let extra_ok = have[dims.len().min(have.len())..].iter().all(|&d| d == 1);
+            if have.len() < dims.len() || have[..dims.len()] != want[..] || !extra_ok {
+                let shown: Vec<u64> = have
+                    .iter()
+                    .rev()
+                    .skip_while(|&&d| d == 1)
+                    .copied()
+                    .collect();
+                let shown: Vec<u64> = shown.into_iter().rev().collect();
+                bail!("tensor {name} has dims {shown:?}, expected {want:?}");
             }
             Ok(t)
         };

@@ -322,6 +322,24 @@ pub fn load_gguf(reg: &Registry, f: GgufFile, opts: &LoadOptions) -> Result<Load
     } else {
         None
     };
+    // (checked before any upload: a bad file fails at once, naming itself)
+    let llama = match ds4 {
+        Some(_) => None,
+        None => Some(
+            llama::LlamaParams::from_gguf(&f, &arch)
+                .with_context(|| format!("{}: {arch} metadata", path.display()))?,
+        ),
+    };
+    let n_vocab = ds4
+        .as_ref()
+        .map_or_else(|| llama.as_ref().map_or(0, |p| p.n_vocab), |p| p.n_vocab);
+    if let Some(t) = tokenizer.as_ref().filter(|t| t.vocab_size() > n_vocab) {
+        bail!(
+            "{}: the tokenizer has {} tokens but the model only {n_vocab} embedding rows",
+            path.display(),
+            t.vocab_size()
+        );
+    }
     // The names each file tensor is uploaded under (more than one when layers repeat).
     let names_of = |name: &str| -> Vec<String> {
         let (Some(p), Some(rest)) = (&ds4, name.strip_prefix("blk.")) else {
@@ -374,7 +392,7 @@ pub fn load_gguf(reg: &Registry, f: GgufFile, opts: &LoadOptions) -> Result<Load
                 .with_context(|| format!("{}: building the deepseek4 graph", path.display()))?,
         )
     } else {
-        let llama = llama::LlamaParams::from_gguf(&f, &arch)?;
+        let llama = llama.expect("parsed above for every other architecture");
         let n_ctx = if opts.n_ctx == 0 {
             llama.train_ctx.min(4096)
         } else {

@@ -24,4 +24,4 @@ pub use error::GgufError;
 pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS};
 pub use types::{ggml_type_name, ggml_type_size, TypeSizeFn};
 pub use value::Value;
-pub use writer::GgufWriter;
+pub use writer::{write_atomic, GgufWriter};

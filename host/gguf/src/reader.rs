@@ -79,6 +79,20 @@ impl GgufFile {
             action,
             error,
         };
+        // Before opening: a directory would fail to map with a puzzling "no such
+        // device", and opening a FIFO would wait for a writer forever.
+        let meta = std::fs::metadata(path).map_err(|e| io_err("open", e))?;
+        if !meta.is_file() {
+            let kind = if meta.is_dir() {
+                "a directory"
+            } else {
+                "not a regular file"
+            };
+            return Err(GgufError::Invalid {
+                file: file_name,
+                what: format!("{kind}, not a GGUF file"),
+            });
+        }
         let file = std::fs::File::open(path).map_err(|e| io_err("open", e))?;
         let len = file.metadata().map_err(|e| io_err("stat", e))?.len();
         // Mapping an empty file fails on some platforms; it is rejected by the parser anyway.

@@ -166,24 +166,39 @@ impl GgufWriter {
         Ok((head, total))
     }
 
-    /// Writes to `<path>.part`, syncs, then renames onto `path`, so that `path` is either the old
-    /// file or the complete new one.
+    /// Writes the file through [`write_atomic`]: `path` is either the old file or the
+    /// complete new one.
     pub fn write_file(&self, path: &Path) -> io::Result<()> {
-        let mut part = path.as_os_str().to_owned();
-        part.push(".part");
-        let part = std::path::PathBuf::from(part);
-        let result = (|| {
-            let file = std::fs::File::create(&part)?;
-            let mut w = io::BufWriter::new(file);
-            self.write_to(&mut w)?;
-            w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-            std::fs::rename(&part, path)
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&part);
-        }
-        result
+        write_atomic(path, |mut w| self.write_to(&mut w))
     }
+}
+
+/// Writes a file by `fill` into a new, uniquely named temporary file next to `path`
+/// (created exclusively: no other file is truncated, and two writers of one path each
+/// write their own), syncs it, then renames it onto `path`. On an error the temporary
+/// file is removed and `path` is untouched.
+pub fn write_atomic(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".part")
+        .tempfile_in(dir)?;
+    let mut w = io::BufWriter::new(tmp);
+    fill(&mut w)?;
+    let tmp = w.into_inner().map_err(|e| e.into_error())?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// The header, padded to the alignment, then each tensor's data at the next aligned

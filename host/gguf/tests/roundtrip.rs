@@ -180,8 +180,19 @@ fn scalar_metadata_json_has_scalars_only() {
 fn write_file_then_open_with_mmap() {
     let dir = tmp_dir("write-file");
     let path = dir.join("sample.gguf");
+    // A file named as the old fixed temporary name was is not touched.
+    std::fs::write(dir.join("sample.gguf.part"), b"keep me").unwrap();
     sample_writer(64).write_file(&path).unwrap();
-    assert!(!dir.join("sample.gguf.part").exists());
+    assert_eq!(
+        std::fs::read(dir.join("sample.gguf.part")).unwrap(),
+        b"keep me"
+    );
+    // nothing else is left next to it
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
     let f = GgufFile::open(&path, SIZES).unwrap();
     assert_eq!(f.path(), path);
     assert_eq!(f.alignment(), 64);

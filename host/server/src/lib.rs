@@ -508,6 +508,8 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    // (the port the system gave, for --port 0)
+    let addr = listener.local_addr().unwrap_or(addr);
     let st = state.clone();
     let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let sched = load()?;

@@ -25,6 +25,10 @@ use crate::{
 use math::{Rope, YarnParams};
 use state::{Compressor, SlotState};
 
+/// More Sinkhorn iterations than any checkpoint uses (the release: 20); a larger value
+/// in a file would make every token's mHC sites run for as long.
+const MAX_SINKHORN_ITERS: usize = 1000;
+
 /// Hyperparameters, all from GGUF metadata (and tensor shapes).
 #[derive(Debug, Clone)]
 pub struct Ds4Params {
@@ -205,6 +209,28 @@ impl Ds4Params {
                 "{a}: expert_used_count {} of {} experts",
                 p.n_used,
                 p.n_expert
+            );
+        }
+        // Values that would not fail but quietly give NaN logits, or a hang.
+        let yarn_factor = p.yarn.as_ref().map_or(1.0, |y| y.factor);
+        let yarn_ctx = p.yarn.as_ref().map_or(1.0, |y| y.original_ctx);
+        for (v, key) in [
+            (p.eps, "attention.layer_norm_rms_epsilon"),
+            (p.hc_eps, "hyper_connection.epsilon"),
+            (p.rope_base, "rope.freq_base"),
+            (p.crope_base, "attention.compress_rope_freq_base"),
+            (yarn_factor, "rope.scaling.factor"),
+            (yarn_ctx, "rope.scaling.original_context_length"),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                bail!("{a}.{key} is {v}; it must be a positive number");
+            }
+        }
+        if p.hc_iters > MAX_SINKHORN_ITERS {
+            bail!(
+                "{a}.hyper_connection.sinkhorn_iterations is {}; at most {MAX_SINKHORN_ITERS} \
+                 (the release uses 20)",
+                p.hc_iters
             );
         }
         Ok(p)
