@@ -77,6 +77,8 @@ pub struct GenerateArgs {
     pub raw: bool,
     /// Print the generated ids (comma-separated) instead of text.
     pub ids: bool,
+    /// Positions the cache holds.
+    pub ctx_size: usize,
 }
 
 pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
@@ -85,11 +87,12 @@ pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
         config,
         model,
         &LoadOptions {
-            n_ctx: 4096,
+            n_ctx: a.ctx_size.max(1),
             n_slots: 1,
             repeat_layers: None,
         },
     )?;
+    let ctx = m.model.n_ctx();
     let tokenizer = m.tokenizer.clone();
     let need_tok = || {
         tokenizer
@@ -115,6 +118,12 @@ pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
     if toks.is_empty() {
         bail!("the prompt is empty");
     }
+    if toks.len() >= ctx {
+        bail!(
+            "the prompt has {} tokens; the context holds {ctx} (--ctx-size)",
+            toks.len()
+        );
+    }
     let t0 = Instant::now();
     let entries = BatchEntry::prompt(&toks, 0, false);
     let mut logits = m.model.forward(&entries)?.pop().context("no logits")?;
@@ -137,6 +146,13 @@ pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
         }
         std::io::stdout().flush()?;
         made += 1;
+        if i + 1 == n {
+            break; // (no step past the last token printed)
+        }
+        if toks.len() + i >= ctx {
+            eprintln!("\nstopped: the context of {ctx} positions is full (--ctx-size)");
+            break;
+        }
         let e = BatchEntry {
             token: id,
             slot: 0,

@@ -95,6 +95,9 @@ enum Command {
         /// Print generated token ids instead of text.
         #[arg(long)]
         ids: bool,
+        /// Positions the cache holds (prompt and generated tokens).
+        #[arg(long, default_value_t = 4096)]
+        ctx_size: usize,
     },
     /// Decode one tensor to float32 through its quant plugin: write it as .npy, or print
     /// its shape, type and statistics.
@@ -215,6 +218,7 @@ fn main() -> ExitCode {
             max_tokens,
             raw,
             ids,
+            ctx_size,
         } => {
             let a = eval_cmd::GenerateArgs {
                 prompt,
@@ -222,6 +226,7 @@ fn main() -> ExitCode {
                 max_tokens,
                 raw,
                 ids,
+                ctx_size,
             };
             eval_cmd::generate(&cli.config, &model, &a)
         }
