@@ -256,6 +256,13 @@ fn plan_one<'r>(
         )));
     };
     let row = t.dims[0];
+    // A vector (a norm's weights, a bias) is read by element-wise ops, which take floats:
+    // quantised, the model would no longer load.
+    if t.numel() == row && target.type_id != moe_plugin_api::types::F32 {
+        return Ok(Plan::Skip(format!(
+            "it is a vector of {row} (a norm or a bias), which the models read as floats"
+        )));
+    }
     let bw = u64::from(target.block_weights);
     if bw == 0 || !row.is_multiple_of(bw) {
         return Ok(Plan::Skip(format!(

@@ -109,8 +109,11 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
     };
     let model = a.model.clone();
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    rt.block_on(moe_server::serve(addr, opts, alias, move || {
+    let r = rt.block_on(moe_server::serve(addr, opts, alias, move || {
         let m = crate::eval_cmd::load_model(&config, &model, &load_opts)?;
         Scheduler::start(m, sched_opts)
-    }))
+    }));
+    // (a model still loading on a blocking thread is not waited for)
+    rt.shutdown_background();
+    r
 }

@@ -603,6 +603,27 @@ fn outputs_never_destroy_inputs() {
     assert!(line.contains("is the input file"), "{line}");
     assert_eq!(std::fs::read(&input).unwrap(), before, "input changed");
 
+    // Every tensor asked for: the vector (norm.bias) is kept as it was, with a warning.
+    let all = dir.path().join("all.gguf");
+    let (ok, _, err) = run(&[
+        "quantize",
+        "--model",
+        s(&input),
+        "--out",
+        s(&all),
+        "--tensors",
+        ".",
+        "--type",
+        "Q8_0",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("skipping 'norm.bias': it is a vector of 64"),
+        "{err}"
+    );
+    assert_eq!(open(&all).tensor("norm.bias").unwrap().type_id, 1);
+    std::fs::remove_file(&all).unwrap();
+
     // An output in a directory that does not exist: refused before any work.
     let nowhere = dir.path().join("no-such-dir").join("o.gguf");
     let (ok, _, err) = run(&[

@@ -59,6 +59,27 @@ fn get<'a>(v: &'a Value, k: &str) -> Option<&'a Value> {
     v.get(k).filter(|x| !x.is_null())
 }
 
+/// `k` as an array: None when absent, an error when it is something else (rather than
+/// quietly falling back to a default).
+fn array<'a>(v: &'a Value, k: &str) -> Result<Option<&'a Vec<Value>>> {
+    match get(v, k) {
+        None => Ok(None),
+        Some(x) => x
+            .as_array()
+            .map(Some)
+            .ok_or_else(|| anyhow!("config.json: '{k}' is {x}, not a list")),
+    }
+}
+
+/// `k` as an object, in the same way.
+fn object<'a>(v: &'a Value, k: &str) -> Result<Option<&'a Value>> {
+    match get(v, k) {
+        None => Ok(None),
+        Some(x) if x.is_object() => Ok(Some(x)),
+        Some(x) => bail!("config.json: '{k}' is {x}, not an object"),
+    }
+}
+
 fn num(v: &Value, k: &str) -> Result<f64> {
     get(v, k)
         .and_then(Value::as_f64)
@@ -88,7 +109,61 @@ fn int_or(v: &Value, k: &str, d: usize) -> Result<usize> {
     }
 }
 
+/// More Sinkhorn iterations than any checkpoint uses (the release: 20).
+const MAX_SINKHORN_ITERS: usize = 1000;
+
 impl Ds4Config {
+    /// Values the GGUF would carry without complaint but that make the model fail to
+    /// load, give NaN logits or hang: refused here, naming the key.
+    fn check(&self) -> Result<()> {
+        for (v, k) in [
+            (self.hidden, "hidden_size"),
+            (self.n_head, "num_attention_heads"),
+            (self.head_dim, "head_dim"),
+            (self.vocab, "vocab_size"),
+            (self.q_lora_rank, "q_lora_rank"),
+            (self.o_lora_rank, "o_lora_rank"),
+            (self.o_groups, "o_groups"),
+            (self.moe_ff, "moe_intermediate_size"),
+            (self.sliding_window, "sliding_window"),
+            (self.hc_mult, "hc_mult"),
+        ] {
+            if v == 0 {
+                bail!("config.json: '{k}' is 0");
+            }
+        }
+        if self.n_expert > 0 && !(1..=self.n_expert).contains(&self.n_expert_used) {
+            bail!(
+                "config.json: num_experts_per_tok {} of {} routed experts",
+                self.n_expert_used,
+                self.n_expert
+            );
+        }
+        let yarn = self.yarn.as_ref();
+        for (v, k) in [
+            (self.eps, "rms_norm_eps"),
+            (self.hc_eps, "hc_eps"),
+            (self.rope_theta, "rope_theta"),
+            (self.compress_rope_theta, "compress_rope_theta"),
+            (yarn.map_or(1.0, |y| y.factor), "rope scaling factor"),
+            (
+                yarn.map_or(1.0, |y| y.original_ctx as f64),
+                "original_max_position_embeddings",
+            ),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                bail!("config.json: {k} is {v}; it must be a positive number");
+            }
+        }
+        if self.hc_iters > MAX_SINKHORN_ITERS {
+            bail!(
+                "config.json: hc_sinkhorn_iters {} (at most {MAX_SINKHORN_ITERS}; the release uses 20)",
+                self.hc_iters
+            );
+        }
+        Ok(())
+    }
+
     pub fn parse(text: &str) -> Result<Ds4Config> {
         let v: Value = serde_json::from_str(text).context("config.json is not valid JSON")?;
         if let Some(mt) = get(&v, "model_type").and_then(Value::as_str) {
@@ -118,8 +193,8 @@ impl Ds4Config {
         let head_dim = int_or(&v, "head_dim", hidden / n_head.max(1))?;
         // num_key_value_heads is not read: the model has one shared K=V head by design.
         // Partial RoPE: the release names the rotated width, transformers a fraction.
-        let rope_dim = match get(&v, "qk_rope_head_dim").and_then(Value::as_u64) {
-            Some(d) => d as usize,
+        let rope_dim = match get(&v, "qk_rope_head_dim") {
+            Some(_) => int(&v, "qk_rope_head_dim")?,
             None => (head_dim as f64 * num_or(&v, "partial_rotary_factor", 0.125)?) as usize,
         };
         if rope_dim == 0 || rope_dim % 2 != 0 || rope_dim > head_dim {
@@ -146,9 +221,7 @@ impl Ds4Config {
             _ => bail!("config.json: compression rates must be positive 32-bit integers (got {csa} and {hca})"),
         };
         // Which layers are CSA (with an indexer) the engine reads from the tensors present.
-        let compress_ratios: Vec<u32> = if let Some(lt) =
-            get(&v, "layer_types").and_then(Value::as_array)
-        {
+        let compress_ratios: Vec<u32> = if let Some(lt) = array(&v, "layer_types")? {
             if lt.len() < n_layer {
                 bail!(
                     "config.json: layer_types has {} entries for {n_layer} layers",
@@ -164,7 +237,7 @@ impl Ds4Config {
                     other => Err(anyhow!("config.json: unknown layer type {other:?}")),
                 })
                 .collect::<Result<_>>()?
-        } else if let Some(cr) = get(&v, "compress_ratios").and_then(Value::as_array) {
+        } else if let Some(cr) = array(&v, "compress_ratios")? {
             if cr.len() < n_layer {
                 bail!(
                     "config.json: compress_ratios has {} entries for {n_layer} layers",
@@ -188,7 +261,7 @@ impl Ds4Config {
                 .collect()
         };
 
-        let n_hash = if let Some(mt) = get(&v, "mlp_layer_types").and_then(Value::as_array) {
+        let n_hash = if let Some(mt) = array(&v, "mlp_layer_types")? {
             let kinds: Vec<&str> = mt
                 .iter()
                 .take(n_layer)
@@ -223,9 +296,10 @@ impl Ds4Config {
         };
         // Where YaRN parameters live: rope_parameters.compress, a flat rope_parameters,
         // or the release's rope_scaling.
-        let scaling = comp
-            .or_else(|| rp.filter(|r| get(r, "main").is_none()))
-            .or_else(|| get(&v, "rope_scaling"));
+        let scaling = match comp.or_else(|| rp.filter(|r| get(r, "main").is_none())) {
+            Some(s) => Some(s),
+            None => object(&v, "rope_scaling")?,
+        };
         let yarn = match scaling {
             None => None,
             Some(s) => {
@@ -305,6 +379,70 @@ impl Ds4Config {
                 c.o_groups
             );
         }
+        c.check()?;
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The release fixture's config, with `edit` applied.
+    fn parse_edited(edit: impl Fn(&mut serde_json::Map<String, Value>)) -> Result<Ds4Config> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/deepseek4/tiny_release/config.json"
+        );
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        edit(v.as_object_mut().unwrap());
+        Ds4Config::parse(&v.to_string())
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_key() {
+        parse_edited(|_| {}).expect("the fixture's own config parses");
+        for (key, value, want) in [
+            ("rms_norm_eps", serde_json::json!(-1.0), "rms_norm_eps"),
+            ("rope_theta", serde_json::json!(0.0), "rope_theta"),
+            (
+                "moe_intermediate_size",
+                serde_json::json!(0),
+                "moe_intermediate_size",
+            ),
+            (
+                "hc_sinkhorn_iters",
+                serde_json::json!(1_000_000_000_000u64),
+                "hc_sinkhorn_iters",
+            ),
+            (
+                "rope_scaling",
+                serde_json::json!("x"),
+                "'rope_scaling' is \"x\", not an object",
+            ),
+            (
+                "compress_ratios",
+                serde_json::json!("x"),
+                "'compress_ratios' is \"x\", not a list",
+            ),
+            (
+                "qk_rope_head_dim",
+                serde_json::json!("x"),
+                "qk_rope_head_dim",
+            ),
+            (
+                "num_experts_per_tok",
+                serde_json::json!(0),
+                "num_experts_per_tok 0",
+            ),
+        ] {
+            let e = parse_edited(|m| {
+                m.insert(key.to_string(), value.clone());
+            })
+            .map(|_| ())
+            .expect_err(key)
+            .to_string();
+            assert!(e.contains(want), "{key}: {e}");
+        }
     }
 }

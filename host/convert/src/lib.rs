@@ -227,11 +227,19 @@ pub fn convert(
     let embd = maps_to("token_embd.weight")
         .ok_or_else(|| anyhow!("{}: no token embedding (embed.weight)", dir.display()))?;
     // Sizes the rest of the conversion allocates by must agree with the weights.
-    let rows = src.raw(&embd)?.shape.first().copied().unwrap_or(0);
+    let shape = &src.raw(&embd)?.shape;
+    let rows = shape.first().copied().unwrap_or(0);
     if rows != c.vocab {
         bail!(
             "config.json: vocab_size {} but the embedding has {rows} rows",
             c.vocab
+        );
+    }
+    let width = shape.get(1).copied().unwrap_or(0);
+    if width != c.hidden {
+        bail!(
+            "config.json: hidden_size {} but the embedding rows hold {width} values",
+            c.hidden
         );
     }
     let top = src

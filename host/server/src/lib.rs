@@ -130,7 +130,7 @@ async fn log_request(req: Request, next: Next) -> Response {
     let r = next.run(req).await;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
     let status = r.status().as_u16();
-    if r.status().is_server_error() {
+    if r.status().is_server_error() && r.status() != StatusCode::SERVICE_UNAVAILABLE {
         tracing::warn!(target: "moeserve::http", "{method} {path} {status} {ms:.1} ms");
     } else {
         tracing::info!(target: "moeserve::http", "{method} {path} {status} {ms:.1} ms");
@@ -518,10 +518,15 @@ pub async fn serve(
     });
     let app = router(state.clone());
     // Serve while loading, so /health can say 503 instead of refusing connections.
-    let server = tokio::spawn(serve_connections(listener, app, state.opts.clone()));
-    loaded
-        .await
-        .map_err(|e| anyhow::anyhow!("model loading panicked: {e}"))??;
+    let mut server = tokio::spawn(serve_connections(listener, app, state.opts.clone()));
+    tokio::select! {
+        r = loaded => r.map_err(|e| anyhow::anyhow!("model loading panicked: {e}"))??,
+        // SIGTERM / Ctrl-C while loading: stop now, not once the model is in memory
+        _ = &mut server => {
+            eprintln!("stopped before the model finished loading");
+            return Ok(());
+        }
+    }
     let s = state.scheduler().map_err(|e| anyhow::anyhow!(e.message))?;
     eprintln!(
         "ready: model '{}' (context {} x {} slots) on http://{addr}",
