@@ -79,6 +79,23 @@ pub fn run(config: &Path) -> Result<()> {
         "\nmodel backend: {} (devices {:?})",
         reg.config.devices.backend, reg.config.devices.use_devices
     );
-    reg.backend(&reg.config.devices.backend)?;
+    // The listing is printed either way; a model backend that could not run a model
+    // (unavailable, no devices, or not the devices use_devices names) is an error.
+    let be = reg.backend(&reg.config.devices.backend)?;
+    let devs: Vec<u32> = into_result((be.devices)())
+        .map_err(|e| anyhow::anyhow!("model backend '{}' is unavailable: {e}", be.name))?
+        .iter()
+        .map(|d| d.index)
+        .collect();
+    let wanted = &reg.config.devices.use_devices;
+    if let Some(missing) = wanted.iter().find(|i| !devs.contains(i)) {
+        anyhow::bail!(
+            "use_devices names {}:{missing}, which is not present (devices: {devs:?})",
+            be.name
+        );
+    }
+    if devs.is_empty() {
+        anyhow::bail!("model backend '{}' has no devices", be.name);
+    }
     Ok(())
 }

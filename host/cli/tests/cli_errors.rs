@@ -229,3 +229,24 @@ fn inconsistent_models_are_refused_before_loading() {
         );
     }
 }
+
+#[test]
+fn plugins_fails_when_the_model_backend_cannot_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo_config()).unwrap();
+    let bad = text.replace("use_devices = []", "use_devices = [7]");
+    assert_ne!(bad, text, "the repo config names use_devices = []");
+    let cfg = dir.path().join("plugins.toml");
+    // (libraries are looked up next to the binary, so the copy loads the same plugins)
+    std::fs::write(&cfg, bad).unwrap();
+    let (ok, out, err) = moeserve(&["--config", cfg.to_str().unwrap(), "plugins"]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("placement policies"),
+        "the listing still prints: {out}"
+    );
+    assert!(
+        err.contains("use_devices names cpu:7, which is not present"),
+        "{err}"
+    );
+}
