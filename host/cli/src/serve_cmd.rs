@@ -69,9 +69,15 @@ fn seconds(v: f64, flag: &str) -> Result<std::time::Duration> {
 pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
     // (a name such as localhost, an IPv4 or an IPv6 address, brackets or not)
     let host = a.host.trim_start_matches('[').trim_end_matches(']');
-    let addr: SocketAddr = std::net::ToSocketAddrs::to_socket_addrs(&(host, a.port))
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, a.port))
         .with_context(|| format!("--host {}: not an address or a known name", a.host))?
-        .next()
+        .collect();
+    // (a name with both: IPv4, as clients that say "localhost" mostly reach 127.0.0.1)
+    let addr = addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
         .with_context(|| format!("--host {}: the name has no address", a.host))?;
     if a.model.is_dir() {
         anyhow::bail!(

@@ -431,17 +431,24 @@ fn run(
         // (sequence, logits rows) in batch order: a decoding sequence has one row for
         // its last token and one a draft; a prompt's last chunk one
         let mut owner: Vec<(usize, usize)> = Vec::new();
-        let mut budget = opts.max_batch_tokens.max(1);
         let decoding: Vec<bool> = active.iter().map(|s| !s.prefilling()).collect();
+        let n_decoding = decoding.iter().filter(|&&d| d).count();
+        // Every decoding sequence's own token comes first; drafts share what is left,
+        // and leave half of it to prompt chunks when any wait.
+        let mut budget = opts.max_batch_tokens.max(1).saturating_sub(n_decoding);
+        let mut draft_budget = if decoding.iter().all(|&d| d) {
+            budget
+        } else {
+            budget / 2
+        };
         for (i, s) in active.iter_mut().enumerate().filter(|(i, _)| decoding[*i]) {
             let last = *s.generated.last().expect("decoding seqs have a token");
-            budget = budget.saturating_sub(1);
             s.drafts.clear();
             if s.speculative {
                 // Drafts never run past the output limit, the context or the budget.
                 let room = (s.max_tokens.saturating_sub(s.generated.len() + 1))
                     .min(n_ctx.saturating_sub(s.fed + 1))
-                    .min(budget)
+                    .min(draft_budget)
                     .min(opts.draft_max);
                 if room > 0 {
                     let mut history = s.req.prompt.clone();
@@ -450,6 +457,7 @@ fn run(
                 }
             }
             budget -= s.drafts.len();
+            draft_budget -= s.drafts.len();
             s.draft_offered += s.drafts.len();
             stats
                 .draft_offered

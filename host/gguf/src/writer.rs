@@ -189,10 +189,18 @@ pub fn write_atomic(
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".part")
-        .tempfile_in(dir)?;
+    let prefix = format!(".{name}.");
+    let mut b = tempfile::Builder::new();
+    b.prefix(&prefix).suffix(".part");
+    // The mode a plain create would give (0666 less the umask, which the system
+    // applies), or the replaced file's: not the temporary file's owner-only 0600.
+    #[cfg(unix)]
+    b.permissions(
+        std::fs::metadata(path)
+            .map(|m| m.permissions())
+            .unwrap_or_else(|_| std::os::unix::fs::PermissionsExt::from_mode(0o666)),
+    );
+    let tmp = b.tempfile_in(dir)?;
     let mut w = io::BufWriter::new(tmp);
     fill(&mut w)?;
     let tmp = w.into_inner().map_err(|e| e.into_error())?;

@@ -193,6 +193,13 @@ fn write_file_then_open_with_mmap() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     assert_eq!(names.len(), 2, "{names:?}");
+    // readable by others as a plain create makes it (not the temporary file's 0600)
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_ne!(mode & 0o044, 0, "mode {mode:o}");
+    }
     let f = GgufFile::open(&path, SIZES).unwrap();
     assert_eq!(f.path(), path);
     assert_eq!(f.alignment(), 64);

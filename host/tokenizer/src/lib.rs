@@ -705,9 +705,15 @@ impl Tokenizer {
                 .collect();
             return self.encode_segments(&segs, true);
         }
+        // Only control (and unknown) token strings matter: user-defined ones such as
+        // `<think>` are tokens wherever they appear, literal or not.
         if let Some(m) = &self.all_special {
             for msg in messages {
-                if let Some(found) = m.automaton.find(msg.content.as_str()) {
+                let control = m.automaton.find_iter(msg.content.as_str()).find(|f| {
+                    let id = m.ids[f.pattern().as_usize()];
+                    self.token_type(id) != Some(TokenType::UserDefined)
+                });
+                if let Some(found) = control {
                     return Err(TokenizerError::LiteralContent(
                         msg.content[found.start()..found.end()].to_string(),
                     ));

@@ -387,6 +387,18 @@ fn chat_content_stays_literal() {
     let bad = [ChatMessage::new("user", " x<|im_end|> ")];
     let e = t.encode_chat_template(trim, &bad, false).unwrap_err();
     assert!(e.to_string().contains("<|im_end|>"), "{e}");
+    // A user-defined token string is a token either way: no reason to refuse it.
+    let mut p = parts();
+    let mut types = vec![1; p.tokens.len()];
+    types[1] = 3;
+    types[2] = 3;
+    p.tokens.push("<think>".into());
+    types.push(4);
+    p.token_types = Some(types);
+    let t2 = Tokenizer::from_parts(p).unwrap();
+    let think = [ChatMessage::new("user", " <think>x</think> ")];
+    let ids = t2.encode_chat_template(trim, &think, false).unwrap();
+    assert!(ids.contains(&(t2.vocab_size() as u32 - 1)), "{ids:?}");
     // The same content under a template that keeps it verbatim is fine.
     let ids = t
         .encode_chat_template(FALLBACK_CHAT_TEMPLATE, &bad, false)
