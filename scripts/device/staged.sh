@@ -78,7 +78,7 @@ if want fixtures; then
     step "fixtures (ds4_gpu.sh), staged"
     env "${SENV[@]}" OUT="$OUT" timeout 200 bash scripts/device/ds4_gpu.sh > "$OUT/fixtures.log" 2>&1
     echo "rc=$?"
-    grep -E "^(fixture|tiny)" "$OUT/fixtures.log"
+    grep -E "^(fixture|tiny|prefix cache)" "$OUT/fixtures.log"
     tail -c 300 "$OUT/fixtures.log"; echo
     # The staged options change no sum: every number of every row as committed.
     python3 - "$OUT/ds4_gpu.json" docs/notes/ds4-gpu-h200.json <<'PY'
