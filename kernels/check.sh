@@ -3,7 +3,7 @@
 # and NVIDIA (sm_90) targets with a bare clang: no CUDA or ROCm install needed. The
 # shim header stands in for the device parts of cuda_runtime.h / hip_runtime.h.
 # (--cuda-feature=+ptx80: with no CUDA install clang cannot infer a PTX ISA version.)
-# Installs nothing; needs clang++-19 (or $CLANGXX). Fails on any error.
+# Installs nothing; needs clang++-19 (or $CLANGXX) and python3. Fails on any error.
 set -euo pipefail
 cd "$(dirname "$0")/gpu"
 CXX=${CLANGXX:-clang++-19}
