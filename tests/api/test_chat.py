@@ -64,7 +64,8 @@ def test_chat_response_shape_usage_and_timings(server, client):
 
     lt = r.model_extra["timings"]
     assert LLAMA_TIMING_KEYS <= set(lt), lt
-    assert lt["prompt_n"] == u.prompt_tokens
+    # as llama-server: prompt_n counts the tokens evaluated, cache_n the cached ones
+    assert lt["prompt_n"] + lt["cache_n"] == u.prompt_tokens
     assert lt["predicted_n"] == u.completion_tokens
     assert lt["cache_n"] == t["cached_prefix_tokens"]
     assert math.isclose(lt["prompt_ms"], t["prefill_ms"], abs_tol=0.06)

@@ -81,8 +81,11 @@ pub fn usage_and_timings(t: &Timings) -> (Value, Value) {
     } else {
         0.0
     };
+    // (llama-server counts only the prompt tokens it evaluated: the cached ones are
+    // cache_n)
+    let prompt_n = t.prompt_tokens - t.cached_prefix_tokens;
     let prompt_per_s = if t.prefill_ms > 0.0 {
-        t.prompt_tokens as f64 / (t.prefill_ms / 1e3)
+        prompt_n as f64 / (t.prefill_ms / 1e3)
     } else {
         0.0
     };
@@ -105,9 +108,9 @@ pub fn usage_and_timings(t: &Timings) -> (Value, Value) {
     let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
     let timings = json!({
         "cache_n": t.cached_prefix_tokens,
-        "prompt_n": t.prompt_tokens,
+        "prompt_n": prompt_n,
         "prompt_ms": t.prefill_ms,
-        "prompt_per_token_ms": per(t.prefill_ms, t.prompt_tokens),
+        "prompt_per_token_ms": per(t.prefill_ms, prompt_n),
         "prompt_per_second": prompt_per_s,
         "predicted_n": t.completion_tokens,
         "predicted_ms": t.decode_ms,

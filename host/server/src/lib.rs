@@ -73,6 +73,15 @@ impl AppInner {
 }
 
 /// Parses a JSON body into `T`, mapping every failure to an OpenAI-style error.
+/// Runs CPU-heavy request work (templating, tokenizing) on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))
+}
+
 pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -266,16 +275,18 @@ async fn chat_completions(
     }
     let logprobs = req.logprobs.unwrap_or(false).then_some(top as usize);
     let sampling = req.common.sampling(logprobs, s.tokenizer.vocab_size())?;
-    let tok = &s.tokenizer;
+    let tok = s.tokenizer.clone();
     // Message content is encoded as plain text: a control-token string in it (e.g.
-    // "<|im_end|>") cannot open or close a turn.
-    let encoded = match tok.encode_chat(&msgs, true) {
+    // "<|im_end|>") cannot open or close a turn. (Off the async workers: a 4 MB prompt
+    // takes about a second, and other clients' streams must not wait for it.)
+    let encoded = blocking(move || match tok.encode_chat(&msgs, true) {
         Err(moe_tokenizer::TokenizerError::NoChatTemplate) => {
             tracing::warn!("the model has no chat template; using ChatML");
             tok.encode_chat_template(FALLBACK_CHAT_TEMPLATE, &msgs, true)
         }
         r => r,
-    };
+    })
+    .await?;
     let prompt = encoded.map_err(|e| match e {
         moe_tokenizer::TokenizerError::Template { .. } => {
             ApiError::invalid(format!("chat template: {e}"), Some("messages"))
@@ -321,10 +332,13 @@ async fn completions(
     }
     let logprobs = req.logprobs.map(|n| n as usize);
     let sampling = req.common.sampling(logprobs, s.tokenizer.vocab_size())?;
-    let prompt = match &req.prompt {
-        Prompt::Text(t) => s
-            .tokenizer
-            .encode(t, true, true)
+    let encode = |t: String| {
+        let tok = s.tokenizer.clone();
+        blocking(move || tok.encode(&t, true, true))
+    };
+    let prompt = match req.prompt {
+        Prompt::Text(t) => encode(t)
+            .await?
             .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
         Prompt::Tokens(ids) => {
             let v = s.tokenizer.vocab_size() as u32;
@@ -334,11 +348,10 @@ async fn completions(
                     Some("prompt"),
                 ));
             }
-            ids.clone()
+            ids
         }
-        Prompt::Texts(v) if v.len() == 1 => s
-            .tokenizer
-            .encode(&v[0], true, true)
+        Prompt::Texts(mut v) if v.len() == 1 => encode(v.remove(0))
+            .await?
             .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
         Prompt::Texts(_) => {
             return Err(ApiError::invalid(

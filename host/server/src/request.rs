@@ -216,7 +216,7 @@ impl Common {
             }
         }
         if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
+            return Err(not_supported("'n' other than 1", "n"));
         }
         if self.stream_options.is_some() && !self.stream() {
             return Err(ApiError::invalid(
