@@ -37,6 +37,34 @@ fn assert_one_error_line(ok: bool, err: &str) -> String {
     lines[0].to_string()
 }
 
+/// `quantize --model input --out out --tensors tensors --type ty`.
+fn quantize(input: &Path, out: &Path, tensors: &str, ty: &str) -> (bool, String, String) {
+    run(&[
+        "quantize",
+        "--model",
+        s(input),
+        "--out",
+        s(out),
+        "--tensors",
+        tensors,
+        "--type",
+        ty,
+    ])
+}
+
+/// `dequant --model model --tensor tensor --out out`.
+fn dequant(model: &Path, tensor: &str, out: &Path) -> (bool, String, String) {
+    run(&[
+        "dequant",
+        "--model",
+        s(model),
+        "--tensor",
+        tensor,
+        "--out",
+        s(out),
+    ])
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -377,19 +405,7 @@ fn errors_are_one_clear_line() {
     );
 
     // A regex that matches nothing, and one that does not parse.
-    let quantize = |tensors: &str, ty: &str, out: &Path| {
-        run(&[
-            "quantize",
-            "--model",
-            s(&input),
-            "--out",
-            s(out),
-            "--tensors",
-            tensors,
-            "--type",
-            ty,
-        ])
-    };
+    let quantize = |tensors: &str, ty: &str, out: &Path| quantize(&input, out, tensors, ty);
     let (ok, _, err) = quantize("^nothing$", "Q8_0", &out);
     let line = assert_one_error_line(ok, &err);
     assert!(line.contains("matches none of the 3 tensors"), "{line}");
@@ -552,42 +568,16 @@ fn outputs_never_destroy_inputs() {
     write_model(&input);
     let before = std::fs::read(&input).unwrap();
     let out = dir.path().join("m.gguf");
-    let (ok, _, err) = run(&[
-        "quantize",
-        "--model",
-        s(&input),
-        "--out",
-        s(&out),
-        "--tensors",
-        "w",
-        "--type",
-        "Q8_0",
-    ]);
+    let (ok, _, err) = quantize(&input, &out, "w", "Q8_0");
     assert!(ok, "{err}");
     assert_eq!(std::fs::read(&input).unwrap(), before, "input changed");
     assert!(open(&out).tensor(GAUSS).is_some());
-    let (ok, _, err) = run(&[
-        "dequant",
-        "--model",
-        s(&input),
-        "--tensor",
-        GAUSS,
-        "--out",
-        s(&dir.path().join("g.npy")),
-    ]);
+    let (ok, _, err) = dequant(&input, GAUSS, &dir.path().join("g.npy"));
     assert!(ok, "{err}");
     assert_eq!(std::fs::read(&input).unwrap(), before, "input changed");
 
     // dequant and logits onto their model: refused, the model unchanged.
-    let (ok, _, err) = run(&[
-        "dequant",
-        "--model",
-        s(&input),
-        "--tensor",
-        GAUSS,
-        "--out",
-        s(&input),
-    ]);
+    let (ok, _, err) = dequant(&input, GAUSS, &input);
     let line = assert_one_error_line(ok, &err);
     assert!(line.contains("is the input file"), "{line}");
     let (ok, _, err) = run(&[
@@ -605,17 +595,7 @@ fn outputs_never_destroy_inputs() {
 
     // Every tensor asked for: the vector (norm.bias) is kept as it was, with a warning.
     let all = dir.path().join("all.gguf");
-    let (ok, _, err) = run(&[
-        "quantize",
-        "--model",
-        s(&input),
-        "--out",
-        s(&all),
-        "--tensors",
-        ".",
-        "--type",
-        "Q8_0",
-    ]);
+    let (ok, _, err) = quantize(&input, &all, ".", "Q8_0");
     assert!(ok, "{err}");
     assert!(
         err.contains("skipping 'norm.bias': it is a vector of 64"),
@@ -626,17 +606,7 @@ fn outputs_never_destroy_inputs() {
 
     // An output in a directory that does not exist: refused before any work.
     let nowhere = dir.path().join("no-such-dir").join("o.gguf");
-    let (ok, _, err) = run(&[
-        "quantize",
-        "--model",
-        s(&input),
-        "--out",
-        s(&nowhere),
-        "--tensors",
-        "w",
-        "--type",
-        "Q8_0",
-    ]);
+    let (ok, _, err) = quantize(&input, &nowhere, "w", "Q8_0");
     let line = assert_one_error_line(ok, &err);
     assert!(line.contains("does not exist"), "{line}");
     // and nothing but the files written above is left in the directory
