@@ -172,14 +172,9 @@ fn d4(a: usize, b: usize) -> [u64; 4] {
 }
 
 impl Llama {
-    pub fn new(
-        f: &GgufFile,
-        arch: &str,
-        w: &Weights,
-        n_ctx: usize,
-        n_slots: usize,
-    ) -> Result<Llama> {
-        let p = LlamaParams::from_gguf(f, arch)?;
+    /// The graph over `w` for parameters `p` (read and checked by
+    /// [`LlamaParams::from_gguf`] before any upload).
+    pub fn new(p: LlamaParams, w: &Weights, n_ctx: usize, n_slots: usize) -> Result<Llama> {
         let dev = w.device().clone();
         let expect = |name: &str, dims: &[usize]| -> Result<Arc<Tensor>> {
             let t = w.get(name)?;

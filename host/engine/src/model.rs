@@ -399,7 +399,7 @@ pub fn load_gguf(reg: &Registry, f: GgufFile, opts: &LoadOptions) -> Result<Load
             opts.n_ctx
         };
         Box::new(
-            llama::Llama::new(&f, &arch, &weights, n_ctx, opts.n_slots.max(1))
+            llama::Llama::new(llama, &weights, n_ctx, opts.n_slots.max(1))
                 .with_context(|| format!("{}: building the {arch} graph", path.display()))?,
         )
     };
