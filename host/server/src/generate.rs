@@ -56,8 +56,10 @@ fn new_id(flavor: Flavor) -> String {
     format!("{prefix}-{:x}{n:04x}", now())
 }
 
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
+/// `x` rounded to `places` decimal places.
+fn round_to(x: f64, places: i32) -> f64 {
+    let scale = 10f64.powi(places);
+    (x * scale).round() / scale
 }
 
 /// Accepted drafts / offered drafts (0 when none were offered).
@@ -65,12 +67,8 @@ fn accept_rate(t: &Timings) -> f64 {
     if t.draft_offered == 0 {
         0.0
     } else {
-        round3(t.draft_accepted as f64 / t.draft_offered as f64)
+        round_to(t.draft_accepted as f64 / t.draft_offered as f64, 3)
     }
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1e3).round() / 1e3
 }
 
 /// `usage` with the seed's timings, plus the llama-server style top-level `timings`.
@@ -94,9 +92,9 @@ pub fn usage_and_timings(t: &Timings) -> (Value, Value) {
         "completion_tokens": t.completion_tokens,
         "total_tokens": t.prompt_tokens + t.completion_tokens,
         "timings": {
-            "prefill_ms": round1(t.prefill_ms),
-            "decode_ms": round1(t.decode_ms),
-            "decode_tokens_per_sec": round1(tps),
+            "prefill_ms": round_to(t.prefill_ms, 1),
+            "decode_ms": round_to(t.decode_ms, 1),
+            "decode_tokens_per_sec": round_to(tps, 1),
             "cache_hit": t.cached_prefix_tokens > 0,
             "cached_prefix_tokens": t.cached_prefix_tokens,
             "prefilled_tokens": t.prompt_tokens - t.cached_prefix_tokens,
