@@ -119,6 +119,21 @@ GPU_DEV float gpu_warp_max(float v) {
     return v;
 }
 
+// The greater of two magnitudes (fabsf results), keeping a NaN: for floats with the sign
+// clear the integer order is the float order and a NaN's bits lie above +inf, so the q8
+// quantisers' scale becomes NaN (as the CPU's BlockQ8_1) where fmaxf would drop the NaN
+// and quietly give a finite product. The same bits as fmaxf for every other input.
+GPU_DEV float gpu_absmax(float a, float b) {
+    const int ia = __float_as_int(a), ib = __float_as_int(b);
+    return __int_as_float(ia > ib ? ia : ib);
+}
+
+GPU_DEV float gpu_warp_absmax(float v) {
+#pragma unroll
+    for (int m = GPU_WARP / 2; m > 0; m >>= 1) v = gpu_absmax(v, gpu_shfl_xor(v, m));
+    return v;
+}
+
 // DeepSeek-V4's clamped SwiGLU of one gate / up pair: silu(min(g, lim)) * clamp(u, -lim,
 // lim) (no clamp when lim <= 0). One definition for ds4_swiglu and the products that
 // compute it from their inputs (the same bits either way).

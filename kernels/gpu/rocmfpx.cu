@@ -94,7 +94,7 @@ GPU_DEV int rf2_expand4(unsigned int byte) {
 // of q; planes = 1 stores each half plane-ordered (for the type-107 mat-vec kernels).
 // q8_1_store: block b from its warp, lane l holding value l.
 GPU_DEV void q8_1_store(float v, long long b, int lane, q8_1_block* __restrict__ out, int planes) {
-    const float amax = gpu_warp_max(fabsf(v));
+    const float amax = gpu_warp_absmax(fabsf(v));
     const float d = amax / 127.0f;
     const float inv = d > 0.0f ? 1.0f / d : 0.0f;
     const int q = (int)roundf(v * inv);
@@ -1681,9 +1681,9 @@ struct fp4_src_norm {
 // half's two words side by side, (x, z, y, w), its runs FP4M_LD apart unswizzled.
 template <bool PAIRED>
 GPU_DEV void fp4_q8_chunk(const gpu_f4 v, int c, gpu_u4* xq, float (*ds)[FP4_RUNS_MAX_K / 256]) {
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    float amax = gpu_absmax(gpu_absmax(fabsf(v.x), fabsf(v.y)), gpu_absmax(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
-    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, gpu_shfl_xor(amax, o));
+    for (int o = 4; o > 0; o >>= 1) amax = gpu_absmax(amax, gpu_shfl_xor(amax, o));
     const float d = amax / 127.0f;
     const float inv = d > 0.0f ? 1.0f / d : 0.0f;
     const unsigned int q0 = (unsigned int)(int)roundf(v.x * inv) & 0xffu;

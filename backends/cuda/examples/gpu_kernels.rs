@@ -1070,6 +1070,64 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// `matmul_f32_tiles` (+ `matmul_f32_reduce`), and 15 columns on `matvec_dense`: within
 /// 1e-5 of the largest value of an f64 reference, and a second run bit-identical (the
 /// slices are added in order).
+/// A NaN activation reaches every output of the products that quantise their input to
+/// q8 (its block's scale becomes NaN, as the CPU's `BlockQ8_1::quantize`), rather than a
+/// finite answer with the NaN dropped by the block's max. One NaN a column, so every
+/// (row, column) sum must be NaN.
+fn nan_inputs(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== a NaN activation reaches every output of the q8 products ==");
+    let (k, m) = (2048usize, 256usize);
+    let mut all_ok = true;
+    // (case, type, variant, columns, forced path)
+    for (what, ty, variant, n, force) in [
+        ("rocmfp2 affine, decode", 107u32, FP2_AFFINE, 1usize, ""),
+        ("rocmfp2 two-scale, 8 columns", 107, FP2_TWO_SCALE, 8, ""),
+        ("rocmfp2 affine, 64 columns (mmq)", 107, FP2_AFFINE, 64, ""),
+        ("rocmfp4, runs kernel", 100, 0, 1, ""),
+        ("rocmfp4, mma", 100, 0, 1, "mma"),
+        ("q8_0, q8 decode", 8, 0, 1, "q8"),
+    ] {
+        FORCE_Q8_DECODE.store(force == "q8", Ordering::Relaxed);
+        FORCE_FP4_MMA.store(if force == "mma" { 256 } else { 0 }, Ordering::Relaxed);
+        let w = if ty == 107 {
+            random_weights(rng, m, k)
+        } else {
+            random_dense(rng, ty, m, k).0
+        };
+        let mut x: Vec<f32> = (0..k * n).map(|_| rng.f32()).collect();
+        for c in 0..n {
+            x[c * k + rng.below(k as u64) as usize] = f32::NAN;
+        }
+        let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * n * 4));
+        g.op(
+            ops::MATMUL,
+            &[
+                t(bw, 0, ty, variant, [k as u64, m as u64, 1, 1]),
+                t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
+                t(bo, 0, types::F32, 0, [m as u64, n as u64, 1, 1]),
+            ],
+        );
+        let got = g.read_f32(bo, 0, m * n);
+        let finite = got.iter().filter(|v| !v.is_nan()).count();
+        let ok = finite == 0;
+        all_ok &= ok;
+        println!(
+            "{what:<34} {finite:>6} of {:<6} outputs not NaN {}",
+            m * n,
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"nan_inputs\",\"case\":\"{what}\",\"not_nan\":{finite},\"ok\":{ok}}}"
+        ));
+        for b in [bw, bx, bo] {
+            into_result((g.be.free)(b)).unwrap();
+        }
+    }
+    FORCE_Q8_DECODE.store(false, Ordering::Relaxed);
+    FORCE_FP4_MMA.store(0, Ordering::Relaxed);
+    all_ok
+}
+
 fn f32_tiles_check(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== f32 products of many columns vs f64 reference ==");
     let mut all_ok = true;
@@ -2732,6 +2790,7 @@ fn main() {
         all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);
         all_ok &= mmw_check(&g, &mut rng, dev.cc, &mut json);
         all_ok &= dense_decode(&g, &mut rng, &mut json);
+        all_ok &= nan_inputs(&g, &mut rng, &mut json);
         all_ok &= f32_tiles_check(&g, &mut rng, &mut json);
     }
     if quick {
