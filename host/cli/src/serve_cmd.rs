@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// exits anyway.
     #[arg(long, default_value_t = 60.0)]
     pub shutdown_timeout: f64,
+    /// Let browser pages from ORIGIN call the API (CORS), e.g. http://localhost:3000;
+    /// repeat for more, `*` for any. Off by default.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
 }
 
 fn seconds(v: f64, flag: &str) -> Result<std::time::Duration> {
@@ -102,7 +106,9 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
         max_body_bytes: a.max_body_bytes,
         read_timeout: seconds(a.read_timeout, "--read-timeout")?,
         shutdown_timeout: seconds(a.shutdown_timeout, "--shutdown-timeout")?,
+        cors_origins: a.cors_origins.clone(),
     };
+    moe_server::check_cors_origins(&opts.cors_origins)?;
     let load_opts = LoadOptions {
         n_ctx: a.ctx_size,
         n_slots: a.parallel,

@@ -41,6 +41,9 @@ pub struct ServerOptions {
     /// After SIGTERM / Ctrl-C, how long in-flight requests may run before the
     /// server exits anyway.
     pub shutdown_timeout: Duration,
+    /// Origins a browser page may call the API from (`*`: any); empty: no CORS
+    /// headers, so browsers keep other sites' pages out.
+    pub cors_origins: Vec<String>,
 }
 
 pub struct AppInner {
@@ -113,7 +116,7 @@ pub fn router(state: AppState) -> Router {
         // (the key is checked first: no body is read for a client without it)
         .route_layer(middleware::from_fn_with_state(state.clone(), read_body))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
-    Router::new()
+    let router = Router::new()
         .merge(guarded)
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -125,8 +128,59 @@ pub fn router(state: AppState) -> Router {
                 .status(StatusCode::METHOD_NOT_ALLOWED)
         })
         .layer(DefaultBodyLimit::max(state.opts.max_body_bytes))
-        .layer(middleware::from_fn(log_request))
-        .with_state(state)
+        .layer(middleware::from_fn(log_request));
+    // (outermost, so a preflight OPTIONS is answered before the key check and routing)
+    let router = match cors_layer(&state.opts.cors_origins) {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
+    router.with_state(state)
+}
+
+/// The CORS layer for `--cors-origin` (None when no origin is allowed). Origins are
+/// checked when the options are built ([`check_cors_origins`]).
+fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| o.parse().ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+            .allow_headers([
+                axum::http::header::AUTHORIZATION,
+                axum::http::header::CONTENT_TYPE,
+            ])
+            .max_age(Duration::from_secs(600)),
+    )
+}
+
+/// Checks `--cors-origin` values: `*`, or an origin as browsers send it
+/// (`scheme://host[:port]`, no path).
+pub fn check_cors_origins(origins: &[String]) -> anyhow::Result<()> {
+    for o in origins {
+        if o == "*" {
+            continue;
+        }
+        let ok = (o.starts_with("http://") || o.starts_with("https://"))
+            && o.split_once("://").is_some_and(|(_, rest)| {
+                !rest.is_empty() && !rest.contains('/') && !rest.contains(char::is_whitespace)
+            })
+            && o.parse::<axum::http::HeaderValue>().is_ok();
+        if !ok {
+            anyhow::bail!(
+                "--cors-origin {o:?}: expected `*` or an origin such as http://localhost:3000 \
+                 (scheme and host, no path)"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// One log line a request: method, path, status, time to the response's head.
