@@ -49,6 +49,7 @@
 #define KID_F32_TO_BF16 63
 #define KID_MMW_DENSE_M2 64
 #define KID_MMW_ID_M2 65
+#define KID_L2_PREFETCH 66
 #define KID_MATMUL_F32_TILES 54
 #define KID_MATMUL_F32_REDUCE 55
 
@@ -3412,6 +3413,44 @@ extern "C" __global__ void __launch_bounds__(128, 2)
     extern __shared__ __attribute__((aligned(128))) unsigned char mmw_smem[];
     mmw_id_tiles<2>(mmw_smem, w, expert_bytes, row_bytes, ty, nb, m, n_experts, xb, act_per_pair,
                     n_slots, offsets, active, sorted, out, affine);
+#endif
+}
+
+// ---------------------------------------------------------------------------------
+// PREFETCH (ABI 1.9): up to L2P_RANGES byte ranges (address a_r, n_r bytes) asked into
+// L2, for ops queued after it on another stream to find there: a decode step's glue
+// (mHC sites, attention, norms) leaves the memory idle for ~40% of the step, the
+// products after it stream their weights from memory at 1.5-2x their read floor. On
+// sm_90 a thread asks the copy engine for a whole L2P_CHUNK (cp.async.bulk.prefetch)
+// and goes on; nothing waits for the bytes and nothing is written. Thread i of the
+// grid takes chunks i, i + threads, .. of the ranges laid end to end. Without the bulk
+// copies (HIP, older NVIDIA) the kernel does nothing and the backend does not offer
+// the op. grid = any, block = 32.
+#define L2P_RANGES 4
+#define L2P_CHUNK 16384
+extern "C" __global__ void __launch_bounds__(32)
+    l2_prefetch(unsigned long long a0, long long n0, unsigned long long a1, long long n1,
+                unsigned long long a2, long long n2, unsigned long long a3, long long n3,
+                unsigned int* counters) {
+    gpu_count_launch(counters, KID_L2_PREFETCH);
+#if defined(GPU_BULK)
+    const unsigned long long a[L2P_RANGES] = {a0, a1, a2, a3};
+    const long long n[L2P_RANGES] = {n0, n1, n2, n3};
+    const long long threads = (long long)gridDim.x * blockDim.x;
+    long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x, first = 0;
+#pragma unroll
+    for (int r = 0; r < L2P_RANGES; ++r) {
+        // (the host gives 16-byte aligned starts; a tail under 16 bytes is left out)
+        const long long bytes = n[r] & ~15ll, chunks = (bytes + L2P_CHUNK - 1) / L2P_CHUNK;
+        for (; c < first + chunks; c += threads) {
+            const long long off = (c - first) * L2P_CHUNK;
+            const long long len = bytes - off < L2P_CHUNK ? bytes - off : L2P_CHUNK;
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a[r] + off),
+                         "r"((unsigned int)len)
+                         : "memory");
+        }
+        first += chunks;
+    }
 #endif
 }
 

@@ -207,6 +207,12 @@ pub mod ops {
     /// normed x there, or leave it as it was). A backend may norm inside the product (its
     /// sum of squares in another order than NORM_ROPE's).
     pub const NORM_MATMUL: u32 = 34;
+    /// A hint (ABI 1.9): the backend may start bringing the args' bytes into the
+    /// device's cache, so that ops queued after it (on any stream) that read them find
+    /// them there. Nothing is written; the op may return before the bytes arrive, and
+    /// the stream's later ops need not wait for them. args: 1 to 4 tensors of any type
+    /// on one device. A backend that cannot prefetch answers "not supported".
+    pub const PREFETCH: u32 = 35;
 }
 
 /// MOE_COMBINE's arguments: (y, w, out, optional shared expert output).

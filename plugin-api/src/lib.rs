@@ -49,7 +49,8 @@ pub const ABI_MAJOR: u32 = 1;
 /// 6: TOPK_ROWS's work words (a 4th argument).
 /// 7: ROUTER with its product (x, the router's weights and sync words: 9 arguments).
 /// 8: NORM_MATMUL (`backend::ops` 34).
-pub const ABI_MINOR: u32 = 8;
+/// 9: PREFETCH (`backend::ops` 35).
+pub const ABI_MINOR: u32 = 9;
 
 /// Explicit ABI version carried by every root module.
 #[repr(C)]

@@ -1128,6 +1128,60 @@ fn nan_inputs(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all_ok
 }
 
+/// PREFETCH (ABI 1.9) on this device: one `l2_prefetch` launch over two ranges (one of
+/// a size that is no whole chunk), no error, and the stream goes on (a product after it
+/// gives the same bits as before it).
+fn prefetch_runs(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== PREFETCH: the weights' bytes asked into L2 ==");
+    let (k, m) = (8192usize, 4100usize);
+    let (w, _) = random_dense(rng, 100, m, k);
+    let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
+    let (bw, bx, b0, b1) = (
+        g.buf(&w),
+        g.buf(&f32_bytes(&x)),
+        g.zeros(m * 4),
+        g.zeros(m * 4),
+    );
+    let wt = t(bw, 0, 100, 0, [k as u64, m as u64, 1, 1]);
+    let matmul = |o| {
+        g.op(
+            ops::MATMUL,
+            &[
+                wt,
+                t(bx, 0, types::F32, 0, [k as u64, 1, 1, 1]),
+                t(o, 0, types::F32, 0, [m as u64, 1, 1, 1]),
+            ],
+        )
+    };
+    matmul(b0);
+    let before = g.counters();
+    // (the weights, and x: 32 KiB, a whole number of 16-byte units but no whole chunk)
+    let pf = [wt, t(bx, 0, types::F32, 0, [k as u64, 1, 1, 1])];
+    let r = into_result((g.be.run_op)(
+        g.stream,
+        ops::PREFETCH,
+        OpParams::default(),
+        pf[..].into(),
+    ));
+    matmul(b1);
+    let ran = g.counters().get("l2_prefetch.device") > before.get("l2_prefetch.device");
+    let same = same_bits(&g.read_f32(b0, 0, m), &g.read_f32(b1, 0, m));
+    let ok = r.is_ok() && ran && same;
+    println!(
+        "prefetch of {} MB: {:?}, ran {ran}, product after it the same bits {same} {}",
+        w.len() / 1_000_000,
+        r,
+        if ok { "ok" } else { "FAIL" }
+    );
+    json.push(format!(
+        "{{\"test\":\"prefetch\",\"ran\":{ran},\"same\":{same},\"ok\":{ok}}}"
+    ));
+    for b in [bw, bx, b0, b1] {
+        into_result((g.be.free)(b)).unwrap();
+    }
+    ok
+}
+
 fn f32_tiles_check(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== f32 products of many columns vs f64 reference ==");
     let mut all_ok = true;
@@ -2791,6 +2845,7 @@ fn main() {
         all_ok &= mmw_check(&g, &mut rng, dev.cc, &mut json);
         all_ok &= dense_decode(&g, &mut rng, &mut json);
         all_ok &= nan_inputs(&g, &mut rng, &mut json);
+        all_ok &= prefetch_runs(&g, &mut rng, &mut json);
         all_ok &= f32_tiles_check(&g, &mut rng, &mut json);
     }
     if quick {

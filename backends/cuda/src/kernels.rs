@@ -116,6 +116,8 @@ pub struct Module {
     /// Dynamic shared memory the ROCmFP4 runs kernels may take for their bulk path
     /// (see [`bulk_enabled`]; 0: none).
     pub bulk_smem: u32,
+    /// `l2_prefetch` asks L2 for bytes (sm_90's bulk prefetch; PREFETCH).
+    pub l2_prefetch: bool,
     /// Dynamic shared memory the streamed bf16 tiles may take (0: none; sm_80 on).
     pub mmw_smem: u32,
 }
@@ -308,6 +310,8 @@ impl Module {
                 from_cache,
                 pdl: pdl_enabled(dev.cc),
                 bulk_smem,
+                // (the kernel's bulk prefetch is compiled where GPU_BULK is: sm_90 on)
+                l2_prefetch: dev.cc.0 >= 9,
                 mmw_smem,
             })
         }

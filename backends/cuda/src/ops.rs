@@ -166,6 +166,10 @@ impl plan::Gpu for Stream<'_> {
         }
     }
 
+    fn l2_prefetch(&self) -> bool {
+        self.module.l2_prefetch
+    }
+
     fn multiprocessors(&self) -> u32 {
         rt::runtime()
             .and_then(|r| r.device(self.device))

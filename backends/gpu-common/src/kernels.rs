@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 66] = [
+pub const KERNELS: [&str; 67] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -76,6 +76,7 @@ pub const KERNELS: [&str; 66] = [
     "f32_to_bf16",
     "mmw_dense_m2",
     "mmw_id_m2",
+    "l2_prefetch",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

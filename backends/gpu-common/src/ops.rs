@@ -1328,6 +1328,11 @@ pub trait Gpu {
     fn multiprocessors(&self) -> u32 {
         0
     }
+    /// Whether `l2_prefetch` asks the device's L2 for bytes (PREFETCH; CUDA sm_90's
+    /// bulk prefetch). Where it does not, PREFETCH is "not supported".
+    fn l2_prefetch(&self) -> bool {
+        false
+    }
     /// Whether prefill products of type 107 / ROCmFP4 with `cols` columns an expert (a
     /// dense product's all, a grouped one's on average) take the bf16 MMB tiles
     /// (`mmb_dense` / `mmb_id`: CUDA sm_80+, opt-in) instead of the int8 MMQ ones.
@@ -1587,6 +1592,43 @@ fn norm_matmul(
     )
 }
 
+/// PREFETCH (ABI 1.9): one `l2_prefetch` launch over the tensors' bytes (1 to 4, each
+/// range checked as any op's). Its grid: a block of 32 a 64 chunks, at most 32 blocks,
+/// so the copy engines of several multiprocessors take the requests.
+fn prefetch(gpu: &impl Gpu, backend: &str, args: &[TensorRef]) -> Result<(), String> {
+    if !gpu.l2_prefetch() {
+        return Err(format!(
+            "prefetch: not supported by the {backend} backend on this device"
+        ));
+    }
+    if args.is_empty() || args.len() > 4 {
+        return Err(format!(
+            "prefetch: expected 1 to 4 tensors, got {}",
+            args.len()
+        ));
+    }
+    let mut slots = [0u64; 8];
+    let mut chunks = 0;
+    for (i, t) in args.iter().enumerate() {
+        slots[2 * i] = gpu.ptr(t, 16)?;
+        slots[2 * i + 1] = bytes_of(t, backend)?;
+        chunks += slots[2 * i + 1].div_ceil(16384);
+    }
+    let params: Vec<*mut c_void> = slots
+        .iter_mut()
+        .map(|v| v as *mut u64 as *mut c_void)
+        .collect();
+    let blocks = chunks.div_ceil(64).clamp(1, 32);
+    let l = Launch {
+        name: "l2_prefetch",
+        grid: (blocks as u32, 1, 1),
+        block: 32,
+    };
+    // SAFETY: eight 64-bit slots as the kernel's (address, bytes) pairs, each range
+    // checked by `ptr`; the kernel only asks for the bytes (no access is made).
+    unsafe { gpu.launch(l, &params) }
+}
+
 /// `MOE_GPU_NORM_MM=0` runs NORM_MATMUL's norm as its own launch everywhere (A/B runs;
 /// read once).
 fn norm_mm_off() -> bool {
@@ -1620,6 +1662,9 @@ pub fn run(
     }
     if op == ops::NORM_MATMUL {
         return norm_matmul(gpu, backend, mmq, params, args);
+    }
+    if op == ops::PREFETCH {
+        return prefetch(gpu, backend, args);
     }
     if let Some(r) = crate::ds4::run(gpu, op, params, args) {
         return r;
@@ -2593,6 +2638,8 @@ mod run_tests {
         bf16: bool,
         streamed: u32,
         rows: u32,
+        /// Whether it offers PREFETCH.
+        prefetch: bool,
     }
 
     impl Gpu for Rec {
@@ -2633,6 +2680,42 @@ mod run_tests {
         }
         fn bf16_streamed_rows(&self) -> u32 {
             self.rows
+        }
+        fn l2_prefetch(&self) -> bool {
+            self.prefetch
+        }
+    }
+
+    /// PREFETCH: "not supported" where the device cannot; else one `l2_prefetch` launch
+    /// of 1 to 4 ranges, a block of 32 a 64 chunks of the kernel's size, at most 32.
+    #[test]
+    fn prefetch_launch() {
+        let src = include_str!("../../../kernels/gpu/rocmfpx.cu");
+        assert!(
+            src.contains("#define L2P_RANGES 4\n") && src.contains("#define L2P_CHUNK 16384\n")
+        );
+        let p = OpParams::default();
+        // wo_b's shape in ROCmFP4: 8192 x 4096, 18 bytes a 32 values (1152 chunks)
+        let w = t(TYPE_ROCMFP4, [8192, 4096, 1, 1]);
+        let e = run(&Rec::default(), "test", MMQ_MMA, ops::PREFETCH, &p, &[w]).unwrap_err();
+        assert!(e.contains("not supported"), "{e}");
+        let sig = crate::kernels::signatures();
+        for (args, blocks) in [(vec![w], 18), (vec![w, w, w], 32)] {
+            let g = Rec {
+                prefetch: true,
+                ..Default::default()
+            };
+            run(&g, "test", MMQ_MMA, ops::PREFETCH, &p, &args).unwrap();
+            assert_eq!(*g.launches.borrow(), [("l2_prefetch", (blocks, 1, 1), 8)]);
+            assert_eq!(sig.get("l2_prefetch"), Some(&9));
+        }
+        let g = Rec {
+            prefetch: true,
+            ..Default::default()
+        };
+        for bad in [vec![], vec![w; 5]] {
+            let e = run(&g, "test", MMQ_MMA, ops::PREFETCH, &p, &bad).unwrap_err();
+            assert!(e.contains("1 to 4 tensors"), "{e}");
         }
     }
 

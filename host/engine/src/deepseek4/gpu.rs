@@ -226,8 +226,63 @@ pub(super) struct GpuPath {
     /// routed ones): their kernels, each too small to fill the device, overlap. Empty:
     /// every op on the main stream (`MOE_DS4_BRANCHES=0`, or no more streams).
     sides: Vec<Arc<Device>>,
-    /// Bit i: branch i is forked and not joined yet (a failed step joins these).
+    /// Bit i: branch i is forked and not joined yet (a failed step joins these); bit
+    /// PF: the prefetch stream.
     open: std::cell::Cell<u8>,
+    /// Which weights a decode step asks into L2 ahead of their products, on `pf`.
+    prefetch: Prefetch,
+    pf: Option<Arc<Device>>,
+}
+
+/// Weights a decode step asks into the device's L2 (PREFETCH, ABI 1.9) on a stream of
+/// their own while the memory would otherwise idle under the glue before them: `q` (the
+/// query / KV products, at the mHC site before attention), `o` (the output products,
+/// once `wq_b` is queued: under the attention) and `moe` (the router's and the shared
+/// expert's, at the mHC site before the MoE). `MOE_DS4_PREFETCH`: 1 (all), 0 or unset
+/// (none: the default until measured), or a list such as `q,o`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Prefetch {
+    q: bool,
+    o: bool,
+    moe: bool,
+}
+
+impl Prefetch {
+    fn from_env() -> Result<Prefetch> {
+        let Ok(v) = std::env::var("MOE_DS4_PREFETCH") else {
+            return Ok(Prefetch::default());
+        };
+        Self::parse(&v)
+            .ok_or_else(|| anyhow!("MOE_DS4_PREFETCH={v}: expected 0, 1 or a list of q, o and moe"))
+    }
+
+    fn parse(v: &str) -> Option<Prefetch> {
+        match v.trim() {
+            "" | "0" => return Some(Prefetch::default()),
+            "1" => {
+                return Some(Prefetch {
+                    q: true,
+                    o: true,
+                    moe: true,
+                })
+            }
+            _ => {}
+        }
+        let mut p = Prefetch::default();
+        for part in v.split(',').map(str::trim) {
+            match part {
+                "q" => p.q = true,
+                "o" => p.o = true,
+                "moe" => p.moe = true,
+                _ => return None,
+            }
+        }
+        Some(p)
+    }
+
+    fn any(&self) -> bool {
+        self.q || self.o || self.moe
+    }
 }
 
 /// Largest chunk whose rotaries run inside the attention / scoring kernels (decode
@@ -243,6 +298,8 @@ const TYPE_ROCMFP4: u32 = 100;
 const SIDE_COMP: usize = 0;
 /// The indexer's branch.
 const SIDE_IDX: usize = 1;
+/// The prefetch stream's bit in `open` (see [`Prefetch`]).
+const PF: usize = SIDES;
 
 fn upload(dev: &Arc<Device>, v: &[f32]) -> Result<Tensor> {
     let t = dev.f32([v.len().max(1) as u64, 1, 1, 1])?;
@@ -352,6 +409,21 @@ impl GpuPath {
                 .copied()
                 .unwrap_or(1);
         let swiglu_id = probe_swiglu_id(dev);
+        let mut prefetch = Prefetch::from_env()?;
+        let pf = match prefetch.any() {
+            true if !probe_prefetch(dev) => {
+                tracing::warn!("MOE_DS4_PREFETCH: the backend cannot prefetch here; off");
+                None
+            }
+            true => dev
+                .another_stream()
+                .inspect_err(|e| tracing::warn!("MOE_DS4_PREFETCH: no stream for it: {e:#}"))
+                .ok(),
+            false => None,
+        };
+        if pf.is_none() {
+            prefetch = Prefetch::default();
+        }
         Ok(Some(GpuPath {
             layers,
             head: (upload(dev, &m.hc_head.1)?, upload(dev, &m.hc_head.2)?),
@@ -399,6 +471,8 @@ impl GpuPath {
             hc_defer: !sides.is_empty() && probe_hc_sinkhorn(dev),
             sides,
             open: Default::default(),
+            prefetch,
+            pf,
         }))
     }
 
@@ -744,7 +818,7 @@ impl GpuPath {
             let (scale, base) = (sb.0.r, sb.1.r);
             // The post reads the last site's comb matrix: its Sinkhorn branch joins.
             if !post.is_empty() {
-                self.join_open(dev)?;
+                self.join_sides(dev)?;
             }
             if self.hc_fused {
                 let sync = v(&w.hc_sync, [n, 1, 1, 1]);
@@ -776,11 +850,20 @@ impl GpuPath {
         };
         let mut post: Vec<TensorRef> = Vec::new();
         for (l, (lay, dl)) in m.layers.iter().zip(&self.layers).enumerate() {
+            let q = [wv(&lay.q_a), wv(&lay.kv), wv(&lay.q_b)];
+            self.prefetch(dev, self.prefetch.q, n, &q)
+                .with_context(|| format!("layer {l}: prefetch"))?;
             site(&post, &lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm, false, x)
                 .with_context(|| format!("layer {l}: mHC before attention"))?;
             self.attention(m, l, lay, dl, &st[l], w, n, kind)
                 .with_context(|| format!("layer {l}: attention"))?;
             post = vec![v(&w.ao, [d, n, 1, 1])];
+            let mut moe_w = vec![wv(&lay.router)];
+            if let Some((g, u, dn)) = &lay.shexp {
+                moe_w.extend([wv(g), wv(u), wv(dn)]);
+            }
+            self.prefetch(dev, self.prefetch.moe, n, &moe_w)
+                .with_context(|| format!("layer {l}: prefetch"))?;
             site(&post, &lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm, false, x)
                 .with_context(|| format!("layer {l}: mHC before the MoE"))?;
             self.moe(m, l, lay, dl, w, n)
@@ -831,11 +914,17 @@ impl GpuPath {
             OpParams::default(),
             &[wv(&m.output), hsel, v(&w.logits, [p.n_vocab, n_want, 1, 1])],
         )
-        .context("output projection")
+        .context("output projection")?;
+        // (the prefetch stream, whose branch nothing else joins)
+        self.join_open(dev)
     }
 
-    /// Side stream `i` (the last one when there are fewer), or None without any.
+    /// Side stream `i` (the last one when there are fewer), or None without any; PF:
+    /// the prefetch stream.
     fn side(&self, i: usize) -> Option<&Device> {
+        if i == PF {
+            return self.pf.as_deref();
+        }
         self.sides.get(i).or(self.sides.last()).map(|s| &**s)
     }
 
@@ -869,11 +958,35 @@ impl GpuPath {
         self.open.get() & (1 << i) != 0
     }
 
-    /// `main` waits for every branch still open.
+    /// `main` waits for every branch still open, the prefetch stream's too.
     fn join_open(&self, main: &Device) -> Result<()> {
+        (0..=PF)
+            .filter(|&i| self.is_open(i))
+            .try_for_each(|i| self.join(main, i))
+    }
+
+    /// `main` waits for every side stream's branch still open (not the prefetch
+    /// stream's: nothing reads what it does, so only a step's end waits for it).
+    fn join_sides(&self, main: &Device) -> Result<()> {
         (0..SIDES)
             .filter(|&i| self.is_open(i))
             .try_for_each(|i| self.join(main, i))
+    }
+
+    /// Asks L2 for `ts` on the prefetch stream, forked from `main` here (so it starts
+    /// as `main` reaches this point, and is recorded with the step's graph) where `on`
+    /// and the step is a decode step's size (see [`Prefetch`]).
+    fn prefetch(&self, main: &Device, on: bool, n: usize, ts: &[TensorRef]) -> Result<()> {
+        if !on || n > FUSED_ROPE_MAX_TOKENS || ts.is_empty() {
+            return Ok(());
+        }
+        let Some(pf) = self.pf.as_deref() else {
+            return Ok(());
+        };
+        pf.wait_for(main).context("forking the prefetch stream")?;
+        self.open.set(self.open.get() | 1 << PF);
+        pf.op(ops::PREFETCH, OpParams::default(), ts)
+            .context("prefetch")
     }
 
     /// Products of x for branch `i`: on its side stream (forked here), or added to the
@@ -1101,6 +1214,9 @@ impl GpuPath {
         } else {
             mm(wv(&lay.q_b), q_res, v(&w.q, [nh * hd, n, 1, 1]))?;
         }
+        // The output products' weights, under the attention.
+        let o = [wv(&lay.out_a), wv(&lay.out_b)];
+        self.prefetch(dev, self.prefetch.o, n, &o)?;
         let q = v(&w.q, [hd, nh, n, 1]);
         // Decode steps: the rotaries inside the attention (a prefill chunk's many blocks
         // would each repeat q's norm; its separate launches cost little there).
@@ -1112,7 +1228,7 @@ impl GpuPath {
                 &[q, dl.q_a_norm.r, inv.r, pos, q],
             )?;
         }
-        self.join_open(dev)?;
+        self.join_sides(dev)?;
         // Without compressed rows (mode 0) any tensor other than the ring stands in.
         let rows = st
             .comp
@@ -1496,6 +1612,15 @@ fn probe_router_mm(dev: &Arc<Device>) -> bool {
     }
 }
 
+/// Whether the backend runs PREFETCH (ABI 1.9): one call on a tiny tensor.
+fn probe_prefetch(dev: &Arc<Device>) -> bool {
+    probe_op(dev, "PREFETCH (no weights asked into L2 ahead)", || {
+        let t = filled(dev, 64, 4)?;
+        dev.op(ops::PREFETCH, OpParams::default(), &[t.r])?;
+        dev.sync()
+    })
+}
+
 /// `MOE_DS4_NORM_MM=1`: q_a's norm inside `wq_b`'s product where the backend runs
 /// NORM_MATMUL (off by default: 43 layers on the H200, 2026-12-04 20:50, tg32 165.0 at
 /// depth 0 and 145.9 at 32K against 170.5 / 172.5 and 148.9 / 148.7 without).
@@ -1633,6 +1758,22 @@ mod tests {
         assert!(v.iter().all(|x| x.abs() <= 3f32.sqrt()));
         assert_eq!(v[..10], unit_noise(10, 7)[..]);
         assert_ne!(v[..10], unit_noise(10, 8)[..]);
+    }
+
+    #[test]
+    fn prefetch_setting() {
+        let all = Prefetch {
+            q: true,
+            o: true,
+            moe: true,
+        };
+        assert_eq!(Prefetch::parse("1"), Some(all));
+        assert_eq!(Prefetch::parse("0"), Some(Prefetch::default()));
+        assert_eq!(Prefetch::parse(""), Some(Prefetch::default()));
+        let qo = Prefetch::parse("q, o").unwrap();
+        assert!(qo.q && qo.o && !qo.moe && qo.any());
+        assert_eq!(Prefetch::parse("q,x"), None);
+        assert_eq!(Prefetch::parse("2"), None);
     }
 
     #[test]
