@@ -1610,8 +1610,12 @@ fn prefetch(gpu: &impl Gpu, backend: &str, args: &[TensorRef]) -> Result<(), Str
     let mut slots = [0u64; 8];
     let mut chunks = 0;
     for (i, t) in args.iter().enumerate() {
-        slots[2 * i] = gpu.ptr(t, 16)?;
-        slots[2 * i + 1] = bytes_of(t, backend)?;
+        // (the bulk prefetch takes 16-byte units: a range's unaligned ends are left out,
+        // not refused, as a hint should be)
+        let (a, n) = (gpu.ptr(t, 1)?, bytes_of(t, backend)?);
+        let start = a.next_multiple_of(16);
+        slots[2 * i] = start;
+        slots[2 * i + 1] = (a + n).saturating_sub(start) & !15;
         chunks += slots[2 * i + 1].div_ceil(16384);
     }
     let params: Vec<*mut c_void> = slots
@@ -2713,6 +2717,10 @@ mod run_tests {
             prefetch: true,
             ..Default::default()
         };
+        // an unaligned range: its whole 16-byte units only
+        let mut odd = t(types::F32, [9, 1, 1, 1]);
+        odd.offset = 4;
+        run(&g, "test", MMQ_MMA, ops::PREFETCH, &p, &[odd]).unwrap();
         for bad in [vec![], vec![w; 5]] {
             let e = run(&g, "test", MMQ_MMA, ops::PREFETCH, &p, &bad).unwrap_err();
             assert!(e.contains("1 to 4 tensors"), "{e}");
