@@ -238,13 +238,16 @@ pub(super) struct GpuPath {
 /// their own while the memory would otherwise idle under the glue before them: `q` (the
 /// query / KV products, at the mHC site before attention), `o` (the output products,
 /// once `wq_b` is queued: under the attention) and `moe` (the router's and the shared
-/// expert's, at the mHC site before the MoE). `MOE_DS4_PREFETCH`: 1 (all), 0 or unset
-/// (none: the default until measured), or a list such as `q,o`.
+/// expert's, at the mHC site before the MoE) and `qn` (the next layer's query / KV
+/// products, at the mHC site before the MoE too: the MoE's glue is longer than its own
+/// weights take). `MOE_DS4_PREFETCH`: 1 (q, o, moe), 0 or unset (none: the default
+/// until measured), or a list such as `qn,o,moe`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Prefetch {
     q: bool,
     o: bool,
     moe: bool,
+    qn: bool,
 }
 
 impl Prefetch {
@@ -252,8 +255,9 @@ impl Prefetch {
         let Ok(v) = std::env::var("MOE_DS4_PREFETCH") else {
             return Ok(Prefetch::default());
         };
-        Self::parse(&v)
-            .ok_or_else(|| anyhow!("MOE_DS4_PREFETCH={v}: expected 0, 1 or a list of q, o and moe"))
+        Self::parse(&v).ok_or_else(|| {
+            anyhow!("MOE_DS4_PREFETCH={v}: expected 0, 1 or a list of q, o, moe and qn")
+        })
     }
 
     fn parse(v: &str) -> Option<Prefetch> {
@@ -264,6 +268,7 @@ impl Prefetch {
                     q: true,
                     o: true,
                     moe: true,
+                    qn: false,
                 })
             }
             _ => {}
@@ -274,6 +279,7 @@ impl Prefetch {
                 "q" => p.q = true,
                 "o" => p.o = true,
                 "moe" => p.moe = true,
+                "qn" => p.qn = true,
                 _ => return None,
             }
         }
@@ -281,7 +287,7 @@ impl Prefetch {
     }
 
     fn any(&self) -> bool {
-        self.q || self.o || self.moe
+        self.q || self.o || self.moe || self.qn
     }
 }
 
@@ -864,6 +870,11 @@ impl GpuPath {
             }
             self.prefetch(dev, self.prefetch.moe, n, &moe_w)
                 .with_context(|| format!("layer {l}: prefetch"))?;
+            if let Some(next) = m.layers.get(l + 1) {
+                let q = [wv(&next.q_a), wv(&next.kv), wv(&next.q_b)];
+                self.prefetch(dev, self.prefetch.qn, n, &q)
+                    .with_context(|| format!("layer {l}: prefetch"))?;
+            }
             site(&post, &lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm, false, x)
                 .with_context(|| format!("layer {l}: mHC before the MoE"))?;
             self.moe(m, l, lay, dl, w, n)
@@ -1766,12 +1777,14 @@ mod tests {
             q: true,
             o: true,
             moe: true,
+            qn: false,
         };
         assert_eq!(Prefetch::parse("1"), Some(all));
         assert_eq!(Prefetch::parse("0"), Some(Prefetch::default()));
         assert_eq!(Prefetch::parse(""), Some(Prefetch::default()));
         let qo = Prefetch::parse("q, o").unwrap();
-        assert!(qo.q && qo.o && !qo.moe && qo.any());
+        assert!(qo.q && qo.o && !qo.moe && !qo.qn && qo.any());
+        assert!(Prefetch::parse("qn").unwrap().qn);
         assert_eq!(Prefetch::parse("q,x"), None);
         assert_eq!(Prefetch::parse("2"), None);
     }
