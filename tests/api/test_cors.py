@@ -13,7 +13,10 @@ KEY = "secret"
 
 @pytest.fixture(scope="module")
 def cors_server():
-    with Server("--parallel", "1", "--api-key", KEY, "--cors-origin", ORIGIN) as s:
+    # (the origin as a user may type it: browsers send it in lower case)
+    with Server("--parallel", "1", "--api-key", KEY, "--cors-origin",
+                ORIGIN.replace("localhost", "LocalHost"),
+                env={"RUST_LOG": "warn,moeserve::http=info"}) as s:
         yield s
 
 
@@ -32,6 +35,7 @@ def header(resp, name):
 def test_preflight_is_answered_without_the_key(cors_server):
     r = preflight(cors_server, ORIGIN)
     assert r.status == 200, (r.status, r.text)
+    assert "OPTIONS /v1/chat/completions 200" in cors_server.log()
     assert header(r, "access-control-allow-origin") == ORIGIN
     assert "POST" in header(r, "access-control-allow-methods")
     allowed = header(r, "access-control-allow-headers").lower()

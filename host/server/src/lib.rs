@@ -127,14 +127,16 @@ pub fn router(state: AppState) -> Router {
             ApiError::invalid("method not allowed on this route", None)
                 .status(StatusCode::METHOD_NOT_ALLOWED)
         })
-        .layer(DefaultBodyLimit::max(state.opts.max_body_bytes))
-        .layer(middleware::from_fn(log_request));
-    // (outermost, so a preflight OPTIONS is answered before the key check and routing)
+        .layer(DefaultBodyLimit::max(state.opts.max_body_bytes));
+    // (around the routes, so a preflight OPTIONS is answered before the key check and
+    // routing; inside the log, which sees preflights too)
     let router = match cors_layer(&state.opts.cors_origins) {
         Some(cors) => router.layer(cors),
         None => router,
     };
-    router.with_state(state)
+    router
+        .layer(middleware::from_fn(log_request))
+        .with_state(state)
 }
 
 /// The CORS layer for `--cors-origin` (None when no origin is allowed). Origins are
@@ -147,7 +149,12 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     let allow = if origins.iter().any(|o| o == "*") {
         AllowOrigin::any()
     } else {
-        AllowOrigin::list(origins.iter().filter_map(|o| o.parse().ok()))
+        // (browsers send scheme and host in lower case; the list matches bytes)
+        AllowOrigin::list(
+            origins
+                .iter()
+                .filter_map(|o| o.to_ascii_lowercase().parse().ok()),
+        )
     };
     Some(
         CorsLayer::new()

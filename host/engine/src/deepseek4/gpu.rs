@@ -232,6 +232,8 @@ pub(super) struct GpuPath {
     /// Which weights a decode step asks into L2 ahead of their products, on `pf`.
     prefetch: Prefetch,
     pf: Option<Arc<Device>>,
+    /// A PREFETCH failed (warned once).
+    pf_failed: std::cell::Cell<bool>,
 }
 
 /// Weights a decode step asks into the device's L2 (PREFETCH, ABI 1.9) on a stream of
@@ -479,6 +481,7 @@ impl GpuPath {
             open: Default::default(),
             prefetch,
             pf,
+            pf_failed: Default::default(),
         }))
     }
 
@@ -996,8 +999,13 @@ impl GpuPath {
         };
         pf.wait_for(main).context("forking the prefetch stream")?;
         self.open.set(self.open.get() | 1 << PF);
-        pf.op(ops::PREFETCH, OpParams::default(), ts)
-            .context("prefetch")
+        // (a hint: one that fails costs its speed-up, not the step)
+        if let Err(e) = pf.op(ops::PREFETCH, OpParams::default(), ts) {
+            if !self.pf_failed.replace(true) {
+                tracing::warn!("deepseek4: prefetch failed, going on without it: {e:#}");
+            }
+        }
+        Ok(())
     }
 
     /// Products of x for branch `i`: on its side stream (forked here), or added to the
