@@ -1592,6 +1592,9 @@ fn norm_matmul(
     )
 }
 
+/// Bytes `l2_prefetch` asks for at once (its L2P_CHUNK).
+const L2P_CHUNK: u64 = 16384;
+
 /// PREFETCH (ABI 1.9): one `l2_prefetch` launch over the tensors' bytes (1 to 4, each
 /// range checked as any op's). Its grid: a block of 32 a 64 chunks, at most 32 blocks,
 /// so the copy engines of several multiprocessors take the requests.
@@ -1616,7 +1619,7 @@ fn prefetch(gpu: &impl Gpu, backend: &str, args: &[TensorRef]) -> Result<(), Str
         let start = a.next_multiple_of(16);
         slots[2 * i] = start;
         slots[2 * i + 1] = (a + n).saturating_sub(start) & !15;
-        chunks += slots[2 * i + 1].div_ceil(16384);
+        chunks += slots[2 * i + 1].div_ceil(L2P_CHUNK);
     }
     let params: Vec<*mut c_void> = slots
         .iter_mut()

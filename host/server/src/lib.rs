@@ -75,7 +75,6 @@ impl AppInner {
     }
 }
 
-/// Parses a JSON body into `T`, mapping every failure to an OpenAI-style error.
 /// Runs CPU-heavy request work (templating, tokenizing) on tokio's blocking pool.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
@@ -91,6 +90,7 @@ pub(crate) fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Parses a JSON body into `T`, mapping every failure to an OpenAI-style error.
 fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let bytes = body.map_err(|r| {
         let status = r.status();

@@ -859,23 +859,23 @@ impl GpuPath {
         };
         let mut post: Vec<TensorRef> = Vec::new();
         for (l, (lay, dl)) in m.layers.iter().zip(&self.layers).enumerate() {
-            let q = [wv(&lay.q_a), wv(&lay.kv), wv(&lay.q_b)];
-            self.prefetch(dev, self.prefetch.q, n, &q)
+            self.prefetch(dev, self.prefetch.q, n, &q_weights(lay))
                 .with_context(|| format!("layer {l}: prefetch"))?;
             site(&post, &lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm, false, x)
                 .with_context(|| format!("layer {l}: mHC before attention"))?;
             self.attention(m, l, lay, dl, &st[l], w, n, kind)
                 .with_context(|| format!("layer {l}: attention"))?;
             post = vec![v(&w.ao, [d, n, 1, 1])];
-            let mut moe_w = vec![wv(&lay.router)];
-            if let Some((g, u, dn)) = &lay.shexp {
-                moe_w.extend([wv(g), wv(u), wv(dn)]);
+            if self.prefetch.moe {
+                let mut moe_w = vec![wv(&lay.router)];
+                if let Some((g, u, dn)) = &lay.shexp {
+                    moe_w.extend([wv(g), wv(u), wv(dn)]);
+                }
+                self.prefetch(dev, true, n, &moe_w)
+                    .with_context(|| format!("layer {l}: prefetch"))?;
             }
-            self.prefetch(dev, self.prefetch.moe, n, &moe_w)
-                .with_context(|| format!("layer {l}: prefetch"))?;
             if let Some(next) = m.layers.get(l + 1) {
-                let q = [wv(&next.q_a), wv(&next.kv), wv(&next.q_b)];
-                self.prefetch(dev, self.prefetch.qn, n, &q)
+                self.prefetch(dev, self.prefetch.qn, n, &q_weights(next))
                     .with_context(|| format!("layer {l}: prefetch"))?;
             }
             site(&post, &lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm, false, x)
@@ -994,11 +994,10 @@ impl GpuPath {
         if !on || n > FUSED_ROPE_MAX_TOKENS || ts.is_empty() {
             return Ok(());
         }
-        let Some(pf) = self.pf.as_deref() else {
+        if self.pf.is_none() {
             return Ok(());
-        };
-        pf.wait_for(main).context("forking the prefetch stream")?;
-        self.open.set(self.open.get() | 1 << PF);
+        }
+        let pf = self.fork(main, PF)?;
         // (a hint: one that fails costs its speed-up, not the step)
         if let Err(e) = pf.op(ops::PREFETCH, OpParams::default(), ts) {
             if !self.pf_failed.replace(true) {
@@ -1629,6 +1628,12 @@ fn probe_router_mm(dev: &Arc<Device>) -> bool {
         }
         _ => false,
     }
+}
+
+/// A layer's query / KV products' weights (`wq_a`, `wkv`, `wq_b`): what [`Prefetch`]'s
+/// `q` and `qn` ask for.
+fn q_weights(lay: &Layer) -> [TensorRef; 3] {
+    [wv(&lay.q_a), wv(&lay.kv), wv(&lay.q_b)]
 }
 
 /// Whether the backend runs PREFETCH (ABI 1.9): one call on a tiny tensor.
