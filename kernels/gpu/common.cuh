@@ -324,7 +324,7 @@ GPU_DEV void gpu_count_launch(unsigned int* counters, int id) {
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GPU_NO_STREAM_HINT)
 #define GPU_STREAM_HINT 1
 #endif
-// GPU_POLICY_IMM (a compile option, `MOE_GPU_POLICY=imm`): the loads below name the
+// GPU_POLICY_IMM (a compile option, the CUDA backend's default; `MOE_GPU_POLICY=0` off): the loads below name the
 // policy as an immediate, the 64-bit value ptxas (12.9, sm_90) folds that createpolicy
 // to: ptxas then keeps it in one uniform register pair for every load, where from a
 // register operand it copies it into a fresh pair before each load (R2UR; 70 of the

@@ -480,8 +480,8 @@ GPU_DEV void ds4_hcf_weights(int t, int nb, int tid, int lane, int warp, int hc,
                              float* B, float* Wn, float* S) {
     const float* tp = part + (long long)t * nb * pr;
 #if defined(HCF_SUM_BATCH)
-    // HCF_SUM_BATCH (a compile option, `MOE_GPU_HCF_SUM=batch`): a warp asks for all of
-    // its rows' shares at once (at most 3 rows x 2 a lane: pr <= 35, nb <= 64), then adds
+    // HCF_SUM_BATCH (a compile option, on in the CUDA backend by default): a warp asks
+    // for all of its rows' shares at once (at most 3 rows x 2 a lane: pr <= 35, nb <= 64), then adds
     // them in the same order, where the loop below waits for each share before asking
     // for the next (~6 round trips to L2 in a row on a decode step's critical path).
     if (pr <= 3 * DS4_HCF_WARPS && nb <= 64) {

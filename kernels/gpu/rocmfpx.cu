@@ -530,7 +530,7 @@ extern "C" __global__ void __launch_bounds__(128)
 // UTC); every output is the same sum as mmvq_grouped_107's, whatever R. Block z takes
 // the product with weights and outputs z w_step / z out_step bytes on (MATMUL_ID_MULTI:
 // the routed experts' gate and up share the input, its quantisation and the launch).
-// RF2_ID_LEAN (a compile option, `MOE_GPU_RF2_ID=lean`): the block kind is a template
+// RF2_ID_LEAN (a compile option, the CUDA backend's default; `MOE_GPU_RF2_ID=0` off): the block kind is a template
 // constant (AFF) and the scales come from a shared table (SC): a warp's 4-row stage of
 // affine blocks 1001 -> ~740 instructions by count, the same values.
 // grid = (ceil(m / (4 R)), pairs, products), block = 128.
@@ -2995,7 +2995,7 @@ GPU_DEV constexpr int mmw_stage_bytes() {
 
 // A tile's columns (tile_dense_cols / tile_pair_cols fill them) and the decode table:
 // 107: the prmt selector of a nibble's two codes (16 entries); ROCmFP4: mmb_lut's 256.
-// MMW_E4_LUT (a compile option, for A/B runs): lut[256 + b] also holds ue4m3(b)'s bits,
+// MMW_E4_LUT (a compile option, the CUDA backend's default): lut[256 + b] also holds ue4m3(b)'s bits,
 // which the blocks' tables then look up instead of converting (the same values).
 #if defined(MMW_E4_LUT)
 #define MMW_LUT_WORDS 512
@@ -3280,8 +3280,8 @@ GPU_DEV unsigned int mmw_dyn_bytes() {
     return n;
 }
 
-// mmw_tile with the weights' kind compiled in where MMW_AFF_T (a compile option, for
-// A/B runs) asks: a type-107 tile of affine blocks (the routed experts' kind) or of
+// mmw_tile with the weights' kind compiled in where MMW_AFF_T (a compile option, on in
+// the CUDA backend by default) asks: a type-107 tile of affine blocks (the routed experts' kind) or of
 // two-scale ones then builds only the tables it uses (the same values), at the price of
 // a second copy of the 107 tiles' code.
 template <int TY, int BN, int MT>

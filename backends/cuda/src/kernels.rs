@@ -56,8 +56,7 @@ pub fn compile(arch: &str) -> Result<(Arc<Vec<u8>>, bool), String> {
         "--std=c++17".to_string(),
         "-default-device".to_string(),
     ];
-    opts.extend(pdl_early().map(str::to_string));
-    opts.extend(ab_defines());
+    opts.extend(compile_defines(&|var| std::env::var(var).ok()));
     let (maj, min) = nvrtc_version();
     let ver = format!("nvrtc {maj}.{min}");
     let file = kernels::cache_file(&src, &opts, &ver, arch, "cubin");
@@ -191,22 +190,39 @@ pub fn pdl_enabled(cc: (i32, i32)) -> bool {
     cc.0 >= 9 && std::env::var_os("MOE_GPU_PDL").is_none_or(|v| v != "0")
 }
 
-/// `MOE_GPU_PDL_EARLY=1`: kernels let their successor launch when they start; `=small`:
-/// only kernels of small grids do (see gpu_grid_wait in kernels/gpu/common.cuh; A/B
-/// runs); `=graph`: as `small`, with dependent launch only for launches a graph records
-/// (a decode step), none outside (prefill). The compiler define to add, if set.
-fn pdl_early() -> Option<&'static str> {
-    match std::env::var("MOE_GPU_PDL_EARLY").as_deref() {
-        Ok("1") => Some("-DGPU_PDL_EARLY=1"),
-        Ok("small" | "graph") => Some("-DGPU_PDL_EARLY_SMALL=1"),
+/// When kernels let their successor launch (see gpu_grid_wait in kernels/gpu/common.cuh).
+/// By default (`MOE_GPU_PDL_EARLY=graph`) kernels of small grids do so as they start, and
+/// only launches a graph records (a decode step) use dependent launch at all, none
+/// outside (prefill): decode +3-5% on the H200, 2026-12-05. `=small`: small grids as they
+/// start, in and out of graphs; `=1`: every kernel; `=0`: none (each lets its successor go
+/// as it finishes; A/B runs). The compiler define to add, if any.
+fn pdl_early(setting: &str) -> Option<&'static str> {
+    match setting {
+        "1" => Some("-DGPU_PDL_EARLY=1"),
+        "small" | "graph" => Some("-DGPU_PDL_EARLY_SMALL=1"),
         _ => None,
     }
 }
 
-/// `MOE_GPU_PDL_EARLY=graph` (see [`pdl_early`]); read once.
+fn pdl_early_setting(env: &dyn Fn(&str) -> Option<String>) -> String {
+    env("MOE_GPU_PDL_EARLY").unwrap_or_else(|| "graph".into())
+}
+
+/// Every define the kernels are compiled with for these variables (`env` looks one up):
+/// the dependent-launch one, then the A/B switches'.
+fn compile_defines(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+    let mut d: Vec<String> = pdl_early(&pdl_early_setting(env))
+        .map(str::to_string)
+        .into_iter()
+        .collect();
+    d.extend(ab_defines(env));
+    d
+}
+
+/// `MOE_GPU_PDL_EARLY=graph`, the default (see [`pdl_early`]); read once.
 fn pdl_graph_only() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("MOE_GPU_PDL_EARLY").is_some_and(|v| v == "graph"))
+    *ON.get_or_init(|| pdl_early_setting(&|var| std::env::var(var).ok()) == "graph")
 }
 
 /// Compile-time kernel switches for A/B runs, each the same sums as the default:
@@ -240,43 +256,62 @@ fn pdl_graph_only() -> bool {
 /// mixes at once before summing them (the same sums in the same order); and
 /// `MOE_GPU_POLICY=imm` names the weights' evict-first L2 policy as an immediate in
 /// their loads (the same hint; see `GPU_POLICY_IMM` in kernels/gpu/common.cuh).
-fn ab_defines() -> Vec<String> {
-    // (variable, the value that switches it on, the define)
-    const SWITCHES: [(&str, &str, &str); 13] = [
-        ("MOE_GPU_PLAIN_I2F", "1", "-DGPU_PLAIN_I2F=1"),
-        ("MOE_GPU_MMQ_NARROW", "0", "-DMMQ_NARROW_OFF=1"),
-        ("MOE_GPU_BARRIER_FENCES", "1", "-DGPU_BARRIER_FENCES=1"),
-        ("MOE_GPU_FP4_STAGE", "serial", "-DFP4_STAGE_SERIAL=1"),
-        ("MOE_GPU_FP4_CHUNKS", "8", "-DFP4_BULK_CHUNKS=8"),
-        ("MOE_GPU_MMW_LDSM", "1", "-DMMW_LDSM=1"),
-        ("MOE_GPU_MMW_ISSUE", "fast", "-DMMW_FAST_ISSUE=1"),
-        ("MOE_GPU_MMW_E4", "lut", "-DMMW_E4_LUT=1"),
-        ("MOE_GPU_MMW_AFF", "template", "-DMMW_AFF_T=1"),
-        ("MOE_GPU_RF2_ID", "lean", "-DRF2_ID_LEAN=1"),
-        ("MOE_GPU_FP4_LOOP", "lean", "-DFP4_LOOP_LEAN=1"),
-        ("MOE_GPU_HCF_SUM", "batch", "-DHCF_SUM_BATCH=1"),
-        ("MOE_GPU_POLICY", "imm", "-DGPU_POLICY_IMM=1"),
+///
+/// The last seven are on by default since 2026-12-05 (H200, with `MOE_GPU_PDL_EARLY=graph`:
+/// depth-0 decode 182.8 / 183.1 / 179.0 tok/s against 173.5 / 176.1 / 171.6 in the same
+/// runs, prefill ~1% lower, the fixtures' digits unchanged); `=0` turns each off (A/B runs).
+fn ab_defines(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+    // (variable, the value that switches it on, the define, on when the variable is unset)
+    const SWITCHES: [(&str, &str, &str, bool); 13] = [
+        ("MOE_GPU_PLAIN_I2F", "1", "-DGPU_PLAIN_I2F=1", false),
+        ("MOE_GPU_MMQ_NARROW", "0", "-DMMQ_NARROW_OFF=1", false),
+        (
+            "MOE_GPU_BARRIER_FENCES",
+            "1",
+            "-DGPU_BARRIER_FENCES=1",
+            false,
+        ),
+        ("MOE_GPU_FP4_STAGE", "serial", "-DFP4_STAGE_SERIAL=1", false),
+        ("MOE_GPU_FP4_CHUNKS", "8", "-DFP4_BULK_CHUNKS=8", false),
+        ("MOE_GPU_MMW_LDSM", "1", "-DMMW_LDSM=1", false),
+        ("MOE_GPU_MMW_ISSUE", "fast", "-DMMW_FAST_ISSUE=1", true),
+        ("MOE_GPU_MMW_E4", "lut", "-DMMW_E4_LUT=1", true),
+        ("MOE_GPU_MMW_AFF", "template", "-DMMW_AFF_T=1", true),
+        ("MOE_GPU_RF2_ID", "lean", "-DRF2_ID_LEAN=1", true),
+        ("MOE_GPU_FP4_LOOP", "lean", "-DFP4_LOOP_LEAN=1", true),
+        ("MOE_GPU_HCF_SUM", "batch", "-DHCF_SUM_BATCH=1", true),
+        ("MOE_GPU_POLICY", "imm", "-DGPU_POLICY_IMM=1", true),
     ];
     let mut d: Vec<&str> = SWITCHES
         .iter()
-        .filter(|(var, val, _)| std::env::var_os(var).is_some_and(|v| v == *val))
-        .map(|&(_, _, define)| define)
+        .filter(|&&(var, val, _, default)| switch_on(env(var).as_deref(), val, default))
+        .map(|&(_, _, define, _)| define)
         .collect();
-    match std::env::var("MOE_GPU_STREAM_HINT").as_deref() {
-        Ok("0") => d.push("-DGPU_NO_STREAM_HINT=1"),
-        Ok("runs") => d.push("-DRUNS_NO_STREAM_HINT=1"),
-        Ok("rf2") => d.push("-DRF2_NO_STREAM_HINT=1"),
-        Ok("products") => d.extend(["-DRUNS_NO_STREAM_HINT=1", "-DRF2_NO_STREAM_HINT=1"]),
-        Ok("mhc") => d.push("-DHC_NO_STREAM_HINT=1"),
+    match env("MOE_GPU_STREAM_HINT").as_deref() {
+        Some("0") => d.push("-DGPU_NO_STREAM_HINT=1"),
+        Some("runs") => d.push("-DRUNS_NO_STREAM_HINT=1"),
+        Some("rf2") => d.push("-DRF2_NO_STREAM_HINT=1"),
+        Some("products") => d.extend(["-DRUNS_NO_STREAM_HINT=1", "-DRF2_NO_STREAM_HINT=1"]),
+        Some("mhc") => d.push("-DHC_NO_STREAM_HINT=1"),
         _ => {}
     }
     let mut d: Vec<String> = d.into_iter().map(str::to_string).collect();
-    if let Ok(n) = std::env::var("MOE_GPU_FP4_INFLIGHT") {
+    if let Some(n) = env("MOE_GPU_FP4_INFLIGHT") {
         if ["1", "2", "3", "4", "6"].contains(&n.as_str()) {
             d.push(format!("-DFP4_BULK_INFLIGHT={n}"));
         }
     }
     d
+}
+
+/// Whether an A/B switch is on: its value names it, or it is on by default and the
+/// variable is unset or anything but `0`.
+fn switch_on(value: Option<&str>, on: &str, default: bool) -> bool {
+    match value {
+        Some(v) if v == on => true,
+        Some(v) => default && v != "0",
+        None => default,
+    }
 }
 
 impl Module {
@@ -481,4 +516,47 @@ fn count_launch(name: &'static str) {
 /// Launches per kernel counted on the host, sorted by name.
 pub fn host_counts() -> BTreeMap<&'static str, u64> {
     HOST_COUNTS.get()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{compile_defines, switch_on};
+
+    /// The defines of a build with no variable set are the committed list that CI's NVRTC
+    /// check compiles (kernels/gpu/default_options).
+    #[test]
+    fn default_defines_are_the_listed_ones() {
+        let listed: Vec<String> = include_str!("../../../kernels/gpu/default_options")
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|l| format!("-D{l}"))
+            .collect();
+        assert_eq!(compile_defines(&|_| None), listed);
+        // Turning every default-on switch off leaves no define.
+        const DEFAULT_ON: [&str; 8] = [
+            "MOE_GPU_PDL_EARLY",
+            "MOE_GPU_MMW_ISSUE",
+            "MOE_GPU_MMW_E4",
+            "MOE_GPU_MMW_AFF",
+            "MOE_GPU_RF2_ID",
+            "MOE_GPU_FP4_LOOP",
+            "MOE_GPU_HCF_SUM",
+            "MOE_GPU_POLICY",
+        ];
+        let off = |var: &str| DEFAULT_ON.contains(&var).then(|| "0".to_string());
+        assert_eq!(compile_defines(&off), Vec::<String>::new());
+    }
+
+    #[test]
+    fn switches_default_on_turn_off_with_zero_only() {
+        // An opt-in switch: only its value turns it on.
+        assert!(!switch_on(None, "lean", false));
+        assert!(!switch_on(Some("0"), "lean", false));
+        assert!(!switch_on(Some("1"), "lean", false));
+        assert!(switch_on(Some("lean"), "lean", false));
+        // A default-on switch: `0` turns it off; its value or anything else keeps it.
+        assert!(switch_on(None, "lean", true));
+        assert!(switch_on(Some("lean"), "lean", true));
+        assert!(!switch_on(Some("0"), "lean", true));
+    }
 }
