@@ -1,8 +1,9 @@
 """A DeepSeek-V4 model served through the API: the release-format tiny checkpoint
 (tests/fixtures/deepseek4/tiny_release, FP8 + MXFP4 + a byte-level BPE tokenizer) converted
 with `moeserve convert`, then served on the CPU backend. Greedy answers through the API
-equal `moeserve generate` on the same text, and concurrent requests (continuous batching
-over the per-sequence compressor state) equal the same requests served alone."""
+equal `moeserve generate` on the same text, concurrent requests (continuous batching
+over the per-sequence compressor state) equal the same requests served alone, and
+speculative decoding (drafted passes the slot goes back into) changes nothing."""
 
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -53,8 +54,8 @@ def test_concurrent_requests_equal_served_alone(ds4_server):
 
 
 def test_prompt_extending_a_slot_continues_its_state(ds4_server):
-    """The compressed state cannot be rewound, so only a prompt that extends all a
-    slot holds reuses it; the answer equals a full prefill's."""
+    """The compressed state cannot be rewound (but into a drafted pass), so only a
+    prompt that extends all a slot holds reuses it; the answer equals a full prefill's."""
     def run(prompt, **kw):
         r = ds4_server.post("/v1/completions", {"prompt": prompt, "max_tokens": 6,
                                                 "temperature": 0, "logprobs": 2, **kw})
@@ -75,3 +76,58 @@ def test_prompt_extending_a_slot_continues_its_state(ds4_server):
     # a prompt that diverges inside what a slot holds starts over
     got, _ = run(ids[:-2] + ids[:3])
     assert got == 0
+
+
+def logits(model, tokens, mode):
+    """`moeserve logits` of `tokens` in `mode`, as an array [tokens, vocab]."""
+    import tempfile
+
+    import numpy as np
+    with tempfile.TemporaryDirectory() as d:
+        out = f"{d}/{mode}.npy"
+        subprocess.run([str(BIN), "--config", str(CONFIG), "logits", "--model", str(model),
+                        "--tokens", ",".join(map(str, tokens)), "--mode", mode, "--out", out],
+                       check=True, capture_output=True)
+        return np.load(out)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_drafted_passes_give_decode_logits(ds4_model, seed):
+    """Passes of a token plus drafts, some made up and dropped after (the slot goes back
+    into the pass: its window and compressor rings restored), give every position the
+    logits of token-by-token decoding, bit for bit on the CPU backend. Fresh random
+    tokens; 40 positions cross several compressor windows and the sliding window."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 260, 40).tolist()
+    decode, drafted = logits(ds4_model, tokens, "decode"), logits(ds4_model, tokens, "draft")
+    assert drafted.shape == decode.shape == (40, 260)
+    assert np.array_equal(drafted, decode), np.abs(drafted - decode).max()
+
+
+@pytest.fixture(scope="module")
+def ds4_spec_server(ds4_model):
+    # (more than the 7 a pass this model can drop: the scheduler holds each pass to 7)
+    s = Server("--parallel", "2", "--draft-max", "12", model=ds4_model)
+    s.start()
+    yield s
+    s.close()
+
+
+def test_speculative_decoding_equals_plain(ds4_spec_server, ds4_server):
+    """Greedy answers with prompt-lookup drafts (rejected ones dropped from the
+    compressed state) are plain decoding's, logprobs included; drafts were offered."""
+    drafted = accepted = 0
+    for prompt in ["BETA BETA BETA BETA BETA BETA BETA BETA", *PROMPTS]:
+        body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "logprobs": 2}
+        spec, plain = ds4_spec_server.post("/v1/completions", body), ds4_server.post(
+            "/v1/completions", body)
+        assert spec.status == plain.status == 200, (spec.text, plain.text)
+        s, p = spec.json(), plain.json()
+        assert s["choices"][0] == p["choices"][0], prompt
+        assert s["usage"]["spec_decode_ran"] is True
+        assert p["usage"]["spec_decode_ran"] is False
+        drafted += s["timings"]["draft_n"]
+        accepted += s["timings"]["draft_n_accepted"]
+    # both kinds ran: passes whose drafts were kept and passes the slot went back into
+    assert 0 < accepted < drafted

@@ -174,6 +174,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                     slot: 0,
                     pos: (depth + i) as u32,
                     want_logits: i + 1 == prompt.len(),
+                    draft: false,
                 })
                 .collect();
             let t0 = Instant::now();
@@ -186,6 +187,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                     slot: 0,
                     pos: (depth + prompt.len() + i) as u32,
                     want_logits: true,
+                    draft: false,
                 };
                 logits = m.model.forward(&[e])?.pop().context("no logits")?;
             }

@@ -40,13 +40,15 @@ pub fn logits(
     let mut m = source.load(
         config,
         &LoadOptions {
-            n_ctx: toks.len().max(16),
+            // (room for a drafted pass past the last token)
+            n_ctx: (toks.len() + MAX_CHECK_DRAFTS).max(16),
             n_slots: 1,
             repeat_layers: layers,
         },
     )?;
     let entries = BatchEntry::prompt(&toks, 0, true);
     let rows = match mode {
+        "draft" => drafted_passes(&mut *m.model, &toks)?,
         "prefill" => m.model.forward(&entries)?,
         "decode" => {
             let mut rows = Vec::new();
@@ -55,7 +57,7 @@ pub fn logits(
             }
             rows
         }
-        other => bail!("--mode must be prefill or decode, not '{other}'"),
+        other => bail!("--mode must be prefill, decode or draft, not '{other}'"),
     };
     let vocab = m.model.n_vocab();
     let flat: Vec<f32> = rows.concat();
@@ -66,6 +68,59 @@ pub fn logits(
     .with_context(|| format!("writing {}", out.display()))?;
     eprintln!("wrote {} x {vocab} logits to {}", toks.len(), out.display());
     Ok(())
+}
+
+/// The most drafts a pass of `logits --mode draft` carries.
+const MAX_CHECK_DRAFTS: usize = 7;
+
+/// `logits --mode draft`: every position's logits from passes as speculative decoding
+/// runs them. Each pass is the next sure token and k drafts (k = the model's limit, at
+/// most MAX_CHECK_DRAFTS), of which the first `a` are the sequence's own next tokens and
+/// the rest made up (`a` cycles through 0..=k); the rows up to the first made-up draft
+/// are kept, and the next pass starts there, so the model must drop the made-up drafts.
+/// The rows must equal `--mode decode`'s.
+fn drafted_passes(model: &mut dyn moe_engine::CausalLm, toks: &[u32]) -> Result<Vec<Vec<f32>>> {
+    let k = model.max_draft().min(MAX_CHECK_DRAFTS);
+    if k == 0 {
+        bail!(
+            "this model takes no drafted tokens (deepseek4: only on the device-resident forward)"
+        );
+    }
+    let vocab = model.n_vocab() as u32;
+    let entry = |token, pos: usize, draft| BatchEntry {
+        token,
+        slot: 0,
+        pos: pos as u32,
+        want_logits: true,
+        draft,
+    };
+    let (mut rows, mut t, mut pass) = (Vec::new(), 0, 0);
+    while t < toks.len() {
+        let a = pass % (k + 1);
+        let mut batch = vec![entry(toks[t], t, false)];
+        for j in 1..=k {
+            let q = t + j;
+            let real = toks.get(q).copied();
+            let token = match real {
+                Some(r) if j <= a => r,
+                // made up: any id but the real one
+                _ => {
+                    let x = (q as u32).wrapping_mul(2_654_435_761) % vocab;
+                    if Some(x) == real {
+                        (x + 1) % vocab
+                    } else {
+                        x
+                    }
+                }
+            };
+            batch.push(entry(token, q, true));
+        }
+        let keep = (a + 1).min(toks.len() - t);
+        rows.extend(model.forward(&batch)?.into_iter().take(keep));
+        t += keep;
+        pass += 1;
+    }
+    Ok(rows)
 }
 
 /// Greedy continuation of a prompt (chat-formatted unless --raw), with timings.
@@ -158,6 +213,7 @@ pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
             slot: 0,
             pos: (toks.len() + i) as u32,
             want_logits: true,
+            draft: false,
         };
         logits = m.model.forward(&[e])?.pop().context("no logits")?;
     }

@@ -70,7 +70,9 @@ enum Command {
         tokens: String,
         #[arg(long)]
         out: PathBuf,
-        /// `prefill` (one batched pass) or `decode` (one token at a time, with caches).
+        /// `prefill` (one batched pass), `decode` (one token at a time, with caches) or
+        /// `draft` (passes of a token and drafts, some made up and dropped after, as
+        /// speculative decoding runs them).
         #[arg(long, default_value = "prefill")]
         mode: String,
         /// Build this many layers from a deepseek4 file with fewer (as `bench --layers`).

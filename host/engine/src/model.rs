@@ -24,6 +24,10 @@ pub struct BatchEntry {
     pub pos: u32,
     /// Whether this position's logits are returned.
     pub want_logits: bool,
+    /// A drafted token (speculative decoding) that the model may be asked to drop: the
+    /// slot's next pass may start at its position or any later one of this pass. Drafts
+    /// end their slot's run of a batch, after at least one token that is not a draft.
+    pub draft: bool,
 }
 
 impl BatchEntry {
@@ -38,6 +42,7 @@ impl BatchEntry {
                 slot,
                 pos: i as u32,
                 want_logits: all_logits || i + 1 == tokens.len(),
+                draft: false,
             })
             .collect()
     }
@@ -65,9 +70,19 @@ pub trait CausalLm: Send {
         0
     }
     /// Whether a slot may go back to any earlier position (its cache rows past it
-    /// count for nothing): speculative decoding needs it to drop rejected drafts.
+    /// count for nothing).
     fn can_rewind(&self) -> bool {
         false
+    }
+    /// How many drafted tokens (entries marked `draft`) one pass of a slot may carry
+    /// after its sure token, all of which the model can drop afterwards; 0: none, so no
+    /// speculative decoding. A model that rewinds to any position takes any number.
+    fn max_draft(&self) -> usize {
+        if self.can_rewind() {
+            usize::MAX
+        } else {
+            0
+        }
     }
     /// What one decoded token reads at context depth `pos`, where the model knows.
     fn step_traffic(&self, _pos: usize) -> Option<StepTraffic> {

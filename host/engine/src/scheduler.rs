@@ -106,7 +106,7 @@ pub struct SchedulerOptions {
     /// Speculative decoding: up to this many drafted tokens checked a step (0 = off).
     /// Drafts come from the sequence's own text ([`lookup_draft`]) and are checked
     /// in the step's forward pass; greedy sequences only, on models that can rewind
-    /// ([`CausalLm::can_rewind`]), so the output is the same as without drafts.
+    /// ([`CausalLm::max_draft`]), so the output is the same as without drafts.
     pub draft_max: usize,
 }
 
@@ -397,7 +397,7 @@ fn run(
                 .fetch_add(cached as u64, Ordering::Relaxed);
             let max_tokens = req.max_tokens.min(n_ctx - req.prompt.len());
             let speculative =
-                opts.draft_max > 0 && req.sampling.temperature == 0.0 && model.can_rewind();
+                opts.draft_max > 0 && req.sampling.temperature == 0.0 && model.max_draft() > 0;
             active.push(Seq {
                 speculative,
                 drafts: Vec::new(),
@@ -449,7 +449,8 @@ fn run(
                 let room = (s.max_tokens.saturating_sub(s.generated.len() + 1))
                     .min(n_ctx.saturating_sub(s.fed + 1))
                     .min(draft_budget)
-                    .min(opts.draft_max);
+                    .min(opts.draft_max)
+                    .min(model.max_draft());
                 if room > 0 {
                     let mut history = s.req.prompt.clone();
                     history.extend(&s.generated);
@@ -468,6 +469,7 @@ fn run(
                     slot: s.slot,
                     pos: (s.fed + j) as u32,
                     want_logits: true,
+                    draft: j > 0,
                 });
             }
             owner.push((i, 1 + s.drafts.len()));
@@ -487,6 +489,7 @@ fn run(
                     slot: s.slot,
                     pos: pos as u32,
                     want_logits: last,
+                    draft: false,
                 });
                 if last {
                     owner.push((i, 1));

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use moe_plugin_api::{ops, OpParams, TensorRef};
 
 use super::{math::Rope, CompWeights, Deepseek4, Ds4Params, Indexer, Layer, GATING_SIGMOID};
@@ -234,6 +234,27 @@ pub(super) struct GpuPath {
     pf: Option<Arc<Device>>,
     /// A PREFETCH failed (warned once).
     pf_failed: std::cell::Cell<bool>,
+    /// 0, 1, 2 ..: the row ids of the copies that save and restore ring rows.
+    iota: Tensor,
+    /// Per slot: the ring rows its last drafted pass overwrote (see [`Rollback`]).
+    rollback: Vec<Option<Rollback>>,
+}
+
+/// What a slot needs to go back into its last pass (speculative decoding drops the
+/// drafts the model did not choose). Every cache of the device path is positional: the
+/// window's ring (position q at row q % window), the compressors' rings of their last
+/// 2 x ratio inputs (row q % (2 ratio)) and the compressed rows (row q / ratio, which a
+/// later pass writes again before any position can see it). So going back to position
+/// `to` only needs the ring rows the pass overwrote from `to` on, copied before it ran;
+/// a pass holds at most as many tokens as the smallest ring has rows, so no row is
+/// written twice.
+struct Rollback {
+    /// The saved pass's first position and length.
+    p0: usize,
+    n: usize,
+    /// Per layer: copies of the ring rows of positions p0..p0 + n before the pass (the
+    /// window's, then the compressor's and the indexer's kv and gate rings).
+    rows: Vec<Vec<(Tensor, Tensor)>>,
 }
 
 /// Weights a decode step asks into the device's L2 (PREFETCH, ABI 1.9) on a stream of
@@ -482,7 +503,157 @@ impl GpuPath {
             prefetch,
             pf,
             pf_failed: Default::default(),
+            iota: {
+                let n = ring_rows_max(m).max(pass_cap(m));
+                let ids: Vec<i32> = (0..n as i32).collect();
+                let t = dev.i32(n)?;
+                t.upload_i32(&ids)?;
+                t
+            },
+            rollback: (0..m.slots.len()).map(|_| None).collect(),
         }))
+    }
+
+    /// Before a pass of `n` tokens of `slot` from `p0`: with `drafts`, copies the ring
+    /// rows the pass will overwrite so the slot can go back into it ([`Rollback`]);
+    /// without, forgets the last copy (the slot has moved past it).
+    pub(super) fn checkpoint(
+        m: &mut Deepseek4,
+        slot: usize,
+        p0: usize,
+        n: usize,
+        drafts: bool,
+    ) -> Result<()> {
+        Self::with_path(m, |g, m| {
+            if !drafts {
+                g.forget(slot);
+                return Ok(());
+            }
+            let old = g.rollback[slot].take();
+            if n > pass_cap(m) {
+                bail!(
+                    "a drafted pass of {n} tokens; the rings hold {} (at most {} drafts)",
+                    pass_cap(m),
+                    pass_cap(m) - 1
+                );
+            }
+            let cap = pass_cap(m);
+            // (the copies' buffers are kept from one drafted pass to the next)
+            let mut rows = match old {
+                Some(r) => r.rows,
+                None => {
+                    let st = g.state(m, slot)?;
+                    let dev = &m.dev;
+                    let buf = |t: &Tensor| dev.f32([t.r.dims[0], cap as u64, 1, 1]);
+                    st.iter()
+                        .map(|ls| {
+                            rings(ls)
+                                .iter()
+                                .map(|(kv, g)| Ok((buf(kv)?, buf(g)?)))
+                                .collect::<Result<Vec<_>>>()
+                        })
+                        .collect::<Result<Vec<_>>>()
+                        .context("allocating the copies of the ring rows")?
+                }
+            };
+            let st = g.slots[slot]
+                .as_ref()
+                .ok_or_else(|| anyhow!("slot state"))?;
+            for (ls, saved) in st.iter().zip(&mut rows) {
+                for ((kv, gate), (skv, sg)) in rings(ls).iter().zip(saved.iter()) {
+                    g.copy_ring_rows(&m.dev, kv, skv, p0, p0, n, false)?;
+                    if !std::ptr::eq(*kv, *gate) {
+                        g.copy_ring_rows(&m.dev, gate, sg, p0, p0, n, false)?;
+                    }
+                }
+            }
+            g.rollback[slot] = Some(Rollback { p0, n, rows });
+            Ok(())
+        })
+    }
+
+    /// Whether `slot` can go back to position `to` (inside its last drafted pass).
+    pub(super) fn can_return(&self, slot: usize, to: usize) -> bool {
+        self.rollback
+            .get(slot)
+            .and_then(Option::as_ref)
+            .is_some_and(|r| r.p0 <= to && to < r.p0 + r.n)
+    }
+
+    /// Puts `slot` back at position `to` of its last drafted pass: the ring rows of
+    /// positions `to` onward get what they held before the pass.
+    pub(super) fn rewind(m: &mut Deepseek4, slot: usize, to: usize) -> Result<()> {
+        Self::with_path(m, |g, m| {
+            if !g.can_return(slot, to) {
+                bail!("slot {slot} cannot go back to position {to}");
+            }
+            let r = g.rollback[slot].take().expect("checked above");
+            let st = g.slots[slot]
+                .as_ref()
+                .ok_or_else(|| anyhow!("slot state"))?;
+            let count = r.p0 + r.n - to;
+            for (ls, saved) in st.iter().zip(&r.rows) {
+                for ((kv, gate), (skv, sg)) in rings(ls).iter().zip(saved.iter()) {
+                    g.copy_ring_rows(&m.dev, kv, skv, r.p0, to, count, true)?;
+                    if !std::ptr::eq(*kv, *gate) {
+                        g.copy_ring_rows(&m.dev, gate, sg, r.p0, to, count, true)?;
+                    }
+                }
+            }
+            // (the buffers stay for the next drafted pass)
+            g.rollback[slot] = Some(Rollback { p0: 0, n: 0, ..r });
+            Ok(())
+        })
+    }
+
+    /// Forgets what `slot` could go back to (a new sequence, a seek, a failed pass).
+    pub(super) fn forget(&mut self, slot: usize) {
+        if let Some(r) = self.rollback.get_mut(slot).and_then(Option::as_mut) {
+            r.n = 0;
+        }
+    }
+
+    /// Copies the rows of positions `from..from + count` between a positional ring
+    /// (rows of `ring.dims[0]` values, position q at row q % ring.dims[1]) and `saved`
+    /// (position q at row q - base): into `saved`, or with `back` into the ring. One
+    /// GET_ROWS, two where the range wraps around the ring's end.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_ring_rows(
+        &self,
+        dev: &Device,
+        ring: &Tensor,
+        saved: &Tensor,
+        base: usize,
+        from: usize,
+        count: usize,
+        back: bool,
+    ) -> Result<()> {
+        let (width, len) = (ring.r.dims[0] as usize, ring.r.dims[1] as usize);
+        let cap = saved.r.dims[1] as usize;
+        let mut done = 0;
+        while done < count {
+            let q = from + done;
+            let (r, s) = (q % len, q - base);
+            let k = (count - done).min(len - r);
+            let (table, first, out) = if back {
+                (
+                    v(saved, [width, cap, 1, 1]),
+                    s,
+                    at(ring, r * width, [width, k, 1, 1]),
+                )
+            } else {
+                (
+                    v(ring, [width, len, 1, 1]),
+                    r,
+                    at(saved, s * width, [width, k, 1, 1]),
+                )
+            };
+            let ids = at(&self.iota, first, [k, 1, 1, 1]);
+            dev.op(ops::GET_ROWS, OpParams::default(), &[table, ids, out])
+                .context("copying ring rows")?;
+            done += k;
+        }
+        Ok(())
     }
 
     fn slot_state(m: &Deepseek4, slot: usize) -> Result<Vec<LayerState>> {
@@ -1632,6 +1803,40 @@ fn probe_router_mm(dev: &Arc<Device>) -> bool {
 
 /// A layer's query / KV products' weights (`wq_a`, `wkv`, `wq_b`): what [`Prefetch`]'s
 /// `q` and `qn` ask for.
+/// A layer's positional rings as (kv, gate) pairs: the window's (one tensor, given
+/// twice), then the compressor's and the indexer's.
+fn rings(ls: &LayerState) -> Vec<(&Tensor, &Tensor)> {
+    let mut r = vec![(&ls.ring, &ls.ring)];
+    r.extend(
+        [&ls.comp, &ls.idx]
+            .into_iter()
+            .flatten()
+            .map(|c| (&c.ring_kv, &c.ring_g)),
+    );
+    r
+}
+
+/// The most tokens a drafted pass may hold: the fewest rows of any ring (the window,
+/// 2 x ratio for each compressor), so a pass writes no ring row twice.
+pub(super) fn pass_cap(m: &Deepseek4) -> usize {
+    m.layers
+        .iter()
+        .flat_map(|l| [l.comp.as_ref(), l.indexer.as_ref().map(|i| &i.comp)])
+        .flatten()
+        .map(|c| 2 * c.ratio)
+        .fold(m.p.window, usize::min)
+}
+
+/// The most rows of any ring.
+fn ring_rows_max(m: &Deepseek4) -> usize {
+    m.layers
+        .iter()
+        .flat_map(|l| [l.comp.as_ref(), l.indexer.as_ref().map(|i| &i.comp)])
+        .flatten()
+        .map(|c| 2 * c.ratio)
+        .fold(m.p.window, usize::max)
+}
+
 fn q_weights(lay: &Layer) -> [TensorRef; 3] {
     [wv(&lay.q_a), wv(&lay.kv), wv(&lay.q_b)]
 }

@@ -1047,13 +1047,23 @@ impl CausalLm for Deepseek4 {
     }
 
     /// Only the whole cached sequence: the compressed rows and the compressors'
-    /// partial windows cannot be rewound, but a prompt that extends what the slot
-    /// holds continues from there as a prompt's next chunk does.
+    /// partial windows cannot be rewound (except into a drafted pass, which the held
+    /// tokens end inside of), but a prompt that extends what the slot holds continues
+    /// from there as a prompt's next chunk does.
     fn keep_prefix(&self, cached: usize, matching: usize) -> usize {
         if matching == cached {
             cached
         } else {
             0
+        }
+    }
+
+    /// Drafts on the device path only (its caches are positional; the host glue's
+    /// compressor buffers are not), as many as the smallest ring leaves room for.
+    fn max_draft(&self) -> usize {
+        match self.gpu {
+            Some(_) => gpu::pass_cap(self).saturating_sub(1),
+            None => 0,
         }
     }
 
@@ -1071,6 +1081,9 @@ impl CausalLm for Deepseek4 {
             .ok_or_else(|| anyhow!("slot {slot} outside 0..{n}"))?;
         st.reset();
         st.n_past = pos;
+        if let Some(g) = self.gpu.as_mut() {
+            g.forget(slot as usize);
+        }
         // The device caches as a filled context's (`MOE_DS4_SEEK_ZEROS=1`: left as they
         // are, zeros where nothing ran; the benchmark's tables before 2026-12-04 14:00).
         if std::env::var_os("MOE_DS4_SEEK_ZEROS").is_none_or(|v| v != "1") {
@@ -1160,10 +1173,34 @@ impl CausalLm for Deepseek4 {
                 .slots
                 .get_mut(slot)
                 .ok_or_else(|| anyhow!("slot {slot} outside 0..{n_slots}"))?;
+            let n_past = st.n_past;
+            let back = p0 < n_past && self.gpu.as_ref().is_some_and(|g| g.can_return(slot, p0));
             if p0 == 0 {
                 st.reset();
-            } else if p0 != st.n_past {
-                bail!("deepseek4 slot {slot} holds {} positions; a chunk at {p0} would need a rewind, which the compressed state cannot do", st.n_past);
+                if let Some(g) = self.gpu.as_mut() {
+                    g.forget(slot);
+                }
+            } else if back {
+                // Into the slot's last drafted pass: its rejected drafts dropped.
+                gpu::GpuPath::rewind(self, slot, p0).inspect_err(|_| self.slots[slot].reset())?;
+                self.slots[slot].n_past = p0;
+            } else if p0 != n_past {
+                bail!("deepseek4 slot {slot} holds {n_past} positions; a chunk at {p0} would need a rewind, which the compressed state can do only into a pass whose later tokens were drafts");
+            }
+            // Drafts end the run, after its sure token (see BatchEntry::draft).
+            let drafted = match batch[i..j].iter().position(|e| e.draft) {
+                None => false,
+                Some(f) if f > 0 && batch[i + f..j].iter().all(|e| e.draft) => true,
+                Some(_) => bail!(
+                    "slot {slot}: drafted tokens must end a slot's run of a batch, after one that is not drafted"
+                ),
+            };
+            if drafted && j - i > self.max_draft() + 1 {
+                bail!(
+                    "slot {slot}: a pass of {} tokens carries more than the {} drafts this model can drop",
+                    j - i,
+                    self.max_draft()
+                );
             }
             if p0 + (j - i) > self.n_ctx {
                 bail!(
@@ -1184,8 +1221,14 @@ impl CausalLm for Deepseek4 {
                 .map(|e| e - i)
                 .collect();
             if self.gpu.is_some() {
-                let out = gpu::GpuPath::run(self, slot, &tokens, p0, &want)
-                    .inspect_err(|_| self.slots[slot].reset())?;
+                let out = gpu::GpuPath::checkpoint(self, slot, p0, tokens.len(), drafted)
+                    .and_then(|()| gpu::GpuPath::run(self, slot, &tokens, p0, &want))
+                    .inspect_err(|_| {
+                        self.slots[slot].reset();
+                        if let Some(g) = self.gpu.as_mut() {
+                            g.forget(slot);
+                        }
+                    })?;
                 self.slots[slot].n_past = p0 + tokens.len();
                 rows.extend(out);
                 i = j;
