@@ -4,7 +4,9 @@
 # Settings are arguments: "base" (the defaults) or VAR=VALUE[,VAR=VALUE...], e.g.
 #   bash scripts/device/ds4_ab.sh base MOE_GPU_FP4_RUNS=0 MOE_GPU_PDL_EARLY=1
 # DS4_DIR=DIR in a setting runs the build carried in DIR instead of .dev/ds4 (two builds
-# side by side: DS4_DIR=.dev/ds4_old). Carry .dev/ds4 (and any such DIR). $OUT gets
+# side by side: DS4_DIR=.dev/ds4_old); DRAFT=N decodes in passes of a token and N drafts,
+# all taken (`bench --draft`: speculative decoding at full acceptance, at most 7).
+# Carry .dev/ds4 (and any such DIR). $OUT gets
 # ab_<n>.json per setting; prints a markdown table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,13 +23,16 @@ for s in "$@"; do
     envs=()
     [ "$s" = base ] || IFS=, read -r -a envs <<< "$s"
     dir=.dev/ds4
-    for e in "${envs[@]}"; do [ "${e%%=*}" = DS4_DIR ] && dir=${e#*=}; done
+    draft=0
+    for e in "${envs[@]}"; do
+        case "${e%%=*}" in DS4_DIR) dir=${e#*=} ;; DRAFT) draft=${e#*=} ;; esac
+    done
     DS4_DIR=$dir cuda_plugins "$W/plugins.toml"
     t0=$(date +%s)
     env "${envs[@]}" RUST_LOG=warn "$dir/moeserve" --config "$W/plugins.toml" bench \
         --synth "${TEMPLATE:-6}" --layers "${LAYERS:-43}" --depths "${DEPTHS:-0}" \
         --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" --repetitions "${REPS:-1}" \
-        --json > "$OUT/ab_$i.json"
+        --draft "$draft" --json > "$OUT/ab_$i.json"
     echo "$s: $(( $(date +%s) - t0 )) s"
 done
 python3 - "$OUT" "$@" <<'PY'

@@ -16,7 +16,9 @@ MOE_GPU_EXACT_PREFILL=1 (f32 activations: the CPU's sums up to order); "split vs
 reruns decode with MOE_GPU_ATT_SPLIT=1 (the long-context attention: each token's keys
 split over blocks, then merged by a second launch) and "1-launch vs dec" with
 MOE_GPU_ATT_DEC=1 too (the same splits merged in the same launch, ds4_attention_dec),
-against the fixtures' own decode (a block a head); summation order only."""
+against the fixtures' own decode (a block a head); summation order only. "draft vs dec":
+`logits --mode draft` (passes of a token and up to 7 drafts, some made up, which the slot
+drops by restoring its ring rows: speculative decoding's passes) against decode."""
 import json
 import os
 import subprocess
@@ -73,7 +75,7 @@ def main():
     rows = []
     print(f"{'fixture':20} {'type':5} {'gpu vs cpu':>10} {'gpu vs oracle':>13} {'pre vs dec':>10} "
           f"{'dev vs host glue':>16} {'exact vs cpu':>12} {'exact vs dec':>12} {'split vs dec':>12} "
-          f"{'1-launch vs dec':>15} {'top-1':>6} "
+          f"{'1-launch vs dec':>15} {'draft vs dec':>12} {'top-1':>6} "
           f"{'greedy':>7} {'gpu s':>6}")
     only = os.environ.get("ONLY")  # e.g. ONLY=tiny_mixed.f32: the runs named so
     for name, ty in RUNS:
@@ -94,7 +96,7 @@ def main():
         got = {}
         t0 = time.time()
         for backend, cfg in (("cuda", gpu), ("cpu", cpu)):
-            for mode in ("prefill", "decode") if backend == "cuda" else ("prefill",):
+            for mode in ("prefill", "decode", "draft") if backend == "cuda" else ("prefill",):
                 out = W / f"{name}.{ty}.{backend}.{mode}.npy"
                 moeserve(cfg, "logits", "--model", model, "--tokens", toks, "--out", out, "--mode", mode)
                 got[(backend, mode)] = np.load(out)
@@ -123,13 +125,14 @@ def main():
                    exact_prefill_vs_cpu=rel(ge, cp), exact_prefill_vs_decode=rel(ge, gd),
                    split_decode_vs_decode=rel(got[("cuda", "split")], gd),
                    one_launch_decode_vs_decode=rel(got[("cuda", "dec1")], gd),
+                   draft_vs_decode=rel(got[("cuda", "draft")], gd),
                    top1_vs_cpu=float((gp.argmax(1) == cp.argmax(1)).mean()),
                    greedy_equals_oracle=greedy_same, gpu_seconds=secs)
         rows.append(row)
         print(f"{name:20} {ty:5} {row['gpu_vs_cpu']:10.3g} {row['gpu_vs_oracle']:13.3g} "
               f"{row['gpu_prefill_vs_decode']:10.3g} {row['device_vs_host_glue']:16.3g} {row['exact_prefill_vs_cpu']:12.3g} "
               f"{row['exact_prefill_vs_decode']:12.3g} {row['split_decode_vs_decode']:12.3g} "
-              f"{row['one_launch_decode_vs_decode']:15.3g} "
+              f"{row['one_launch_decode_vs_decode']:15.3g} {row['draft_vs_decode']:12.3g} "
               f"{row['top1_vs_cpu']:6.3f} {str(greedy_same):>7} {secs:6.1f}",
               flush=True)
     (OUT / "ds4_gpu.json").write_text(json.dumps(rows, indent=1))

@@ -87,10 +87,12 @@ key = lambda r: (r["fixture"], r["type"])
 ref = {key(r): r for r in old}
 for r in new:
     o = ref.get(key(r))
-    diff = [k for k in r if k != "gpu_seconds" and o is not None and r[k] != o.get(k)]
+    diff = [k for k in r if k != "gpu_seconds" and o is not None and k in o and r[k] != o[k]]
+    new_cols = [f"{k} {r[k]}" for k in r if o is not None and k not in o]
     print(f"{key(r)}: " + ("no committed row" if o is None else
                           "the committed numbers" if not diff else
-                          "DIFFERS: " + ", ".join(f"{k} {o.get(k)} -> {r[k]}" for k in diff)))
+                          "DIFFERS: " + ", ".join(f"{k} {o.get(k)} -> {r[k]}" for k in diff))
+          + (f" (new: {', '.join(new_cols)})" if new_cols else ""))
 PY
 fi
 if want ab; then

@@ -28,6 +28,8 @@ pub struct BenchArgs {
     pub layers: Option<usize>,
     /// Measure the bandwidth and matrix-rate limits.
     pub limits: bool,
+    /// Drafts a decode pass carries, every one taken (0: one token a pass).
+    pub draft: usize,
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -148,6 +150,13 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
     let t_load = Instant::now();
     let mut m = source.load(config, &opts)?;
     eprintln!("bench: loaded in {:.1} s", t_load.elapsed().as_secs_f64());
+    if a.draft > m.model.max_draft() {
+        bail!(
+            "bench: --draft {}: this model drops at most {} drafts a pass",
+            a.draft,
+            m.model.max_draft()
+        );
+    }
     let vocab = m.model.n_vocab() as u32;
     // Deterministic pseudo-random prompt ids, avoiding the first few (special) ids where
     // the vocabulary is large enough to.
@@ -181,15 +190,22 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
             let mut logits = m.model.forward(&entries)?.pop().context("no logits")?;
             let dt_pp = t0.elapsed().as_secs_f64();
             let t1 = Instant::now();
-            for i in 0..a.gen_tokens {
-                let e = BatchEntry {
-                    token: argmax(&logits),
-                    slot: 0,
-                    pos: (depth + prompt.len() + i) as u32,
-                    want_logits: true,
-                    draft: false,
-                };
-                logits = m.model.forward(&[e])?.pop().context("no logits")?;
+            let mut i = 0;
+            while i < a.gen_tokens {
+                // The sure token, then drafts (the same id; all taken).
+                let n = (1 + a.draft).min(a.gen_tokens - i);
+                let token = argmax(&logits);
+                let pass: Vec<BatchEntry> = (0..n)
+                    .map(|j| BatchEntry {
+                        token,
+                        slot: 0,
+                        pos: (depth + prompt.len() + i + j) as u32,
+                        want_logits: true,
+                        draft: j > 0,
+                    })
+                    .collect();
+                logits = m.model.forward(&pass)?.pop().context("no logits")?;
+                i += n;
             }
             let dt_tg = t1.elapsed().as_secs_f64();
             if rep > 0 {
@@ -266,6 +282,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 "threads": threads, "repetitions": a.repetitions,
                 "pp_tokens": a.prompt_tokens, "pp_tok_s": rows[0].pp.0, "pp_tok_s_sd": rows[0].pp.1,
                 "tg_tokens": a.gen_tokens, "tg_tok_s": rows[0].tg.0, "tg_tok_s_sd": rows[0].tg.1,
+                "tg_drafts_a_pass": a.draft,
                 "stream_bandwidth_bytes_s": bw, "matrix_rate_flop_s": rate,
                 "dense_matvec": dense,
                 "depths": depth_json,
@@ -290,8 +307,12 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 r.pp.1,
                 frac("pp_fraction_of_matrix_rate")
             );
+            let drafts = match a.draft {
+                0 => String::new(),
+                d => format!(" ({d} drafts a pass, all taken)"),
+            };
             println!(
-                "| {} | {threads} | {} | tg{} | {:.1} ± {:.1} | {} of bandwidth limit |",
+                "| {} | {threads} | {} | tg{}{drafts} | {:.1} ± {:.1} | {} of bandwidth limit |",
                 m.name,
                 r.depth,
                 a.gen_tokens,

@@ -56,6 +56,10 @@ enum Command {
         /// report decode and prefill as fractions of those limits.
         #[arg(long)]
         limits: bool,
+        /// Decode in passes of a token and this many drafts, every draft taken (what
+        /// speculative decoding reaches at full acceptance; tg counts every token).
+        #[arg(long, default_value_t = 0)]
+        draft: usize,
     },
     /// Serve a model through the OpenAI-compatible API.
     Serve(serve_cmd::ServeArgs),
@@ -193,6 +197,7 @@ fn main() -> ExitCode {
             depths,
             layers,
             limits,
+            draft,
         } => {
             let a = bench_cmd::BenchArgs {
                 prompt_tokens,
@@ -202,6 +207,7 @@ fn main() -> ExitCode {
                 depths,
                 layers,
                 limits,
+                draft,
             };
             bench_cmd::run(&cli.config, &source, &a)
         }
