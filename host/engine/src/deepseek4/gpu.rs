@@ -172,9 +172,17 @@ pub(super) struct GpuPath {
     inv_main: (Tensor, f32),
     inv_comp: (Tensor, f32),
     slots: Vec<Option<Vec<LayerState>>>,
-    graphs: Vec<GraphState>,
-    /// Per slot: the kind of step its decode graph was recorded for.
-    graph_kind: Vec<StepKind>,
+    /// Per graph id (see [`GpuPath::graph_id`]): its state and the kind of step it was
+    /// recorded for.
+    graphs: std::collections::HashMap<usize, (GraphState, StepKind)>,
+    /// The state a graph starts in (Off with `MOE_DS4_NO_GRAPH=1`: every step op by op).
+    graph_start: GraphState,
+    /// Drafted passes are recorded and replayed as graphs too, one a slot and pass length
+    /// (`MOE_DS4_DRAFT_GRAPH=1`; opt-in until checked on a device).
+    draft_graphs: bool,
+    /// Activations of drafted passes that run as graphs (never reallocated: a graph
+    /// keeps their addresses).
+    work_d: Option<Work>,
     /// The least compression of a layer with an indexer (0: none; see StepKind).
     idx_ratio: usize,
     work: Option<Work>,
@@ -460,22 +468,21 @@ impl GpuPath {
             inv_main: inv(&m.rope_main)?,
             inv_comp: inv(&m.rope_comp)?,
             slots: (0..m.slots.len()).map(|_| None).collect(),
+            graphs: Default::default(),
             // MOE_DS4_NO_GRAPH=1 (profiling): every step launched op by op.
-            graph_kind: vec![StepKind::default(); m.slots.len()],
+            graph_start: if std::env::var_os("MOE_DS4_NO_GRAPH").is_some_and(|v| v == "1") {
+                GraphState::Off
+            } else {
+                GraphState::Cold
+            },
+            draft_graphs: std::env::var_os("MOE_DS4_DRAFT_GRAPH").is_some_and(|v| v == "1"),
+            work_d: None,
             idx_ratio: m
                 .layers
                 .iter()
                 .filter_map(|l| l.indexer.as_ref().map(|ix| ix.comp.ratio))
                 .min()
                 .unwrap_or(0),
-            graphs: vec![
-                if std::env::var_os("MOE_DS4_NO_GRAPH").is_some_and(|v| v == "1") {
-                    GraphState::Off
-                } else {
-                    GraphState::Cold
-                };
-                m.slots.len()
-            ],
             work: None,
             work1: None,
             idx_cap: m.n_ctx / min_ratio + 1,
@@ -804,13 +811,15 @@ impl GpuPath {
     }
 
     /// Runs `tokens` of `slot` from position `p0`; returns the logits of the tokens
-    /// whose chunk index is in `want` (ascending).
+    /// whose chunk index is in `want` (ascending). `drafted`: a pass of a token and its
+    /// drafts (speculative decoding), which may replay a graph of its own.
     pub(super) fn run(
         m: &mut Deepseek4,
         slot: usize,
         tokens: &[u32],
         p0: usize,
         want: &[usize],
+        drafted: bool,
     ) -> Result<Vec<Vec<f32>>> {
         // Kernels put a chunk's tokens (MATMUL_ID: tokens x routed experts) on grid y,
         // at most 65535 blocks: longer chunks run as consecutive pieces (the caches carry
@@ -824,11 +833,22 @@ impl GpuPath {
                     .filter(|&&t| (start..start + part.len()).contains(&t))
                     .map(|&t| t - start)
                     .collect();
-                out.extend(Self::run(m, slot, part, p0 + start, &mine)?);
+                out.extend(Self::run(m, slot, part, p0 + start, &mine, false)?);
             }
             return Ok(out);
         }
-        Self::with_path(m, |g, m| g.run_inner(m, slot, tokens, p0, want))
+        Self::with_path(m, |g, m| g.run_inner(m, slot, tokens, p0, want, drafted))
+    }
+
+    /// The graph a step replays: a single token's is its slot's; a drafted pass of `n`
+    /// tokens has one per slot and length.
+    fn graph_id(&self, slot: usize, n: usize) -> usize {
+        let slots = self.slots.len();
+        if n == 1 {
+            slot
+        } else {
+            n * slots + slot
+        }
     }
 
     fn run_inner(
@@ -838,30 +858,53 @@ impl GpuPath {
         tokens: &[u32],
         p0: usize,
         want: &[usize],
+        drafted: bool,
     ) -> Result<Vec<Vec<f32>>> {
         let (p, dev) = (&m.p, &m.dev);
         let n = tokens.len();
         self.state(m, slot)?;
         let single = n == 1 && want == [0];
         let kind = StepKind::of(self.idx_ratio, p.idx_topk, p0, n);
-        if single && self.graph_kind[slot] != kind {
-            // The recorded step was of another kind (it crossed ATT_LONG_FROM or the
-            // indexer's top-k): run once directly (its scratch may grow), then record again.
-            if matches!(self.graphs[slot], GraphState::Recorded | GraphState::Warm) {
-                self.graphs[slot] = GraphState::Cold;
+        // A drafted pass wanting every row, replayed as a graph of its own length.
+        let pass = !single
+            && drafted
+            && self.draft_graphs
+            && n <= pass_cap(m)
+            && want.iter().copied().eq(0..n);
+        let gid = (single || pass).then(|| self.graph_id(slot, n));
+        if let Some(id) = gid {
+            let start = self.graph_start;
+            let (state, rec_kind) = self.graphs.entry(id).or_insert((start, kind));
+            if *rec_kind != kind {
+                // The recorded step was of another kind (it crossed ATT_LONG_FROM or the
+                // indexer's top-k): run once directly (its scratch may grow), then record
+                // again.
+                if matches!(state, GraphState::Recorded | GraphState::Warm) {
+                    *state = GraphState::Cold;
+                }
+                *rec_kind = kind;
             }
-            self.graph_kind[slot] = kind;
         }
+        let cap_d = pass_cap(m);
         let work_slot = if single {
             &mut self.work1
+        } else if pass {
+            &mut self.work_d
         } else {
             &mut self.work
         };
         if work_slot.as_ref().is_none_or(|w| w.cap < n) {
+            let cap = if pass { cap_d } else { n.next_power_of_two() };
             *work_slot = None;
-            *work_slot = Some(Self::alloc_work(m, n.next_power_of_two(), self.idx_cap)?);
+            *work_slot = Some(Self::alloc_work(m, cap, self.idx_cap)?);
         }
-        let w = if single { &self.work1 } else { &self.work };
+        let w = if single {
+            &self.work1
+        } else if pass {
+            &self.work_d
+        } else {
+            &self.work
+        };
         let w = w.as_ref().ok_or_else(|| anyhow!("work buffers"))?;
         let rep: Vec<i32> = tokens
             .iter()
@@ -879,12 +922,8 @@ impl GpuPath {
         let st = self.slots[slot]
             .as_ref()
             .ok_or_else(|| anyhow!("slot state"))?;
-        let state = if single {
-            self.graphs[slot]
-        } else {
-            GraphState::Off
-        };
-        let key = pr(&[], &[slot as i64]);
+        let state = gid.map_or(GraphState::Off, |id| self.graphs[&id].0);
+        let key = pr(&[], &[gid.unwrap_or(0) as i64]);
         // A step joins each branch it forks; after an op failed mid-branch, the branches
         // still open join the main stream here, so a graph capture ends with none open.
         let step = |w: &Work| {
@@ -938,8 +977,8 @@ impl GpuPath {
                 GraphState::Off
             }
         };
-        if single {
-            self.graphs[slot] = next;
+        if let Some(id) = gid {
+            self.graphs.entry(id).or_insert((next, kind)).0 = next;
         }
         dev.sync()?;
         let all = w.logits.download_f32(want.len() * p.n_vocab)?;

@@ -1222,7 +1222,7 @@ impl CausalLm for Deepseek4 {
                 .collect();
             if self.gpu.is_some() {
                 let out = gpu::GpuPath::checkpoint(self, slot, p0, tokens.len(), drafted)
-                    .and_then(|()| gpu::GpuPath::run(self, slot, &tokens, p0, &want))
+                    .and_then(|()| gpu::GpuPath::run(self, slot, &tokens, p0, &want, drafted))
                     .inspect_err(|_| {
                         self.slots[slot].reset();
                         if let Some(g) = self.gpu.as_mut() {
