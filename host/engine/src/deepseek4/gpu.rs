@@ -1855,25 +1855,26 @@ fn rings(ls: &LayerState) -> Vec<(&Tensor, &Tensor)> {
     r
 }
 
-/// The most tokens a drafted pass may hold: the fewest rows of any ring (the window,
-/// 2 x ratio for each compressor), so a pass writes no ring row twice.
-pub(super) fn pass_cap(m: &Deepseek4) -> usize {
-    m.layers
+/// Rows of every ring: the window's, then 2 x ratio for each compressor.
+fn ring_lengths(m: &Deepseek4) -> impl Iterator<Item = usize> + '_ {
+    let comps = m
+        .layers
         .iter()
         .flat_map(|l| [l.comp.as_ref(), l.indexer.as_ref().map(|i| &i.comp)])
         .flatten()
-        .map(|c| 2 * c.ratio)
-        .fold(m.p.window, usize::min)
+        .map(|c| 2 * c.ratio);
+    std::iter::once(m.p.window).chain(comps)
+}
+
+/// The most tokens a drafted pass may hold: the fewest rows of any ring, so a pass
+/// writes no ring row twice.
+pub(super) fn pass_cap(m: &Deepseek4) -> usize {
+    ring_lengths(m).min().unwrap_or(1)
 }
 
 /// The most rows of any ring.
 fn ring_rows_max(m: &Deepseek4) -> usize {
-    m.layers
-        .iter()
-        .flat_map(|l| [l.comp.as_ref(), l.indexer.as_ref().map(|i| &i.comp)])
-        .flatten()
-        .map(|c| 2 * c.ratio)
-        .fold(m.p.window, usize::max)
+    ring_lengths(m).max().unwrap_or(1)
 }
 
 fn q_weights(lay: &Layer) -> [TensorRef; 3] {
