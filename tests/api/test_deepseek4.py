@@ -145,3 +145,36 @@ def test_speculative_decoding_equals_plain(ds4_spec_server, ds4_server):
         accepted += s["timings"]["draft_n_accepted"]
     # both kinds ran: passes whose drafts were kept and passes the slot went back into
     assert 0 < accepted < drafted
+
+
+def test_prompt_continuing_a_drafted_pass(ds4_spec_server, ds4_model):
+    """A sequence that stops inside a drafted pass (a stop string met on an accepted
+    draft) leaves its slot past the tokens it fed: the rest of the pass's drafts are in
+    the caches. A prompt that extends what the slot holds goes back into that pass and
+    continues; the answer equals a full prefill's."""
+    import json
+    hits = 0
+    for prompt in ["BETA BETA BETA BETA BETA BETA BETA BETA", *PROMPTS]:
+        ids = ds4_spec_server.post("/tokenize", {"content": prompt}).json()["tokens"]
+        # the served greedy ids (test_served_greedy_equals_generate: the same as generate's)
+        out = subprocess.run([str(BIN), "--config", str(CONFIG), "generate", "--model", str(ds4_model),
+                              "--prompt-tokens", ",".join(map(str, ids)), "--max-tokens", "40", "--ids"],
+                             check=True, capture_output=True, text=True).stdout
+        gen = [int(x) for x in out.split(",") if x.strip()]
+        text = ds4_spec_server.post("/detokenize", {"tokens": gen}).json()["content"]
+        for cut in range(4, len(text) - 1, 3):
+            stop = text[cut:cut + 2]
+            r = ds4_spec_server.post("/v1/completions", {"prompt": ids, "max_tokens": 40,
+                                                         "temperature": 0, "stop": [stop]})
+            assert r.status == 200, r.text
+            c = r.json()["usage"]["completion_tokens"]
+            if r.json()["choices"][0]["finish_reason"] != "stop" or c < 2:
+                continue
+            # the slot holds the prompt and every generated token but the last
+            longer = ids + gen[:c - 1] + ids[:3]
+            body = {"prompt": longer, "max_tokens": 4, "temperature": 0, "logprobs": 2}
+            hit = ds4_spec_server.post("/v1/completions", body).json()
+            full = ds4_spec_server.post("/v1/completions", {**body, "cache_prompt": False}).json()
+            assert hit["choices"][0] == full["choices"][0], (prompt, stop)
+            hits += hit["usage"]["timings"]["cached_prefix_tokens"] == len(ids) + c - 1
+    assert hits > 0

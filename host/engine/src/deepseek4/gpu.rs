@@ -536,15 +536,14 @@ impl GpuPath {
                 g.forget(slot);
                 return Ok(());
             }
-            let old = g.rollback[slot].take();
-            if n > pass_cap(m) {
+            let cap = pass_cap(m);
+            if n > cap {
                 bail!(
-                    "a drafted pass of {n} tokens; the rings hold {} (at most {} drafts)",
-                    pass_cap(m),
-                    pass_cap(m) - 1
+                    "a drafted pass of {n} tokens; the rings hold {cap} (at most {} drafts)",
+                    cap.saturating_sub(1)
                 );
             }
-            let cap = pass_cap(m);
+            let old = g.rollback[slot].take();
             // (the copies' buffers are kept from one drafted pass to the next)
             let mut rows = match old {
                 Some(r) => r.rows,
@@ -556,7 +555,14 @@ impl GpuPath {
                         .map(|ls| {
                             rings(ls)
                                 .iter()
-                                .map(|(kv, g)| Ok((buf(kv)?, buf(g)?)))
+                                .map(|(kv, g)| {
+                                    // (the window's ring is one tensor: no second copy)
+                                    let g = match std::ptr::eq(*kv, *g) {
+                                        true => dev.f32([1, 1, 1, 1])?,
+                                        false => buf(g)?,
+                                    };
+                                    Ok((buf(kv)?, g))
+                                })
                                 .collect::<Result<Vec<_>>>()
                         })
                         .collect::<Result<Vec<_>>>()
@@ -1840,8 +1846,6 @@ fn probe_router_mm(dev: &Arc<Device>) -> bool {
     }
 }
 
-/// A layer's query / KV products' weights (`wq_a`, `wkv`, `wq_b`): what [`Prefetch`]'s
-/// `q` and `qn` ask for.
 /// A layer's positional rings as (kv, gate) pairs: the window's (one tensor, given
 /// twice), then the compressor's and the indexer's.
 fn rings(ls: &LayerState) -> Vec<(&Tensor, &Tensor)> {
@@ -1877,6 +1881,8 @@ fn ring_rows_max(m: &Deepseek4) -> usize {
     ring_lengths(m).max().unwrap_or(1)
 }
 
+/// A layer's query / KV products' weights (`wq_a`, `wkv`, `wq_b`): what [`Prefetch`]'s
+/// `q` and `qn` ask for.
 fn q_weights(lay: &Layer) -> [TensorRef; 3] {
     [wv(&lay.q_a), wv(&lay.kv), wv(&lay.q_b)]
 }
