@@ -242,7 +242,7 @@ pub(super) struct GpuPath {
     pf: Option<Arc<Device>>,
     /// A PREFETCH failed (warned once).
     pf_failed: std::cell::Cell<bool>,
-    /// 0, 1, 2 ..: the row ids of the copies that save and restore ring rows.
+    /// 0, 1, 2 ..: the row ids of the copies that restore ring rows.
     iota: Tensor,
     /// Per slot: the ring rows its last drafted pass overwrote (see [`Rollback`]).
     rollback: Vec<Option<Rollback>>,
@@ -263,6 +263,8 @@ struct Rollback {
     /// Per layer: copies of the ring rows of positions p0..p0 + n before the pass (the
     /// window's, then the compressor's and the indexer's kv and gate rings).
     rows: Vec<Vec<(Tensor, Tensor)>>,
+    /// Per ring length: which rows positions p0.. take in such a ring.
+    ids: Vec<(usize, Tensor)>,
 }
 
 /// Weights a decode step asks into the device's L2 (PREFETCH, ABI 1.9) on a stream of
@@ -511,7 +513,7 @@ impl GpuPath {
             pf,
             pf_failed: Default::default(),
             iota: {
-                let n = ring_rows_max(m).max(pass_cap(m));
+                let n = pass_cap(m);
                 let ids: Vec<i32> = (0..n as i32).collect();
                 let t = dev.i32(n)?;
                 t.upload_i32(&ids)?;
@@ -544,14 +546,16 @@ impl GpuPath {
                 );
             }
             let old = g.rollback[slot].take();
-            // (the copies' buffers are kept from one drafted pass to the next)
-            let mut rows = match old {
-                Some(r) => r.rows,
+            // (the copies' buffers are kept from one drafted pass to the next: a recorded
+            // pass reads and writes them in place)
+            let (rows, ids) = match old {
+                Some(r) => (r.rows, r.ids),
                 None => {
                     let st = g.state(m, slot)?;
                     let dev = &m.dev;
                     let buf = |t: &Tensor| dev.f32([t.r.dims[0], cap as u64, 1, 1]);
-                    st.iter()
+                    let rows = st
+                        .iter()
                         .map(|ls| {
                             rings(ls)
                                 .iter()
@@ -566,23 +570,63 @@ impl GpuPath {
                                 .collect::<Result<Vec<_>>>()
                         })
                         .collect::<Result<Vec<_>>>()
-                        .context("allocating the copies of the ring rows")?
+                        .context("allocating the copies of the ring rows")?;
+                    let mut lens: Vec<usize> = ring_lengths(m).collect();
+                    lens.sort_unstable();
+                    lens.dedup();
+                    let ids = lens
+                        .into_iter()
+                        .map(|len| Ok((len, dev.i32(cap)?)))
+                        .collect::<Result<Vec<_>>>()?;
+                    (rows, ids)
                 }
             };
-            let st = g.slots[slot]
-                .as_ref()
-                .ok_or_else(|| anyhow!("slot state"))?;
-            for (ls, saved) in st.iter().zip(&mut rows) {
-                for ((kv, gate), (skv, sg)) in rings(ls).iter().zip(saved.iter()) {
-                    g.copy_ring_rows(&m.dev, kv, skv, p0, p0, n, false)?;
-                    if !std::ptr::eq(*kv, *gate) {
-                        g.copy_ring_rows(&m.dev, gate, sg, p0, p0, n, false)?;
-                    }
-                }
+            // Each ring's rows of positions p0..p0 + n, for the pass to copy first.
+            for (len, t) in &ids {
+                let v: Vec<i32> = (0..cap).map(|i| ((p0 + i) % len) as i32).collect();
+                t.upload_i32(&v)?;
             }
-            g.rollback[slot] = Some(Rollback { p0, n, rows });
+            g.rollback[slot] = Some(Rollback { p0, n, rows, ids });
             Ok(())
         })
+    }
+
+    /// Queues the copies of the ring rows a drafted pass of `n` tokens is about to
+    /// overwrite (one GET_ROWS a ring, the rows named by the ids [`checkpoint`] wrote):
+    /// the pass's first ops, so a recorded pass makes them too.
+    ///
+    /// [`checkpoint`]: GpuPath::checkpoint
+    fn save_ring_rows(&self, dev: &Device, st: &[LayerState], slot: usize, n: usize) -> Result<()> {
+        let r = self.rollback[slot]
+            .as_ref()
+            .ok_or_else(|| anyhow!("slot {slot}: a drafted pass with no checkpoint"))?;
+        let ids = |len: usize| -> Result<TensorRef> {
+            let (_, t) = r
+                .ids
+                .iter()
+                .find(|(l, _)| *l == len)
+                .ok_or_else(|| anyhow!("no row ids for a ring of {len}"))?;
+            Ok(v(t, [n, 1, 1, 1]))
+        };
+        for (ls, saved) in st.iter().zip(&r.rows) {
+            for ((kv, gate), (skv, sg)) in rings(ls).iter().zip(saved.iter()) {
+                let len = kv.r.dims[1] as usize;
+                let copy = |ring: &Tensor, to: &Tensor| {
+                    let w = ring.r.dims[0] as usize;
+                    dev.op(
+                        ops::GET_ROWS,
+                        OpParams::default(),
+                        &[v(ring, [w, len, 1, 1]), ids(len)?, v(to, [w, n, 1, 1])],
+                    )
+                    .context("copying ring rows")
+                };
+                copy(kv, skv)?;
+                if !std::ptr::eq(*kv, *gate) {
+                    copy(gate, sg)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether `slot` can go back to position `to` (inside its last drafted pass).
@@ -607,9 +651,9 @@ impl GpuPath {
             let count = r.p0 + r.n - to;
             for (ls, saved) in st.iter().zip(&r.rows) {
                 for ((kv, gate), (skv, sg)) in rings(ls).iter().zip(saved.iter()) {
-                    g.copy_ring_rows(&m.dev, kv, skv, r.p0, to, count, true)?;
+                    g.restore_ring_rows(&m.dev, kv, skv, r.p0, to, count)?;
                     if !std::ptr::eq(*kv, *gate) {
-                        g.copy_ring_rows(&m.dev, gate, sg, r.p0, to, count, true)?;
+                        g.restore_ring_rows(&m.dev, gate, sg, r.p0, to, count)?;
                     }
                 }
             }
@@ -626,12 +670,11 @@ impl GpuPath {
         }
     }
 
-    /// Copies the rows of positions `from..from + count` between a positional ring
-    /// (rows of `ring.dims[0]` values, position q at row q % ring.dims[1]) and `saved`
-    /// (position q at row q - base): into `saved`, or with `back` into the ring. One
-    /// GET_ROWS, two where the range wraps around the ring's end.
-    #[allow(clippy::too_many_arguments)]
-    fn copy_ring_rows(
+    /// Puts back the rows of positions `from..from + count` of a positional ring (rows
+    /// of `ring.dims[0]` values, position q at row q % ring.dims[1]) from `saved`
+    /// (position q at row q - base): one GET_ROWS, two where the range wraps around the
+    /// ring's end.
+    fn restore_ring_rows(
         &self,
         dev: &Device,
         ring: &Tensor,
@@ -639,7 +682,6 @@ impl GpuPath {
         base: usize,
         from: usize,
         count: usize,
-        back: bool,
     ) -> Result<()> {
         let (width, len) = (ring.r.dims[0] as usize, ring.r.dims[1] as usize);
         let cap = saved.r.dims[1] as usize;
@@ -648,20 +690,9 @@ impl GpuPath {
             let q = from + done;
             let (r, s) = (q % len, q - base);
             let k = (count - done).min(len - r);
-            let (table, first, out) = if back {
-                (
-                    v(saved, [width, cap, 1, 1]),
-                    s,
-                    at(ring, r * width, [width, k, 1, 1]),
-                )
-            } else {
-                (
-                    v(ring, [width, len, 1, 1]),
-                    r,
-                    at(saved, s * width, [width, k, 1, 1]),
-                )
-            };
-            let ids = at(&self.iota, first, [k, 1, 1, 1]);
+            let table = v(saved, [width, cap, 1, 1]);
+            let out = at(ring, r * width, [width, k, 1, 1]);
+            let ids = at(&self.iota, s, [k, 1, 1, 1]);
             dev.op(ops::GET_ROWS, OpParams::default(), &[table, ids, out])
                 .context("copying ring rows")?;
             done += k;
@@ -933,6 +964,9 @@ impl GpuPath {
         // A step joins each branch it forks; after an op failed mid-branch, the branches
         // still open join the main stream here, so a graph capture ends with none open.
         let step = |w: &Work| {
+            if drafted {
+                self.save_ring_rows(dev, st, slot, n)?;
+            }
             self.enqueue(m, st, w, n, want.len(), single, kind)
                 .inspect_err(|_| {
                     let _ = self.join_open(dev);
@@ -1874,11 +1908,6 @@ fn ring_lengths(m: &Deepseek4) -> impl Iterator<Item = usize> + '_ {
 /// writes no ring row twice.
 pub(super) fn pass_cap(m: &Deepseek4) -> usize {
     ring_lengths(m).min().unwrap_or(1)
-}
-
-/// The most rows of any ring.
-fn ring_rows_max(m: &Deepseek4) -> usize {
-    ring_lengths(m).max().unwrap_or(1)
 }
 
 /// A layer's query / KV products' weights (`wq_a`, `wkv`, `wq_b`): what [`Prefetch`]'s
