@@ -44,8 +44,8 @@ pub struct ServeArgs {
     pub prefix_cache: bool,
     /// Speculative decoding: up to N drafted tokens checked a step (0 = off, the
     /// default). Drafts come from the sequence's own text (prompt lookup); greedy
-    /// requests only, on models that can rewind their cache (llama architecture),
-    /// same output as without. It pays where a pass of N+1 tokens costs little more
+    /// requests only, on models that can drop rejected drafts (llama; deepseek4 on its
+    /// device-resident forward, at most 7 a pass), same output as without. It pays where a pass of N+1 tokens costs little more
     /// than one and the text repeats itself (see README: on 2 CPU cores 1.34x on
     /// repetitive text, 0.64x on free text).
     #[arg(long, default_value_t = 0)]
