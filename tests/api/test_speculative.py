@@ -4,7 +4,7 @@ exactly the tokens and logprobs of plain decoding: a server that drafts (`--draf
 
 import pytest
 
-from helpers import LONG_PROMPT, Server, chat_body
+from helpers import BIN, CONFIG, LONG_PROMPT, MODEL, Server, chat_body
 
 REPEAT = "Write the word BETA forty times, separated by spaces: BETA BETA BETA BETA"
 
@@ -72,3 +72,23 @@ def test_sampled_requests_do_not_draft(spec_server):
     r = spec_server.post("/v1/chat/completions", chat_body(REPEAT, temperature=0.7, seed=3,
                                                       max_tokens=8))
     assert r.json()["usage"]["spec_decode_ran"] is False
+
+
+def test_drafted_passes_give_decode_logits(tmp_path):
+    """`moeserve logits --mode draft` (passes of a token and 7 drafts, some made up and
+    dropped after) gives every position token-by-token decoding's logits, bit for bit,
+    on fresh random tokens."""
+    import random
+    import subprocess
+
+    import numpy as np
+    tokens = ",".join(str(random.randrange(1000, 20000)) for _ in range(30))
+    got = {}
+    for mode in ("decode", "draft"):
+        out = tmp_path / f"{mode}.npy"
+        subprocess.run([str(BIN), "--config", str(CONFIG), "logits", "--model", str(MODEL),
+                        "--tokens", tokens, "--mode", mode, "--out", str(out)],
+                       check=True, capture_output=True)
+        got[mode] = np.load(out)
+    assert got["draft"].shape == got["decode"].shape == (30, 49152)
+    assert np.array_equal(got["draft"], got["decode"]), tokens
