@@ -32,9 +32,9 @@ def ds4_server(ds4_model):
     s.close()
 
 
-def complete(server, prompt):
+def complete(server, prompt, max_tokens=12):
     r = server.client().completions.create(model=server.model_id, prompt=prompt, temperature=0,
-                                           max_tokens=12)
+                                           max_tokens=max_tokens)
     return r.choices[0].text
 
 
@@ -145,6 +145,18 @@ def test_speculative_decoding_equals_plain(ds4_spec_server, ds4_server):
         accepted += s["timings"]["draft_n_accepted"]
     # both kinds ran: passes whose drafts were kept and passes the slot went back into
     assert 0 < accepted < drafted
+
+
+def test_concurrent_drafting_sequences_equal_plain(ds4_spec_server, ds4_server):
+    """Sequences drafting side by side (each slot saving and restoring its own rings in
+    the same passes) answer as plain decoding does alone."""
+    before = ds4_spec_server.metrics()
+    plain = [complete(ds4_server, p, 40) for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as ex:
+        together = list(ex.map(lambda p: complete(ds4_spec_server, p, 40), PROMPTS * 2))
+    assert together == plain * 2
+    after = ds4_spec_server.metrics()
+    assert after["moeserve_draft_tokens_total"] > before["moeserve_draft_tokens_total"]
 
 
 def test_prompt_continuing_a_drafted_pass(ds4_spec_server, ds4_model):
