@@ -1,4 +1,6 @@
-"""Long prompts: prefill split over several forward passes gives the same result as one."""
+"""Long prompts: prefill split over several forward passes gives the same result as one,
+and bounded prefill (chunks capped past a position, a short last piece taken along)
+splits as documented."""
 
 from helpers import Server
 
@@ -7,8 +9,27 @@ PROMPT = ("Remember this: the secret animal is a giraffe. " + FILLER +
           "\nQuestion: what is the secret animal? Answer:")
 
 
-def run(batch_tokens):
-    with Server("--parallel", "1", "--batch-tokens", str(batch_tokens)) as s:
+def chunks(n, batch, long_from=0, long_chunk=0, min_tail=512):
+    """The chunk sizes serve's bounded prefill gives an n-token prompt (README)."""
+    out, fed, long = [], 0, False
+    while fed < n:
+        cap = batch
+        if long_from and (long or fed >= long_from):
+            long, cap = True, min(cap, long_chunk)
+        elif long_from:
+            cap = min(cap, long_from - fed)
+        k = min(n - fed, cap)
+        tail = n - fed - k
+        crosses = long_from and not long and n > long_from
+        if 0 < tail < min(min_tail, batch // 4) and not crosses:
+            k = n - fed
+        out.append(k)
+        fed += k
+    return out
+
+
+def run(batch_tokens, *extra):
+    with Server("--parallel", "1", "--batch-tokens", str(batch_tokens), *extra) as s:
         m0 = s.metrics()
         r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0,
                                        "logprobs": 1})
@@ -29,10 +50,27 @@ def test_chunked_prefill_matches_single_pass():
     assert sampled == sampled_chunked >= one["usage"]["completion_tokens"]
     # one pass for the whole prompt vs ceil(n/96); then one per further sampled token
     assert passes_one == sampled
-    assert passes_chunked == -(-n_prompt // 96) + sampled - 1
+    assert passes_chunked == len(chunks(n_prompt, 96)) + sampled - 1
     assert chunked["choices"][0]["text"] == one["choices"][0]["text"]
     # Same numbers up to kernel rounding (a wrong position or a lost chunk is far off).
     a = one["choices"][0]["logprobs"]["token_logprobs"]
     b = chunked["choices"][0]["logprobs"]["token_logprobs"]
     assert len(a) == len(b)
+    assert all(abs(x - y) < 1e-2 for x, y in zip(a, b)), (a, b)
+
+
+def test_bounded_prefill_chunks():
+    """Past --prefill-long-from the chunks shrink to --prefill-long-chunk (the crossing
+    chunk stops at the position), a last piece under --prefill-min-tail rides along; the
+    answer is the one-pass answer."""
+    one, _, _ = run(1024)
+    n = one["usage"]["prompt_tokens"]
+    bounded, passes, sampled = run(128, "--prefill-long-from", "200", "--prefill-long-chunk", "48",
+                                   "--prefill-min-tail", "20")
+    want = chunks(n, 128, 200, 48, 20)
+    assert want[:2] == [128, 72] and max(want[2:]) <= 48 + 19, want
+    assert passes == len(want) + sampled - 1
+    assert bounded["choices"][0]["text"] == one["choices"][0]["text"]
+    a = one["choices"][0]["logprobs"]["token_logprobs"]
+    b = bounded["choices"][0]["logprobs"]["token_logprobs"]
     assert all(abs(x - y) < 1e-2 for x, y in zip(a, b)), (a, b)

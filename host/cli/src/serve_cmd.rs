@@ -28,9 +28,21 @@ pub struct ServeArgs {
     /// Longest output any request may ask for (larger requests are clamped).
     #[arg(long, default_value_t = 8192)]
     pub max_tokens_limit: usize,
-    /// Most tokens per forward pass (decode steps plus prefill chunks).
-    #[arg(long, default_value_t = 256)]
+    /// Most tokens per forward pass (decode steps plus prefill chunks); 0: 256 on the
+    /// CPU (a long prompt's pass holds up the sequences decoding beside it for less),
+    /// 2048 on a GPU (the routed experts' tiles get more tokens each).
+    #[arg(long, default_value_t = 0)]
     pub batch_tokens: usize,
+    /// Bounded prefill: past this position a prompt's chunks are at most
+    /// --prefill-long-chunk tokens (a chunk that would cross it stops there); 0: no bound.
+    #[arg(long, default_value_t = 32768)]
+    pub prefill_long_from: usize,
+    #[arg(long, default_value_t = 1024)]
+    pub prefill_long_chunk: usize,
+    /// A prompt's last piece shorter than this (and than a quarter of the batch) runs
+    /// with the chunk before it.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_min_tail: usize,
     /// Require `Authorization: Bearer KEY` (also read from MOESERVE_API_KEY).
     #[arg(long, env = "MOESERVE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -116,6 +128,9 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
     };
     let sched_opts = SchedulerOptions {
         max_batch_tokens: a.batch_tokens,
+        prefill_long_from: a.prefill_long_from,
+        prefill_long_chunk: a.prefill_long_chunk,
+        prefill_min_tail: a.prefill_min_tail,
         prefix_cache: a.prefix_cache,
         draft_max: a.draft_max,
     };

@@ -98,8 +98,20 @@ pub struct GenRequest {
 
 #[derive(Debug, Clone)]
 pub struct SchedulerOptions {
-    /// Most tokens in one forward pass (prefill chunks fill what decoding leaves).
+    /// Most tokens in one forward pass (prefill chunks fill what decoding leaves); 0:
+    /// by device, 256 on the CPU (a long prompt's pass holds up the sequences decoding
+    /// beside it for less) and 2048 on a GPU (the routed experts' tiles get more of a
+    /// chunk's tokens each).
     pub max_batch_tokens: usize,
+    /// Bounded prefill: past this position a prompt's chunks are at most
+    /// `prefill_long_chunk` tokens (deep chunks need the most attention scratch); a
+    /// chunk that would cross it stops there, and the cap stays for the request. 0: no
+    /// bound.
+    pub prefill_long_from: usize,
+    pub prefill_long_chunk: usize,
+    /// A prompt's last piece shorter than this (and than a quarter of the batch) runs
+    /// with the chunk before it, so a pass may carry that many more tokens.
+    pub prefill_min_tail: usize,
     /// A slot keeps the tokens its last sequence fed, and a new prompt that starts
     /// with them skips prefilling what the model can keep ([`CausalLm::keep_prefix`]).
     pub prefix_cache: bool,
@@ -114,6 +126,9 @@ impl Default for SchedulerOptions {
     fn default() -> Self {
         SchedulerOptions {
             max_batch_tokens: 256,
+            prefill_long_from: 32768,
+            prefill_long_chunk: 1024,
+            prefill_min_tail: 512,
             prefix_cache: true,
             draft_max: 0,
         }
@@ -199,7 +214,12 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts the scheduler thread; the model must carry a tokenizer.
-    pub fn start(m: LoadedModel, opts: SchedulerOptions) -> anyhow::Result<Scheduler> {
+    pub fn start(m: LoadedModel, mut opts: SchedulerOptions) -> anyhow::Result<Scheduler> {
+        if opts.max_batch_tokens == 0 {
+            let dev = m.model.device().name();
+            opts.max_batch_tokens = if dev.starts_with("cpu") { 256 } else { 2048 };
+            tracing::info!("batch of {} tokens a pass ({dev})", opts.max_batch_tokens);
+        }
         let tokenizer = m.tokenizer.clone().ok_or_else(|| {
             anyhow::anyhow!(
                 "model '{}' has no tokenizer in its GGUF metadata; it can be evaluated (logits) but not served",
@@ -264,6 +284,8 @@ struct Seq {
     cached: usize,
     /// Whether this sequence drafts (greedy, drafting on, a model that can rewind).
     speculative: bool,
+    /// Its prompt's chunks are past `prefill_long_from` (bounded from then on).
+    long_chunks: bool,
     /// The tokens drafted for this step (checked after the sequence's last token).
     drafts: Vec<u32>,
     draft_offered: usize,
@@ -400,6 +422,7 @@ fn run(
                 opts.draft_max > 0 && req.sampling.temperature == 0.0 && model.max_draft() > 0;
             active.push(Seq {
                 speculative,
+                long_chunks: false,
                 drafts: Vec::new(),
                 draft_offered: 0,
                 draft_accepted: 0,
@@ -475,12 +498,17 @@ fn run(
             owner.push((i, 1 + s.drafts.len()));
         }
         let mut fed_now = vec![0usize; active.len()];
-        for (i, s) in active.iter().enumerate().filter(|(_, s)| s.prefilling()) {
+        for (i, s) in active
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, s)| s.prefilling())
+        {
             if budget == 0 {
                 break;
             }
-            let n = (s.req.prompt.len() - s.fed).min(budget);
-            budget -= n;
+            let left = s.req.prompt.len() - s.fed;
+            let n = prefill_chunk(&opts, s.fed, left, budget, &mut s.long_chunks);
+            budget = budget.saturating_sub(n);
             for j in 0..n {
                 let pos = s.fed + j;
                 let last = pos + 1 == s.req.prompt.len();
@@ -634,9 +662,72 @@ pub fn release_text(text: &str, emitted: usize, stops: &[String]) -> (usize, boo
     ((text.len() - hold).max(emitted), false)
 }
 
+/// How many of a prompt's `left` tokens (from position `fed`) to prefill in a pass with
+/// `budget` tokens free: the budget, bounded past `prefill_long_from` (see
+/// [`SchedulerOptions`]; `long` is the request's sticky flag), and a short last piece
+/// taken along.
+fn prefill_chunk(
+    o: &SchedulerOptions,
+    fed: usize,
+    left: usize,
+    budget: usize,
+    long: &mut bool,
+) -> usize {
+    let mut cap = budget;
+    let bounded = o.prefill_long_from > 0;
+    if bounded && (*long || fed >= o.prefill_long_from) {
+        *long = true;
+        cap = cap.min(o.prefill_long_chunk.max(1));
+    } else if bounded {
+        cap = cap.min(o.prefill_long_from - fed);
+    }
+    let n = left.min(cap);
+    let tail = left - n;
+    let min_tail = o.prefill_min_tail.min(o.max_batch_tokens / 4);
+    let crosses = bounded && !*long && fed + left > o.prefill_long_from;
+    if n > 0 && tail > 0 && tail < min_tail && !crosses {
+        left
+    } else {
+        n
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{release_text, Slots};
+    use super::{prefill_chunk, release_text, SchedulerOptions, Slots};
+
+    #[test]
+    fn prefill_chunks_are_bounded_past_the_long_position() {
+        let o = SchedulerOptions {
+            max_batch_tokens: 64,
+            prefill_long_from: 100,
+            prefill_long_chunk: 16,
+            prefill_min_tail: 8,
+            ..Default::default()
+        };
+        // The chunks of a 150-token prompt, each pass with the whole batch free.
+        let (mut fed, mut long, mut chunks) = (0, false, Vec::new());
+        while fed < 150 {
+            let n = prefill_chunk(&o, fed, 150 - fed, 64, &mut long);
+            chunks.push(n);
+            fed += n;
+        }
+        // 64, then up to the long position, then 16s; the last 2 ride along.
+        assert_eq!(chunks, [64, 36, 16, 16, 18]);
+        // The cap stays once past it, and a short tail never crosses the position.
+        let mut long = true;
+        assert_eq!(prefill_chunk(&o, 50, 30, 64, &mut long), 16);
+        let mut long = false;
+        assert_eq!(prefill_chunk(&o, 60, 45, 64, &mut long), 40);
+        // No bound: the budget alone; a tail under a quarter of the batch rides along.
+        let o = SchedulerOptions {
+            prefill_long_from: 0,
+            ..o
+        };
+        assert_eq!(prefill_chunk(&o, 0, 70, 64, &mut false), 70);
+        assert_eq!(prefill_chunk(&o, 0, 90, 64, &mut false), 64);
+        assert_eq!(prefill_chunk(&o, 0, 90, 0, &mut false), 0);
+    }
 
     #[test]
     fn lookup_drafts_what_followed_the_latest_match() {
