@@ -30,7 +30,8 @@ pub struct ServeArgs {
     pub max_tokens_limit: usize,
     /// Most tokens per forward pass (decode steps plus prefill chunks); 0: 256 on the
     /// CPU (a long prompt's pass holds up the sequences decoding beside it for less),
-    /// 2048 on a GPU (the routed experts' tiles get more tokens each).
+    /// 512 on a GPU (the benchmark's prefill chunk; the routed experts' tiles get more
+    /// tokens each than at 256).
     #[arg(long, default_value_t = 0)]
     pub batch_tokens: usize,
     /// Bounded prefill: past this position a prompt's chunks are at most
