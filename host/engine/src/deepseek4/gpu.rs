@@ -63,6 +63,8 @@ struct LayerState {
 /// Activations of a chunk of up to `cap` tokens.
 struct Work {
     cap: usize,
+    /// Rows of logits it holds (a prefill chunk wants one; a drafted pass all of its).
+    logit_rows: usize,
     tok_rep: Tensor,
     tokens: Tensor,
     pos: Tensor,
@@ -723,7 +725,7 @@ impl GpuPath {
             .with_context(|| format!("allocating the device state of slot {slot}"))
     }
 
-    fn alloc_work(m: &Deepseek4, cap: usize, idx_cap: usize) -> Result<Work> {
+    fn alloc_work(m: &Deepseek4, cap: usize, logit_rows: usize, idx_cap: usize) -> Result<Work> {
         let (p, dev) = (&m.p, &m.dev);
         let (d, hc, n) = (p.d, p.hc, cap);
         let nm = 2 * hc + hc * hc;
@@ -786,7 +788,10 @@ impl GpuPath {
             mo: f(d * n)?,
             hidden: f(d * n)?,
             hsel: f(d * n)?,
-            logits: f(p.n_vocab * n)?,
+            // (vocabulary x rows: 0.5 MB a row at V4-Flash's 129280, so only as many
+            // rows as wanted)
+            logits: f(p.n_vocab * logit_rows.clamp(1, cap))?,
+            logit_rows: logit_rows.clamp(1, cap),
         })
     }
 
@@ -930,10 +935,20 @@ impl GpuPath {
         } else {
             &mut self.work
         };
-        if work_slot.as_ref().is_none_or(|w| w.cap < n) {
-            let cap = if pass { cap_d } else { n.next_power_of_two() };
+        if work_slot
+            .as_ref()
+            .is_none_or(|w| w.cap < n || w.logit_rows < want.len())
+        {
+            let (cap, rows) = match work_slot.as_ref() {
+                _ if pass => (cap_d, cap_d),
+                Some(w) => (
+                    w.cap.max(n.next_power_of_two()),
+                    w.logit_rows.max(want.len()),
+                ),
+                None => (n.next_power_of_two(), want.len()),
+            };
             *work_slot = None;
-            *work_slot = Some(Self::alloc_work(m, cap, self.idx_cap)?);
+            *work_slot = Some(Self::alloc_work(m, cap, rows, self.idx_cap)?);
         }
         let w = if single {
             &self.work1
