@@ -9,19 +9,21 @@ PROMPT = ("Remember this: the secret animal is a giraffe. " + FILLER +
           "\nQuestion: what is the secret animal? Answer:")
 
 
-def chunks(n, batch, long_from=0, long_chunk=0, min_tail=512):
-    """The chunk sizes serve's bounded prefill gives an n-token prompt (README)."""
-    out, fed, long = [], 0, False
+def chunks(n, batch, long_from=0, long_chunk=1, min_tail=512):
+    """The chunk sizes serve's bounded prefill gives an n-token prompt (README), where
+    the prompt has each pass to itself (one sequence: its budget is the batch)."""
+    out, fed = [], 0
     while fed < n:
+        long = long_from and fed >= long_from
         cap = batch
-        if long_from and (long or fed >= long_from):
-            long, cap = True, min(cap, long_chunk)
+        if long:
+            cap = min(cap, max(long_chunk, 1))
         elif long_from:
             cap = min(cap, long_from - fed)
         k = min(n - fed, cap)
         tail = n - fed - k
         crosses = long_from and not long and n > long_from
-        if 0 < tail < min(min_tail, batch // 4) and not crosses:
+        if 0 < tail < min(min_tail, batch // 4) and not crosses and n - fed <= batch:
             k = n - fed
         out.append(k)
         fed += k
@@ -48,7 +50,7 @@ def test_chunked_prefill_matches_single_pass():
     chunked, passes_chunked, sampled_chunked = run(96)
     assert chunked["usage"]["prompt_tokens"] == n_prompt
     assert sampled == sampled_chunked >= one["usage"]["completion_tokens"]
-    # one pass for the whole prompt vs ceil(n/96); then one per further sampled token
+    # one pass for the whole prompt vs its chunks; then one per further sampled token
     assert passes_one == sampled
     assert passes_chunked == len(chunks(n_prompt, 96)) + sampled - 1
     assert chunked["choices"][0]["text"] == one["choices"][0]["text"]
@@ -68,7 +70,7 @@ def test_bounded_prefill_chunks():
     bounded, passes, sampled = run(128, "--prefill-long-from", "200", "--prefill-long-chunk", "48",
                                    "--prefill-min-tail", "20")
     want = chunks(n, 128, 200, 48, 20)
-    assert want[:2] == [128, 72] and max(want[2:]) <= 48 + 19, want
+    assert want[:2] == [128, 72] and max(want[2:]) <= 48 + 19, want  # (a tail rides along)
     assert passes == len(want) + sampled - 1
     assert bounded["choices"][0]["text"] == one["choices"][0]["text"]
     a = one["choices"][0]["logprobs"]["token_logprobs"]

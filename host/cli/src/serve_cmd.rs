@@ -38,10 +38,12 @@ pub struct ServeArgs {
     /// --prefill-long-chunk tokens (a chunk that would cross it stops there); 0: no bound.
     #[arg(long, default_value_t = 32768)]
     pub prefill_long_from: usize,
+    /// Most tokens of a prompt's chunk past --prefill-long-from (bounds the attention
+    /// scratch of deep chunks where the batch is larger).
     #[arg(long, default_value_t = 1024)]
     pub prefill_long_chunk: usize,
     /// A prompt's last piece shorter than this (and than a quarter of the batch) runs
-    /// with the chunk before it.
+    /// with the chunk before it where the pass has room for both.
     #[arg(long, default_value_t = 512)]
     pub prefill_min_tail: usize,
     /// Require `Authorization: Bearer KEY` (also read from MOESERVE_API_KEY).
@@ -127,6 +129,11 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
         n_slots: a.parallel,
         repeat_layers: None,
     };
+    if a.prefill_long_from > 0 && a.prefill_long_chunk == 0 {
+        anyhow::bail!(
+            "--prefill-long-chunk must be at least 1 (or --prefill-long-from 0: no bound)"
+        );
+    }
     let sched_opts = SchedulerOptions {
         max_batch_tokens: a.batch_tokens,
         prefill_long_from: a.prefill_long_from,

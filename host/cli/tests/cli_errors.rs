@@ -83,6 +83,21 @@ fn bad_model_files_are_refused_clearly() {
         err.contains("model file missing.gguf does not exist"),
         "{err}"
     );
+    // a bound of zero tokens a chunk is refused before the model loads
+    let (ok, _, err) = moeserve(&[
+        "--config",
+        &repo_config(),
+        "serve",
+        "--model",
+        &repo_config(),
+        "--prefill-long-chunk",
+        "0",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.starts_with("error: --prefill-long-chunk must be at least 1"),
+        "{err}"
+    );
 }
 
 type Kv = Vec<(String, moe_gguf::Value)>;

@@ -110,7 +110,8 @@ pub struct SchedulerOptions {
     pub prefill_long_from: usize,
     pub prefill_long_chunk: usize,
     /// A prompt's last piece shorter than this (and than a quarter of the batch) runs
-    /// with the chunk before it, so a pass may carry that many more tokens.
+    /// with the chunk before it where the pass has room for both (past
+    /// `prefill_long_from`, where chunks are shorter than the batch).
     pub prefill_min_tail: usize,
     /// A slot keeps the tokens its last sequence fed, and a new prompt that starts
     /// with them skips prefilling what the model can keep ([`CausalLm::keep_prefix`]).
@@ -284,8 +285,6 @@ struct Seq {
     cached: usize,
     /// Whether this sequence drafts (greedy, drafting on, a model that can rewind).
     speculative: bool,
-    /// Its prompt's chunks are past `prefill_long_from` (bounded from then on).
-    long_chunks: bool,
     /// The tokens drafted for this step (checked after the sequence's last token).
     drafts: Vec<u32>,
     draft_offered: usize,
@@ -422,7 +421,6 @@ fn run(
                 opts.draft_max > 0 && req.sampling.temperature == 0.0 && model.max_draft() > 0;
             active.push(Seq {
                 speculative,
-                long_chunks: false,
                 drafts: Vec::new(),
                 draft_offered: 0,
                 draft_accepted: 0,
@@ -507,7 +505,7 @@ fn run(
                 break;
             }
             let left = s.req.prompt.len() - s.fed;
-            let n = prefill_chunk(&opts, s.fed, left, budget, &mut s.long_chunks);
+            let n = prefill_chunk(&opts, s.fed, left, budget);
             budget = budget.saturating_sub(n);
             for j in 0..n {
                 let pos = s.fed + j;
@@ -664,28 +662,21 @@ pub fn release_text(text: &str, emitted: usize, stops: &[String]) -> (usize, boo
 
 /// How many of a prompt's `left` tokens (from position `fed`) to prefill in a pass with
 /// `budget` tokens free: the budget, bounded past `prefill_long_from` (see
-/// [`SchedulerOptions`]; `long` is the request's sticky flag), and a short last piece
-/// taken along.
-fn prefill_chunk(
-    o: &SchedulerOptions,
-    fed: usize,
-    left: usize,
-    budget: usize,
-    long: &mut bool,
-) -> usize {
-    let mut cap = budget;
+/// [`SchedulerOptions`]; `fed` only grows, so once past it a request stays bounded), and
+/// a short last piece taken along where the budget has room.
+fn prefill_chunk(o: &SchedulerOptions, fed: usize, left: usize, budget: usize) -> usize {
     let bounded = o.prefill_long_from > 0;
-    if bounded && (*long || fed >= o.prefill_long_from) {
-        *long = true;
-        cap = cap.min(o.prefill_long_chunk.max(1));
-    } else if bounded {
-        cap = cap.min(o.prefill_long_from - fed);
-    }
+    let long = bounded && fed >= o.prefill_long_from;
+    let cap = match (bounded, long) {
+        (true, true) => budget.min(o.prefill_long_chunk.max(1)),
+        (true, false) => budget.min(o.prefill_long_from - fed),
+        _ => budget,
+    };
     let n = left.min(cap);
     let tail = left - n;
     let min_tail = o.prefill_min_tail.min(o.max_batch_tokens / 4);
-    let crosses = bounded && !*long && fed + left > o.prefill_long_from;
-    if n > 0 && tail > 0 && tail < min_tail && !crosses {
+    let crosses = bounded && !long && fed + left > o.prefill_long_from;
+    if n > 0 && tail > 0 && tail < min_tail && !crosses && left <= budget {
         left
     } else {
         n
@@ -706,27 +697,25 @@ mod tests {
             ..Default::default()
         };
         // The chunks of a 150-token prompt, each pass with the whole batch free.
-        let (mut fed, mut long, mut chunks) = (0, false, Vec::new());
+        let (mut fed, mut chunks) = (0, Vec::new());
         while fed < 150 {
-            let n = prefill_chunk(&o, fed, 150 - fed, 64, &mut long);
+            let n = prefill_chunk(&o, fed, 150 - fed, 64);
             chunks.push(n);
             fed += n;
         }
         // 64, then up to the long position, then 16s; the last 2 ride along.
         assert_eq!(chunks, [64, 36, 16, 16, 18]);
-        // The cap stays once past it, and a short tail never crosses the position.
-        let mut long = true;
-        assert_eq!(prefill_chunk(&o, 50, 30, 64, &mut long), 16);
-        let mut long = false;
-        assert_eq!(prefill_chunk(&o, 60, 45, 64, &mut long), 40);
-        // No bound: the budget alone; a tail under a quarter of the batch rides along.
+        // A short tail never crosses the position, nor runs past the pass's budget.
+        assert_eq!(prefill_chunk(&o, 60, 45, 64), 40);
+        assert_eq!(prefill_chunk(&o, 110, 20, 19), 16);
+        // No bound: the budget alone; a tail rides along only within the budget.
         let o = SchedulerOptions {
             prefill_long_from: 0,
             ..o
         };
-        assert_eq!(prefill_chunk(&o, 0, 70, 64, &mut false), 70);
-        assert_eq!(prefill_chunk(&o, 0, 90, 64, &mut false), 64);
-        assert_eq!(prefill_chunk(&o, 0, 90, 0, &mut false), 0);
+        assert_eq!(prefill_chunk(&o, 0, 70, 64), 64);
+        assert_eq!(prefill_chunk(&o, 0, 90, 64), 64);
+        assert_eq!(prefill_chunk(&o, 0, 90, 0), 0);
     }
 
     #[test]
