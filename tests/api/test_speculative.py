@@ -92,3 +92,26 @@ def test_drafted_passes_give_decode_logits(tmp_path):
         got[mode] = np.load(out)
     assert got["draft"].shape == got["decode"].shape == (30, 49152)
     assert np.array_equal(got["draft"], got["decode"]), tokens
+
+
+def test_default_temperature_lets_requests_without_one_draft():
+    """Upstream's pain point: a request that leaves `temperature` out samples at 1.0 and
+    silently drafts nothing. `--default-temperature 0` makes such requests greedy (so
+    they draft), and `usage.spec_decode_ran` says which ran; an explicit temperature
+    still wins."""
+    with Server("--parallel", "1", "--draft-max", "3", "--default-temperature", "0") as s:
+        omitted = s.post("/v1/chat/completions", chat_body(REPEAT, max_tokens=30)).json()
+        greedy = s.post("/v1/chat/completions",
+                        chat_body(REPEAT, temperature=0, max_tokens=30)).json()
+        hot = s.post("/v1/chat/completions",
+                     chat_body(REPEAT, temperature=1.0, seed=1, max_tokens=30)).json()
+    assert omitted["usage"]["spec_decode_ran"] is True
+    assert omitted["choices"][0]["message"] == greedy["choices"][0]["message"]
+    assert hot["usage"]["spec_decode_ran"] is False
+
+
+def test_requests_without_temperature_sample_by_default(spec_server):
+    body = chat_body(REPEAT, max_tokens=10)
+    assert "temperature" not in body
+    r = spec_server.post("/v1/chat/completions", body).json()
+    assert r["usage"]["spec_decode_ran"] is False

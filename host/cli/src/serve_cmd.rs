@@ -22,6 +22,11 @@ pub struct ServeArgs {
     /// Sequences served at once (KV-cache slots); more requests wait in a queue.
     #[arg(long, default_value_t = 4)]
     pub parallel: usize,
+    /// Temperature of a request that gives none (OpenAI's 1.0; 0 makes such requests
+    /// greedy, so --draft-max drafting runs for them: clients that leave temperature
+    /// out would otherwise sample and draft nothing).
+    #[arg(long, default_value_t = 1.0)]
+    pub default_temperature: f32,
     /// Output length when a request gives none (or zero, or a negative one).
     #[arg(long, default_value_t = 1024)]
     pub default_max_tokens: usize,
@@ -122,7 +127,14 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
         read_timeout: seconds(a.read_timeout, "--read-timeout")?,
         shutdown_timeout: seconds(a.shutdown_timeout, "--shutdown-timeout")?,
         cors_origins: a.cors_origins.clone(),
+        default_temperature: a.default_temperature,
     };
+    if !(0.0..=2.0).contains(&a.default_temperature) {
+        anyhow::bail!(
+            "--default-temperature must be between 0 and 2, got {}",
+            a.default_temperature
+        );
+    }
     moe_server::check_cors_origins(&opts.cors_origins)?;
     let load_opts = LoadOptions {
         n_ctx: a.ctx_size,

@@ -98,6 +98,20 @@ fn bad_model_files_are_refused_clearly() {
         err.starts_with("error: --prefill-long-chunk must be at least 1"),
         "{err}"
     );
+    let (ok, _, err) = moeserve(&[
+        "--config",
+        &repo_config(),
+        "serve",
+        "--model",
+        &repo_config(),
+        "--default-temperature",
+        "3",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.starts_with("error: --default-temperature must be between 0 and 2"),
+        "{err}"
+    );
 }
 
 type Kv = Vec<(String, moe_gguf::Value)>;

@@ -44,6 +44,9 @@ pub struct ServerOptions {
     /// Origins a browser page may call the API from (`*`: any); empty: no CORS
     /// headers, so browsers keep other sites' pages out.
     pub cors_origins: Vec<String>,
+    /// The temperature of a request that gives none (OpenAI's 1.0 by default; 0 makes
+    /// such requests greedy, so speculative decoding runs for them).
+    pub default_temperature: f32,
 }
 
 pub struct AppInner {
@@ -335,7 +338,10 @@ async fn chat_completions(
         ));
     }
     let logprobs = req.logprobs.unwrap_or(false).then_some(top as usize);
-    let sampling = req.common.sampling(logprobs, s.tokenizer.vocab_size())?;
+    let mut sampling = req.common.sampling(logprobs, s.tokenizer.vocab_size())?;
+    if req.common.temperature.is_none() {
+        sampling.temperature = st.opts.default_temperature;
+    }
     let tok = s.tokenizer.clone();
     // Message content is encoded as plain text: a control-token string in it (e.g.
     // "<|im_end|>") cannot open or close a turn. (Off the async workers: a 4 MB prompt
@@ -392,7 +398,10 @@ async fn completions(
         ));
     }
     let logprobs = req.logprobs.map(|n| n as usize);
-    let sampling = req.common.sampling(logprobs, s.tokenizer.vocab_size())?;
+    let mut sampling = req.common.sampling(logprobs, s.tokenizer.vocab_size())?;
+    if req.common.temperature.is_none() {
+        sampling.temperature = st.opts.default_temperature;
+    }
     let encode = |t: String| {
         let tok = s.tokenizer.clone();
         blocking(move || tok.encode(&t, true, true))
