@@ -83,35 +83,27 @@ fn bad_model_files_are_refused_clearly() {
         err.contains("model file missing.gguf does not exist"),
         "{err}"
     );
-    // a bound of zero tokens a chunk is refused before the model loads
-    let (ok, _, err) = moeserve(&[
-        "--config",
-        &repo_config(),
-        "serve",
-        "--model",
-        &repo_config(),
-        "--prefill-long-chunk",
-        "0",
-    ]);
-    assert!(!ok);
-    assert!(
-        err.starts_with("error: --prefill-long-chunk must be at least 1"),
-        "{err}"
-    );
-    let (ok, _, err) = moeserve(&[
-        "--config",
-        &repo_config(),
-        "serve",
-        "--model",
-        &repo_config(),
-        "--default-temperature",
-        "3",
-    ]);
-    assert!(!ok);
-    assert!(
-        err.starts_with("error: --default-temperature must be between 0 and 2"),
-        "{err}"
-    );
+    // bad serve settings are refused before the model loads
+    for (flag, value, says) in [
+        (
+            "--prefill-long-chunk",
+            "0",
+            "--prefill-long-chunk must be at least 1",
+        ),
+        (
+            "--default-temperature",
+            "3",
+            "--default-temperature must be between 0 and 2",
+        ),
+    ] {
+        let config = repo_config();
+        let args = [
+            "--config", &config, "serve", "--model", &config, flag, value,
+        ];
+        let (ok, _, err) = moeserve(&args);
+        assert!(!ok);
+        assert!(err.starts_with(&format!("error: {says}")), "{err}");
+    }
 }
 
 type Kv = Vec<(String, moe_gguf::Value)>;
