@@ -338,10 +338,11 @@ async fn chat_completions(
         ));
     }
     let logprobs = req.logprobs.unwrap_or(false).then_some(top as usize);
-    let mut sampling = req.common.sampling(logprobs, s.tokenizer.vocab_size())?;
-    if req.common.temperature.is_none() {
-        sampling.temperature = st.opts.default_temperature;
-    }
+    let sampling = req.common.sampling(
+        logprobs,
+        s.tokenizer.vocab_size(),
+        st.opts.default_temperature,
+    )?;
     let tok = s.tokenizer.clone();
     // Message content is encoded as plain text: a control-token string in it (e.g.
     // "<|im_end|>") cannot open or close a turn. (Off the async workers: a 4 MB prompt
@@ -398,10 +399,11 @@ async fn completions(
         ));
     }
     let logprobs = req.logprobs.map(|n| n as usize);
-    let mut sampling = req.common.sampling(logprobs, s.tokenizer.vocab_size())?;
-    if req.common.temperature.is_none() {
-        sampling.temperature = st.opts.default_temperature;
-    }
+    let sampling = req.common.sampling(
+        logprobs,
+        s.tokenizer.vocab_size(),
+        st.opts.default_temperature,
+    )?;
     let encode = |t: String| {
         let tok = s.tokenizer.clone();
         blocking(move || tok.encode(&t, true, true))

@@ -199,11 +199,13 @@ impl Common {
     }
 
     /// Checks values and builds sampling parameters (`top_logprobs`: None = no
-    /// logprobs; `n_vocab` bounds `logit_bias`'s token ids).
+    /// logprobs; `n_vocab` bounds `logit_bias`'s token ids; `default_temperature` where
+    /// the request gives none).
     pub fn sampling(
         &self,
         logprobs: Option<usize>,
         n_vocab: usize,
+        default_temperature: f32,
     ) -> Result<SamplingParams, ApiError> {
         range(self.temperature, 0.0, 2.0, "temperature")?;
         range(self.top_p, 0.0, 1.0, "top_p")?;
@@ -250,7 +252,7 @@ impl Common {
         }
         logit_bias.sort_unstable_by_key(|&(id, _)| id);
         Ok(SamplingParams {
-            temperature: self.temperature.unwrap_or(1.0) as f32,
+            temperature: self.temperature.map_or(default_temperature, |t| t as f32),
             top_k: self.top_k.unwrap_or(0) as usize,
             top_p: self.top_p.unwrap_or(1.0) as f32,
             min_p: self.min_p.unwrap_or(0.0) as f32,
@@ -363,24 +365,24 @@ mod tests {
     fn bad_values_name_their_parameter() {
         use serde_json::json;
         let e = common(json!({"temperature": 3.0}))
-            .sampling(None, 10)
+            .sampling(None, 10, 1.0)
             .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"));
         let e = common(json!({"stream_options": {"include_usage": true}}))
-            .sampling(None, 10)
+            .sampling(None, 10, 1.0)
             .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stream_options"));
-        assert!(common(json!({"n": 2})).sampling(None, 10).is_err());
+        assert!(common(json!({"n": 2})).sampling(None, 10, 1.0).is_err());
         for (j, p) in [
             (json!({"logit_bias": {"x": 1}}), "logit_bias"),
             (json!({"logit_bias": {"10": 1}}), "logit_bias"),
             (json!({"logit_bias": {"3": 101}}), "logit_bias"),
         ] {
-            let e = common(j).sampling(None, 10).unwrap_err();
+            let e = common(j).sampling(None, 10, 1.0).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(p));
         }
         let s = common(json!({"logit_bias": {"9": -100, "2": 5.5}, "stream": null}))
-            .sampling(None, 10)
+            .sampling(None, 10, 1.0)
             .unwrap();
         assert_eq!(s.logit_bias, [(2, 5.5), (9, -100.0)]);
     }

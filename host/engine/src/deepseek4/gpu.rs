@@ -244,7 +244,10 @@ pub(super) struct GpuPath {
     pf: Option<Arc<Device>>,
     /// A PREFETCH failed (warned once).
     pf_failed: std::cell::Cell<bool>,
-    /// 0, 1, 2 ..: the row ids of the copies that restore ring rows.
+    /// The most tokens a drafted pass may hold: the fewest rows of any ring, so a pass
+    /// writes no ring row twice.
+    pub(super) pass_cap: usize,
+    /// 0, 1, 2 .. pass_cap - 1: the row ids of the copies that restore ring rows.
     iota: Tensor,
     /// Per slot: the ring rows its last drafted pass overwrote (see [`Rollback`]).
     rollback: Vec<Option<Rollback>>,
@@ -262,9 +265,9 @@ struct Rollback {
     /// The saved pass's first position and length.
     p0: usize,
     n: usize,
-    /// Per layer: copies of the ring rows of positions p0..p0 + n before the pass (the
-    /// window's, then the compressor's and the indexer's kv and gate rings).
-    rows: Vec<Vec<(Tensor, Tensor)>>,
+    /// Per layer: copies of the ring rows of positions p0..p0 + n before the pass, one
+    /// a ring of [`rings`].
+    rows: Vec<Vec<Tensor>>,
     /// Per ring length: which rows positions p0.. take in such a ring.
     ids: Vec<(usize, Tensor)>,
 }
@@ -514,6 +517,7 @@ impl GpuPath {
             prefetch,
             pf,
             pf_failed: Default::default(),
+            pass_cap: pass_cap(m),
             iota: {
                 let n = pass_cap(m);
                 let ids: Vec<i32> = (0..n as i32).collect();
@@ -540,35 +544,21 @@ impl GpuPath {
                 g.forget(slot);
                 return Ok(());
             }
-            let cap = pass_cap(m);
-            if n > cap {
-                bail!(
-                    "a drafted pass of {n} tokens; the rings hold {cap} (at most {} drafts)",
-                    cap.saturating_sub(1)
-                );
-            }
-            let old = g.rollback[slot].take();
+            // (the mod.rs forward holds drafted passes to `pass_cap` tokens)
+            let cap = g.pass_cap;
             // (the copies' buffers are kept from one drafted pass to the next: a recorded
             // pass reads and writes them in place)
-            let (rows, ids) = match old {
+            let (rows, ids) = match g.rollback[slot].take() {
                 Some(r) => (r.rows, r.ids),
                 None => {
                     let st = g.state(m, slot)?;
                     let dev = &m.dev;
-                    let buf = |t: &Tensor| dev.f32([t.r.dims[0], cap as u64, 1, 1]);
                     let rows = st
                         .iter()
                         .map(|ls| {
                             rings(ls)
                                 .iter()
-                                .map(|(kv, g)| {
-                                    // (the window's ring is one tensor: no second copy)
-                                    let g = match std::ptr::eq(*kv, *g) {
-                                        true => dev.f32([1, 1, 1, 1])?,
-                                        false => buf(g)?,
-                                    };
-                                    Ok((buf(kv)?, g))
-                                })
+                                .map(|t| dev.f32([t.r.dims[0], cap as u64, 1, 1]))
                                 .collect::<Result<Vec<_>>>()
                         })
                         .collect::<Result<Vec<_>>>()
@@ -611,21 +601,14 @@ impl GpuPath {
             Ok(v(t, [n, 1, 1, 1]))
         };
         for (ls, saved) in st.iter().zip(&r.rows) {
-            for ((kv, gate), (skv, sg)) in rings(ls).iter().zip(saved.iter()) {
-                let len = kv.r.dims[1] as usize;
-                let copy = |ring: &Tensor, to: &Tensor| {
-                    let w = ring.r.dims[0] as usize;
-                    dev.op(
-                        ops::GET_ROWS,
-                        OpParams::default(),
-                        &[v(ring, [w, len, 1, 1]), ids(len)?, v(to, [w, n, 1, 1])],
-                    )
-                    .context("copying ring rows")
-                };
-                copy(kv, skv)?;
-                if !std::ptr::eq(*kv, *gate) {
-                    copy(gate, sg)?;
-                }
+            for (ring, to) in rings(ls).into_iter().zip(saved) {
+                let (w, len) = (ring.r.dims[0] as usize, ring.r.dims[1] as usize);
+                dev.op(
+                    ops::GET_ROWS,
+                    OpParams::default(),
+                    &[v(ring, [w, len, 1, 1]), ids(len)?, v(to, [w, n, 1, 1])],
+                )
+                .context("copying ring rows")?;
             }
         }
         Ok(())
@@ -652,11 +635,8 @@ impl GpuPath {
                 .ok_or_else(|| anyhow!("slot state"))?;
             let count = r.p0 + r.n - to;
             for (ls, saved) in st.iter().zip(&r.rows) {
-                for ((kv, gate), (skv, sg)) in rings(ls).iter().zip(saved.iter()) {
-                    g.restore_ring_rows(&m.dev, kv, skv, r.p0, to, count)?;
-                    if !std::ptr::eq(*kv, *gate) {
-                        g.restore_ring_rows(&m.dev, gate, sg, r.p0, to, count)?;
-                    }
+                for (ring, from) in rings(ls).into_iter().zip(saved) {
+                    g.restore_ring_rows(&m.dev, ring, from, r.p0, to, count)?;
                 }
             }
             // (the buffers stay for the next drafted pass)
@@ -882,15 +862,10 @@ impl GpuPath {
         Self::with_path(m, |g, m| g.run_inner(m, slot, tokens, p0, want, drafted))
     }
 
-    /// The graph a step replays: a single token's is its slot's; a drafted pass of `n`
-    /// tokens has one per slot and length.
+    /// The graph a step of `n` tokens replays: one per slot and length (a single token's,
+    /// a drafted pass's).
     fn graph_id(&self, slot: usize, n: usize) -> usize {
-        let slots = self.slots.len();
-        if n == 1 {
-            slot
-        } else {
-            n * slots + slot
-        }
+        n * self.slots.len() + slot
     }
 
     fn run_inner(
@@ -911,7 +886,7 @@ impl GpuPath {
         let pass = !single
             && drafted
             && self.draft_graphs
-            && n <= pass_cap(m)
+            && n <= self.pass_cap
             && want.iter().copied().eq(0..n);
         let gid = (single || pass).then(|| self.graph_id(slot, n));
         if let Some(id) = gid {
@@ -927,7 +902,6 @@ impl GpuPath {
                 *rec_kind = kind;
             }
         }
-        let cap_d = pass_cap(m);
         let work_slot = if single {
             &mut self.work1
         } else if pass {
@@ -940,7 +914,7 @@ impl GpuPath {
             .is_none_or(|w| w.cap < n || w.logit_rows < want.len())
         {
             let (cap, rows) = match work_slot.as_ref() {
-                _ if pass => (cap_d, cap_d),
+                _ if pass => (self.pass_cap, self.pass_cap),
                 Some(w) => (
                     w.cap.max(n.next_power_of_two()),
                     w.logit_rows.max(want.len()),
@@ -1032,8 +1006,8 @@ impl GpuPath {
                 GraphState::Off
             }
         };
-        if let Some(id) = gid {
-            self.graphs.entry(id).or_insert((next, kind)).0 = next;
+        if let Some(e) = gid.and_then(|id| self.graphs.get_mut(&id)) {
+            e.0 = next;
         }
         dev.sync()?;
         let all = w.logits.download_f32(want.len() * p.n_vocab)?;
@@ -1895,17 +1869,13 @@ fn probe_router_mm(dev: &Arc<Device>) -> bool {
     }
 }
 
-/// A layer's positional rings as (kv, gate) pairs: the window's (one tensor, given
-/// twice), then the compressor's and the indexer's.
-fn rings(ls: &LayerState) -> Vec<(&Tensor, &Tensor)> {
-    let mut r = vec![(&ls.ring, &ls.ring)];
-    r.extend(
-        [&ls.comp, &ls.idx]
-            .into_iter()
-            .flatten()
-            .map(|c| (&c.ring_kv, &c.ring_g)),
-    );
-    r
+/// A layer's positional rings: the window's, then the compressor's and the indexer's kv
+/// and gate rings.
+fn rings(ls: &LayerState) -> Vec<&Tensor> {
+    let comps = [&ls.comp, &ls.idx].into_iter().flatten();
+    std::iter::once(&ls.ring)
+        .chain(comps.flat_map(|c| [&c.ring_kv, &c.ring_g]))
+        .collect()
 }
 
 /// Rows of every ring: the window's, then 2 x ratio for each compressor.
@@ -1919,9 +1889,8 @@ fn ring_lengths(m: &Deepseek4) -> impl Iterator<Item = usize> + '_ {
     std::iter::once(m.p.window).chain(comps)
 }
 
-/// The most tokens a drafted pass may hold: the fewest rows of any ring, so a pass
-/// writes no ring row twice.
-pub(super) fn pass_cap(m: &Deepseek4) -> usize {
+/// The fewest rows of any ring (see [`GpuPath::pass_cap`]).
+fn pass_cap(m: &Deepseek4) -> usize {
     ring_lengths(m).min().unwrap_or(1)
 }
 

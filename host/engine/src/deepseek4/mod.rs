@@ -1061,10 +1061,9 @@ impl CausalLm for Deepseek4 {
     /// Drafts on the device path only (its caches are positional; the host glue's
     /// compressor buffers are not), as many as the smallest ring leaves room for.
     fn max_draft(&self) -> usize {
-        match self.gpu {
-            Some(_) => gpu::pass_cap(self).saturating_sub(1),
-            None => 0,
-        }
+        self.gpu
+            .as_ref()
+            .map_or(0, |g| g.pass_cap.saturating_sub(1))
     }
 
     fn seek(&mut self, slot: u32, pos: usize) -> Result<()> {
