@@ -146,6 +146,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
         n_ctx,
         n_slots: 1,
         repeat_layers: a.layers,
+        mtp: None,
     };
     let t_load = Instant::now();
     let mut m = source.load(config, &opts)?;

@@ -12,7 +12,14 @@ use moe_plugin_api::{
 };
 use moe_plugin_host::Registry;
 
-pub fn run(config: &Path, dir: &Path, out: &Path, ty: &str, pre: Option<&str>) -> Result<()> {
+pub fn run(
+    config: &Path,
+    dir: &Path,
+    out: &Path,
+    ty: &str,
+    pre: Option<&str>,
+    mtp: bool,
+) -> Result<()> {
     // The checkpoint's own files (weights, config, tokenizer) are inputs; a GGUF there
     // may be replaced.
     let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
@@ -57,7 +64,7 @@ pub fn run(config: &Path, dir: &Path, out: &Path, ty: &str, pre: Option<&str>) -
         pb.set_position(done as u64);
         pb.set_message(name.to_string());
     };
-    let s = convert(dir, out, ty, pre, &encode, &progress)?;
+    let s = convert(dir, out, ty, pre, mtp, &encode, &progress)?;
     pb.finish_and_clear();
     // Notes repeat per tensor (e.g. the q8_0 -> f16 fallback); show a few.
     for n in s.notes.iter().take(6) {

@@ -44,11 +44,13 @@ pub fn logits(
             n_ctx: (toks.len() + MAX_CHECK_DRAFTS).max(16),
             n_slots: 1,
             repeat_layers: layers,
+            mtp: None,
         },
     )?;
     let entries = BatchEntry::prompt(&toks, 0, true);
     let rows = match mode {
         "draft" => drafted_passes(&mut *m.model, &toks)?,
+        "mtp" | "mtp-prefill" => mtp_rows(&mut *m.model, &toks, mode == "mtp")?,
         "prefill" => m.model.forward(&entries)?,
         "decode" => {
             let mut rows = Vec::new();
@@ -57,17 +59,62 @@ pub fn logits(
             }
             rows
         }
-        other => bail!("--mode must be prefill, decode or draft, not '{other}'"),
+        other => bail!("--mode must be prefill, decode, draft, mtp or mtp-prefill, not '{other}'"),
     };
     let vocab = m.model.n_vocab();
     let flat: Vec<f32> = rows.concat();
     // whole or not at all: a failed write leaves an earlier file as it was
     moe_gguf::write_atomic(out, |mut w| {
-        npy::write_f32(&mut w, &[toks.len(), vocab], &flat)
+        npy::write_f32(&mut w, &[rows.len(), vocab], &flat)
     })
     .with_context(|| format!("writing {}", out.display()))?;
-    eprintln!("wrote {} x {vocab} logits to {}", toks.len(), out.display());
+    eprintln!("wrote {} x {vocab} logits to {}", rows.len(), out.display());
     Ok(())
+}
+
+/// Steps of the drafter's chain after the last token in `logits --mode mtp`.
+const MTP_CHAIN: usize = 4;
+
+/// `logits --mode mtp` / `mtp-prefill`: the MTP drafter's logits (`--mtp FILE`). `mtp`:
+/// row p (one per token) is its guess after token p paired with the target's state at
+/// p - 1 (the target runs one token at a time in between), and after the last token the
+/// chain goes on for MTP_CHAIN - 1 more steps, each fed the greedy guess and the block's
+/// own state. `mtp-prefill`: the target prefills all but the last token in one pass,
+/// then only the MTP_CHAIN rows of the chain from the last token.
+fn mtp_rows(
+    model: &mut dyn moe_engine::CausalLm,
+    toks: &[u32],
+    one_by_one: bool,
+) -> Result<Vec<Vec<f32>>> {
+    if !model.has_drafter() {
+        bail!("--mode mtp needs --mtp FILE (a deepseek4 next-token-prediction GGUF)");
+    }
+    let last = toks.len() - 1;
+    let draft = |m: &mut dyn moe_engine::CausalLm, p: usize, k: usize| {
+        m.draft_logits(0, toks[p], p, k)?
+            .ok_or_else(|| anyhow::anyhow!("the model stopped drafting"))
+    };
+    let mut rows = Vec::new();
+    if !one_by_one {
+        if last > 0 {
+            model.forward(&BatchEntry::prompt(&toks[..last], 0, false))?;
+        }
+        return draft(model, last, MTP_CHAIN);
+    }
+    for (p, &t) in toks.iter().enumerate() {
+        let k = if p == last { MTP_CHAIN } else { 1 };
+        rows.extend(draft(model, p, k)?);
+        if p < last {
+            model.forward(&[BatchEntry {
+                token: t,
+                slot: 0,
+                pos: p as u32,
+                want_logits: false,
+                draft: false,
+            }])?;
+        }
+    }
+    Ok(rows)
 }
 
 /// The most drafts a pass of `logits --mode draft` carries.
@@ -145,6 +192,7 @@ pub fn generate(config: &Path, model: &Path, a: &GenerateArgs) -> Result<()> {
             n_ctx: a.ctx_size.max(1),
             n_slots: 1,
             repeat_layers: None,
+            mtp: None,
         },
     )?;
     let ctx = m.model.n_ctx();

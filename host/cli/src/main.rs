@@ -74,9 +74,11 @@ enum Command {
         tokens: String,
         #[arg(long)]
         out: PathBuf,
-        /// `prefill` (one batched pass), `decode` (one token at a time, with caches) or
+        /// `prefill` (one batched pass), `decode` (one token at a time, with caches),
         /// `draft` (passes of a token and drafts, some made up and dropped after, as
-        /// speculative decoding runs them).
+        /// speculative decoding runs them), or with `--mtp FILE` the drafter's own
+        /// logits: `mtp` (each token's guess of the next, then a 4-step chain after the
+        /// last) or `mtp-prefill` (the chain only, after a one-pass prefill).
         #[arg(long, default_value = "prefill")]
         mode: String,
         /// Build this many layers from a deepseek4 file with fewer (as `bench --layers`).
@@ -135,6 +137,10 @@ enum Command {
         /// qwen2, smollm); needed unless it is a plain ByteLevel one.
         #[arg(long)]
         tokenizer_pre: Option<String>,
+        /// Write the checkpoint's next-token-prediction block (`mtp.0.*`) as a drafter file
+        /// instead (llama.cpp's `--mtp` layout), for `serve --mtp` / `logits --mtp`.
+        #[arg(long)]
+        mtp: bool,
     },
     /// Write a DeepSeek-V4-Flash-shaped GGUF with random valid weights of the real type mix
     /// (ROCmFP2 experts, ROCmFP4 attention, Q8_0 embeddings), for runs at real width.
@@ -265,12 +271,14 @@ fn main() -> ExitCode {
             out,
             type_name,
             tokenizer_pre,
+            mtp,
         } => convert_cmd::run(
             &cli.config,
             &dir,
             &out,
             &type_name,
             tokenizer_pre.as_deref(),
+            mtp,
         ),
         Command::Quantize {
             model,

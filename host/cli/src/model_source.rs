@@ -27,6 +27,10 @@ pub struct ModelSource {
     /// Vocabulary of --synth.
     #[arg(long, default_value_t = 129280)]
     pub synth_vocab: usize,
+    /// deepseek4: a next-token-prediction (MTP) GGUF to draft with (`convert --mtp`
+    /// writes one; llama.cpp's `--mtp` files are the same layout).
+    #[arg(long)]
+    pub mtp: Option<PathBuf>,
 }
 
 impl ModelSource {
@@ -45,6 +49,10 @@ impl ModelSource {
     }
 
     pub fn load(&self, config: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+        let opts = &LoadOptions {
+            mtp: self.mtp.clone(),
+            ..opts.clone()
+        };
         match (&self.model, self.synth) {
             (Some(path), _) => crate::eval_cmd::load_model(config, path, opts),
             (None, Some(layers)) => {

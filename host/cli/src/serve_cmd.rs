@@ -63,13 +63,19 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub prefix_cache: bool,
     /// Speculative decoding: up to N drafted tokens checked a step (0 = off, the
-    /// default). Drafts come from the sequence's own text (prompt lookup); greedy
+    /// default). Drafts come from --mtp's block where given, else from the sequence's
+    /// own text (prompt lookup); greedy
     /// requests only, on models that can drop rejected drafts (llama; deepseek4 on its
     /// device-resident forward, at most 7 a pass), same output as without. It pays where a pass of N+1 tokens costs little more
     /// than one and the text repeats itself (see README: on 2 CPU cores 1.34x on
     /// repetitive text, 0.64x on free text).
     #[arg(long, default_value_t = 0)]
     pub draft_max: usize,
+    /// deepseek4: draft with this next-token-prediction (MTP) GGUF (`convert --mtp`
+    /// writes one; llama.cpp's `--mtp` files are the same layout) instead of prompt
+    /// lookup. Needs --draft-max N too (the block's chain length per step, at most 7).
+    #[arg(long)]
+    pub mtp: Option<std::path::PathBuf>,
     /// Seconds a client has to send a request's headers, and again its body.
     #[arg(long, default_value_t = 30.0)]
     pub read_timeout: f64,
@@ -140,6 +146,7 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
         n_ctx: a.ctx_size,
         n_slots: a.parallel,
         repeat_layers: None,
+        mtp: a.mtp.clone(),
     };
     if a.prefill_long_from > 0 && a.prefill_long_chunk == 0 {
         anyhow::bail!(

@@ -53,6 +53,10 @@ pub struct Ds4Config {
     pub gating: u32,
     /// lm_head shares the embedding (no head.weight in the checkpoint).
     pub tied: bool,
+    /// Next-token-prediction (MTP) blocks in the checkpoint (`mtp.N.*`), usable as drafters.
+    pub n_nextn: usize,
+    /// `compress_ratios` entries past the main layers (the MTP blocks'), where listed.
+    pub nextn_ratios: Vec<u32>,
 }
 
 fn get<'a>(v: &'a Value, k: &str) -> Option<&'a Value> {
@@ -221,6 +225,7 @@ impl Ds4Config {
             _ => bail!("config.json: compression rates must be positive 32-bit integers (got {csa} and {hca})"),
         };
         // Which layers are CSA (with an indexer) the engine reads from the tensors present.
+        let mut nextn_ratios = Vec::new();
         let compress_ratios: Vec<u32> = if let Some(lt) = array(&v, "layer_types")? {
             if lt.len() < n_layer {
                 bail!(
@@ -238,6 +243,14 @@ impl Ds4Config {
                 })
                 .collect::<Result<_>>()?
         } else if let Some(cr) = array(&v, "compress_ratios")? {
+            nextn_ratios = cr[n_layer.min(cr.len())..]
+                .iter()
+                .map(|r| {
+                    r.as_u64()
+                        .and_then(|r| u32::try_from(r).ok())
+                        .unwrap_or(u32::MAX)
+                })
+                .collect();
             if cr.len() < n_layer {
                 bail!(
                     "config.json: compress_ratios has {} entries for {n_layer} layers",
@@ -365,6 +378,8 @@ impl Ds4Config {
             tied: get(&v, "tie_word_embeddings")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
+            n_nextn: int_or(&v, "num_nextn_predict_layers", 0)?,
+            nextn_ratios,
         };
         if c.n_shared > 1 {
             bail!(

@@ -141,6 +141,9 @@ pub fn metadata(w: &mut GgufWriter, c: &Ds4Config, name: &str) {
     kv("hyper_connection.epsilon", f(c.hc_eps));
     kv("rope.dimension_count", u(c.rope_dim));
     kv("rope.freq_base", f(c.rope_theta));
+    if c.n_nextn > 0 {
+        kv("nextn_predict_layers", u(c.n_nextn));
+    }
     let clamp = Value::Array(vec![f(c.swiglu_limit); c.n_layer]);
     kv("swiglu_clamp_exp", clamp.clone());
     kv("swiglu_clamp_shexp", clamp);
@@ -166,20 +169,46 @@ pub fn metadata(w: &mut GgufWriter, c: &Ds4Config, name: &str) {
 }
 
 /// Converts `dir` into a GGUF at `out`. `progress(done, total, tensor)` is called per
-/// written tensor.
+/// written tensor. `mtp`: write the checkpoint's next-token-prediction block instead, as
+/// the drafter file llama.cpp's converter writes with `--mtp` (the block as layer
+/// `num_hidden_layers` with its `nextn.*` tensors, its own mHC head, and the model's
+/// embedding, final norm and head; `block_count` counts it, `nextn_predict_layers` = 1).
 pub fn convert(
     dir: &Path,
     out: &Path,
     ty: OutType,
     tokenizer_pre: Option<&str>,
+    mtp: bool,
     enc: Encoder<'_>,
     progress: &dyn Fn(usize, usize, &str),
 ) -> Result<Summary> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path)
         .with_context(|| format!("reading {}", cfg_path.display()))?;
-    let c = Ds4Config::parse(&text).with_context(|| cfg_path.display().to_string())?;
-    let src = Source::open(dir)?;
+    let mut c = Ds4Config::parse(&text).with_context(|| cfg_path.display().to_string())?;
+    let mut src = Source::open(dir)?;
+    if mtp {
+        if c.n_nextn == 0 || !src.names().any(|n| n.starts_with("mtp.0.")) {
+            bail!(
+                "{}: --mtp: the checkpoint has no MTP block (num_nextn_predict_layers {}, no mtp.0.* tensors)",
+                dir.display(),
+                c.n_nextn
+            );
+        }
+        // llama.cpp runs the block as sliding-window attention only.
+        match c.nextn_ratios.first() {
+            None | Some(0) => {}
+            Some(r) => bail!("config.json: the MTP block's compress ratio is {r}; only 0 (sliding window) is supported"),
+        }
+        let block = c.n_layer;
+        src.rename(|n| names::mtp_name(n, block))?;
+        c.n_layer += 1;
+        c.compress_ratios.push(0);
+        c.n_nextn = 1;
+    } else {
+        c.n_nextn = 0;
+    }
+    let src = src;
     let name = dir
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
@@ -204,6 +233,9 @@ pub fn convert(
         if base.starts_with("mtp.") {
             skipped.push(n.to_string());
             continue;
+        }
+        if base.contains(".nextn.e_proj.") || base.contains(".nextn.h_proj.") {
+            continue; // joined into nextn.eh_proj below
         }
         if n.ends_with(".scale")
             && src.has(&format!("{}.weight", n.strip_suffix(".scale").unwrap()))
@@ -296,9 +328,34 @@ pub fn convert(
                 .to_string(),
         );
     }
-    let total = plain.len() + experts.len();
+    let eh_block = mtp.then(|| c.n_layer - 1);
+    let total = plain.len() + experts.len() + eh_block.is_some() as usize;
     let mut done = 0;
     let mut bytes = 0u64;
+    if let Some(b) = eh_block {
+        // The MTP block's input product over [embedding | hidden]: e_proj's and h_proj's
+        // rows side by side, as llama.cpp's converter joins them.
+        let (es, e) = src.f32(&format!("layers.{b}.nextn.e_proj.weight"))?;
+        let (hs, h) = src.f32(&format!("layers.{b}.nextn.h_proj.weight"))?;
+        if es != [c.hidden, c.hidden] || hs != es {
+            bail!(
+                "MTP e_proj / h_proj: shapes {es:?} / {hs:?}, expected [{0}, {0}]",
+                c.hidden
+            );
+        }
+        let v: Vec<f32> = e
+            .chunks_exact(c.hidden)
+            .zip(h.chunks_exact(c.hidden))
+            .flat_map(|(a, b)| a.iter().chain(b).copied())
+            .collect();
+        let gname = format!("blk.{b}.nextn.eh_proj.weight");
+        let shape = [c.hidden, 2 * c.hidden];
+        let (t, data) = encode_matrix(&gname, &shape, &v, ty, enc, &mut notes)?;
+        bytes += data.len() as u64;
+        w.add_tensor(&gname, &ggml_dims(&shape), t, data);
+        done += 1;
+        progress(done, total, &gname);
+    }
     for (n, m) in &plain {
         let layer = names::base_name(n)
             .strip_prefix("layers.")

@@ -78,12 +78,53 @@ pub fn map(name: &str) -> Option<Mapped> {
         "ffn.shared_experts.w1.weight" => ("ffn_gate_shexp.weight", Matrix),
         "ffn.shared_experts.w2.weight" => ("ffn_down_shexp.weight", Matrix),
         "ffn.shared_experts.w3.weight" => ("ffn_up_shexp.weight", Matrix),
+        // An MTP block's own tensors (`convert --mtp` names them as layer N's; its
+        // e_proj / h_proj are joined into nextn.eh_proj by the converter).
+        "nextn.enorm.weight" => ("nextn.enorm.weight", Control),
+        "nextn.hnorm.weight" => ("nextn.hnorm.weight", Control),
+        "nextn.shared_head_norm.weight" => ("nextn.shared_head_norm.weight", Control),
         _ => return None,
     };
     Some(Mapped {
         gguf: format!("blk.{layer}.{g}"),
         kind,
     })
+}
+
+/// `convert --mtp`: the checkpoint name an MTP file reads a release tensor under (the
+/// names llama.cpp's converter gives with `--mtp`), or None for a tensor it leaves out.
+/// MTP block 0 becomes layer `block` (the first after the main layers): its own mHC head
+/// replaces the model's, its `norm` is the shared head's norm; the embedding, the final
+/// norm and the output head are kept from the main model.
+pub fn mtp_name(name: &str, block: usize) -> anyhow::Result<Option<String>> {
+    let n = base_name(name);
+    if let Some(rest) = n.strip_prefix("mtp.") {
+        let (i, leaf) = rest
+            .split_once('.')
+            .ok_or_else(|| anyhow::anyhow!("unexpected MTP tensor '{name}'"))?;
+        if i != "0" {
+            anyhow::bail!(
+                "'{name}': only MTP block 0 is converted (one next-token block, as llama.cpp reads them)"
+            );
+        }
+        return Ok(Some(match leaf {
+            "hc_head_fn" | "hc_head_base" | "hc_head_scale" => leaf.to_string(),
+            "e_proj.weight" | "e_proj.scale" | "h_proj.weight" | "h_proj.scale"
+            | "enorm.weight" | "hnorm.weight" => format!("layers.{block}.nextn.{leaf}"),
+            "norm.weight" => format!("layers.{block}.nextn.shared_head_norm.weight"),
+            _ => format!("layers.{block}.{leaf}"),
+        }));
+    }
+    let kept = matches!(
+        n,
+        "embed.weight"
+            | "embed_tokens.weight"
+            | "norm.weight"
+            | "head.weight"
+            | "head.scale"
+            | "lm_head.weight"
+    );
+    Ok(kept.then(|| name.to_string()))
 }
 
 /// `layers.N.ffn.experts.E.wK.weight` -> (N, E, K).

@@ -52,6 +52,21 @@ impl Source {
         Ok(Source { shards, index })
     }
 
+    /// Renames every tensor by `f`, dropping those it maps to None (`convert --mtp`
+    /// reads the MTP block under a layer's names). Fails if two names meet.
+    pub fn rename(&mut self, f: impl Fn(&str) -> Result<Option<String>>) -> Result<()> {
+        let mut index = BTreeMap::new();
+        for (name, v) in std::mem::take(&mut self.index) {
+            if let Some(to) = f(&name)? {
+                if index.insert(to.clone(), v).is_some() {
+                    bail!("two checkpoint tensors map to '{to}' (the second: '{name}')");
+                }
+            }
+        }
+        self.index = index;
+        Ok(())
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.index.keys().map(String::as_str)
     }

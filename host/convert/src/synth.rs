@@ -58,6 +58,8 @@ pub fn flash_config(layers: usize, experts: usize, vocab: usize) -> Ds4Config {
         eos: Some(1),
         gating: 4,
         tied: false,
+        n_nextn: 0,
+        nextn_ratios: Vec::new(),
     }
 }
 

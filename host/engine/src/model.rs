@@ -74,6 +74,22 @@ pub trait CausalLm: Send {
     fn can_rewind(&self) -> bool {
         false
     }
+    /// Whether the model drafts with a block of its own ([`CausalLm::draft_logits`]).
+    fn has_drafter(&self) -> bool {
+        false
+    }
+    /// Drafting with a block of its own (deepseek4's MTP): the logits of `k` chained
+    /// guesses after `token` at position `pos` of `slot` (whose cache holds the positions
+    /// before `pos`), each step fed the greedy choice of the one before. None without one.
+    fn draft_logits(
+        &mut self,
+        _slot: u32,
+        _token: u32,
+        _pos: usize,
+        _k: usize,
+    ) -> Result<Option<Vec<Vec<f32>>>> {
+        Ok(None)
+    }
     /// How many drafted tokens (entries marked `draft`) one pass of a slot may carry
     /// after its sure token, all of which the model can drop afterwards; 0: none, so no
     /// speculative decoding. A model that rewinds to any position takes any number.
@@ -129,6 +145,10 @@ pub struct LoadOptions {
     /// j >= L copying a file layer of the same kind (see `Ds4Params::with_layers`); each
     /// copy is its own device allocation, so memory and bytes read are the real ones.
     pub repeat_layers: Option<usize>,
+    /// deepseek4: a next-token-prediction (MTP) GGUF to draft with (llama.cpp's `--mtp`
+    /// layout, as `moeserve convert --mtp` writes it); may be the model's own file when
+    /// that holds the block.
+    pub mtp: Option<std::path::PathBuf>,
 }
 
 impl Default for LoadOptions {
@@ -137,6 +157,7 @@ impl Default for LoadOptions {
             n_ctx: 0,
             n_slots: 4,
             repeat_layers: None,
+            mtp: None,
         }
     }
 }
@@ -154,6 +175,66 @@ fn layer_of(name: &str) -> i32 {
         .and_then(|r| r.split('.').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(-1)
+}
+
+/// Uploads `f`'s tensors to `dev` under the names `names_of` gives (none: skipped),
+/// each checked by its quant plugin first.
+fn upload_tensors(
+    reg: &Registry,
+    f: &GgufFile,
+    dev: &Arc<Device>,
+    map: &mut HashMap<String, Arc<Tensor>>,
+    names_of: impl Fn(&str) -> Vec<String>,
+) -> Result<()> {
+    let path = f.path();
+    let meta_json = f.scalar_metadata_json();
+    for t in f.tensors() {
+        let names = names_of(&t.name);
+        if names.is_empty() {
+            continue;
+        }
+        let data = f.tensor_data(t);
+        let mut variant = 0;
+        if let Some(fmt) = reg.quant_format(t.type_id) {
+            variant = into_result((fmt.resolve_variant)(meta_json.as_str().into()))
+                .map_err(|e| anyhow!("{}: tensor {}: {e}", path.display(), t.name))?;
+            into_result((fmt.validate)(variant, data.into())).map_err(|e| {
+                anyhow!("{}: tensor {} ({}): {e}", path.display(), t.name, fmt.name)
+            })?;
+        }
+        let mut dims = [1u64; 4];
+        for (d, v) in dims.iter_mut().zip(&t.dims) {
+            *d = *v;
+        }
+        for name in names {
+            let mut tensor = dev.tensor(t.type_id, dims, t.n_bytes.max(1))?;
+            tensor.r.variant = variant;
+            tensor
+                .upload(data)
+                .with_context(|| format!("uploading {name}"))?;
+            map.insert(name, Arc::new(tensor));
+        }
+    }
+    Ok(())
+}
+
+/// An MTP file drafts for the model whose embedding and output head it shares (the
+/// block uses the model's copies): the file's must be the same bytes where it has them.
+fn check_mtp_file(model: &GgufFile, mtp: &GgufFile) -> Result<()> {
+    if mtp.get_str("general.architecture").ok() != Some("deepseek4") {
+        bail!("not a deepseek4 GGUF");
+    }
+    for name in ["token_embd.weight", "output.weight"] {
+        if let (Some(a), Some(b)) = (model.tensor(name), mtp.tensor(name)) {
+            if a.type_id != b.type_id
+                || a.dims != b.dims
+                || model.tensor_data(a) != mtp.tensor_data(b)
+            {
+                bail!("its {name} differs from the model's: it drafts for another model (or another quantisation of it)");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Opens a GGUF with the type sizes the loaded quant plugins declare.
@@ -324,7 +405,6 @@ pub fn load_gguf(reg: &Registry, f: GgufFile, opts: &LoadOptions) -> Result<Load
         total as f64 / (1 << 20) as f64,
         dev.name()
     );
-    let meta_json = f.scalar_metadata_json();
     let ds4 = if arch == "deepseek4" {
         let p = deepseek4::Ds4Params::from_gguf(&f)
             .with_context(|| format!("{}: deepseek4 metadata", path.display()))?;
@@ -372,29 +452,29 @@ pub fn load_gguf(reg: &Registry, f: GgufFile, opts: &LoadOptions) -> Result<Load
             .collect()
     };
     let mut map = HashMap::new();
-    for t in f.tensors() {
-        let data = f.tensor_data(t);
-        let mut variant = 0;
-        if let Some(fmt) = reg.quant_format(t.type_id) {
-            variant = into_result((fmt.resolve_variant)(meta_json.as_str().into()))
-                .map_err(|e| anyhow!("{}: tensor {}: {e}", path.display(), t.name))?;
-            into_result((fmt.validate)(variant, data.into())).map_err(|e| {
-                anyhow!("{}: tensor {} ({}): {e}", path.display(), t.name, fmt.name)
-            })?;
+    upload_tensors(reg, &f, &dev, &mut map, |name| names_of(name))?;
+    let mtp_file = match (&ds4, &opts.mtp) {
+        (_, None) => None,
+        (None, Some(_)) => bail!("--mtp: drafting blocks are read for deepseek4 models only"),
+        (Some(_), Some(mp)) => {
+            let mf = open_gguf(reg, mp)?;
+            check_mtp_file(&f, &mf).with_context(|| format!("{}", mp.display()))?;
+            let main_layers = f
+                .get_u64("deepseek4.block_count")
+                .unwrap_or(0)
+                .saturating_sub(f.get_u64("deepseek4.nextn_predict_layers").unwrap_or(0));
+            let blk = format!("blk.{main_layers}.");
+            upload_tensors(reg, &mf, &dev, &mut map, |name| {
+                let mine = name.starts_with(&blk) || name.starts_with("output_hc_");
+                match mine {
+                    true => vec![format!("{}{name}", deepseek4::MTP_PREFIX)],
+                    false => vec![],
+                }
+            })
+            .with_context(|| format!("{}", mp.display()))?;
+            Some(mf)
         }
-        let mut dims = [1u64; 4];
-        for (d, v) in dims.iter_mut().zip(&t.dims) {
-            *d = *v;
-        }
-        for name in names_of(&t.name) {
-            let mut tensor = dev.tensor(t.type_id, dims, t.n_bytes.max(1))?;
-            tensor.r.variant = variant;
-            tensor
-                .upload(data)
-                .with_context(|| format!("uploading {name}"))?;
-            map.insert(name, Arc::new(tensor));
-        }
-    }
+    };
     let weights = Weights { dev, map };
     let model: Box<dyn CausalLm> = if let Some(p) = ds4 {
         let n_ctx = if opts.n_ctx == 0 {
@@ -402,10 +482,14 @@ pub fn load_gguf(reg: &Registry, f: GgufFile, opts: &LoadOptions) -> Result<Load
         } else {
             opts.n_ctx
         };
-        Box::new(
-            deepseek4::Deepseek4::new(&f, &weights, p, n_ctx, opts.n_slots.max(1))
-                .with_context(|| format!("{}: building the deepseek4 graph", path.display()))?,
-        )
+        let mut m = deepseek4::Deepseek4::new(&f, &weights, p, n_ctx, opts.n_slots.max(1))
+            .with_context(|| format!("{}: building the deepseek4 graph", path.display()))?;
+        if let (Some(mf), Some(mp)) = (&mtp_file, &opts.mtp) {
+            m.attach_mtp(mf, &weights)
+                .with_context(|| format!("{}: the MTP drafter", mp.display()))?;
+            tracing::info!("deepseek4: drafting with the MTP block of {}", mp.display());
+        }
+        Box::new(m)
     } else {
         let llama = llama.expect("parsed above for every other architecture");
         let n_ctx = if opts.n_ctx == 0 {

@@ -15,6 +15,9 @@ use moe_plugin_api::{ops, OpParams, TensorRef};
 use super::{math::Rope, CompWeights, Deepseek4, Ds4Params, Indexer, Layer, GATING_SIGMOID};
 use crate::device::{Device, Tensor};
 
+mod mtp;
+use mtp::{DevMtp, MtpWork};
+
 /// A graph key per slot; decode steps of one token replay it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum GraphState {
@@ -114,6 +117,8 @@ struct Work {
     hidden: Tensor,
     hsel: Tensor,
     logits: Tensor,
+    /// The MTP block's inputs, where a drafter is loaded.
+    mtp: Option<MtpWork>,
 }
 
 /// Tokens per device pass (see `GpuPath::run`): 16 routed experts x 2048 < 65535.
@@ -169,6 +174,8 @@ impl StepKind {
 
 pub(super) struct GpuPath {
     layers: Vec<DevLayer>,
+    /// The MTP drafter's block, where one is loaded.
+    mtp: Option<DevMtp>,
     head: (Tensor, Tensor),
     out_norm: Tensor,
     inv_main: (Tensor, f32),
@@ -399,36 +406,11 @@ impl GpuPath {
         if std::env::var_os("MOE_DS4_HOST_GLUE").is_some_and(|v| v == "1") || !probe(dev) {
             return Ok(None);
         }
-        let comp = |c: &CompWeights| -> Result<DevComp> {
-            Ok(DevComp {
-                ape: upload(dev, &c.ape)?,
-                norm: upload(dev, &c.norm)?,
-            })
-        };
-        let mut layers = Vec::new();
-        for l in &m.layers {
-            let tid2eid = match &l.tid2eid {
-                Some(t) => {
-                    let d = dev.i32(t.len())?;
-                    d.upload_i32(t)?;
-                    Some(d)
-                }
-                None => None,
-            };
-            layers.push(DevLayer {
-                attn_norm: upload(dev, &l.attn_norm)?,
-                ffn_norm: upload(dev, &l.ffn_norm)?,
-                hc_attn: (upload(dev, &l.hc_attn.1)?, upload(dev, &l.hc_attn.2)?),
-                hc_ffn: (upload(dev, &l.hc_ffn.1)?, upload(dev, &l.hc_ffn.2)?),
-                q_a_norm: upload(dev, &l.q_a_norm)?,
-                kv_norm: upload(dev, &l.kv_norm)?,
-                sinks: upload(dev, &l.sinks)?,
-                comp: l.comp.as_ref().map(comp).transpose()?,
-                idx: l.indexer.as_ref().map(|i| comp(&i.comp)).transpose()?,
-                bias: l.bias.as_deref().map(|b| upload(dev, b)).transpose()?,
-                tid2eid,
-            });
-        }
+        let layers = m
+            .layers
+            .iter()
+            .map(|l| dev_layer(dev, l))
+            .collect::<Result<Vec<_>>>()?;
         let inv = |r: &Rope| -> Result<(Tensor, f32)> { Ok((upload(dev, &r.inv_freq)?, r.mscale)) };
         let want = match std::env::var("MOE_DS4_BRANCHES") {
             Ok(v) => v
@@ -470,6 +452,7 @@ impl GpuPath {
         }
         Ok(Some(GpuPath {
             layers,
+            mtp: None,
             head: (upload(dev, &m.hc_head.1)?, upload(dev, &m.hc_head.2)?),
             out_norm: upload(dev, &m.out_norm)?,
             inv_main: inv(&m.rope_main)?,
@@ -692,8 +675,10 @@ impl GpuPath {
                 rows: dev.f32([c.dim as u64, (m.n_ctx / c.ratio + 1) as u64, 1, 1])?,
             })
         };
+        // (the MTP block's window after the layers', where a drafter is loaded)
         m.layers
             .iter()
+            .chain(m.mtp.as_ref().map(|t| &t.layer))
             .map(|l| {
                 Ok(LayerState {
                     ring: dev.f32([p.head_dim as u64, p.window as u64, 1, 1])?,
@@ -772,6 +757,11 @@ impl GpuPath {
             // rows as wanted)
             logits: f(p.n_vocab * logit_rows.clamp(1, cap))?,
             logit_rows: logit_rows.clamp(1, cap),
+            mtp: m
+                .mtp
+                .is_some()
+                .then(|| MtpWork::alloc(m, cap, pass_cap(m)))
+                .transpose()?,
         })
     }
 
@@ -945,6 +935,7 @@ impl GpuPath {
             w.want
                 .upload_i32(&want.iter().map(|&t| t as i32).collect::<Vec<_>>())?;
         }
+        self.mtp_ids(m, w, slot, p0, n)?;
         let st = self.slots[slot]
             .as_ref()
             .ok_or_else(|| anyhow!("slot state"))?;
@@ -956,7 +947,7 @@ impl GpuPath {
             if drafted {
                 self.save_ring_rows(dev, st, slot, n)?;
             }
-            self.enqueue(m, st, w, n, want.len(), single, kind)
+            self.enqueue(m, st, w, (slot, n), want.len(), single, kind)
                 .inspect_err(|_| {
                     let _ = self.join_open(dev);
                 })
@@ -1011,6 +1002,7 @@ impl GpuPath {
         }
         dev.sync()?;
         let all = w.logits.download_f32(want.len() * p.n_vocab)?;
+        self.mtp_passed(slot, p0, n);
         if want.len() == 1 {
             return Ok(vec![all]); // (a decode step: no copy)
         }
@@ -1025,14 +1017,13 @@ impl GpuPath {
         m: &Deepseek4,
         st: &[LayerState],
         w: &Work,
-        n: usize,
+        (slot, n): (usize, usize),
         n_want: usize,
         single: bool,
         kind: StepKind,
     ) -> Result<()> {
         let (p, dev) = (&m.p, &m.dev);
         let (d, hc) = (p.d, p.hc);
-        let nm = 2 * hc + hc * hc;
         let op = |code: u32, prm: OpParams, args: &[TensorRef]| dev.op(code, prm, args);
         op(
             ops::GET_ROWS,
@@ -1044,132 +1035,176 @@ impl GpuPath {
             ],
         )
         .context("embedding")?;
-        let streams = v(&w.streams, [d, hc, n, 1]);
-        let x = v(&w.x, [d, n, 1, 1]);
-        let wts = v(&w.wts, [nm, n, 1, 1]);
-        // An mHC site: the post of the block before it (`post`: its inputs as HC_POST
-        // takes them after the streams; none before the first layer), the site's mixes
-        // and pre (the head's: pre only) into `out`. One HC_POST_PRE where the backend
-        // has it.
-        let site = |post: &[TensorRef],
-                    fnw: &Tensor,
-                    sb: &(Tensor, Tensor),
-                    norm: &Tensor,
-                    head: bool,
-                    out: TensorRef|
-         -> Result<()> {
-            let here = if head { hc } else { nm };
-            let iters = if head { 0 } else { p.hc_iters as i64 };
-            let defer = self.hc_defer && !head;
-            let prm = pr(&[p.eps, p.hc_eps], &[iters, head as i64, defer as i64]);
-            let mix = v(&w.mix, [here, n, 1, 1]);
-            let (scale, base) = (sb.0.r, sb.1.r);
-            // The post reads the last site's comb matrix: its Sinkhorn branch joins.
-            if !post.is_empty() {
-                self.join_sides(dev)?;
-            }
-            if self.hc_fused {
-                let sync = v(&w.hc_sync, [n, 1, 1, 1]);
-                let mut a = vec![streams, wv(fnw), scale, base, norm.r, out, wts, mix, sync];
-                a.extend_from_slice(post);
-                op(ops::HC_POST_PRE, prm, &a)?;
-            } else {
-                if let Some((first, rest)) = post.split_first() {
-                    let mut a = vec![streams, *first, wts];
-                    a.extend_from_slice(rest);
-                    op(ops::HC_POST, OpParams::default(), &a)?;
-                }
-                let flat = v(&w.streams, [hc * d, n, 1, 1]);
-                op(ops::MATMUL, OpParams::default(), &[wv(fnw), flat, mix])?;
-                let wh = v(&w.wts, [here, n, 1, 1]);
-                op(
-                    ops::HC_PRE,
-                    prm,
-                    &[streams, mix, scale, base, norm.r, out, wh],
-                )?;
-            }
-            if defer {
-                // The comb matrix's Sinkhorn next to the block that follows.
-                let sd = self.fork(dev, SIDE_COMP)?;
-                let prm = pr(&[0.0, p.hc_eps], &[iters, hc as i64]);
-                sd.op(ops::HC_SINKHORN, prm, &[wts])?;
-            }
-            Ok(())
-        };
         let mut post: Vec<TensorRef> = Vec::new();
         for (l, (lay, dl)) in m.layers.iter().zip(&self.layers).enumerate() {
-            self.prefetch(dev, self.prefetch.q, n, &q_weights(lay))
-                .with_context(|| format!("layer {l}: prefetch"))?;
-            site(&post, &lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm, false, x)
-                .with_context(|| format!("layer {l}: mHC before attention"))?;
-            self.attention(m, l, lay, dl, &st[l], w, n, kind)
-                .with_context(|| format!("layer {l}: attention"))?;
-            post = vec![v(&w.ao, [d, n, 1, 1])];
-            if self.prefetch.moe {
-                let mut moe_w = vec![wv(&lay.router)];
-                if let Some((g, u, dn)) = &lay.shexp {
-                    moe_w.extend([wv(g), wv(u), wv(dn)]);
-                }
-                self.prefetch(dev, true, n, &moe_w)
-                    .with_context(|| format!("layer {l}: prefetch"))?;
-            }
-            if let Some(next) = m.layers.get(l + 1) {
-                self.prefetch(dev, self.prefetch.qn, n, &q_weights(next))
-                    .with_context(|| format!("layer {l}: prefetch"))?;
-            }
-            site(&post, &lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm, false, x)
-                .with_context(|| format!("layer {l}: mHC before the MoE"))?;
-            self.moe(m, l, lay, dl, w, n)
-                .with_context(|| format!("layer {l}: MoE"))?;
-            post = if self.post_combine {
-                // The MoE's outputs go to mHC post uncombined: it combines them itself.
-                let k = p.n_used;
-                let mut a = vec![v(&w.ey, [d, k, n, 1]), v(&w.rw, [k, n, 1, 1])];
-                if lay.shexp.is_some() {
-                    a.push(v(&w.sy, [d, n, 1, 1]));
-                }
-                a
-            } else {
-                vec![v(&w.mo, [d, n, 1, 1])]
-            };
+            self.block(m, l, (lay, dl, &st[l]), w, n, kind, &mut post)?;
         }
-        if n_want == 0 {
+        if n_want == 0 && self.mtp.is_none() {
             // Nothing reads the last layer's streams; the Sinkhorn branch joins.
             return self.join_open(dev);
         }
         let hidden = v(&w.hidden, [d, n, 1, 1]);
-        site(
-            &post,
-            &m.hc_head.0,
-            &self.head,
-            &self.out_norm,
-            true,
+        self.site(
+            m,
+            w,
+            n,
+            (&post, &m.hc_head.0, &self.head, &self.out_norm, true),
             hidden,
         )
         .context("output head")?;
-        let hsel = if single || n_want == n {
-            v(&w.hidden, [d, n_want, 1, 1])
-        } else {
-            let out = v(&w.hsel, [d, n_want, 1, 1]);
+        if n_want > 0 {
+            let hsel = if single || n_want == n {
+                v(&w.hidden, [d, n_want, 1, 1])
+            } else {
+                let out = v(&w.hsel, [d, n_want, 1, 1]);
+                op(
+                    ops::GET_ROWS,
+                    OpParams::default(),
+                    &[
+                        v(&w.hidden, [d, n, 1, 1]),
+                        v(&w.want, [n_want, 1, 1, 1]),
+                        out,
+                    ],
+                )?;
+                out
+            };
             op(
-                ops::GET_ROWS,
+                ops::MATMUL,
                 OpParams::default(),
-                &[
-                    v(&w.hidden, [d, n, 1, 1]),
-                    v(&w.want, [n_want, 1, 1, 1]),
-                    out,
-                ],
-            )?;
-            out
-        };
-        op(
-            ops::MATMUL,
-            OpParams::default(),
-            &[wv(&m.output), hsel, v(&w.logits, [p.n_vocab, n_want, 1, 1])],
-        )
-        .context("output projection")?;
+                &[wv(&m.output), hsel, v(&w.logits, [p.n_vocab, n_want, 1, 1])],
+            )
+            .context("output projection")?;
+        }
+        if self.mtp.is_some() {
+            // (the block reads the streams the last layer's post left: every branch joins)
+            self.join_open(dev)?;
+            self.mtp_catch_up(m, st, w, n, kind, slot)?;
+        }
         // (the prefetch stream, whose branch nothing else joins)
         self.join_open(dev)
+    }
+
+    /// An mHC site: the post of the block before it (`post`: its inputs as HC_POST takes
+    /// them after the streams; none before the first layer), the site's mixes and pre
+    /// (the head's: pre only) into `out`. One HC_POST_PRE where the backend has it.
+    /// `at`: (post, the site's mix weights, its scale and base, norm, the head?).
+    fn site(
+        &self,
+        m: &Deepseek4,
+        w: &Work,
+        n: usize,
+        at: (&[TensorRef], &Tensor, &(Tensor, Tensor), &Tensor, bool),
+        out: TensorRef,
+    ) -> Result<()> {
+        let (post, fnw, sb, norm, head) = at;
+        let (p, dev) = (&m.p, &m.dev);
+        let (d, hc) = (p.d, p.hc);
+        let nm = 2 * hc + hc * hc;
+        let op = |code: u32, prm: OpParams, args: &[TensorRef]| dev.op(code, prm, args);
+        let streams = v(&w.streams, [d, hc, n, 1]);
+        let wts = v(&w.wts, [nm, n, 1, 1]);
+        let here = if head { hc } else { nm };
+        let iters = if head { 0 } else { p.hc_iters as i64 };
+        let defer = self.hc_defer && !head;
+        let prm = pr(&[p.eps, p.hc_eps], &[iters, head as i64, defer as i64]);
+        let mix = v(&w.mix, [here, n, 1, 1]);
+        let (scale, base) = (sb.0.r, sb.1.r);
+        // The post reads the last site's comb matrix: its Sinkhorn branch joins.
+        if !post.is_empty() {
+            self.join_sides(dev)?;
+        }
+        if self.hc_fused {
+            let sync = v(&w.hc_sync, [n, 1, 1, 1]);
+            let mut a = vec![streams, wv(fnw), scale, base, norm.r, out, wts, mix, sync];
+            a.extend_from_slice(post);
+            op(ops::HC_POST_PRE, prm, &a)?;
+        } else {
+            if let Some((first, rest)) = post.split_first() {
+                let mut a = vec![streams, *first, wts];
+                a.extend_from_slice(rest);
+                op(ops::HC_POST, OpParams::default(), &a)?;
+            }
+            let flat = v(&w.streams, [hc * d, n, 1, 1]);
+            op(ops::MATMUL, OpParams::default(), &[wv(fnw), flat, mix])?;
+            let wh = v(&w.wts, [here, n, 1, 1]);
+            op(
+                ops::HC_PRE,
+                prm,
+                &[streams, mix, scale, base, norm.r, out, wh],
+            )?;
+        }
+        if defer {
+            // The comb matrix's Sinkhorn next to the block that follows.
+            let sd = self.fork(dev, SIDE_COMP)?;
+            let prm = pr(&[0.0, p.hc_eps], &[iters, hc as i64]);
+            sd.op(ops::HC_SINKHORN, prm, &[wts])?;
+        }
+        Ok(())
+    }
+
+    /// One block (layer `l`, or the MTP block): mHC before the attention, the attention,
+    /// mHC before the MoE, the MoE; `post` becomes what the next site's post takes.
+    #[allow(clippy::too_many_arguments)]
+    fn block(
+        &self,
+        m: &Deepseek4,
+        l: usize,
+        (lay, dl, ls): (&Layer, &DevLayer, &LayerState),
+        w: &Work,
+        n: usize,
+        kind: StepKind,
+        post: &mut Vec<TensorRef>,
+    ) -> Result<()> {
+        let (p, dev) = (&m.p, &m.dev);
+        let d = p.d;
+        let x = v(&w.x, [d, n, 1, 1]);
+        self.prefetch(dev, self.prefetch.q, n, &q_weights(lay))
+            .with_context(|| format!("layer {l}: prefetch"))?;
+        self.site(
+            m,
+            w,
+            n,
+            (post, &lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm, false),
+            x,
+        )
+        .with_context(|| format!("layer {l}: mHC before attention"))?;
+        self.attention(m, l, lay, dl, ls, w, n, kind)
+            .with_context(|| format!("layer {l}: attention"))?;
+        *post = vec![v(&w.ao, [d, n, 1, 1])];
+        if self.prefetch.moe {
+            let mut moe_w = vec![wv(&lay.router)];
+            if let Some((g, u, dn)) = &lay.shexp {
+                moe_w.extend([wv(g), wv(u), wv(dn)]);
+            }
+            self.prefetch(dev, true, n, &moe_w)
+                .with_context(|| format!("layer {l}: prefetch"))?;
+        }
+        if let Some(next) = m.layers.get(l + 1) {
+            self.prefetch(dev, self.prefetch.qn, n, &q_weights(next))
+                .with_context(|| format!("layer {l}: prefetch"))?;
+        }
+        self.site(
+            m,
+            w,
+            n,
+            (post, &lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm, false),
+            x,
+        )
+        .with_context(|| format!("layer {l}: mHC before the MoE"))?;
+        self.moe(m, l, lay, dl, w, n)
+            .with_context(|| format!("layer {l}: MoE"))?;
+        *post = if self.post_combine {
+            // The MoE's outputs go to mHC post uncombined: it combines them itself.
+            let k = p.n_used;
+            let mut a = vec![v(&w.ey, [d, k, n, 1]), v(&w.rw, [k, n, 1, 1])];
+            if lay.shexp.is_some() {
+                a.push(v(&w.sy, [d, n, 1, 1]));
+            }
+            a
+        } else {
+            vec![v(&w.mo, [d, n, 1, 1])]
+        };
+        Ok(())
     }
 
     /// Side stream `i` (the last one when there are fewer), or None without any; PF:
@@ -1704,6 +1739,37 @@ impl GpuPath {
 
 /// Whether `run` (one tiny op, then a sync) succeeds: the backend has the op. `lacks`
 /// says what falls back when it does not (debug log).
+/// A layer's small tensors on the device.
+fn dev_layer(dev: &Arc<Device>, l: &Layer) -> Result<DevLayer> {
+    let comp = |c: &CompWeights| -> Result<DevComp> {
+        Ok(DevComp {
+            ape: upload(dev, &c.ape)?,
+            norm: upload(dev, &c.norm)?,
+        })
+    };
+    let tid2eid = match &l.tid2eid {
+        Some(t) => {
+            let d = dev.i32(t.len())?;
+            d.upload_i32(t)?;
+            Some(d)
+        }
+        None => None,
+    };
+    Ok(DevLayer {
+        attn_norm: upload(dev, &l.attn_norm)?,
+        ffn_norm: upload(dev, &l.ffn_norm)?,
+        hc_attn: (upload(dev, &l.hc_attn.1)?, upload(dev, &l.hc_attn.2)?),
+        hc_ffn: (upload(dev, &l.hc_ffn.1)?, upload(dev, &l.hc_ffn.2)?),
+        q_a_norm: upload(dev, &l.q_a_norm)?,
+        kv_norm: upload(dev, &l.kv_norm)?,
+        sinks: upload(dev, &l.sinks)?,
+        comp: l.comp.as_ref().map(comp).transpose()?,
+        idx: l.indexer.as_ref().map(|i| comp(&i.comp)).transpose()?,
+        bias: l.bias.as_deref().map(|b| upload(dev, b)).transpose()?,
+        tid2eid,
+    })
+}
+
 fn probe_op(dev: &Arc<Device>, lacks: &str, run: impl FnOnce() -> Result<()>) -> bool {
     run()
         .and_then(|()| dev.sync())

@@ -65,6 +65,9 @@ pub struct Ds4Params {
     pub gating: u32,
     /// The file layer each layer's tensors come from (itself, unless `with_layers`).
     pub src_layer: Vec<usize>,
+    /// Next-token-prediction blocks the file holds after its `n_layer` layers
+    /// (`nextn_predict_layers`; an MTP drafter file holds one).
+    pub n_nextn: usize,
 }
 
 const GATING_SIGMOID: u32 = 2;
@@ -99,14 +102,19 @@ impl Ds4Params {
         let u = |k: &str| -> Result<usize> { Ok(f.get_u64(&key(k))? as usize) };
         let u_or = |k: &str, d: usize| f.get_u64(&key(k)).map(|v| v as usize).unwrap_or(d);
         let fl = |k: &str, d: f64| f.get_f64(&key(k)).unwrap_or(d) as f32;
-        let n_layer = u("block_count")?;
+        let n_nextn = u_or("nextn_predict_layers", 0);
+        let n_layer = u("block_count")?.checked_sub(n_nextn).ok_or_else(|| {
+            anyhow!("{a}: nextn_predict_layers {n_nextn} is more than block_count")
+        })?;
         // Per-layer arrays or one scalar for all layers (absent: `d`, no clamp).
         let per_layer_f = |k: &str, d: f32| -> Result<Vec<f32>> {
             if f.get(&key(k)).is_none() {
                 return Ok(vec![d; n_layer]);
             }
             match (f.get_f64_array(&key(k)), f.get_f64(&key(k))) {
-                (Ok(v), _) if v.len() >= n_layer => Ok(v.iter().map(|x| *x as f32).collect()),
+                (Ok(v), _) if v.len() >= n_layer => {
+                    Ok(v[..n_layer].iter().map(|x| *x as f32).collect())
+                }
                 (_, Ok(x)) => Ok(vec![x as f32; n_layer]),
                 _ => bail!("{a}: {k} is neither a number nor an array of {n_layer} numbers"),
             }
@@ -177,6 +185,7 @@ impl Ds4Params {
             train_ctx: u_or("context_length", 4096),
             gating,
             src_layer: (0..n_layer).collect(),
+            n_nextn,
         };
         if p.n_head == 0 || p.o_groups == 0 || !p.n_head.is_multiple_of(p.o_groups) {
             bail!(
@@ -282,6 +291,27 @@ struct Layer {
     shexp: Option<(Arc<Tensor>, Arc<Tensor>, Arc<Tensor>)>,
 }
 
+/// DeepSeek-V4's next-token-prediction block (`mtp.0`; from a GGUF as llama.cpp's
+/// converter writes it with `--mtp`), a drafter for speculative decoding: from the
+/// target's last mHC streams at position p - 1 and the token at p, one more block
+/// (sliding window only) and the head give a guess at the token after p.
+struct Mtp {
+    /// The block, run as layer `p.n_layer` (its ratio and clamps are appended to `p`).
+    layer: Layer,
+    /// [2d, d]: the normed embedding and the normed stream side by side -> a stream.
+    eh_proj: Arc<Tensor>,
+    enorm: HostF32,
+    hnorm: HostF32,
+    /// The head's norm (the block's own where the file has one, else the model's).
+    head_norm: HostF32,
+    /// The block's own mHC head.
+    hc_head: (Arc<Tensor>, HostF32, HostF32),
+}
+
+/// The prefix the MTP file's weights are uploaded under (its layer may share a number
+/// with one of the model's, e.g. when layers repeat).
+pub const MTP_PREFIX: &str = "mtp:";
+
 pub struct Deepseek4 {
     p: Ds4Params,
     dev: Arc<Device>,
@@ -299,6 +329,8 @@ pub struct Deepseek4 {
     io: RefCell<[Option<Tensor>; 2]>,
     /// The device-resident forward, when the backend runs the glue ops.
     gpu: Option<gpu::GpuPath>,
+    /// The drafter, when loaded (`attach_mtp`).
+    mtp: Option<Mtp>,
 }
 
 /// A reused f32 buffer in `slot` holding at least `n` values.
@@ -312,7 +344,7 @@ fn reuse<'a>(dev: &Arc<Device>, slot: &'a mut Option<Tensor>, n: usize) -> Resul
 
 /// Reads a small tensor to host f32 (F32 directly from the file, anything else
 /// decoded by the backend through its quant plugin).
-fn host_f32(f: &GgufFile, w: &Weights, name: &str) -> Result<HostF32> {
+fn host_f32(f: &GgufFile, name: &str, w: &Weights, wname: &str) -> Result<HostF32> {
     let info = f
         .tensor(name)
         .ok_or_else(|| anyhow!("the model has no tensor '{name}'"))?;
@@ -323,7 +355,7 @@ fn host_f32(f: &GgufFile, w: &Weights, name: &str) -> Result<HostF32> {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect());
     }
-    let t = w.get(name)?;
+    let t = w.get(wname)?;
     let cols = info.dims[0] as usize;
     let rows = (info.numel() as usize) / cols.max(1);
     let dev = w.device();
@@ -359,151 +391,12 @@ impl Deepseek4 {
         n_ctx: usize,
         n_slots: usize,
     ) -> Result<Deepseek4> {
-        let g = |n: &str| w.get(n);
-        let h = |n: &str| host_f32(f, w, n);
-        let hd = p.head_dim;
-        let mut layers = Vec::with_capacity(p.n_layer);
-        for l in 0..p.n_layer {
-            let b = |s: &str| format!("blk.{l}.{s}");
-            // File reads (small f32 tensors, presence checks) go to the source layer.
-            let bf = |s: &str| format!("blk.{}.{s}", p.src_layer[l]);
-            let hc_site = |s: &str| -> Result<(Arc<Tensor>, HostF32, HostF32)> {
-                Ok((
-                    g(&b(&format!("hc_{s}_fn.weight")))?,
-                    h(&bf(&format!("hc_{s}_scale.weight")))?,
-                    h(&bf(&format!("hc_{s}_base.weight")))?,
-                ))
-            };
-            let ratio = p.ratios[l];
-            let comp_w = |pre: &str, dim: usize, overlap: bool| -> Result<CompWeights> {
-                let kv = g(&b(&format!("{pre}_kv.weight")))?;
-                let width = if overlap { 2 * dim } else { dim };
-                check_dims(&kv, &b(&format!("{pre}_kv.weight")), &[p.d, width])?;
-                let ape = h(&bf(&format!("{pre}_ape.weight")))?;
-                if ape.len() != ratio * width {
-                    bail!(
-                        "{}: {} values, expected ratio {ratio} x {width}",
-                        b(&format!("{pre}_ape.weight")),
-                        ape.len()
-                    );
-                }
-                Ok(CompWeights {
-                    ratio,
-                    ape,
-                    norm: h(&bf(&format!("{pre}_norm.weight")))?,
-                    kv,
-                    gate: g(&b(&format!("{pre}_gate.weight")))?,
-                    overlap,
-                    dim,
-                })
-            };
-            // A compressed layer with an indexer is CSA (overlapping windows); without, HCA.
-            let is_csa = ratio > 0 && f.tensor(&bf("indexer.attn_q_b.weight")).is_some();
-            let comp = if ratio > 0 {
-                Some(comp_w("attn_compressor", hd, is_csa)?)
-            } else {
-                None
-            };
-            let indexer = if is_csa {
-                if p.idx_heads == 0 || p.idx_dim == 0 || p.idx_dim < p.rope_dim {
-                    bail!(
-                        "layer {l}: indexer of {} heads x {} dims cannot carry rope width {}",
-                        p.idx_heads,
-                        p.idx_dim,
-                        p.rope_dim
-                    );
-                }
-                Some(Indexer {
-                    comp: comp_w("indexer_compressor", p.idx_dim, true)?,
-                    q_b: g(&b("indexer.attn_q_b.weight"))?,
-                    proj: g(&b("indexer.proj.weight"))?,
-                })
-            } else {
-                None
-            };
-            let is_hash = l < p.n_hash;
-            let tid2eid = if is_hash {
-                let name = bf("ffn_gate_tid2eid.weight");
-                let info = f
-                    .tensor(&name)
-                    .ok_or_else(|| anyhow!("hash layer {l} has no {name}"))?;
-                if info.type_id != types::I32 || info.dims[0] as usize != p.n_used {
-                    bail!(
-                        "{name}: expected I32 [{}, vocab], found type {} dims {:?}",
-                        p.n_used,
-                        info.type_id,
-                        info.dims
-                    );
-                }
-                let v: Vec<i32> = f
-                    .tensor_data(info)
-                    .chunks_exact(4)
-                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect();
-                if let Some(bad) = v.iter().find(|&&e| e < 0 || e as usize >= p.n_expert) {
-                    bail!("{name}: expert id {bad} outside 0..{}", p.n_expert);
-                }
-                Some(v)
-            } else {
-                None
-            };
-            let bias = if !is_hash && f.tensor(&bf("exp_probs_b.bias")).is_some() {
-                Some(h(&bf("exp_probs_b.bias"))?)
-            } else {
-                None
-            };
-            let shexp = if f.tensor(&bf("ffn_gate_shexp.weight")).is_some() {
-                Some((
-                    g(&b("ffn_gate_shexp.weight"))?,
-                    g(&b("ffn_up_shexp.weight"))?,
-                    g(&b("ffn_down_shexp.weight"))?,
-                ))
-            } else {
-                None
-            };
-            let q_b = g(&b("attn_q_b.weight"))?;
-            check_dims(&q_b, &b("attn_q_b.weight"), &[p.q_lora, p.n_head * hd])?;
-            let out_a = g(&b("attn_output_a.weight"))?;
-            check_dims(
-                &out_a,
-                &b("attn_output_a.weight"),
-                &[p.n_head * hd / p.o_groups, p.o_groups * p.o_lora],
-            )?;
-            let gate_exps = g(&b("ffn_gate_exps.weight"))?;
-            if gate_exps.r.dims[2] as usize != p.n_expert {
-                bail!(
-                    "{}: {} experts, metadata says {}",
-                    b("ffn_gate_exps.weight"),
-                    gate_exps.r.dims[2],
-                    p.n_expert
-                );
-            }
-            let layer = Layer {
-                attn_norm: h(&bf("attn_norm.weight"))?,
-                ffn_norm: h(&bf("ffn_norm.weight"))?,
-                hc_attn: hc_site("attn")?,
-                hc_ffn: hc_site("ffn")?,
-                q_a: g(&b("attn_q_a.weight"))?,
-                q_a_norm: h(&bf("attn_q_a_norm.weight"))?,
-                q_b,
-                kv: g(&b("attn_kv.weight"))?,
-                kv_norm: h(&bf("attn_kv_a_norm.weight"))?,
-                out_a,
-                out_b: g(&b("attn_output_b.weight"))?,
-                sinks: h(&bf("attn_sinks.weight"))?,
-                comp,
-                indexer,
-                router: g(&b("ffn_gate_inp.weight"))?,
-                bias,
-                tid2eid,
-                gate_exps,
-                up_exps: g(&b("ffn_up_exps.weight"))?,
-                down_exps: g(&b("ffn_down_exps.weight"))?,
-                shexp,
-            };
-            check_layer(&p, l, &layer)?;
-            layers.push(layer);
-        }
+        let src = LayerSrc { f, w, wpre: "" };
+        let g = |n: &str| src.g(n);
+        let h = |n: &str| src.h(n);
+        let layers = (0..p.n_layer)
+            .map(|l| load_layer(&src, &p, l, l, p.src_layer[l], p.ratios[l]))
+            .collect::<Result<Vec<_>>>()?;
         let rope_main = Rope::plain(p.rope_base, p.rope_dim);
         let rope_comp = match p.yarn {
             Some(y) => Rope::yarn(p.crope_base, p.rope_dim, y),
@@ -535,6 +428,7 @@ impl Deepseek4 {
             .collect();
         let mut m = Deepseek4 {
             gpu: None,
+            mtp: None,
             io: RefCell::new([None, None]),
             dev: w.device().clone(),
             embd: g("token_embd.weight")?,
@@ -560,6 +454,119 @@ impl Deepseek4 {
             }
         );
         Ok(m)
+    }
+
+    /// Adds the next-token-prediction block of `f` (an MTP GGUF: one `nextn` block after
+    /// the main layers; its weights uploaded into `w` under [`MTP_PREFIX`]) as the
+    /// drafter. Needs the device-resident forward, which runs it.
+    pub fn attach_mtp(&mut self, f: &GgufFile, w: &Weights) -> Result<()> {
+        if self.gpu.is_none() {
+            bail!("the MTP drafter runs on the device-resident forward, which this backend does not run");
+        }
+        let mp = Ds4Params::from_gguf(f)?;
+        let fl = mp.n_layer;
+        let nx = |s: &str| format!("blk.{fl}.nextn.{s}");
+        if mp.n_nextn != 1 || f.tensor(&nx("eh_proj.weight")).is_none() {
+            bail!(
+                "not an MTP file: nextn_predict_layers {} (one block expected) and {} {}",
+                mp.n_nextn,
+                nx("eh_proj.weight"),
+                if f.tensor(&nx("eh_proj.weight")).is_some() {
+                    "present"
+                } else {
+                    "absent"
+                }
+            );
+        }
+        for own in ["embed_tokens.weight", "shared_head_head.weight"] {
+            if f.tensor(&nx(own)).is_some() {
+                bail!("{}: an MTP block with its own embedding or head is not supported (it shares the model's)", nx(own));
+            }
+        }
+        let p = &self.p;
+        for (what, a, b) in [
+            ("embedding_length", mp.d, p.d),
+            ("vocabulary", mp.n_vocab, p.n_vocab),
+            ("hyper_connection.count", mp.hc, p.hc),
+            ("attention.head_count", mp.n_head, p.n_head),
+            ("attention.key_length", mp.head_dim, p.head_dim),
+            ("attention.q_lora_rank", mp.q_lora, p.q_lora),
+            ("attention.output_group_count", mp.o_groups, p.o_groups),
+            ("attention.output_lora_rank", mp.o_lora, p.o_lora),
+            ("attention.sliding_window", mp.window, p.window),
+            ("rope.dimension_count", mp.rope_dim, p.rope_dim),
+            ("expert_count", mp.n_expert, p.n_expert),
+            ("expert_used_count", mp.n_used, p.n_used),
+        ] {
+            if a != b {
+                bail!("the MTP file's {what} is {a}, the model's {b}: it belongs to another model");
+            }
+        }
+        let key = |k: &str| format!("deepseek4.{k}");
+        let ratio = f
+            .get_i64_array(&key("attention.compress_ratios"))
+            .ok()
+            .and_then(|v| v.get(fl).copied())
+            .unwrap_or(0);
+        if ratio != 0 {
+            bail!("the MTP block's compress ratio is {ratio}; only 0 (sliding window only) is supported");
+        }
+        let clamp = |k: &str| -> f32 {
+            f.get_f64_array(&key(k))
+                .ok()
+                .and_then(|v| v.get(fl).copied())
+                .or_else(|| f.get_f64(&key(k)).ok())
+                .unwrap_or(0.0) as f32
+        };
+        let src = LayerSrc {
+            f,
+            w,
+            wpre: MTP_PREFIX,
+        };
+        let l = p.n_layer;
+        let layer = load_layer(&src, p, l, fl, fl, 0).context("the MTP block")?;
+        let eh_proj = src.g(&nx("eh_proj.weight"))?;
+        check_dims(&eh_proj, &nx("eh_proj.weight"), &[2 * p.d, p.d])?;
+        let norm = |s: &str| -> Result<HostF32> {
+            let v = src.h(&nx(s))?;
+            if v.len() != p.d {
+                bail!("{}: {} values, expected {}", nx(s), v.len(), p.d);
+            }
+            Ok(v)
+        };
+        let head_norm = if f.tensor(&nx("shared_head_norm.weight")).is_some() {
+            norm("shared_head_norm.weight")?
+        } else {
+            self.out_norm.clone()
+        };
+        let hc_fn = src.g("output_hc_fn.weight")?;
+        check_dims(&hc_fn, "output_hc_fn.weight", &[p.hc * p.d, p.hc])?;
+        let (hs, hb) = (
+            src.h("output_hc_scale.weight")?,
+            src.h("output_hc_base.weight")?,
+        );
+        if hs.is_empty() || hb.len() != p.hc {
+            bail!(
+                "the MTP file's output_hc_scale / output_hc_base: {} / {} values, expected 1 / {}",
+                hs.len(),
+                hb.len(),
+                p.hc
+            );
+        }
+        let mtp = Mtp {
+            layer,
+            eh_proj,
+            enorm: norm("enorm.weight")?,
+            hnorm: norm("hnorm.weight")?,
+            head_norm,
+            hc_head: (hc_fn, hs, hb),
+        };
+        self.p.ratios.push(0);
+        let (ce, cs) = (clamp("swiglu_clamp_exp"), clamp("swiglu_clamp_shexp"));
+        self.p.clamp_exp.push(ce);
+        self.p.clamp_shexp.push(cs);
+        self.mtp = Some(mtp);
+        gpu::GpuPath::attach_mtp(self).context("the MTP block on the device")
     }
 
     /// out[n, m] = W x for `n` rows of `k` values (W given as a view: [k, m]).
@@ -936,6 +943,178 @@ impl Deepseek4 {
 
 /// Sizes the per-token glue indexes by; a file that disagrees is refused here rather
 /// than failing mid-forward.
+/// Where a layer's tensors come from: the file for small tensors and presence checks,
+/// the uploaded weights (their names prefixed by `wpre`) for the rest.
+struct LayerSrc<'a> {
+    f: &'a GgufFile,
+    w: &'a Weights,
+    wpre: &'a str,
+}
+
+impl LayerSrc<'_> {
+    fn g(&self, name: &str) -> Result<Arc<Tensor>> {
+        self.w.get(&format!("{}{name}", self.wpre))
+    }
+    fn h(&self, name: &str) -> Result<HostF32> {
+        host_f32(self.f, name, self.w, &format!("{}{name}", self.wpre))
+    }
+}
+
+/// Layer `l` (hash-routed if below `p.n_hash`) of attention `ratio`: weights uploaded as
+/// `blk.{wl}.*`, small tensors read from the file's `blk.{fl}.*`.
+fn load_layer(
+    src: &LayerSrc,
+    p: &Ds4Params,
+    l: usize,
+    wl: usize,
+    fl: usize,
+    ratio: usize,
+) -> Result<Layer> {
+    let g = |n: &str| src.g(n);
+    let h = |n: &str| src.h(n);
+    let hd = p.head_dim;
+    let b = |s: &str| format!("blk.{wl}.{s}");
+    // File reads (small f32 tensors, presence checks) go to the source layer.
+    let bf = |s: &str| format!("blk.{fl}.{s}");
+    let hc_site = |s: &str| -> Result<(Arc<Tensor>, HostF32, HostF32)> {
+        Ok((
+            g(&b(&format!("hc_{s}_fn.weight")))?,
+            h(&bf(&format!("hc_{s}_scale.weight")))?,
+            h(&bf(&format!("hc_{s}_base.weight")))?,
+        ))
+    };
+    let comp_w = |pre: &str, dim: usize, overlap: bool| -> Result<CompWeights> {
+        let kv = g(&b(&format!("{pre}_kv.weight")))?;
+        let width = if overlap { 2 * dim } else { dim };
+        check_dims(&kv, &b(&format!("{pre}_kv.weight")), &[p.d, width])?;
+        let ape = h(&bf(&format!("{pre}_ape.weight")))?;
+        if ape.len() != ratio * width {
+            bail!(
+                "{}: {} values, expected ratio {ratio} x {width}",
+                b(&format!("{pre}_ape.weight")),
+                ape.len()
+            );
+        }
+        Ok(CompWeights {
+            ratio,
+            ape,
+            norm: h(&bf(&format!("{pre}_norm.weight")))?,
+            kv,
+            gate: g(&b(&format!("{pre}_gate.weight")))?,
+            overlap,
+            dim,
+        })
+    };
+    // A compressed layer with an indexer is CSA (overlapping windows); without, HCA.
+    let is_csa = ratio > 0 && src.f.tensor(&bf("indexer.attn_q_b.weight")).is_some();
+    let comp = if ratio > 0 {
+        Some(comp_w("attn_compressor", hd, is_csa)?)
+    } else {
+        None
+    };
+    let indexer = if is_csa {
+        if p.idx_heads == 0 || p.idx_dim == 0 || p.idx_dim < p.rope_dim {
+            bail!(
+                "layer {l}: indexer of {} heads x {} dims cannot carry rope width {}",
+                p.idx_heads,
+                p.idx_dim,
+                p.rope_dim
+            );
+        }
+        Some(Indexer {
+            comp: comp_w("indexer_compressor", p.idx_dim, true)?,
+            q_b: g(&b("indexer.attn_q_b.weight"))?,
+            proj: g(&b("indexer.proj.weight"))?,
+        })
+    } else {
+        None
+    };
+    let is_hash = l < p.n_hash;
+    let tid2eid = if is_hash {
+        let name = bf("ffn_gate_tid2eid.weight");
+        let info = src
+            .f
+            .tensor(&name)
+            .ok_or_else(|| anyhow!("hash layer {l} has no {name}"))?;
+        if info.type_id != types::I32 || info.dims[0] as usize != p.n_used {
+            bail!(
+                "{name}: expected I32 [{}, vocab], found type {} dims {:?}",
+                p.n_used,
+                info.type_id,
+                info.dims
+            );
+        }
+        let v: Vec<i32> = src
+            .f
+            .tensor_data(info)
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        if let Some(bad) = v.iter().find(|&&e| e < 0 || e as usize >= p.n_expert) {
+            bail!("{name}: expert id {bad} outside 0..{}", p.n_expert);
+        }
+        Some(v)
+    } else {
+        None
+    };
+    let bias = if !is_hash && src.f.tensor(&bf("exp_probs_b.bias")).is_some() {
+        Some(h(&bf("exp_probs_b.bias"))?)
+    } else {
+        None
+    };
+    let shexp = if src.f.tensor(&bf("ffn_gate_shexp.weight")).is_some() {
+        Some((
+            g(&b("ffn_gate_shexp.weight"))?,
+            g(&b("ffn_up_shexp.weight"))?,
+            g(&b("ffn_down_shexp.weight"))?,
+        ))
+    } else {
+        None
+    };
+    let q_b = g(&b("attn_q_b.weight"))?;
+    check_dims(&q_b, &b("attn_q_b.weight"), &[p.q_lora, p.n_head * hd])?;
+    let out_a = g(&b("attn_output_a.weight"))?;
+    check_dims(
+        &out_a,
+        &b("attn_output_a.weight"),
+        &[p.n_head * hd / p.o_groups, p.o_groups * p.o_lora],
+    )?;
+    let gate_exps = g(&b("ffn_gate_exps.weight"))?;
+    if gate_exps.r.dims[2] as usize != p.n_expert {
+        bail!(
+            "{}: {} experts, metadata says {}",
+            b("ffn_gate_exps.weight"),
+            gate_exps.r.dims[2],
+            p.n_expert
+        );
+    }
+    let layer = Layer {
+        attn_norm: h(&bf("attn_norm.weight"))?,
+        ffn_norm: h(&bf("ffn_norm.weight"))?,
+        hc_attn: hc_site("attn")?,
+        hc_ffn: hc_site("ffn")?,
+        q_a: g(&b("attn_q_a.weight"))?,
+        q_a_norm: h(&bf("attn_q_a_norm.weight"))?,
+        q_b,
+        kv: g(&b("attn_kv.weight"))?,
+        kv_norm: h(&bf("attn_kv_a_norm.weight"))?,
+        out_a,
+        out_b: g(&b("attn_output_b.weight"))?,
+        sinks: h(&bf("attn_sinks.weight"))?,
+        comp,
+        indexer,
+        router: g(&b("ffn_gate_inp.weight"))?,
+        bias,
+        tid2eid,
+        gate_exps,
+        up_exps: g(&b("ffn_up_exps.weight"))?,
+        down_exps: g(&b("ffn_down_exps.weight"))?,
+        shexp,
+    };
+    check_layer(p, l, &layer)?;
+    Ok(layer)
+}
+
 fn check_layer(p: &Ds4Params, l: usize, y: &Layer) -> Result<()> {
     let (d, hd, hc) = (p.d, p.head_dim, p.hc);
     let nmix = 2 * hc + hc * hc;
@@ -1066,6 +1245,40 @@ impl CausalLm for Deepseek4 {
             .map_or(0, |g| g.pass_cap.saturating_sub(1))
     }
 
+    fn has_drafter(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    fn draft_logits(
+        &mut self,
+        slot: u32,
+        token: u32,
+        pos: usize,
+        k: usize,
+    ) -> Result<Option<Vec<Vec<f32>>>> {
+        if self.mtp.is_none() {
+            return Ok(None);
+        }
+        let n = self.slots.len();
+        let st = self
+            .slots
+            .get(slot as usize)
+            .ok_or_else(|| anyhow!("slot {slot} outside 0..{n}"))?;
+        if st.n_past != pos {
+            bail!(
+                "slot {slot} holds {} positions; a draft starts right after them, not at {pos}",
+                st.n_past
+            );
+        }
+        if token as usize >= self.p.n_vocab {
+            bail!(
+                "token id {token} outside the vocabulary of {}",
+                self.p.n_vocab
+            );
+        }
+        gpu::GpuPath::mtp_draft(self, slot as usize, token, pos, k).map(Some)
+    }
+
     fn seek(&mut self, slot: u32, pos: usize) -> Result<()> {
         if self.gpu.is_none() {
             bail!("deepseek4: seeking needs the device-resident forward (the host glue keeps its compressor state on the host)");
@@ -1082,6 +1295,7 @@ impl CausalLm for Deepseek4 {
         st.n_past = pos;
         if let Some(g) = self.gpu.as_mut() {
             g.forget(slot as usize);
+            g.mtp_forget(slot as usize);
         }
         // The device caches as a filled context's (`MOE_DS4_SEEK_ZEROS=1`: left as they
         // are, zeros where nothing ran; the benchmark's tables before 2026-12-04 14:00).

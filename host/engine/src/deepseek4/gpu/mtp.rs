@@ -1,0 +1,390 @@
+//! The next-token-prediction (MTP) block on the device path: the drafter of speculative
+//! decoding. Every target pass also runs the block over the pass's tokens ("catch-up":
+//! token p with the target's mHC streams at p - 1), so its window cache holds what the
+//! block saw for every position, as llama.cpp's `draft-mtp` driver keeps it; drafting then
+//! chains single-token steps from the last position, each feeding the block's own output
+//! streams and greedy token to the next.
+
+use anyhow::{anyhow, Context, Result};
+use moe_plugin_api::{ops, OpParams, TensorRef};
+
+use super::{at, dev_layer, upload, v, wv, GpuPath, LayerState, StepKind, Work};
+use crate::deepseek4::Deepseek4;
+use crate::device::Tensor;
+
+/// The block's device tensors and per-slot state.
+pub(super) struct DevMtp {
+    layer: super::DevLayer,
+    enorm: Tensor,
+    hnorm: Tensor,
+    head: (Tensor, Tensor),
+    head_norm: Tensor,
+    /// Per slot: the target's streams ([d hc] a row) at the last `cap` positions of its
+    /// last pass, then one row of zeros (the state before a sequence's first token).
+    tails: Vec<Tensor>,
+    /// Per slot: the position of the tail's first row and how many rows it holds.
+    tail_at: Vec<(usize, usize)>,
+    /// A draft step's activations (one token).
+    work: Option<Work>,
+    /// The window rows a draft chain overwrites, put back after it ([head_dim, cap]),
+    /// and the ids of those rows.
+    saved: Tensor,
+    save_ids: Tensor,
+}
+
+/// A pass's inputs of the block (allocated with its [`Work`] when a drafter is loaded).
+pub(super) struct MtpWork {
+    /// Row ids: [0] the tail row of the state before the pass (or the zero row),
+    /// [1..n) the pass's own rows 0..n-2, [n..n + 2 hc n) the join's, then the pass's
+    /// rows that become the tail.
+    ids: Tensor,
+    /// The streams each token pairs with: [d hc, n].
+    hin: Tensor,
+    /// Embedding rows: [d, n].
+    emb: Tensor,
+    /// The normed embedding rows, then the normed stream rows: [d, n + hc n].
+    src: Tensor,
+    /// [2d, hc n]: per stream, its token's normed embedding and its normed state.
+    cat: Tensor,
+}
+
+impl MtpWork {
+    pub(super) fn alloc(m: &Deepseek4, cap: usize, tail: usize) -> Result<MtpWork> {
+        let (d, hc, n, dev) = (m.p.d, m.p.hc, cap, &m.dev);
+        let f = |len: usize| dev.f32([len as u64, 1, 1, 1]);
+        Ok(MtpWork {
+            ids: dev.i32(n + 2 * hc * n + tail)?,
+            hin: f(d * hc * n)?,
+            emb: f(d * n)?,
+            src: f(d * (n + hc * n))?,
+            cat: f(2 * d * hc * n)?,
+        })
+    }
+}
+
+impl DevMtp {
+    /// The tail row holding position `q`'s state for `slot`, or the zero row.
+    fn row_of(&self, slot: usize, q: Option<usize>, cap: usize) -> usize {
+        let (first, rows) = self.tail_at[slot];
+        match q {
+            Some(q) if (first..first + rows).contains(&q) => q - first,
+            _ => cap,
+        }
+    }
+}
+
+/// The join's row ids for `n` tokens: stream s of token t gets rows (t, n + t hc + s)
+/// of the source (its normed embedding, its normed state).
+fn join_ids(n: usize, hc: usize) -> impl Iterator<Item = i32> {
+    (0..n).flat_map(move |t| (0..hc).flat_map(move |s| [t as i32, (n + t * hc + s) as i32]))
+}
+
+impl GpuPath {
+    /// Puts the model's MTP block (see `Deepseek4::attach_mtp`) on the device.
+    pub(in crate::deepseek4) fn attach_mtp(m: &mut Deepseek4) -> Result<()> {
+        Self::with_path(m, |g, m| {
+            let mt = m.mtp.as_ref().ok_or_else(|| anyhow!("no MTP block"))?;
+            let dev = &m.dev;
+            let (p, cap) = (&m.p, g.pass_cap);
+            let row = p.d * p.hc;
+            let tails = (0..g.slots.len())
+                .map(|_| {
+                    let t = dev.f32([row as u64, cap as u64 + 1, 1, 1])?;
+                    t.upload_f32(&vec![0.0; row * (cap + 1)])?;
+                    Ok(t)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            g.mtp = Some(DevMtp {
+                layer: dev_layer(dev, &mt.layer)?,
+                enorm: upload(dev, &mt.enorm)?,
+                hnorm: upload(dev, &mt.hnorm)?,
+                head: (upload(dev, &mt.hc_head.1)?, upload(dev, &mt.hc_head.2)?),
+                head_norm: upload(dev, &mt.head_norm)?,
+                tails,
+                tail_at: vec![(0, 0); g.slots.len()],
+                work: None,
+                saved: dev.f32([p.head_dim as u64, cap as u64, 1, 1])?,
+                save_ids: dev.i32(cap)?,
+            });
+            // Work buffers allocated before have no room for the block's inputs.
+            (g.work, g.work1, g.work_d) = (None, None, None);
+            // The slots' states get the block's window (allocated with them).
+            g.slots.iter_mut().for_each(|s| *s = None);
+            Ok(())
+        })
+    }
+
+    /// Before a pass of `n` tokens of `slot` from `p0`: uploads the block's row ids
+    /// (see [`MtpWork::ids`]).
+    pub(super) fn mtp_ids(
+        &self,
+        m: &Deepseek4,
+        w: &Work,
+        slot: usize,
+        p0: usize,
+        n: usize,
+    ) -> Result<()> {
+        let cap = self.pass_cap;
+        let Some(mt) = self.mtp.as_ref() else {
+            return Ok(());
+        };
+        let t = n.min(cap);
+        let mut ids = vec![mt.row_of(slot, p0.checked_sub(1), cap) as i32];
+        ids.extend(0..n as i32 - 1);
+        ids.extend(join_ids(n, m.p.hc));
+        ids.extend((n - t..n).map(|r| r as i32));
+        mtp_work(w)?.ids.upload_i32(&ids)
+    }
+
+    /// After that pass: the tail holds its last positions.
+    pub(super) fn mtp_passed(&mut self, slot: usize, p0: usize, n: usize) {
+        let t = n.min(self.pass_cap);
+        if let Some(mt) = self.mtp.as_mut() {
+            mt.tail_at[slot] = (p0 + n - t, t);
+        }
+    }
+
+    /// Forgets `slot`'s tail (a seek: the positions it holds are not the new ones').
+    pub(in crate::deepseek4) fn mtp_forget(&mut self, slot: usize) {
+        if let Some(mt) = self.mtp.as_mut() {
+            mt.tail_at[slot] = (0, 0);
+        }
+    }
+
+    /// The block's input streams for the `n` tokens of `w`, each paired with its row of
+    /// `hin`: per stream, eh_proj over [enorm(embedding) | hnorm(state)].
+    fn mtp_input(&self, m: &Deepseek4, w: &Work, n: usize) -> Result<()> {
+        let (p, dev) = (&m.p, &m.dev);
+        let (d, hc) = (p.d, p.hc);
+        let (mt, mw) = (self.dev_mtp()?, mtp_work(w)?);
+        let mtp = m.mtp.as_ref().ok_or_else(|| anyhow!("no MTP block"))?;
+        let ids = |off: usize, len: usize| at(&mw.ids, off, [len, 1, 1, 1]);
+        let get = |table: TensorRef, ids: TensorRef, out: TensorRef| {
+            dev.op(ops::GET_ROWS, OpParams::default(), &[table, ids, out])
+        };
+        let norm = |x: TensorRef, wt: &Tensor, out: TensorRef| {
+            dev.op(ops::RMS_NORM, super::pr(&[p.eps], &[]), &[x, wt.r, out])
+        };
+        get(
+            m.embd.r,
+            v(&w.tokens, [n, 1, 1, 1]),
+            v(&mw.emb, [d, n, 1, 1]),
+        )?;
+        norm(
+            v(&mw.emb, [d, n, 1, 1]),
+            &mt.enorm,
+            v(&mw.src, [d, n, 1, 1]),
+        )?;
+        norm(
+            v(&mw.hin, [d, hc * n, 1, 1]),
+            &mt.hnorm,
+            at(&mw.src, d * n, [d, hc * n, 1, 1]),
+        )?;
+        get(
+            v(&mw.src, [d, n + hc * n, 1, 1]),
+            ids(n, 2 * hc * n),
+            v(&mw.cat, [d, 2 * hc * n, 1, 1]),
+        )?;
+        dev.op(
+            ops::MATMUL,
+            OpParams::default(),
+            &[
+                wv(&mtp.eh_proj),
+                v(&mw.cat, [2 * d, hc * n, 1, 1]),
+                v(&w.streams, [d, hc * n, 1, 1]),
+            ],
+        )
+        .context("the MTP block's input product")?;
+        Ok(())
+    }
+
+    /// After a target pass's last block (its streams in `w`): the tail and the block's
+    /// window get this pass's positions. `st`: the slot's state (the block's last).
+    pub(super) fn mtp_catch_up(
+        &self,
+        m: &Deepseek4,
+        st: &[LayerState],
+        w: &Work,
+        n: usize,
+        kind: StepKind,
+        slot: usize,
+    ) -> Result<()> {
+        let (p, dev) = (&m.p, &m.dev);
+        let (row, cap) = (p.d * p.hc, self.pass_cap);
+        let (mt, mw) = (self.dev_mtp()?, mtp_work(w)?);
+        let tail = &mt.tails[slot];
+        let ids = |off: usize, len: usize| at(&mw.ids, off, [len, 1, 1, 1]);
+        let get = |table: TensorRef, ids: TensorRef, out: TensorRef| {
+            dev.op(ops::GET_ROWS, OpParams::default(), &[table, ids, out])
+        };
+        let streams = v(&w.streams, [row, n, 1, 1]);
+        get(
+            v(tail, [row, cap + 1, 1, 1]),
+            ids(0, 1),
+            v(&mw.hin, [row, 1, 1, 1]),
+        )?;
+        if n > 1 {
+            get(streams, ids(1, n - 1), at(&mw.hin, row, [row, n - 1, 1, 1]))?;
+        }
+        let t = n.min(cap);
+        get(streams, ids(n + 2 * p.hc * n, t), v(tail, [row, t, 1, 1]))
+            .context("the MTP block's states")?;
+        self.mtp_input(m, w, n)?;
+        let mtp = m.mtp.as_ref().ok_or_else(|| anyhow!("no MTP block"))?;
+        let l = m.layers.len();
+        let ls = st.get(l).ok_or_else(|| anyhow!("no MTP state"))?;
+        let mut post = Vec::new();
+        self.block(m, l, (&mtp.layer, &mt.layer, ls), w, n, kind, &mut post)
+            .context("the MTP block")?;
+        self.join_open(dev)
+    }
+
+    fn dev_mtp(&self) -> Result<&DevMtp> {
+        self.mtp
+            .as_ref()
+            .ok_or_else(|| anyhow!("no MTP block on the device"))
+    }
+
+    /// Drafts: from `token` at position `pos` of `slot` (whose last pass ran the target
+    /// through pos - 1), `k` chained steps of the block; each step's logits, the next
+    /// step's token being the greedy choice of the one before.
+    pub(in crate::deepseek4) fn mtp_draft(
+        m: &mut Deepseek4,
+        slot: usize,
+        token: u32,
+        pos: usize,
+        k: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        Self::with_path(m, |g, m| g.mtp_draft_inner(m, slot, token, pos, k))
+    }
+
+    fn mtp_draft_inner(
+        &mut self,
+        m: &Deepseek4,
+        slot: usize,
+        token: u32,
+        pos: usize,
+        k: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        let (p, dev) = (&m.p, &m.dev);
+        let cap = self.pass_cap;
+        if k == 0 || k > cap || pos + k > m.n_ctx {
+            anyhow::bail!("a draft of {k} tokens from position {pos} (at most {cap}, inside the context of {})", m.n_ctx);
+        }
+        self.state(m, slot)?;
+        if self.dev_mtp()?.work.is_none() {
+            let w = Self::alloc_work(m, 1, 1, self.idx_cap)?;
+            self.mtp.as_mut().expect("checked above").work = Some(w);
+        }
+        let st = self.slots[slot]
+            .as_deref()
+            .ok_or_else(|| anyhow!("slot state"))?;
+        let mt = self.dev_mtp()?;
+        let w = mt.work.as_ref().expect("allocated above");
+        let mw = mtp_work(w)?;
+        let mtp = m.mtp.as_ref().ok_or_else(|| anyhow!("no MTP block"))?;
+        let l = m.layers.len();
+        let ls = st.get(l).ok_or_else(|| anyhow!("no MTP state"))?;
+        let (row, win, hd) = (p.d * p.hc, p.window, p.head_dim);
+        // The window rows of positions pos + 1 .. pos + k - 1 hold positions the next
+        // target pass still sees: kept, and put back after the chain.
+        if k > 1 {
+            let ids: Vec<i32> = (1..k).map(|i| ((pos + i) % win) as i32).collect();
+            mt.save_ids.upload_i32(&ids)?;
+            dev.op(
+                ops::GET_ROWS,
+                OpParams::default(),
+                &[
+                    v(&ls.ring, [hd, win, 1, 1]),
+                    v(&mt.save_ids, [k - 1, 1, 1, 1]),
+                    v(&mt.saved, [hd, k - 1, 1, 1]),
+                ],
+            )?;
+        }
+        let mut out = Vec::with_capacity(k);
+        let mut tok = token;
+        let run = |i: usize, tok: u32| -> Result<Vec<f32>> {
+            w.tokens.upload_i32(&[tok as i32])?;
+            w.pos.upload_i32(&[(pos + i) as i32])?;
+            // The state this step pairs with: the target's at pos - 1, then the block's own.
+            let (src, r) = if i == 0 {
+                (
+                    v(&mt.tails[slot], [row, cap + 1, 1, 1]),
+                    mt.row_of(slot, pos.checked_sub(1), cap),
+                )
+            } else {
+                (v(&w.streams, [row, 1, 1, 1]), 0)
+            };
+            let mut ids = vec![r as i32];
+            ids.extend(join_ids(1, p.hc));
+            mw.ids.upload_i32(&ids)?;
+            dev.op(
+                ops::GET_ROWS,
+                OpParams::default(),
+                &[
+                    src,
+                    at(&mw.ids, 0, [1, 1, 1, 1]),
+                    v(&mw.hin, [row, 1, 1, 1]),
+                ],
+            )?;
+            self.mtp_input(m, w, 1)?;
+            let kind = StepKind::of(self.idx_ratio, p.idx_topk, pos + i, 1);
+            let mut post = Vec::new();
+            self.block(m, l, (&mtp.layer, &mt.layer, ls), w, 1, kind, &mut post)?;
+            let hidden = v(&w.hidden, [p.d, 1, 1, 1]);
+            self.site(
+                m,
+                w,
+                1,
+                (&post, &mtp.hc_head.0, &mt.head, &mt.head_norm, true),
+                hidden,
+            )?;
+            dev.op(
+                ops::MATMUL,
+                OpParams::default(),
+                &[wv(&m.output), hidden, v(&w.logits, [p.n_vocab, 1, 1, 1])],
+            )?;
+            self.join_open(dev)?;
+            dev.sync()?;
+            w.logits.download_f32(p.n_vocab)
+        };
+        let mut failed = None;
+        for i in 0..k {
+            match run(i, tok).with_context(|| format!("MTP draft step {i}")) {
+                Ok(logits) => {
+                    tok = argmax(&logits);
+                    out.push(logits);
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if k > 1 {
+            self.restore_ring_rows(dev, &ls.ring, &mt.saved, pos + 1, pos + 1, k - 1)
+                .context("putting back the MTP block's window")?;
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+}
+
+fn mtp_work(w: &Work) -> Result<&MtpWork> {
+    w.mtp
+        .as_ref()
+        .ok_or_else(|| anyhow!("no MTP inputs in the work buffers"))
+}
+
+/// The first index of the largest value (the greedy token).
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
