@@ -190,3 +190,41 @@ def test_prompt_continuing_a_drafted_pass(ds4_spec_server, ds4_model):
             assert hit["choices"][0] == full["choices"][0], (prompt, stop)
             hits += hit["usage"]["timings"]["cached_prefix_tokens"] == len(ids) + c - 1
     assert hits > 0
+
+
+@pytest.fixture(scope="module")
+def ds4_mtp_server(ds4_model, tmp_path_factory):
+    """Drafting with the MTP block of tiny_release_mtp (`convert --mtp`; its parity with
+    llama.cpp is tests/parity/test_deepseek4_mtp.py)."""
+    mtp = tmp_path_factory.mktemp("ds4mtp") / "mtp.gguf"
+    subprocess.run([str(BIN), "--config", str(CONFIG), "convert", str(FIXTURE) + "_mtp", "--mtp",
+                    "--out", str(mtp)], check=True, capture_output=True)
+    s = Server("--parallel", "2", "--draft-max", "4", "--mtp", str(mtp), model=ds4_model)
+    s.start()
+    yield s
+    s.close()
+
+
+def test_mtp_drafting_equals_plain(ds4_mtp_server, ds4_server):
+    """Greedy answers with the MTP block's drafts are plain decoding's, logprobs included;
+    every step offered drafts (the block drafts from any text, unlike prompt lookup)."""
+    for prompt in PROMPTS:
+        body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "logprobs": 2}
+        spec, plain = ds4_mtp_server.post("/v1/completions", body), ds4_server.post(
+            "/v1/completions", body)
+        assert spec.status == plain.status == 200, (spec.text, plain.text)
+        s, p = spec.json(), plain.json()
+        assert s["choices"][0] == p["choices"][0], prompt
+        assert s["usage"]["spec_decode_ran"] is True
+        n = s["usage"]["completion_tokens"]
+        # a pass per accepted run: at least (tokens - 1) / 5 passes of up to 4 drafts
+        assert s["timings"]["draft_n"] >= n // 5, s["timings"]
+
+
+def test_mtp_drafting_sequences_side_by_side(ds4_mtp_server, ds4_server):
+    """Two slots drafting with the block at once (each with its own window and states)
+    answer as plain decoding does."""
+    plain = [complete(ds4_server, p, 24) for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as ex:
+        together = list(ex.map(lambda p: complete(ds4_mtp_server, p, 24), PROMPTS))
+    assert together == plain

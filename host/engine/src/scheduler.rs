@@ -16,7 +16,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::{
     model::{BatchEntry, CausalLm, LoadedModel},
-    sampling::{Sampled, Sampler, SamplingParams},
+    sampling::{argmax, Sampled, Sampler, SamplingParams},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -472,7 +472,16 @@ fn run(
                     .min(draft_budget)
                     .min(opts.draft_max)
                     .min(model.max_draft());
-                if room > 0 {
+                if room > 0 && model.has_drafter() {
+                    // The model's own drafter (deepseek4's MTP block): its greedy chain.
+                    s.drafts = match model.draft_logits(s.slot, last, s.fed, room) {
+                        Ok(rows) => rows.unwrap_or_default().iter().map(|r| argmax(r)).collect(),
+                        Err(e) => {
+                            tracing::warn!("drafting failed, this step runs without drafts: {e:#}");
+                            Vec::new()
+                        }
+                    };
+                } else if room > 0 {
                     let mut history = s.req.prompt.clone();
                     history.extend(&s.generated);
                     s.drafts = lookup_draft(&history, DRAFT_NGRAM, room);

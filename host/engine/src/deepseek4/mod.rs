@@ -1264,7 +1264,14 @@ impl CausalLm for Deepseek4 {
             .slots
             .get(slot as usize)
             .ok_or_else(|| anyhow!("slot {slot} outside 0..{n}"))?;
-        if st.n_past != pos {
+        // The slot holds the positions before `pos` (or more, inside its last drafted
+        // pass, whose rejected rows the next pass rolls back).
+        let inside = pos < st.n_past
+            && self
+                .gpu
+                .as_ref()
+                .is_some_and(|g| g.can_return(slot as usize, pos));
+        if pos != st.n_past && !inside {
             bail!(
                 "slot {slot} holds {} positions; a draft starts right after them, not at {pos}",
                 st.n_past
