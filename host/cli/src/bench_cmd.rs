@@ -192,10 +192,16 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
             let dt_pp = t0.elapsed().as_secs_f64();
             let t1 = Instant::now();
             let mut i = 0;
+            let mtp = m.model.has_drafter();
             while i < a.gen_tokens {
                 // The sure token, then drafts (the same id; all taken).
                 let n = (1 + a.draft).min(a.gen_tokens - i);
                 let token = argmax(&logits);
+                if n > 1 && mtp {
+                    // The drafter's chain runs too (its cost counts), its guesses not used.
+                    let p0 = depth + prompt.len() + i;
+                    m.model.draft_logits(0, token, p0, n - 1)?;
+                }
                 let pass: Vec<BatchEntry> = (0..n)
                     .map(|j| BatchEntry {
                         token,
@@ -284,6 +290,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 "pp_tokens": a.prompt_tokens, "pp_tok_s": rows[0].pp.0, "pp_tok_s_sd": rows[0].pp.1,
                 "tg_tokens": a.gen_tokens, "tg_tok_s": rows[0].tg.0, "tg_tok_s_sd": rows[0].tg.1,
                 "tg_drafts_a_pass": a.draft,
+                "tg_drafts_from_mtp": m.model.has_drafter(),
                 "stream_bandwidth_bytes_s": bw, "matrix_rate_flop_s": rate,
                 "dense_matvec": dense,
                 "depths": depth_json,
@@ -310,6 +317,9 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
             );
             let drafts = match a.draft {
                 0 => String::new(),
+                d if m.model.has_drafter() => {
+                    format!(" ({d} drafts a pass from the MTP block, all taken)")
+                }
                 d => format!(" ({d} drafts a pass, all taken)"),
             };
             println!(

@@ -57,7 +57,8 @@ enum Command {
         #[arg(long)]
         limits: bool,
         /// Decode in passes of a token and this many drafts, every draft taken (what
-        /// speculative decoding reaches at full acceptance; tg counts every token).
+        /// speculative decoding reaches at full acceptance; tg counts every token). With
+        /// --mtp FILE the MTP block's chain runs before each pass too (its cost counted).
         #[arg(long, default_value_t = 0)]
         draft: usize,
     },
