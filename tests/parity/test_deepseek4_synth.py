@@ -84,3 +84,32 @@ def test_bench_depths_and_layers(tmp_path):
     deeper = bench("--layers", 8)["depths"][0]
     # Layers 6 and 7 repeat layers 4 and 5: two more layers' weights per token.
     assert deeper["weight_bytes_per_token"] > d0["weight_bytes_per_token"]
+
+
+def test_synth_mtp_file_drafts_for_its_model(tmp_path):
+    """`synth --mtp` writes the drafter of the model `synth` writes with the same seed and
+    sizes (the same embedding and head bytes): it loads next to the in-memory model (the
+    full-width path the device benchmark takes), its chain after a batched prefill equals
+    the one after token-by-token steps, and a drafter of another seed is refused."""
+    cfg = tmp_path / "rocmfpx.toml"
+    cfg.write_text(config(tmp_path, "q8").read_text()
+                   + '[[plugin]]\nlibrary = "moe_quant_rocmfpx"\n')
+    mtp, other = tmp_path / "mtp.gguf", tmp_path / "other.gguf"
+    sizes = ("--layers", 4, "--experts", 4, "--vocab", 300)
+    moeserve(cfg, "synth", "--mtp", "--out", mtp, *sizes)
+    moeserve(cfg, "synth", "--mtp", "--out", other, "--seed", 2, *sizes)
+    toks = "1,5,9,200,7,3"
+    model = ("--synth", 4, "--synth-experts", 4, "--synth-vocab", 300)
+    out = {}
+    for mode in ("mtp", "mtp-prefill"):
+        p = tmp_path / f"{mode}.npy"
+        moeserve(cfg, "logits", *model, "--mtp", mtp, "--tokens", toks, "--out", p, "--mode", mode)
+        out[mode] = np.load(p)
+    a = out["mtp"]
+    assert a.shape == (6 + 3, 300) and np.isfinite(a).all()
+    assert 0.1 < a.std(axis=1).mean() < 10
+    assert np.abs(out["mtp-prefill"] - a[5:]).max() <= 1e-5 * np.abs(a).max()
+    bad = subprocess.run([str(BIN_DIR / "moeserve"), "--config", str(cfg), "logits", *map(str, model),
+                          "--mtp", str(other), "--tokens", toks, "--out", str(tmp_path / "x.npy"),
+                          "--mode", "mtp"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "another model" in bad.stderr, bad.stderr

@@ -160,6 +160,11 @@ enum Command {
         /// shared experts, Q8_0 rest) or `q8_0` (every matrix; llama.cpp loads it too).
         #[arg(long, default_value = "strix-lean")]
         mix: String,
+        /// Write the MTP drafter file of that model instead (the same seed and sizes give
+        /// the same embedding and head bytes): one sliding-window block as layer LAYERS
+        /// with its nextn tensors, as `convert --mtp` lays one out; for `--mtp FILE`.
+        #[arg(long)]
+        mtp: bool,
     },
     /// Rewrite the tensors whose names match a regex into another quant type; everything
     /// else is copied unchanged.
@@ -266,7 +271,8 @@ fn main() -> ExitCode {
             vocab,
             seed,
             mix,
-        } => synth_cmd::run(&out, layers, experts, vocab, seed, &mix),
+            mtp,
+        } => synth_cmd::run(&out, layers, experts, vocab, seed, &mix, mtp),
         Command::Convert {
             dir,
             out,

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use moe_convert::synth::{flash_config, synth, SynthBytes, TypeMix};
+use moe_convert::synth::{flash_config, synth, synth_mtp, SynthBytes, TypeMix};
 use moe_gguf::GgufWriter;
 
 pub fn run(
@@ -15,9 +15,10 @@ pub fn run(
     vocab: usize,
     seed: u64,
     mix: &str,
+    mtp: bool,
 ) -> Result<()> {
     crate::out_path::check_out(out, &[])?;
-    let (w, b) = generate(layers, experts, vocab, seed, mix)?;
+    let (w, b) = generate(layers, experts, vocab, seed, mix, mtp)?;
     w.write_file(out)
         .with_context(|| format!("writing {}", out.display()))?;
     eprintln!(
@@ -54,7 +55,7 @@ pub fn in_memory(
     seed: u64,
     mix: &str,
 ) -> Result<Vec<u8>> {
-    let (w, b) = generate(layers, experts, vocab, seed, mix)?;
+    let (w, b) = generate(layers, experts, vocab, seed, mix, false)?;
     let image = w
         .into_bytes()
         .context("building the synthetic GGUF image")?;
@@ -71,6 +72,7 @@ fn generate(
     vocab: usize,
     seed: u64,
     mix: &str,
+    mtp: bool,
 ) -> Result<(GgufWriter, SynthBytes)> {
     let (mix, expert_bits) = match mix {
         "strix-lean" => (TypeMix::StrixLean, 2.5),
@@ -113,7 +115,8 @@ fn generate(
         ProgressStyle::with_template("{bar:30} {pos}/{len} tensors")
             .expect("static progress template"),
     );
-    let b = synth(&c, mix, seed, &mut w, &|done, total| {
+    let write = if mtp { synth_mtp } else { synth };
+    let b = write(&c, mix, seed, &mut w, &|done, total| {
         pb.set_length(total as u64);
         pb.set_position(done as u64);
     })?;

@@ -225,6 +225,44 @@ pub fn synth(
     w: &mut GgufWriter,
     progress: &dyn Fn(usize, usize),
 ) -> Result<SynthBytes> {
+    write_model(c, types, seed, w, progress, false)
+}
+
+/// Writes an MTP drafter file for the model [`synth`] writes with the same config and
+/// seed (as `convert --mtp` lays one out): the same embedding, head and norms (the same
+/// bytes: the generator starts alike), one sliding-window block as layer `c.n_layer`
+/// and its `nextn.*` tensors.
+pub fn synth_mtp(
+    c: &Ds4Config,
+    types: TypeMix,
+    seed: u64,
+    w: &mut GgufWriter,
+    progress: &dyn Fn(usize, usize),
+) -> Result<SynthBytes> {
+    write_model(c, types, seed, w, progress, true)
+}
+
+fn write_model(
+    c: &Ds4Config,
+    types: TypeMix,
+    seed: u64,
+    w: &mut GgufWriter,
+    progress: &dyn Fn(usize, usize),
+    mtp: bool,
+) -> Result<SynthBytes> {
+    let main = c;
+    let mut with_block = c.clone();
+    if mtp {
+        with_block.n_layer += 1;
+        with_block.compress_ratios.push(0);
+        with_block.n_nextn = 1;
+    }
+    let c = &with_block;
+    let layers: Vec<usize> = if mtp {
+        vec![main.n_layer]
+    } else {
+        (0..main.n_layer).collect()
+    };
     if [c.hidden, c.moe_ff, c.q_lora_rank]
         .iter()
         .any(|x| !x.is_multiple_of(32))
@@ -242,7 +280,7 @@ pub fn synth(
     };
     let (d, hd, hc) = (c.hidden, c.head_dim, c.hc_mult);
     let mix = 2 * hc + hc * hc;
-    let total = 6 + c.n_layer * 30;
+    let total = 6 + layers.len() * 30 + 4 * mtp as usize;
     let mut done = 0;
     let (mut bytes, mut per_token) = (0u64, 0u64);
     let mut add = |w: &mut GgufWriter, name: String, dims: &[usize], ty: u32, data: Vec<u8>| {
@@ -302,7 +340,7 @@ pub fn synth(
         F32,
         g.floats(hc, 0.0, 0.5),
     );
-    for l in 0..c.n_layer {
+    for &l in &layers {
         let b = |s: &str| format!("blk.{l}.{s}");
         let (e, ff, k) = (c.n_expert, c.moe_ff, c.n_expert_used);
         for site in ["attn", "ffn"] {
@@ -506,6 +544,19 @@ pub fn synth(
                 ROCMFP4,
                 g.matrix(ROCMFP4, k_in, m_out),
             );
+        }
+        if mtp {
+            let nx = |s: &str| format!("blk.{l}.nextn.{s}");
+            add(
+                w,
+                nx("eh_proj.weight"),
+                &[2 * d, d],
+                ROCMFP4,
+                g.matrix(ROCMFP4, 2 * d, d),
+            );
+            for n in ["enorm", "hnorm", "shared_head_norm"] {
+                add(w, nx(&format!("{n}.weight")), &[d], F32, g.floats(d, 1.0, 0.2));
+            }
         }
     }
     Ok(SynthBytes {
