@@ -555,7 +555,13 @@ fn write_model(
                 g.matrix(ROCMFP4, 2 * d, d),
             );
             for n in ["enorm", "hnorm", "shared_head_norm"] {
-                add(w, nx(&format!("{n}.weight")), &[d], F32, g.floats(d, 1.0, 0.2));
+                add(
+                    w,
+                    nx(&format!("{n}.weight")),
+                    &[d],
+                    F32,
+                    g.floats(d, 1.0, 0.2),
+                );
             }
         }
     }

@@ -1,9 +1,9 @@
 //! The next-token-prediction (MTP) block on the device path: the drafter of speculative
-//! decoding. Every target pass also runs the block over the pass's tokens ("catch-up":
-//! token p with the target's mHC streams at p - 1), so its window cache holds what the
-//! block saw for every position, as llama.cpp's `draft-mtp` driver keeps it; drafting then
-//! chains single-token steps from the last position, each feeding the block's own output
-//! streams and greedy token to the next.
+//! decoding. Every target pass also feeds the block the pass's tokens ("catch-up": token p
+//! with the target's mHC streams at p - 1) as far as its window needs them, so the window
+//! holds a row for every position, as llama.cpp's `draft-mtp` driver keeps it; drafting
+//! then chains single-token steps from the last position, each feeding the block's own
+//! output streams and greedy token to the next.
 
 use anyhow::{anyhow, Context, Result};
 use moe_plugin_api::{ops, OpParams, TensorRef};
@@ -231,12 +231,53 @@ impl GpuPath {
             .context("the MTP block's states")?;
         self.mtp_input(m, w, n)?;
         let mtp = m.mtp.as_ref().ok_or_else(|| anyhow!("no MTP block"))?;
-        let l = m.layers.len();
-        let ls = st.get(l).ok_or_else(|| anyhow!("no MTP state"))?;
-        let mut post = Vec::new();
-        self.block(m, l, (&mtp.layer, &mt.layer, ls), w, n, kind, &mut post)
-            .context("the MTP block")?;
+        let ls = st
+            .get(m.layers.len())
+            .ok_or_else(|| anyhow!("no MTP state"))?;
+        self.mtp_window(m, (&mtp.layer, &mt.layer, ls), w, n, kind)
+            .context("the MTP block's window")?;
         self.join_open(dev)
+    }
+
+    /// What of the block a catch-up needs: its window's rows for the pass's positions.
+    /// A row is the attention's K=V vector (kv product of the normed mHC pre, its norm
+    /// and rotary), which SPARSE_ATTENTION stores into the ring; the op's output, the
+    /// query path and the MoE are not needed (the attention reads the last layer's
+    /// queries and its output is dropped).
+    fn mtp_window(
+        &self,
+        m: &Deepseek4,
+        (lay, dl, ls): (&super::Layer, &super::DevLayer, &LayerState),
+        w: &Work,
+        n: usize,
+        kind: StepKind,
+    ) -> Result<()> {
+        let (p, dev) = (&m.p, &m.dev);
+        let (d, hd, nh) = (p.d, p.head_dim, p.n_head);
+        let x = v(&w.x, [d, n, 1, 1]);
+        self.site(
+            m,
+            w,
+            n,
+            (&[], &lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm, false),
+            x,
+        )?;
+        let kv = v(&w.kv, [hd, n, 1, 1]);
+        dev.op(ops::MATMUL, OpParams::default(), &[wv(&lay.kv), x, kv])?;
+        // (the block attends its window only: the main rotary, as attention() picks)
+        let (inv, ms) = &self.inv_main;
+        let (pos, pairs) = (v(&w.pos, [n, 1, 1, 1]), (p.rope_dim / 2) as i64);
+        let kv3 = v(&w.kv, [hd, 1, n, 1]);
+        dev.op(
+            ops::NORM_ROPE,
+            super::pr(&[p.eps, *ms], &[2, pairs, 0]),
+            &[kv3, dl.kv_norm.r, inv.r, pos, kv3],
+        )?;
+        let (q, att) = (v(&w.q, [hd, nh, n, 1]), v(&w.att, [hd, nh, n, 1]));
+        let a = [q, kv, ls.ring.r, kv, pos, dl.sinks.r, pos, att];
+        let prm = super::pr(&[(hd as f32).powf(-0.5)], &[0, 0, 0, kind.long as i64]);
+        dev.op(ops::SPARSE_ATTENTION, prm, &a)?;
+        Ok(())
     }
 
     fn dev_mtp(&self) -> Result<&DevMtp> {
