@@ -118,6 +118,13 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
     if !a.model.exists() {
         anyhow::bail!("model file {} does not exist", a.model.display());
     }
+    // (checked before the model loads, which can take minutes)
+    if a.mtp.is_some() && a.draft_max == 0 {
+        anyhow::bail!("--mtp drafts only with --draft-max N (the drafts a step checks, at most 7 for deepseek4)");
+    }
+    if let Some(m) = a.mtp.as_ref().filter(|m| !m.is_file()) {
+        anyhow::bail!("--mtp {}: no such file", m.display());
+    }
     let alias = a
         .model
         .file_stem()

@@ -95,6 +95,7 @@ fn bad_model_files_are_refused_clearly() {
             "3",
             "--default-temperature must be between 0 and 2",
         ),
+        ("--mtp", "mtp.gguf", "--mtp drafts only with --draft-max N"),
     ] {
         let config = repo_config();
         let args = [
