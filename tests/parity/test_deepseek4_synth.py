@@ -90,7 +90,8 @@ def test_synth_mtp_file_drafts_for_its_model(tmp_path):
     """`synth --mtp` writes the drafter of the model `synth` writes with the same seed and
     sizes (the same embedding and head bytes): it loads next to the in-memory model (the
     full-width path the device benchmark takes), its chain after a batched prefill equals
-    the one after token-by-token steps, and a drafter of another seed is refused."""
+    the one after token-by-token steps; a drafter of another seed loads with a warning,
+    and one of another vocabulary is refused."""
     cfg = tmp_path / "rocmfpx.toml"
     cfg.write_text(config(tmp_path, "q8").read_text()
                    + '[[plugin]]\nlibrary = "moe_quant_rocmfpx"\n')
@@ -98,6 +99,8 @@ def test_synth_mtp_file_drafts_for_its_model(tmp_path):
     sizes = ("--layers", 4, "--experts", 4, "--vocab", 300)
     moeserve(cfg, "synth", "--mtp", "--out", mtp, *sizes)
     moeserve(cfg, "synth", "--mtp", "--out", other, "--seed", 2, *sizes)
+    wrong = tmp_path / "wrong.gguf"
+    moeserve(cfg, "synth", "--mtp", "--out", wrong, "--layers", 4, "--experts", 4, "--vocab", 400)
     toks = "1,5,9,200,7,3"
     model = ("--synth", 4, "--synth-experts", 4, "--synth-vocab", 300)
     out = {}
@@ -109,7 +112,13 @@ def test_synth_mtp_file_drafts_for_its_model(tmp_path):
     assert a.shape == (6 + 3, 300) and np.isfinite(a).all()
     assert 0.1 < a.std(axis=1).mean() < 10
     assert np.abs(out["mtp-prefill"] - a[5:]).max() <= 1e-5 * np.abs(a).max()
-    bad = subprocess.run([str(BIN_DIR / "moeserve"), "--config", str(cfg), "logits", *map(str, model),
-                          "--mtp", str(other), "--tokens", toks, "--out", str(tmp_path / "x.npy"),
-                          "--mode", "mtp"], capture_output=True, text=True)
-    assert bad.returncode != 0 and "another model" in bad.stderr, bad.stderr
+    def run(mtp_file):
+        return subprocess.run([str(BIN_DIR / "moeserve"), "--config", str(cfg), "logits",
+                               *map(str, model), "--mtp", str(mtp_file), "--tokens", toks,
+                               "--out", str(tmp_path / "x.npy"), "--mode", "mtp"],
+                              capture_output=True, text=True)
+
+    r = run(other)
+    assert r.returncode == 0 and "differs from the model's" in r.stderr, r.stderr
+    r = run(wrong)
+    assert r.returncode != 0 and "drafts for another model" in r.stderr, r.stderr

@@ -219,18 +219,28 @@ fn upload_tensors(
 }
 
 /// An MTP file drafts for the model whose embedding and output head it shares (the
-/// block uses the model's copies): the file's must be the same bytes where it has them.
+/// block uses the model's copies). Other shapes are refused; other bytes only warned
+/// about (another quantisation of the same model is fine; another model's block drafts
+/// badly, but the output stays the model's own, drafts being checked).
 fn check_mtp_file(model: &GgufFile, mtp: &GgufFile) -> Result<()> {
     if mtp.get_str("general.architecture").ok() != Some("deepseek4") {
         bail!("not a deepseek4 GGUF");
     }
     for name in ["token_embd.weight", "output.weight"] {
         if let (Some(a), Some(b)) = (model.tensor(name), mtp.tensor(name)) {
-            if a.type_id != b.type_id
-                || a.dims != b.dims
-                || model.tensor_data(a) != mtp.tensor_data(b)
-            {
-                bail!("its {name} differs from the model's: it drafts for another model (or another quantisation of it)");
+            if a.dims != b.dims {
+                bail!(
+                    "its {name} has dims {:?}, the model's {:?}: it drafts for another model",
+                    b.dims,
+                    a.dims
+                );
+            }
+            if a.type_id != b.type_id || model.tensor_data(a) != mtp.tensor_data(b) {
+                tracing::warn!(
+                    "{}: its {name} differs from the model's (another quantisation, or another \
+                     model: then its drafts will rarely be accepted)",
+                    mtp.path().display()
+                );
             }
         }
     }

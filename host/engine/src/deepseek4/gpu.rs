@@ -806,7 +806,9 @@ impl GpuPath {
             }
             Ok(())
         };
-        for (l, (ls, lay)) in st.iter().zip(&m.layers).enumerate() {
+        // (the MTP block's window too, where one is loaded: its lay is the block's)
+        let lays = m.layers.iter().chain(m.mtp.as_ref().map(|t| &t.layer));
+        for (l, (ls, lay)) in st.iter().zip(lays).enumerate() {
             let seed = 0x5eed_0000 + 4 * l as u64;
             fill(&ls.ring, pos.min(m.p.window), seed)
                 .with_context(|| format!("layer {l}: filling the window"))?;
