@@ -162,8 +162,12 @@ impl GpuPath {
         let get = |table: TensorRef, ids: TensorRef, out: TensorRef| {
             dev.op(ops::GET_ROWS, OpParams::default(), &[table, ids, out])
         };
+        // A weighted RMS norm of each d-row: NORM_ROPE with no rotary pairs (the glue op
+        // every device backend runs; RMS_NORM is the CPU's llama path's).
+        let pos = v(&w.pos, [n, 1, 1, 1]);
         let norm = |x: TensorRef, wt: &Tensor, out: TensorRef| {
-            dev.op(ops::RMS_NORM, super::pr(&[p.eps], &[]), &[x, wt.r, out])
+            let prm = super::pr(&[p.eps, 1.0], &[2, 0, 0]);
+            dev.op(ops::NORM_ROPE, prm, &[x, wt.r, self.inv_main.0.r, pos, out])
         };
         get(
             m.embd.r,
@@ -171,14 +175,14 @@ impl GpuPath {
             v(&mw.emb, [d, n, 1, 1]),
         )?;
         norm(
-            v(&mw.emb, [d, n, 1, 1]),
+            v(&mw.emb, [d, 1, n, 1]),
             &mt.enorm,
-            v(&mw.src, [d, n, 1, 1]),
+            v(&mw.src, [d, 1, n, 1]),
         )?;
         norm(
-            v(&mw.hin, [d, hc * n, 1, 1]),
+            v(&mw.hin, [d, hc, n, 1]),
             &mt.hnorm,
-            at(&mw.src, d * n, [d, hc * n, 1, 1]),
+            at(&mw.src, d * n, [d, hc, n, 1]),
         )?;
         get(
             v(&mw.src, [d, n + hc * n, 1, 1]),
