@@ -49,7 +49,8 @@ pub fn logits(
     )?;
     let entries = BatchEntry::prompt(&toks, 0, true);
     let rows = match mode {
-        "draft" => drafted_passes(&mut *m.model, &toks)?,
+        "draft" => drafted_passes(&mut *m.model, &toks, |_, _| Ok(()))?,
+        "mtp-draft" => mtp_at_passes(&mut *m.model, &toks)?,
         "mtp" | "mtp-prefill" => mtp_rows(&mut *m.model, &toks, mode == "mtp")?,
         "prefill" => m.model.forward(&entries)?,
         "decode" => {
@@ -59,7 +60,9 @@ pub fn logits(
             }
             rows
         }
-        other => bail!("--mode must be prefill, decode, draft, mtp or mtp-prefill, not '{other}'"),
+        other => bail!(
+            "--mode must be prefill, decode, draft, mtp, mtp-prefill or mtp-draft, not '{other}'"
+        ),
     };
     let vocab = m.model.n_vocab();
     let flat: Vec<f32> = rows.concat();
@@ -117,6 +120,26 @@ fn mtp_rows(
     Ok(rows)
 }
 
+/// `logits --mode mtp-draft`: the MTP drafter's first guess where each pass of `--mode
+/// draft`'s schedule starts (the slot goes back into passes whose made-up drafts were
+/// dropped, and the drafter drafts from there): row t is its guess after token t where
+/// a pass starts at t, NaN elsewhere. Those rows must be `--mode mtp`'s: the drafter
+/// sees only accepted positions.
+fn mtp_at_passes(model: &mut dyn moe_engine::CausalLm, toks: &[u32]) -> Result<Vec<Vec<f32>>> {
+    if !model.has_drafter() {
+        bail!("--mode mtp-draft needs --mtp FILE (a deepseek4 next-token-prediction GGUF)");
+    }
+    let mut rows = vec![vec![f32::NAN; model.n_vocab()]; toks.len()];
+    drafted_passes(model, toks, |m, t| {
+        let mut guess = m
+            .draft_logits(0, toks[t], t, 1)?
+            .ok_or_else(|| anyhow::anyhow!("the model stopped drafting"))?;
+        rows[t] = guess.pop().unwrap_or_default();
+        Ok(())
+    })?;
+    Ok(rows)
+}
+
 /// The most drafts a pass of `logits --mode draft` carries.
 const MAX_CHECK_DRAFTS: usize = 7;
 
@@ -126,7 +149,11 @@ const MAX_CHECK_DRAFTS: usize = 7;
 /// the rest made up (`a` cycles through 0..=k); the rows up to the first made-up draft
 /// are kept, and the next pass starts there, so the model must drop the made-up drafts.
 /// The rows must equal `--mode decode`'s.
-fn drafted_passes(model: &mut dyn moe_engine::CausalLm, toks: &[u32]) -> Result<Vec<Vec<f32>>> {
+fn drafted_passes(
+    model: &mut dyn moe_engine::CausalLm,
+    toks: &[u32],
+    mut at_pass: impl FnMut(&mut dyn moe_engine::CausalLm, usize) -> Result<()>,
+) -> Result<Vec<Vec<f32>>> {
     let k = model.max_draft().min(MAX_CHECK_DRAFTS);
     if k == 0 {
         bail!(
@@ -163,6 +190,7 @@ fn drafted_passes(model: &mut dyn moe_engine::CausalLm, toks: &[u32]) -> Result<
             batch.push(entry(token, q, true));
         }
         let keep = (a + 1).min(toks.len() - t);
+        at_pass(model, t)?;
         rows.extend(model.forward(&batch)?.into_iter().take(keep));
         t += keep;
         pass += 1;

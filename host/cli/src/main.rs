@@ -78,8 +78,10 @@ enum Command {
         /// `prefill` (one batched pass), `decode` (one token at a time, with caches),
         /// `draft` (passes of a token and drafts, some made up and dropped after, as
         /// speculative decoding runs them), or with `--mtp FILE` the drafter's own
-        /// logits: `mtp` (each token's guess of the next, then a 4-step chain after the
-        /// last) or `mtp-prefill` (the chain only, after a one-pass prefill).
+        /// logits: `mtp` (each token's guess of the next, the last one's being the first
+        /// of a 4-step chain: T + 3 rows), `mtp-prefill` (the chain only, after a one-pass
+        /// prefill) or `mtp-draft` (the guess where each `draft` pass starts, NaN rows
+        /// elsewhere).
         #[arg(long, default_value = "prefill")]
         mode: String,
         /// Build this many layers from a deepseek4 file with fewer (as `bench --layers`).

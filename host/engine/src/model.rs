@@ -146,8 +146,8 @@ pub struct LoadOptions {
     /// copy is its own device allocation, so memory and bytes read are the real ones.
     pub repeat_layers: Option<usize>,
     /// deepseek4: a next-token-prediction (MTP) GGUF to draft with (llama.cpp's `--mtp`
-    /// layout, as `moeserve convert --mtp` writes it); may be the model's own file when
-    /// that holds the block.
+    /// layout, as `moeserve convert --mtp` writes it: the block's own mHC head as the
+    /// file's `output_hc_*`).
     pub mtp: Option<std::path::PathBuf>,
 }
 
@@ -469,10 +469,11 @@ pub fn load_gguf(reg: &Registry, f: GgufFile, opts: &LoadOptions) -> Result<Load
         (Some(_), Some(mp)) => {
             let mf = open_gguf(reg, mp)?;
             check_mtp_file(&f, &mf).with_context(|| format!("{}", mp.display()))?;
-            let main_layers = f
+            // (the block is the MTP file's first after its main layers)
+            let main_layers = mf
                 .get_u64("deepseek4.block_count")
                 .unwrap_or(0)
-                .saturating_sub(f.get_u64("deepseek4.nextn_predict_layers").unwrap_or(0));
+                .saturating_sub(mf.get_u64("deepseek4.nextn_predict_layers").unwrap_or(0));
             let blk = format!("blk.{main_layers}.");
             upload_tensors(reg, &mf, &dev, &mut map, |name| {
                 let mine = name.starts_with(&blk) || name.starts_with("output_hc_");

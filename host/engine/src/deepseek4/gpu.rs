@@ -1739,8 +1739,6 @@ impl GpuPath {
     }
 }
 
-/// Whether `run` (one tiny op, then a sync) succeeds: the backend has the op. `lacks`
-/// says what falls back when it does not (debug log).
 /// A layer's small tensors on the device.
 fn dev_layer(dev: &Arc<Device>, l: &Layer) -> Result<DevLayer> {
     let comp = |c: &CompWeights| -> Result<DevComp> {
@@ -1772,6 +1770,8 @@ fn dev_layer(dev: &Arc<Device>, l: &Layer) -> Result<DevLayer> {
     })
 }
 
+/// Whether `run` (one tiny op, then a sync) succeeds: the backend has the op. `lacks`
+/// says what falls back when it does not (debug log).
 fn probe_op(dev: &Arc<Device>, lacks: &str, run: impl FnOnce() -> Result<()>) -> bool {
     run()
         .and_then(|()| dev.sync())

@@ -460,6 +460,9 @@ impl Deepseek4 {
     /// the main layers; its weights uploaded into `w` under [`MTP_PREFIX`]) as the
     /// drafter. Needs the device-resident forward, which runs it.
     pub fn attach_mtp(&mut self, f: &GgufFile, w: &Weights) -> Result<()> {
+        if self.mtp.is_some() {
+            bail!("an MTP drafter is already attached");
+        }
         if self.gpu.is_none() {
             bail!("the MTP drafter runs on the device-resident forward, which this backend does not run");
         }
@@ -525,6 +528,20 @@ impl Deepseek4 {
         };
         let l = p.n_layer;
         let layer = load_layer(&src, p, l, fl, fl, 0).context("the MTP block")?;
+        // (the device path's buffers are sized by the main layers' expert widths)
+        let width = |l: &Layer| {
+            (
+                l.gate_exps.r.dims[1],
+                l.shexp.as_ref().map(|s| s.0.r.dims[1]),
+            )
+        };
+        if let Some(main) = self.layers.first().filter(|m| width(m) != width(&layer)) {
+            bail!(
+                "the MTP block's expert / shared expert widths {:?} differ from the model's {:?}",
+                width(&layer),
+                width(main)
+            );
+        }
         let eh_proj = src.g(&nx("eh_proj.weight"))?;
         check_dims(&eh_proj, &nx("eh_proj.weight"), &[2 * p.d, p.d])?;
         let norm = |s: &str| -> Result<HostF32> {
@@ -941,8 +958,6 @@ impl Deepseek4 {
     }
 }
 
-/// Sizes the per-token glue indexes by; a file that disagrees is refused here rather
-/// than failing mid-forward.
 /// Where a layer's tensors come from: the file for small tensors and presence checks,
 /// the uploaded weights (their names prefixed by `wpre`) for the rest.
 struct LayerSrc<'a> {
@@ -1115,6 +1130,8 @@ fn load_layer(
     Ok(layer)
 }
 
+/// Sizes the per-token glue indexes by; a file that disagrees is refused here rather
+/// than failing mid-forward.
 fn check_layer(p: &Ds4Params, l: usize, y: &Layer) -> Result<()> {
     let (d, hd, hc) = (p.d, p.head_dim, p.hc);
     let nmix = 2 * hc + hc * hc;
@@ -1264,14 +1281,19 @@ impl CausalLm for Deepseek4 {
             .slots
             .get(slot as usize)
             .ok_or_else(|| anyhow!("slot {slot} outside 0..{n}"))?;
-        // The slot holds the positions before `pos` (or more, inside its last drafted
-        // pass, whose rejected rows the next pass rolls back).
-        let inside = pos < st.n_past
+        // The slot holds the positions before `pos`, or more: inside its last drafted
+        // pass, whose rejected rows (the block's window's too) go back first, as the
+        // next pass would put them back, so the chain sees the accepted ones only.
+        if pos < st.n_past
             && self
                 .gpu
                 .as_ref()
-                .is_some_and(|g| g.can_return(slot as usize, pos));
-        if pos != st.n_past && !inside {
+                .is_some_and(|g| g.can_return(slot as usize, pos))
+        {
+            let s = slot as usize;
+            gpu::GpuPath::rewind(self, s, pos).inspect_err(|_| self.slots[s].reset())?;
+            self.slots[s].n_past = pos;
+        } else if pos != st.n_past {
             bail!(
                 "slot {slot} holds {} positions; a draft starts right after them, not at {pos}",
                 st.n_past

@@ -11,6 +11,7 @@ use moe_plugin_api::{ops, OpParams, TensorRef};
 use super::{at, dev_layer, upload, v, wv, GpuPath, LayerState, StepKind, Work};
 use crate::deepseek4::Deepseek4;
 use crate::device::Tensor;
+use crate::sampling::argmax;
 
 /// The block's device tensors and per-slot state.
 pub(super) struct DevMtp {
@@ -106,10 +107,13 @@ impl GpuPath {
                 saved: dev.f32([p.head_dim as u64, cap as u64, 1, 1])?,
                 save_ids: dev.i32(cap)?,
             });
-            // Work buffers allocated before have no room for the block's inputs.
+            // Work buffers allocated before have no room for the block's inputs, and the
+            // slots' states get the block's window (allocated with them): both anew, with
+            // whatever graphs and ring copies were made of the old ones.
             (g.work, g.work1, g.work_d) = (None, None, None);
-            // The slots' states get the block's window (allocated with them).
             g.slots.iter_mut().for_each(|s| *s = None);
+            g.rollback.iter_mut().for_each(|r| *r = None);
+            g.graphs.clear();
             Ok(())
         })
     }
@@ -401,18 +405,23 @@ impl GpuPath {
                     out.push(logits);
                 }
                 Err(e) => {
+                    // (branches a failed step left open join here, not in a later capture)
+                    let _ = self.join_open(dev);
                     failed = Some(e);
                     break;
                 }
             }
         }
-        if k > 1 {
-            self.restore_ring_rows(dev, &ls.ring, &mt.saved, pos + 1, pos + 1, k - 1)
-                .context("putting back the MTP block's window")?;
-        }
+        let restored = match k > 1 {
+            true => self
+                .restore_ring_rows(dev, &ls.ring, &mt.saved, pos + 1, pos + 1, k - 1)
+                .context("putting back the MTP block's window"),
+            false => Ok(()),
+        };
+        // (a step's error first: a restore failing after it says less)
         match failed {
             Some(e) => Err(e),
-            None => Ok(out),
+            None => restored.map(|()| out),
         }
     }
 }
@@ -421,15 +430,4 @@ fn mtp_work(w: &Work) -> Result<&MtpWork> {
     w.mtp
         .as_ref()
         .ok_or_else(|| anyhow!("no MTP inputs in the work buffers"))
-}
-
-/// The first index of the largest value (the greedy token).
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
