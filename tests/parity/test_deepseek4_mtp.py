@@ -72,8 +72,9 @@ def test_mtp_chain_after_prefill_equals_one_by_one(models):
 
 
 def test_mtp_file_errors(models, tmp_path):
-    """A model file given as the drafter, and a drafter for logits without one, are
-    refused with a message (no panic)."""
+    """A model file given as the drafter, a checkpoint without a block converted with
+    --mtp, the drafter's modes without one, and a missing file are refused with a
+    message (no panic)."""
     _, cfg, main, mtp = models
     out = tmp_path / "x.npy"
 
@@ -86,6 +87,8 @@ def test_mtp_file_errors(models, tmp_path):
     err = fails("logits", "--model", main, "--mtp", main, "--tokens", "1,2", "--out", out,
                 "--mode", "mtp")
     assert "not an MTP file" in err, err
+    err = fails("convert", FIX / "tiny_release", "--mtp", "--out", tmp_path / "m.gguf")
+    assert "has no MTP block" in err, err
     err = fails("logits", "--model", main, "--tokens", "1,2", "--out", out, "--mode", "mtp")
     assert "--mtp FILE" in err, err
     err = fails("logits", "--model", main, "--mtp", tmp_path / "none.gguf", "--tokens", "1,2",

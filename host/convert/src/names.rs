@@ -163,4 +163,37 @@ mod tests {
         assert_eq!(expert("layers.0.ffn.experts.1.w2.scale"), Some((0, 1, 2)));
         assert!(map("model.layers.1.attn.mystery.weight").is_none());
     }
+
+    #[test]
+    fn mtp_block_takes_the_layer_after_the_main_ones() {
+        let m = |n: &str| mtp_name(n, 43).unwrap();
+        assert_eq!(
+            m("mtp.0.attn.wq_a.weight").as_deref(),
+            Some("layers.43.attn.wq_a.weight")
+        );
+        assert_eq!(
+            m("mtp.0.ffn.experts.5.w1.scale").as_deref(),
+            Some("layers.43.ffn.experts.5.w1.scale")
+        );
+        assert_eq!(
+            m("mtp.0.e_proj.weight").as_deref(),
+            Some("layers.43.nextn.e_proj.weight")
+        );
+        assert_eq!(
+            m("mtp.0.norm.weight").as_deref(),
+            Some("layers.43.nextn.shared_head_norm.weight")
+        );
+        // its own mHC head replaces the model's; the model's embedding and head stay
+        assert_eq!(m("mtp.0.hc_head_fn").as_deref(), Some("hc_head_fn"));
+        assert_eq!(m("hc_head_fn"), None);
+        assert_eq!(m("embed.weight").as_deref(), Some("embed.weight"));
+        assert_eq!(m("head.weight").as_deref(), Some("head.weight"));
+        assert_eq!(m("layers.7.attn.wq_a.weight"), None);
+        // then mapped as any layer's, and the nextn norms by name
+        assert_eq!(
+            map("layers.43.nextn.hnorm.weight").unwrap().gguf,
+            "blk.43.nextn.hnorm.weight"
+        );
+        assert!(mtp_name("mtp.1.attn.wq_a.weight", 43).is_err());
+    }
 }
