@@ -17,6 +17,13 @@ cuda_plugins() {
         "$(cd "${DS4_DIR:-.dev/ds4}" && pwd)" "${2:-}" > "$1"
 }
 
+# cpu_plugins FILE: a plugins.toml for the CPU backend with the plugins carried in
+# $DS4_DIR (default .dev/ds4).
+cpu_plugins() {
+    printf 'plugin_dir = "%s"\n[[plugin]]\nlibrary = "moe_backend_cpu"\n[[plugin]]\nlibrary = "moe_quant_ggml"\n[[plugin]]\nlibrary = "moe_policy_basic"\n' \
+        "$(cd "${DS4_DIR:-.dev/ds4}" && pwd)" > "$1"
+}
+
 # ncu_path: Nsight Compute's ncu (PATH, /opt/nvidia/nsight-compute, the toolkit), or a
 # message and failure.
 ncu_path() {

@@ -15,15 +15,8 @@ python3 scripts/device/llamacpp_convert.py "$W/llama.cpp" "$CK" "$W/theirs.gguf"
     > "$W/convert.log" 2>&1 || { tail -20 "$W/convert.log"; exit 1; }
 # (its converter may name the drafter file itself: take the newest GGUF it wrote)
 theirs=$(ls -t "$W"/*.gguf | grep -v ours.gguf | head -1)
-cat > "$W/plugins.toml" <<TOML
-plugin_dir = "$PWD/.dev/ds4"
-[[plugin]]
-library = "moe_backend_cpu"
-[[plugin]]
-library = "moe_quant_ggml"
-[[plugin]]
-library = "moe_policy_basic"
-TOML
+. scripts/device/cuda_env.sh
+cpu_plugins "$W/plugins.toml"
 .dev/ds4/moeserve --config "$W/plugins.toml" convert "$CK" --mtp --type f32 --out "$W/ours.gguf" 2>&1 | tail -1
 PYTHONPATH="$W/llama.cpp/gguf-py" python3 scripts/device/gguf_diff.py "$theirs" "$W/ours.gguf" \
     | tee "$OUT/mtp_convert_check.log"

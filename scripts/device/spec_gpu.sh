@@ -12,7 +12,8 @@
 #   mtp       the MTP drafter (written later the same day): its logits on CUDA against
 #             llama.cpp's (tiny_release_mtp.npz, the CPU test's bounds), then ds4_ab.sh at
 #             depth 0: base, the block loaded (its per-pass catch-up), and its 3 / 7-step
-#             chains before passes of all-taken drafts
+#             chains before passes of all-taken drafts (3 also with chain steps and
+#             passes as graphs)
 # STEPS picks (default all five). Here: bash scripts/device/carry_ds4.sh. There: carry
 # .dev/ds4. $OUT gets the logs.
 set -uo pipefail
@@ -64,10 +65,14 @@ if want mtp; then
     $bin --config "$W/plugins.toml" convert $F/tiny_release --out "$W/main.gguf" > /dev/null 2>&1
     $bin --config "$W/plugins.toml" convert $F/tiny_release_mtp --mtp --out "$W/mtp.gguf" > /dev/null 2>&1
     toks=$(python3 -c "import numpy as np; print(','.join(map(str, np.load('$F/tiny_release_mtp.npz')['tokens'])))")
-    for mode in mtp mtp-prefill; do
+    for mode in mtp mtp-prefill mtp-draft; do
         RUST_LOG=warn timeout 120 $bin --config "$W/plugins.toml" logits --model "$W/main.gguf" \
             --mtp "$W/mtp.gguf" --tokens "$toks" --mode $mode --out "$OUT/$mode.npy" 2>&1 | tail -1
     done
+    # chain steps recorded and replayed as graphs
+    MOE_DS4_DRAFT_GRAPH=1 RUST_LOG=warn timeout 120 $bin --config "$W/plugins.toml" logits \
+        --model "$W/main.gguf" --mtp "$W/mtp.gguf" --tokens "$toks" --mode mtp \
+        --out "$OUT/mtp-graph.npy" 2>&1 | tail -1
     python3 - "$F/tiny_release_mtp.npz" "$OUT" <<'PY'
 import sys
 import numpy as np
@@ -80,10 +85,16 @@ print(f"mtp vs llama.cpp: median {np.median(err):.2e} p99 {np.percentile(err, 99
       f"rows over 3e-2: {(err > 3e-2).sum()} argmax {(ours.argmax(1) == want.argmax(1)).mean():.3f} "
       f"chain {ours[len(ref['tokens']) - 1:].argmax(1).tolist()} (llama.cpp {ref['chain_tokens'].tolist()}) "
       f"prefill chain gap {np.abs(pre - ours[len(ref['tokens']) - 1:]).max():.2e}")
+at = np.load(sys.argv[2] + "/mtp-draft.npy")
+starts = ~np.isnan(at[:, 0])
+print(f"guesses at {starts.sum()} drafted-pass starts vs token by token: "
+      f"{np.abs(at[starts] - ours[:len(at)][starts]).max():.2e}")
+g = np.load(sys.argv[2] + "/mtp-graph.npy")
+print(f"chain steps as graphs vs op by op: {np.abs(g - ours).max():.2e}")
 PY
     step "MTP drafter on the 43-layer model (depth 0)"
     OUT=$OUT/mtp DEPTHS=0 timeout 300 bash scripts/device/ds4_ab.sh base MTP=1 DRAFT=3,MTP=1 \
-        DRAFT=7,MTP=1 > "$OUT/mtp.log" 2>&1
+        DRAFT=7,MTP=1 DRAFT=3,MTP=1,MOE_DS4_DRAFT_GRAPH=1 > "$OUT/mtp.log" 2>&1
     echo "rc=$?"
     grep -E "^\||MiB" "$OUT/mtp.log" || tail -5 "$OUT/mtp.log"
 fi

@@ -128,19 +128,26 @@ def ds4_spec_server(ds4_model):
     s.close()
 
 
+def drafted_equals_plain(spec_server, plain_server, prompt, max_tokens):
+    """One greedy request to both servers: the same choice, logprobs included; the
+    drafting server's response (drafting ran there, not on the other)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 2}
+    spec, plain = spec_server.post("/v1/completions", body), plain_server.post(
+        "/v1/completions", body)
+    assert spec.status == plain.status == 200, (spec.text, plain.text)
+    s, p = spec.json(), plain.json()
+    assert s["choices"][0] == p["choices"][0], prompt
+    assert s["usage"]["spec_decode_ran"] is True
+    assert p["usage"]["spec_decode_ran"] is False
+    return s
+
+
 def test_speculative_decoding_equals_plain(ds4_spec_server, ds4_server):
     """Greedy answers with prompt-lookup drafts (rejected ones dropped from the
     compressed state) are plain decoding's, logprobs included; drafts were offered."""
     drafted = accepted = 0
     for prompt in ["BETA BETA BETA BETA BETA BETA BETA BETA", *PROMPTS]:
-        body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "logprobs": 2}
-        spec, plain = ds4_spec_server.post("/v1/completions", body), ds4_server.post(
-            "/v1/completions", body)
-        assert spec.status == plain.status == 200, (spec.text, plain.text)
-        s, p = spec.json(), plain.json()
-        assert s["choices"][0] == p["choices"][0], prompt
-        assert s["usage"]["spec_decode_ran"] is True
-        assert p["usage"]["spec_decode_ran"] is False
+        s = drafted_equals_plain(ds4_spec_server, ds4_server, prompt, 40)
         drafted += s["timings"]["draft_n"]
         accepted += s["timings"]["draft_n_accepted"]
     # both kinds ran: passes whose drafts were kept and passes the slot went back into
@@ -209,13 +216,7 @@ def test_mtp_drafting_equals_plain(ds4_mtp_server, ds4_server):
     """Greedy answers with the MTP block's drafts are plain decoding's, logprobs included;
     every step offered drafts (the block drafts from any text, unlike prompt lookup)."""
     for prompt in PROMPTS:
-        body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "logprobs": 2}
-        spec, plain = ds4_mtp_server.post("/v1/completions", body), ds4_server.post(
-            "/v1/completions", body)
-        assert spec.status == plain.status == 200, (spec.text, plain.text)
-        s, p = spec.json(), plain.json()
-        assert s["choices"][0] == p["choices"][0], prompt
-        assert s["usage"]["spec_decode_ran"] is True
+        s = drafted_equals_plain(ds4_mtp_server, ds4_server, prompt, 24)
         n = s["usage"]["completion_tokens"]
         # a pass per accepted run: at least (tokens - 1) / 5 passes of up to 4 drafts
         assert s["timings"]["draft_n"] >= n // 5, s["timings"]

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use moe_convert::synth::{flash_config, synth, synth_mtp, SynthBytes, TypeMix};
+use moe_convert::synth::{flash_config, synth, SynthBytes, TypeMix};
 use moe_gguf::GgufWriter;
 
 pub fn run(
@@ -115,11 +115,11 @@ fn generate(
         ProgressStyle::with_template("{bar:30} {pos}/{len} tensors")
             .expect("static progress template"),
     );
-    let write = if mtp { synth_mtp } else { synth };
-    let b = write(&c, mix, seed, &mut w, &|done, total| {
+    let progress = |done, total| {
         pb.set_length(total as u64);
         pb.set_position(done as u64);
-    })?;
+    };
+    let b = synth(&c, mix, seed, &mut w, &progress, mtp)?;
     pb.finish_and_clear();
     Ok((w, b))
 }

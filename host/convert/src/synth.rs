@@ -217,32 +217,11 @@ pub struct SynthBytes {
     pub per_token: u64,
 }
 
-/// Writes the model; `progress(done, total)` per tensor.
+/// Writes the model; `progress(done, total)` per tensor. `mtp`: its MTP drafter file
+/// instead (as `convert --mtp` lays one out): the same embedding, head and norms as the
+/// model of this config and seed (the same bytes: the generator starts alike), then one
+/// sliding-window block as layer `c.n_layer` and its `nextn.*` tensors.
 pub fn synth(
-    c: &Ds4Config,
-    types: TypeMix,
-    seed: u64,
-    w: &mut GgufWriter,
-    progress: &dyn Fn(usize, usize),
-) -> Result<SynthBytes> {
-    write_model(c, types, seed, w, progress, false)
-}
-
-/// Writes an MTP drafter file for the model [`synth`] writes with the same config and
-/// seed (as `convert --mtp` lays one out): the same embedding, head and norms (the same
-/// bytes: the generator starts alike), one sliding-window block as layer `c.n_layer`
-/// and its `nextn.*` tensors.
-pub fn synth_mtp(
-    c: &Ds4Config,
-    types: TypeMix,
-    seed: u64,
-    w: &mut GgufWriter,
-    progress: &dyn Fn(usize, usize),
-) -> Result<SynthBytes> {
-    write_model(c, types, seed, w, progress, true)
-}
-
-fn write_model(
     c: &Ds4Config,
     types: TypeMix,
     seed: u64,

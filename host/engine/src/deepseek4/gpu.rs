@@ -954,51 +954,7 @@ impl GpuPath {
                     let _ = self.join_open(dev);
                 })
         };
-        let next = match state {
-            GraphState::Recorded => {
-                if dev.op(ops::GRAPH_LAUNCH, key, &[]).is_ok() {
-                    GraphState::Recorded
-                } else {
-                    step(w)?;
-                    GraphState::Warm
-                }
-            }
-            GraphState::Warm => {
-                // A backend without graphs says so at GRAPH_BEGIN: run op by op from now on.
-                if dev.op(ops::GRAPH_BEGIN, key, &[]).is_err() {
-                    step(w)?;
-                    GraphState::Off
-                } else {
-                    let rec = step(w);
-                    let end = dev.op(ops::GRAPH_END, key, &[]);
-                    match (rec, end) {
-                        (Ok(()), Ok(())) => {
-                            dev.op(ops::GRAPH_LAUNCH, key, &[])?;
-                            GraphState::Recorded
-                        }
-                        (rec, end) => {
-                            tracing::warn!(
-                                "deepseek4: recording the decode step failed ({}); running it directly",
-                                rec.err()
-                                    .or(end.err())
-                                    .map(|e| format!("{e:#}"))
-                                    .unwrap_or_default()
-                            );
-                            step(w)?;
-                            GraphState::Off
-                        }
-                    }
-                }
-            }
-            GraphState::Cold => {
-                step(w)?;
-                GraphState::Warm
-            }
-            GraphState::Off => {
-                step(w)?;
-                GraphState::Off
-            }
-        };
+        let next = self.graph_run(dev, state, key, || step(w))?;
         if let Some(e) = gid.and_then(|id| self.graphs.get_mut(&id)) {
             e.0 = next;
         }
@@ -1009,6 +965,62 @@ impl GpuPath {
             return Ok(vec![all]); // (a decode step: no copy)
         }
         Ok(all.chunks_exact(p.n_vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Runs `step` as graph `key` in `state` (see [`GraphState`]): directly when cold or
+    /// off, recorded when warm, replayed when recorded. Returns the next state.
+    fn graph_run(
+        &self,
+        dev: &Device,
+        state: GraphState,
+        key: OpParams,
+        step: impl Fn() -> Result<()>,
+    ) -> Result<GraphState> {
+        Ok(match state {
+            GraphState::Recorded => {
+                if dev.op(ops::GRAPH_LAUNCH, key, &[]).is_ok() {
+                    GraphState::Recorded
+                } else {
+                    step()?;
+                    GraphState::Warm
+                }
+            }
+            GraphState::Warm => {
+                // A backend without graphs says so at GRAPH_BEGIN: run op by op from now on.
+                if dev.op(ops::GRAPH_BEGIN, key, &[]).is_err() {
+                    step()?;
+                    GraphState::Off
+                } else {
+                    let rec = step();
+                    let end = dev.op(ops::GRAPH_END, key, &[]);
+                    match (rec, end) {
+                        (Ok(()), Ok(())) => {
+                            dev.op(ops::GRAPH_LAUNCH, key, &[])?;
+                            GraphState::Recorded
+                        }
+                        (rec, end) => {
+                            tracing::warn!(
+                                "deepseek4: recording a step failed ({}); running it directly",
+                                rec.err()
+                                    .or(end.err())
+                                    .map(|e| format!("{e:#}"))
+                                    .unwrap_or_default()
+                            );
+                            step()?;
+                            GraphState::Off
+                        }
+                    }
+                }
+            }
+            GraphState::Cold => {
+                step()?;
+                GraphState::Warm
+            }
+            GraphState::Off => {
+                step()?;
+                GraphState::Off
+            }
+        })
     }
 
     /// Queues one chunk's ops (embedding .. logits of the `n_want` wanted rows).

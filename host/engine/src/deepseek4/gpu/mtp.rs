@@ -8,7 +8,9 @@
 use anyhow::{anyhow, Context, Result};
 use moe_plugin_api::{ops, OpParams, TensorRef};
 
-use super::{at, dev_layer, upload, v, wv, GpuPath, LayerState, StepKind, Work};
+use std::cell::Cell;
+
+use super::{at, dev_layer, upload, v, wv, GpuPath, GraphState, LayerState, StepKind, Work};
 use crate::deepseek4::Deepseek4;
 use crate::device::Tensor;
 use crate::sampling::argmax;
@@ -31,6 +33,8 @@ pub(super) struct DevMtp {
     /// and the ids of those rows.
     saved: Tensor,
     save_ids: Tensor,
+    /// Per slot: its chain step's graph state and the kind it was recorded for.
+    graphs: Vec<Cell<(GraphState, StepKind)>>,
 }
 
 /// A pass's inputs of the block (allocated with its [`Work`] when a drafter is loaded).
@@ -106,6 +110,15 @@ impl GpuPath {
                 work: None,
                 saved: dev.f32([p.head_dim as u64, cap as u64, 1, 1])?,
                 save_ids: dev.i32(cap)?,
+                graphs: (0..g.slots.len())
+                    .map(|_| {
+                        let start = match g.draft_graphs {
+                            true => g.graph_start,
+                            false => GraphState::Off,
+                        };
+                        Cell::new((start, StepKind::default()))
+                    })
+                    .collect(),
             });
             // Work buffers allocated before have no room for the block's inputs, and the
             // slots' states get the block's window (allocated with them): both anew, with
@@ -288,6 +301,12 @@ impl GpuPath {
         Ok(())
     }
 
+    /// The graph id of `slot`'s chain steps (past every `graph_id`: those count up to
+    /// MAX_CHUNK tokens a slot).
+    fn mtp_graph_id(&self, slot: usize) -> usize {
+        (super::MAX_CHUNK + 1) * self.slots.len() + slot
+    }
+
     fn dev_mtp(&self) -> Result<&DevMtp> {
         self.mtp
             .as_ref()
@@ -376,24 +395,35 @@ impl GpuPath {
                     v(&mw.hin, [row, 1, 1, 1]),
                 ],
             )?;
-            self.mtp_input(m, w, 1)?;
+            // The rest reads only what was uploaded or copied above: one graph a slot
+            // (`MOE_DS4_DRAFT_GRAPH=1`, as drafted passes), recorded on its second step.
             let kind = StepKind::of(self.idx_ratio, p.idx_topk, pos + i, 1);
-            let mut post = Vec::new();
-            self.block(m, l, (&mtp.layer, &mt.layer, ls), w, 1, kind, &mut post)?;
-            let hidden = v(&w.hidden, [p.d, 1, 1, 1]);
-            self.site(
-                m,
-                w,
-                1,
-                (&post, &mtp.hc_head.0, &mt.head, &mt.head_norm, true),
-                hidden,
-            )?;
-            dev.op(
-                ops::MATMUL,
-                OpParams::default(),
-                &[wv(&m.output), hidden, v(&w.logits, [p.n_vocab, 1, 1, 1])],
-            )?;
-            self.join_open(dev)?;
+            let (mut state, recorded) = mt.graphs[slot].get();
+            if recorded != kind && matches!(state, GraphState::Recorded | GraphState::Warm) {
+                state = GraphState::Cold;
+            }
+            let key = super::pr(&[], &[self.mtp_graph_id(slot) as i64]);
+            let step = || {
+                self.mtp_input(m, w, 1)?;
+                let mut post = Vec::new();
+                self.block(m, l, (&mtp.layer, &mt.layer, ls), w, 1, kind, &mut post)?;
+                let hidden = v(&w.hidden, [p.d, 1, 1, 1]);
+                let head = (&post[..], &*mtp.hc_head.0, &mt.head, &mt.head_norm, true);
+                self.site(m, w, 1, head, hidden)?;
+                dev.op(
+                    ops::MATMUL,
+                    OpParams::default(),
+                    &[wv(&m.output), hidden, v(&w.logits, [p.n_vocab, 1, 1, 1])],
+                )?;
+                self.join_open(dev)
+            };
+            let next = self.graph_run(dev, state, key, || {
+                step().inspect_err(|_| {
+                    let _ = self.join_open(dev);
+                })
+            });
+            mt.graphs[slot].set((next.as_ref().copied().unwrap_or(GraphState::Off), kind));
+            next?;
             dev.sync()?;
             w.logits.download_f32(p.n_vocab)
         };
