@@ -14,6 +14,7 @@ text (sha256) and fails otherwise. Writes all numbers as JSON.
 Usage: spec_decode.py [--moeserve target/release/moeserve] [--config plugins.toml]
                       [--model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf]
                       [--draft-max 3] [--max-tokens 512] [--out results.json]
+                      [--mtp MTP.gguf]   (deepseek4: the drafting server drafts with it)
 """
 import argparse
 import hashlib
@@ -50,8 +51,10 @@ def post(port, body):
 def serve(a, draft):
     port = free_port()
     log = open(os.path.join(a.work, f"serve-draft{draft}.log"), "w")
+    mtp = ["--mtp", a.mtp] if a.mtp and draft else []
     p = subprocess.Popen([a.moeserve, "--config", a.config, "serve", "--model", a.model,
-                          "--port", str(port), "--parallel", "1", "--draft-max", str(draft)],
+                          "--port", str(port), "--parallel", "1", "--draft-max", str(draft),
+                          *mtp],
                          stdout=log, stderr=subprocess.STDOUT,
                          env=dict(os.environ, RUST_LOG="warn"))
     for _ in range(600):
@@ -95,6 +98,8 @@ def main():
     ap.add_argument("--model", default=os.path.join(
         ROOT, ".cache", "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--draft-max", type=int, default=3)
+    ap.add_argument("--mtp", default=None,
+                    help="deepseek4: an MTP drafter GGUF for the drafting server")
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None)
