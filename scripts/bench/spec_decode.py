@@ -134,6 +134,7 @@ def main():
         with open(a.out, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                        "model": os.path.basename(a.model), "draft_max": a.draft_max,
+                       "mtp": a.mtp and os.path.basename(a.mtp),
                        "max_tokens": a.max_tokens, "runs": {str(k): v for k, v in results.items()},
                        "table": rows}, f, indent=1)
     if not ok:
