@@ -200,13 +200,18 @@ def test_prompt_continuing_a_drafted_pass(ds4_spec_server, ds4_model):
 
 
 @pytest.fixture(scope="module")
-def ds4_mtp_server(ds4_model, tmp_path_factory):
-    """Drafting with the MTP block of tiny_release_mtp (`convert --mtp`; its parity with
-    llama.cpp is tests/parity/test_deepseek4_mtp.py)."""
+def ds4_mtp_file(tmp_path_factory):
     mtp = tmp_path_factory.mktemp("ds4mtp") / "mtp.gguf"
     subprocess.run([str(BIN), "--config", str(CONFIG), "convert", str(FIXTURE) + "_mtp", "--mtp",
                     "--out", str(mtp)], check=True, capture_output=True)
-    s = Server("--parallel", "2", "--draft-max", "4", "--mtp", str(mtp), model=ds4_model)
+    return mtp
+
+
+@pytest.fixture(scope="module")
+def ds4_mtp_server(ds4_model, ds4_mtp_file):
+    """Drafting with the MTP block of tiny_release_mtp (`convert --mtp`; its parity with
+    llama.cpp is tests/parity/test_deepseek4_mtp.py)."""
+    s = Server("--parallel", "2", "--draft-max", "4", "--mtp", str(ds4_mtp_file), model=ds4_model)
     s.start()
     yield s
     s.close()
@@ -229,3 +234,12 @@ def test_mtp_drafting_sequences_side_by_side(ds4_mtp_server, ds4_server):
     with ThreadPoolExecutor(len(PROMPTS)) as ex:
         together = list(ex.map(lambda p: complete(ds4_mtp_server, p, 24), PROMPTS))
     assert together == plain
+
+
+def test_mtp_draft_p_min_stops_unsure_chains(ds4_model, ds4_mtp_file, ds4_server):
+    """`--draft-p-min 1` drafts nothing (no guess is certain): drafting ran, offered no
+    drafts, and the answer is plain decoding's."""
+    with Server("--parallel", "1", "--draft-max", "4", "--mtp", str(ds4_mtp_file),
+                "--draft-p-min", "1", model=ds4_model) as s:
+        r = drafted_equals_plain(s, ds4_server, PROMPTS[0], 16)
+        assert r["timings"]["draft_n"] == 0, r["timings"]

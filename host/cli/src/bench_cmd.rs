@@ -200,7 +200,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 if n > 1 && mtp {
                     // The drafter's chain runs too (its cost counts), its guesses not used.
                     let p0 = depth + prompt.len() + i;
-                    m.model.draft_logits(0, token, p0, n - 1)?;
+                    m.model.draft_logits(0, token, p0, n - 1, 0.0)?;
                 }
                 let pass: Vec<BatchEntry> = (0..n)
                     .map(|j| BatchEntry {

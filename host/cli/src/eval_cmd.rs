@@ -94,7 +94,7 @@ fn mtp_rows(
     }
     let last = toks.len() - 1;
     let draft = |m: &mut dyn moe_engine::CausalLm, p: usize, k: usize| {
-        m.draft_logits(0, toks[p], p, k)?
+        m.draft_logits(0, toks[p], p, k, 0.0)?
             .ok_or_else(|| anyhow::anyhow!("the model stopped drafting"))
     };
     let mut rows = Vec::new();
@@ -132,7 +132,7 @@ fn mtp_at_passes(model: &mut dyn moe_engine::CausalLm, toks: &[u32]) -> Result<V
     let mut rows = vec![vec![f32::NAN; model.n_vocab()]; toks.len()];
     drafted_passes(model, toks, |m, t| {
         let mut guess = m
-            .draft_logits(0, toks[t], t, 1)?
+            .draft_logits(0, toks[t], t, 1, 0.0)?
             .ok_or_else(|| anyhow::anyhow!("the model stopped drafting"))?;
         rows[t] = guess.pop().unwrap_or_default();
         Ok(())

@@ -76,6 +76,11 @@ pub struct ServeArgs {
     /// lookup. Needs --draft-max N too (the block's chain length per step, at most 7).
     #[arg(long)]
     pub mtp: Option<std::path::PathBuf>,
+    /// With --mtp: the block's chain stops before a guess whose probability is below P
+    /// (0 = never, the default; llama.cpp's --draft-p-min). Unsure drafts cost a pass
+    /// more work (each drafted token reads its own experts) and are seldom accepted.
+    #[arg(long, default_value_t = 0.0)]
+    pub draft_p_min: f32,
     /// Seconds a client has to send a request's headers, and again its body.
     #[arg(long, default_value_t = 30.0)]
     pub read_timeout: f64,
@@ -142,6 +147,12 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
         cors_origins: a.cors_origins.clone(),
         default_temperature: a.default_temperature,
     };
+    if !(0.0..=1.0).contains(&a.draft_p_min) {
+        anyhow::bail!(
+            "--draft-p-min must be between 0 and 1, got {}",
+            a.draft_p_min
+        );
+    }
     if !(0.0..=2.0).contains(&a.default_temperature) {
         anyhow::bail!(
             "--default-temperature must be between 0 and 2, got {}",
@@ -167,6 +178,7 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
         prefill_min_tail: a.prefill_min_tail,
         prefix_cache: a.prefix_cache,
         draft_max: a.draft_max,
+        draft_p_min: a.draft_p_min,
     };
     let model = a.model.clone();
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;

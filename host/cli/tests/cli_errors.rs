@@ -96,6 +96,11 @@ fn bad_model_files_are_refused_clearly() {
             "--default-temperature must be between 0 and 2",
         ),
         ("--mtp", "mtp.gguf", "--mtp drafts only with --draft-max N"),
+        (
+            "--draft-p-min",
+            "1.5",
+            "--draft-p-min must be between 0 and 1",
+        ),
     ] {
         let config = repo_config();
         let args = [

@@ -78,15 +78,17 @@ pub trait CausalLm: Send {
     fn has_drafter(&self) -> bool {
         false
     }
-    /// Drafting with a block of its own (deepseek4's MTP): the logits of `k` chained
+    /// Drafting with a block of its own (deepseek4's MTP): the logits of up to `k` chained
     /// guesses after `token` at position `pos` of `slot` (whose cache holds the positions
-    /// before `pos`), each step fed the greedy choice of the one before. None without one.
+    /// before `pos`), each step fed the greedy choice of the one before; the chain stops
+    /// before a guess whose probability is below `p_min` (0: never). None without one.
     fn draft_logits(
         &mut self,
         _slot: u32,
         _token: u32,
         _pos: usize,
         _k: usize,
+        _p_min: f32,
     ) -> Result<Option<Vec<Vec<f32>>>> {
         Ok(None)
     }

@@ -121,6 +121,9 @@ pub struct SchedulerOptions {
     /// in the step's forward pass; greedy sequences only, on models that can rewind
     /// ([`CausalLm::max_draft`]), so the output is the same as without drafts.
     pub draft_max: usize,
+    /// A model drafting with a block of its own stops its chain before a guess less
+    /// likely than this (0: never), as llama.cpp's `--draft-p-min`.
+    pub draft_p_min: f32,
 }
 
 impl Default for SchedulerOptions {
@@ -132,6 +135,7 @@ impl Default for SchedulerOptions {
             prefill_min_tail: 512,
             prefix_cache: true,
             draft_max: 0,
+            draft_p_min: 0.0,
         }
     }
 }
@@ -474,7 +478,8 @@ fn run(
                     .min(model.max_draft());
                 if room > 0 && model.has_drafter() {
                     // The model's own drafter (deepseek4's MTP block): its greedy chain.
-                    s.drafts = match model.draft_logits(s.slot, last, s.fed, room) {
+                    let p_min = opts.draft_p_min;
+                    s.drafts = match model.draft_logits(s.slot, last, s.fed, room, p_min) {
                         Ok(rows) => rows.unwrap_or_default().iter().map(|r| argmax(r)).collect(),
                         Err(e) => {
                             tracing::warn!("drafting failed, this step runs without drafts: {e:#}");

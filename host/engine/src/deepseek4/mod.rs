@@ -1272,6 +1272,7 @@ impl CausalLm for Deepseek4 {
         token: u32,
         pos: usize,
         k: usize,
+        p_min: f32,
     ) -> Result<Option<Vec<Vec<f32>>>> {
         if self.mtp.is_none() {
             return Ok(None);
@@ -1305,7 +1306,7 @@ impl CausalLm for Deepseek4 {
                 self.p.n_vocab
             );
         }
-        gpu::GpuPath::mtp_draft(self, slot as usize, token, pos, k).map(Some)
+        gpu::GpuPath::mtp_draft(self, slot as usize, token, (pos, k, p_min)).map(Some)
     }
 
     fn seek(&mut self, slot: u32, pos: usize) -> Result<()> {

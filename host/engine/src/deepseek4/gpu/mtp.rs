@@ -314,16 +314,16 @@ impl GpuPath {
     }
 
     /// Drafts: from `token` at position `pos` of `slot` (whose last pass ran the target
-    /// through pos - 1), `k` chained steps of the block; each step's logits, the next
-    /// step's token being the greedy choice of the one before.
+    /// through pos - 1), up to `k` chained steps of the block; each step's logits, the next
+    /// step's token being the greedy choice of the one before. The chain ends before a
+    /// step whose greedy choice has a probability below `p_min`.
     pub(in crate::deepseek4) fn mtp_draft(
         m: &mut Deepseek4,
         slot: usize,
         token: u32,
-        pos: usize,
-        k: usize,
+        (pos, k, p_min): (usize, usize, f32),
     ) -> Result<Vec<Vec<f32>>> {
-        Self::with_path(m, |g, m| g.mtp_draft_inner(m, slot, token, pos, k))
+        Self::with_path(m, |g, m| g.mtp_draft_inner(m, slot, token, (pos, k, p_min)))
     }
 
     fn mtp_draft_inner(
@@ -331,8 +331,7 @@ impl GpuPath {
         m: &Deepseek4,
         slot: usize,
         token: u32,
-        pos: usize,
-        k: usize,
+        (pos, k, p_min): (usize, usize, f32),
     ) -> Result<Vec<Vec<f32>>> {
         let (p, dev) = (&m.p, &m.dev);
         let cap = self.pass_cap;
@@ -432,6 +431,9 @@ impl GpuPath {
             match run(i, tok).with_context(|| format!("MTP draft step {i}")) {
                 Ok(logits) => {
                     tok = argmax(&logits);
+                    if p_min > 0.0 && top_probability(&logits) < p_min {
+                        break; // unsure: no draft from here on
+                    }
                     out.push(logits);
                 }
                 Err(e) => {
@@ -454,6 +456,12 @@ impl GpuPath {
             None => restored.map(|()| out),
         }
     }
+}
+
+/// The softmax probability of the largest logit.
+fn top_probability(logits: &[f32]) -> f32 {
+    let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    1.0 / logits.iter().map(|&l| (l - top).exp()).sum::<f32>()
 }
 
 fn mtp_work(w: &Work) -> Result<&MtpWork> {
