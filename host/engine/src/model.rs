@@ -472,10 +472,9 @@ pub fn load_gguf(reg: &Registry, f: GgufFile, opts: &LoadOptions) -> Result<Load
             let mf = open_gguf(reg, mp)?;
             check_mtp_file(&f, &mf).with_context(|| format!("{}", mp.display()))?;
             // (the block is the MTP file's first after its main layers)
-            let main_layers = mf
-                .get_u64("deepseek4.block_count")
-                .unwrap_or(0)
-                .saturating_sub(mf.get_u64("deepseek4.nextn_predict_layers").unwrap_or(0));
+            let main_layers = deepseek4::Ds4Params::from_gguf(&mf)
+                .with_context(|| format!("{}: deepseek4 metadata", mp.display()))?
+                .n_layer;
             let blk = format!("blk.{main_layers}.");
             upload_tensors(reg, &mf, &dev, &mut map, |name| {
                 let mine = name.starts_with(&blk) || name.starts_with("output_hc_");

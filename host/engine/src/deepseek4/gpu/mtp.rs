@@ -43,11 +43,8 @@ pub(super) struct MtpWork {
     /// [1..n) the pass's own rows 0..n-2, [n..n + 2 hc n) the join's, then the pass's
     /// rows that become the tail.
     ids: Tensor,
-    /// The streams each token pairs with: [d hc, n].
-    hin: Tensor,
-    /// Embedding rows: [d, n].
-    emb: Tensor,
-    /// The normed embedding rows, then the normed stream rows: [d, n + hc n].
+    /// The embedding rows, then the streams each token pairs with ([d hc] a token, see
+    /// [`MtpWork::states`]): [d, n + hc n], each row normed in place.
     src: Tensor,
     /// [2d, hc n]: per stream, its token's normed embedding and its normed state.
     cat: Tensor,
@@ -59,11 +56,17 @@ impl MtpWork {
         let f = |len: usize| dev.f32([len as u64, 1, 1, 1]);
         Ok(MtpWork {
             ids: dev.i32(n + 2 * hc * n + tail)?,
-            hin: f(d * hc * n)?,
-            emb: f(d * n)?,
             src: f(d * (n + hc * n))?,
             cat: f(2 * d * hc * n)?,
         })
+    }
+}
+
+impl MtpWork {
+    /// Rows `first..first + rows` of the streams a pass of `n` tokens pairs with (rows
+    /// of d hc values, after the pass's n embedding rows of d).
+    fn states(&self, (d, hc): (usize, usize), n: usize, first: usize, rows: usize) -> TensorRef {
+        at(&self.src, d * (n + first * hc), [d * hc, rows, 1, 1])
     }
 }
 
@@ -168,8 +171,9 @@ impl GpuPath {
         }
     }
 
-    /// The block's input streams for the `n` tokens of `w`, each paired with its row of
-    /// `hin`: per stream, eh_proj over [enorm(embedding) | hnorm(state)].
+    /// The block's input streams for the `n` tokens of `w`, each paired with its state
+    /// ([`MtpWork::states`], copied in before): per stream, eh_proj over
+    /// [enorm(embedding) | hnorm(state)].
     fn mtp_input(&self, m: &Deepseek4, w: &Work, n: usize) -> Result<()> {
         let (p, dev) = (&m.p, &m.dev);
         let (d, hc) = (p.d, p.hc);
@@ -189,18 +193,12 @@ impl GpuPath {
         get(
             m.embd.r,
             v(&w.tokens, [n, 1, 1, 1]),
-            v(&mw.emb, [d, n, 1, 1]),
+            v(&mw.src, [d, n, 1, 1]),
         )?;
-        norm(
-            v(&mw.emb, [d, 1, n, 1]),
-            &mt.enorm,
-            v(&mw.src, [d, 1, n, 1]),
-        )?;
-        norm(
-            v(&mw.hin, [d, hc, n, 1]),
-            &mt.hnorm,
-            at(&mw.src, d * n, [d, hc, n, 1]),
-        )?;
+        let emb = v(&mw.src, [d, 1, n, 1]);
+        norm(emb, &mt.enorm, emb)?;
+        let states = at(&mw.src, d * n, [d, hc, n, 1]);
+        norm(states, &mt.hnorm, states)?;
         get(
             v(&mw.src, [d, n + hc * n, 1, 1]),
             ids(n, 2 * hc * n),
@@ -239,13 +237,14 @@ impl GpuPath {
             dev.op(ops::GET_ROWS, OpParams::default(), &[table, ids, out])
         };
         let streams = v(&w.streams, [row, n, 1, 1]);
+        let dh = (p.d, p.hc);
         get(
             v(tail, [row, cap + 1, 1, 1]),
             ids(0, 1),
-            v(&mw.hin, [row, 1, 1, 1]),
+            mw.states(dh, n, 0, 1),
         )?;
         if n > 1 {
-            get(streams, ids(1, n - 1), at(&mw.hin, row, [row, n - 1, 1, 1]))?;
+            get(streams, ids(1, n - 1), mw.states(dh, n, 1, n - 1))?;
         }
         let t = n.min(cap);
         get(streams, ids(n + 2 * p.hc * n, t), v(tail, [row, t, 1, 1]))
@@ -391,7 +390,7 @@ impl GpuPath {
                 &[
                     src,
                     at(&mw.ids, 0, [1, 1, 1, 1]),
-                    v(&mw.hin, [row, 1, 1, 1]),
+                    mw.states((p.d, p.hc), 1, 0, 1),
                 ],
             )?;
             // The rest reads only what was uploaded or copied above: one graph a slot
