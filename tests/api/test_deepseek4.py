@@ -128,10 +128,12 @@ def ds4_spec_server(ds4_model):
     s.close()
 
 
-def drafted_equals_plain(spec_server, plain_server, prompt, max_tokens):
-    """One greedy request to both servers: the same choice, logprobs included; the
-    drafting server's response (drafting ran there, not on the other)."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 2}
+def drafted_equals_plain(spec_server, plain_server, prompt, max_tokens, **sampling):
+    """One request (greedy unless `sampling` says otherwise) to both servers: the same
+    choice, logprobs included; the drafting server's response (drafting ran there, not
+    on the other)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 2,
+            **sampling}
     spec, plain = spec_server.post("/v1/completions", body), plain_server.post(
         "/v1/completions", body)
     assert spec.status == plain.status == 200, (spec.text, plain.text)
@@ -225,6 +227,23 @@ def test_mtp_drafting_equals_plain(ds4_mtp_server, ds4_server):
         n = s["usage"]["completion_tokens"]
         # a pass per accepted run: at least (tokens - 1) / 5 passes of up to 4 drafts
         assert s["timings"]["draft_n"] >= n // 5, s["timings"]
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.2, "seed": 5},
+                                      {"temperature": 1.0, "top_p": 0.9, "seed": 9}])
+def test_sampled_drafting_equals_plain(ds4_spec_server, ds4_mtp_server, ds4_server, sampling):
+    """Seeded sampled requests draft too (prompt lookup and the MTP block) and answer as
+    plain decoding does, logprobs included: a drafted row is sampled only once every
+    draft before it matched, one draw a kept token."""
+    offered = kept = 0
+    for spec in (ds4_spec_server, ds4_mtp_server):
+        for prompt in ["BETA BETA BETA BETA BETA BETA BETA BETA", PROMPTS[0]]:
+            t = drafted_equals_plain(spec, ds4_server, prompt, 24, **sampling)["timings"]
+            offered, kept = offered + t["draft_n"], kept + t["draft_n_accepted"]
+    assert offered > 0
+    if sampling["temperature"] < 0.5:
+        # rows after a kept draft were sampled too (the random tiny model keeps few)
+        assert kept > 0
 
 
 def test_mtp_drafting_sequences_side_by_side(ds4_mtp_server, ds4_server):

@@ -23,8 +23,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 4)]
     pub parallel: usize,
     /// Temperature of a request that gives none (OpenAI's 1.0; 0 makes such requests
-    /// greedy, so --draft-max drafting runs for them: clients that leave temperature
-    /// out would otherwise sample and draft nothing).
+    /// greedy, where --draft-max drafts are kept most often).
     #[arg(long, default_value_t = 1.0)]
     pub default_temperature: f32,
     /// Output length when a request gives none (or zero, or a negative one).

@@ -421,8 +421,12 @@ fn run(
                 .cached_prompt_tokens
                 .fetch_add(cached as u64, Ordering::Relaxed);
             let max_tokens = req.max_tokens.min(n_ctx - req.prompt.len());
-            let speculative =
-                opts.draft_max > 0 && req.sampling.temperature == 0.0 && model.max_draft() > 0;
+            // Sampled requests draft too: a drafted row is sampled only once every draft
+            // before it matched, one draw a kept token (penalties counted as they are
+            // taken), so the output is plain decoding's, seed for seed; a draft is kept
+            // with the model's own probability of it, which is all a one-guess drafter
+            // can get (speculative sampling's min(1, p / q) with q = 1).
+            let speculative = opts.draft_max > 0 && model.max_draft() > 0;
             active.push(Seq {
                 speculative,
                 drafts: Vec::new(),
