@@ -39,8 +39,10 @@ def test_stream_with_usage_via_openai_client(server, client, greedy_hello):
     assert u.prompt_tokens == greedy_hello.usage.prompt_tokens
     assert u.total_tokens == u.prompt_tokens + u.completion_tokens
     assert "timings" in u.model_extra and "spec_decode_ran" in u.model_extra
-    # llama-server clients read `timings` on the last chunk with choices
+    # llama-server clients read `timings` on the last chunk: the finish chunk and the
+    # usage chunk after it carry it
     assert finish[0].model_extra["timings"]["predicted_n"] == u.completion_tokens
+    assert last.model_extra["timings"] == finish[0].model_extra["timings"]
 
 
 def test_stream_raw_sse_ends_with_done(server, greedy_hello):

@@ -63,11 +63,11 @@ pub struct ServeArgs {
     pub prefix_cache: bool,
     /// Speculative decoding: up to N drafted tokens checked a step (0 = off, the
     /// default). Drafts come from --mtp's block where given, else from the sequence's
-    /// own text (prompt lookup); greedy
-    /// requests only, on models that can drop rejected drafts (llama; deepseek4 on its
-    /// device-resident forward, at most 7 a pass), same output as without. It pays where a pass of N+1 tokens costs little more
-    /// than one and the text repeats itself (see README: on 2 CPU cores 1.34x on
-    /// repetitive text, 0.64x on free text).
+    /// own text (prompt lookup); greedy and sampled requests alike, on models that can
+    /// drop rejected drafts (llama; deepseek4 on its device-resident forward, at most 7
+    /// a pass), same output as without (seed for seed). It pays where a pass of N+1
+    /// tokens costs little more than one and the drafts are kept (see README: on 2 CPU
+    /// cores 1.34x on repetitive greedy text, 0.64x on free text).
     #[arg(long, default_value_t = 0)]
     pub draft_max: usize,
     /// deepseek4: draft with this next-token-prediction (MTP) GGUF (`convert --mtp`

@@ -14,5 +14,6 @@ pub use model::{
 };
 pub use sampling::{Sampled, SamplingParams};
 pub use scheduler::{
-    Emitted, Event, FinishReason, GenRequest, Scheduler, SchedulerOptions, Stats, Timings,
+    Emitted, Event, FinishReason, GenRequest, Scheduler, SchedulerOptions, Stats, SubmitError,
+    Timings,
 };

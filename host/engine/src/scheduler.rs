@@ -10,7 +10,7 @@ use std::{
     time::Instant,
 };
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use moe_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -250,22 +250,31 @@ impl Scheduler {
         })
     }
 
-    pub fn submit(&self, r: GenRequest) -> Result<()> {
+    pub fn submit(&self, r: GenRequest) -> Result<(), SubmitError> {
         if r.prompt.is_empty() {
-            bail!("the prompt is empty");
+            return Err(SubmitError::EmptyPrompt);
         }
         if r.prompt.len() >= self.n_ctx {
-            bail!(
-                "the prompt has {} tokens; the context holds {}",
-                r.prompt.len(),
-                self.n_ctx
-            );
+            return Err(SubmitError::PromptTooLong {
+                tokens: r.prompt.len(),
+                n_ctx: self.n_ctx,
+            });
         }
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
-        self.tx
-            .send(r)
-            .map_err(|_| anyhow::anyhow!("the scheduler has stopped"))
+        self.tx.send(r).map_err(|_| SubmitError::Stopped)
     }
+}
+
+/// Why [`Scheduler::submit`] refused a request: the first two are the request's fault,
+/// the last the server's.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {tokens} tokens; the context holds {n_ctx}")]
+    PromptTooLong { tokens: usize, n_ctx: usize },
+    #[error("the scheduler has stopped")]
+    Stopped,
 }
 
 struct Seq {
@@ -287,12 +296,16 @@ struct Seq {
     pending: VecDeque<Pending>,
     /// Prompt tokens the slot's cache already held.
     cached: usize,
-    /// Whether this sequence drafts (greedy, drafting on, a model that can rewind).
+    /// Whether this sequence drafts (drafting on, a model that can rewind).
     speculative: bool,
     /// The tokens drafted for this step (checked after the sequence's last token).
     drafts: Vec<u32>,
     draft_offered: usize,
     draft_accepted: usize,
+    /// Steps whose drafter failed (the step ran without drafts), and steps it ran on:
+    /// a sequence whose every drafting step failed reports that drafting did not run.
+    draft_failures: usize,
+    draft_steps: usize,
 }
 
 impl Seq {
@@ -432,6 +445,8 @@ fn run(
                 drafts: Vec::new(),
                 draft_offered: 0,
                 draft_accepted: 0,
+                draft_failures: 0,
+                draft_steps: 0,
                 sampler: Sampler::new(req.sampling.clone()),
                 req,
                 slot,
@@ -480,12 +495,14 @@ fn run(
                     .min(draft_budget)
                     .min(opts.draft_max)
                     .min(model.max_draft());
+                s.draft_steps += usize::from(room > 0);
                 if room > 0 && model.has_drafter() {
                     // The model's own drafter (deepseek4's MTP block): its greedy chain.
                     let p_min = opts.draft_p_min;
                     s.drafts = match model.draft_logits(s.slot, last, s.fed, room, p_min) {
                         Ok(rows) => rows.unwrap_or_default().iter().map(|r| argmax(r)).collect(),
                         Err(e) => {
+                            s.draft_failures += 1;
                             tracing::warn!("drafting failed, this step runs without drafts: {e:#}");
                             Vec::new()
                         }
@@ -612,7 +629,8 @@ fn run(
                 prompt_tokens: s.req.prompt.len(),
                 completion_tokens: s.generated.len(),
                 cached_prefix_tokens: s.cached,
-                spec_decode_ran: s.speculative,
+                spec_decode_ran: s.speculative
+                    && (s.draft_steps == 0 || s.draft_failures < s.draft_steps),
                 draft_offered: s.draft_offered,
                 draft_accepted: s.draft_accepted,
             };

@@ -11,7 +11,9 @@ use axum::response::{
     IntoResponse, Response,
 };
 use futures_util::stream::{self, Stream, StreamExt};
-use moe_engine::{Emitted, Event, FinishReason, GenRequest, Sampled, SamplingParams, Timings};
+use moe_engine::{
+    Emitted, Event, FinishReason, GenRequest, Sampled, SamplingParams, SubmitError, Timings,
+};
 use moe_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -188,7 +190,12 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
             } else {
                 "prompt"
             };
-            ApiError::invalid(e.to_string(), Some(param)).with_code("context_length_exceeded")
+            match e {
+                SubmitError::Stopped => ApiError::unavailable(e.to_string()),
+                SubmitError::EmptyPrompt => ApiError::invalid(e.to_string(), Some(param)),
+                SubmitError::PromptTooLong { .. } => ApiError::invalid(e.to_string(), Some(param))
+                    .with_code("context_length_exceeded"),
+            }
         })?;
     let id = new_id(job.flavor);
     let model = sched.model_name.clone();
@@ -275,13 +282,13 @@ fn stream_response(
         "text_completion"
     };
     let include_usage = job.include_usage;
-    let chunk = move |choices: Value, extra: Option<(&str, Value)>| {
+    let chunk = move |choices: Value, extra: Vec<(&str, Value)>| {
         let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
         if include_usage {
             // (as OpenAI: every chunk has the field; only the last one fills it)
             v["usage"] = Value::Null;
         }
-        if let Some((k, x)) = extra {
+        for (k, x) in extra {
             v[k] = x;
         }
         SseEvent::default().data(v.to_string())
@@ -289,7 +296,7 @@ fn stream_response(
     let want_lp = job.logprobs.is_some();
     // The role comes first, as OpenAI sends it.
     let head = (flavor == Flavor::Chat).then(|| {
-        chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None)
+        chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), Vec::new())
     });
     let chunk2 = chunk.clone();
     // The completion text so far (the legacy logprobs' offsets count its characters).
@@ -309,7 +316,7 @@ fn stream_response(
                         Flavor::Chat => json!({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}),
                         Flavor::Text => json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": null}),
                     };
-                    vec![chunk2(json!([choice]), None)]
+                    vec![chunk2(json!([choice]), Vec::new())]
                 }
             }
             Event::Done { reason, timings } => {
@@ -318,9 +325,11 @@ fn stream_response(
                     Flavor::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason.as_str()}),
                     Flavor::Text => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": reason.as_str()}),
                 };
-                let mut v = vec![chunk2(json!([choice]), Some(("timings", llama_timings.clone())))];
+                // llama-server clients read `timings` on the last chunk: the finish
+                // chunk, and the usage chunk after it where one is sent
+                let mut v = vec![chunk2(json!([choice]), vec![("timings", llama_timings.clone())])];
                 if include_usage {
-                    v.push(chunk2(json!([]), Some(("usage", usage))));
+                    v.push(chunk2(json!([]), vec![("usage", usage), ("timings", llama_timings)]));
                 }
                 v.push(SseEvent::default().data("[DONE]"));
                 v

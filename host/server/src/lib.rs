@@ -45,7 +45,7 @@ pub struct ServerOptions {
     /// headers, so browsers keep other sites' pages out.
     pub cors_origins: Vec<String>,
     /// The temperature of a request that gives none (OpenAI's 1.0 by default; 0 makes
-    /// such requests greedy, so speculative decoding runs for them).
+    /// such requests greedy).
     pub default_temperature: f32,
 }
 
