@@ -9,7 +9,9 @@ temperature 0, not streamed; 1 warm-up + 3 measured runs; here with
 not repeat itself, where drafts mostly miss. Per prompt it prints decode tok/s (the
 server's own usage.timings.decode_tokens_per_sec, mean of the measured runs), the draft
 acceptance, and the ratio drafting / plain; it checks that both servers wrote the same
-text (sha256) and fails otherwise. Writes all numbers as JSON.
+text (sha256) and fails otherwise, and fails as the upstream harness does on partial
+output, a cache hit, a drafting server that did not draft or zero throughput; records
+whether every word is BETA. Writes all numbers as JSON.
 
 Usage: spec_decode.py [--moeserve target/release/moeserve] [--config plugins.toml]
                       [--model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf]
@@ -69,23 +71,41 @@ def serve(a, draft):
     sys.exit("the server did not become ready")
 
 
-def measure(port, prompt, a):
+def all_beta(text):
+    """Whether every word of the answer is BETA (punctuation around a word ignored)."""
+    words = [w.strip(".,;:!?\"'()") for w in text.split()]
+    return bool(words) and all(w == "BETA" for w in words)
+
+
+def measure(port, prompt, a, drafting):
+    """The warm-up and measured runs of one prompt; exits (status 1) as the upstream
+    harness fails a run: partial output, a prefix-cache hit, no speculative decoding on
+    the drafting server, zero throughput, or texts that differ between runs."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": a.max_tokens,
             "temperature": 0, "stream": False, "cache_prompt": False}
     post(port, body)  # warm-up
     runs = []
     for _ in range(a.reps):
         r = post(port, body)
-        u = r["usage"]
-        if u["timings"]["cache_hit"]:
-            sys.exit("a measured run hit the prefix cache")
-        text = r["choices"][0]["message"]["content"]
-        runs.append({"completion_tokens": u["completion_tokens"],
-                     "decode_ms": u["timings"]["decode_ms"],
-                     "decode_tokens_per_sec": u["timings"]["decode_tokens_per_sec"],
-                     "accept_rate": u["accept_rate"], "spec_decode_ran": u["spec_decode_ran"],
-                     "finish_reason": r["choices"][0]["finish_reason"],
-                     "sha256": hashlib.sha256(text.encode()).hexdigest()})
+        u, choice = r["usage"], r["choices"][0]
+        text = choice["message"]["content"] or ""
+        run = {"completion_tokens": u["completion_tokens"],
+               "decode_ms": u["timings"]["decode_ms"],
+               "decode_tokens_per_sec": u["timings"]["decode_tokens_per_sec"],
+               "accept_rate": u["accept_rate"], "spec_decode_ran": u["spec_decode_ran"],
+               "cache_hit": u["timings"]["cache_hit"],
+               "cached_prefix_tokens": u["timings"]["cached_prefix_tokens"],
+               "finish_reason": choice["finish_reason"],
+               "sha256": hashlib.sha256(text.encode()).hexdigest(), "all_beta": all_beta(text)}
+        runs.append(run)
+        if run["finish_reason"] not in ("stop", "length") or not text or not run["completion_tokens"]:
+            sys.exit(f"partial output: {run}")
+        if run["cache_hit"] or run["cached_prefix_tokens"]:
+            sys.exit(f"a measured run hit the prefix cache: {run}")
+        if drafting and not run["spec_decode_ran"]:
+            sys.exit(f"the drafting server did not draft: {run}")
+        if not run["decode_tokens_per_sec"] > 0:
+            sys.exit(f"zero throughput: {run}")
     if len({r["sha256"] for r in runs}) != 1:
         sys.exit("the measured runs' texts differ")
     return runs
@@ -109,7 +129,8 @@ def main():
     for draft in (a.draft_max, 0):
         p, port = serve(a, draft)
         try:
-            results[draft] = {name: measure(port, text, a) for name, text in PROMPTS.items()}
+            results[draft] = {name: measure(port, text, a, draft > 0)
+                              for name, text in PROMPTS.items()}
         finally:
             p.terminate()
             p.wait(60)
@@ -121,15 +142,16 @@ def main():
         ok &= same
         t_on, t_off = mean(on, "decode_tokens_per_sec"), mean(off, "decode_tokens_per_sec")
         rows.append((name, on[0]["completion_tokens"], t_off, t_on, mean(on, "accept_rate"),
-                     t_on / t_off if t_off else 0.0, same))
+                     t_on / t_off if t_off else 0.0, same, on[0]["all_beta"]))
     print(f"moeserve speculative decoding (prompt lookup, --draft-max {a.draft_max}) vs plain; "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"{os.path.basename(a.model)}")
-    print("| prompt | tokens | plain tok/s | drafting tok/s | accept rate | drafting / plain | same text |")
-    print("|---|---|---|---|---|---|---|")
+    print("| prompt | tokens | plain tok/s | drafting tok/s | accept rate | drafting / plain | "
+          "same text | all BETA |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.3f} | {r[5]:.2f} | "
-              f"{'yes' if r[6] else 'NO'} |")
+              f"{'yes' if r[6] else 'NO'} | {'yes' if r[7] else 'no'} |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
