@@ -62,7 +62,9 @@ class Server:
         for _attempt in range(3):  # the free port may be taken between probe and bind
             self.port = free_port()
             env = dict(os.environ)
-            env.pop("MOESERVE_API_KEY", None)  # only --api-key decides, in these tests
+            # only the tests' flags and `env` decide (serve reads MOESERVE_<FLAG> too)
+            for k in [k for k in env if k.startswith("MOESERVE_")]:
+                env.pop(k)
             env.setdefault("RUST_LOG", "warn")
             env.update(self.env_extra)
             fd, self.log_path = tempfile.mkstemp(prefix=f"moeserve-{self.port}-", suffix=".log")

@@ -109,3 +109,13 @@ def test_max_tokens_above_limit_is_clamped():
             assert (n, reason) == (4, "length"), fields
         # below the limit it is honoured
         assert completion_tokens(s, max_tokens=2) == (2, "length")
+
+
+def test_serve_settings_from_the_environment():
+    """Every serve flag has a MOESERVE_<FLAG> variable; a flag given wins over it."""
+    env = {"MOESERVE_DEFAULT_MAX_TOKENS": "3", "MOESERVE_MAX_TOKENS_LIMIT": "5"}
+    with Server(env=env) as s:
+        assert completion_tokens(s) == (3, "length")
+        assert completion_tokens(s, max_tokens=9) == (5, "length")
+    with Server("--default-max-tokens", "4", env=env) as s:
+        assert completion_tokens(s) == (4, "length")

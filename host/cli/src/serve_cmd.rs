@@ -10,56 +10,56 @@ use moe_server::{LengthLimits, ServerOptions};
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// GGUF model file.
-    #[arg(long)]
+    #[arg(long, env = "MOESERVE_MODEL")]
     pub model: PathBuf,
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, env = "MOESERVE_HOST", default_value = "127.0.0.1")]
     pub host: String,
-    #[arg(long, default_value_t = 8016)]
+    #[arg(long, env = "MOESERVE_PORT", default_value_t = 8016)]
     pub port: u16,
     /// Context length per sequence (0 = the model's, capped at 4096).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "MOESERVE_CTX_SIZE", default_value_t = 0)]
     pub ctx_size: usize,
     /// Sequences served at once (KV-cache slots); more requests wait in a queue.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, env = "MOESERVE_PARALLEL", default_value_t = 4)]
     pub parallel: usize,
     /// Temperature of a request that gives none (OpenAI's 1.0; 0 makes such requests
     /// greedy, where --draft-max drafts are kept most often).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, env = "MOESERVE_DEFAULT_TEMPERATURE", default_value_t = 1.0)]
     pub default_temperature: f32,
     /// Output length when a request gives none (or zero, or a negative one).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, env = "MOESERVE_DEFAULT_MAX_TOKENS", default_value_t = 1024)]
     pub default_max_tokens: usize,
     /// Longest output any request may ask for (larger requests are clamped).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, env = "MOESERVE_MAX_TOKENS_LIMIT", default_value_t = 8192)]
     pub max_tokens_limit: usize,
     /// Most tokens per forward pass (decode steps plus prefill chunks); 0: 256 on the
     /// CPU (a long prompt's pass holds up the sequences decoding beside it for less),
     /// 512 on a GPU (the benchmark's prefill chunk; the routed experts' tiles get more
     /// tokens each than at 256).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "MOESERVE_BATCH_TOKENS", default_value_t = 0)]
     pub batch_tokens: usize,
     /// Bounded prefill: past this position a prompt's chunks are at most
     /// --prefill-long-chunk tokens (a chunk that would cross it stops there); 0: no bound.
-    #[arg(long, default_value_t = 32768)]
+    #[arg(long, env = "MOESERVE_PREFILL_LONG_FROM", default_value_t = 32768)]
     pub prefill_long_from: usize,
     /// Most tokens of a prompt's chunk past --prefill-long-from (bounds the attention
     /// scratch of deep chunks where the batch is larger).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, env = "MOESERVE_PREFILL_LONG_CHUNK", default_value_t = 1024)]
     pub prefill_long_chunk: usize,
     /// A prompt's last piece shorter than this (and than a quarter of the batch) runs
     /// with the chunk before it where the pass has room for both.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, env = "MOESERVE_PREFILL_MIN_TAIL", default_value_t = 512)]
     pub prefill_min_tail: usize,
     /// Require `Authorization: Bearer KEY` (also read from MOESERVE_API_KEY).
     #[arg(long, env = "MOESERVE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Largest request body accepted, in bytes.
-    #[arg(long, default_value_t = 4 << 20)]
+    #[arg(long, env = "MOESERVE_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
     /// Reuse a slot's cache for a prompt that starts with the tokens it holds
     /// (multi-turn chats prefill only the new turn); `--prefix-cache false` turns it
     /// off (a request can with `"cache_prompt": false`).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "MOESERVE_PREFIX_CACHE", default_value_t = true, action = clap::ArgAction::Set)]
     pub prefix_cache: bool,
     /// Speculative decoding: up to N drafted tokens checked a step (0 = off, the
     /// default). Drafts come from --mtp's block where given, else from the sequence's
@@ -68,28 +68,33 @@ pub struct ServeArgs {
     /// a pass), same output as without (seed for seed). It pays where a pass of N+1
     /// tokens costs little more than one and the drafts are kept (see README: on 2 CPU
     /// cores 1.34x on repetitive greedy text, 0.64x on free text).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "MOESERVE_DRAFT_MAX", default_value_t = 0)]
     pub draft_max: usize,
     /// deepseek4: draft with this next-token-prediction (MTP) GGUF (`convert --mtp`
     /// writes one; llama.cpp's `--mtp` files are the same layout) instead of prompt
     /// lookup. Needs --draft-max N too (the block's chain length per step, at most 7).
-    #[arg(long)]
+    #[arg(long, env = "MOESERVE_MTP")]
     pub mtp: Option<std::path::PathBuf>,
     /// With --mtp: the block's chain stops before a guess whose probability is below P
     /// (0 = never, the default; llama.cpp's --draft-p-min). Unsure drafts cost a pass
     /// more work (each drafted token reads its own experts) and are seldom accepted.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, env = "MOESERVE_DRAFT_P_MIN", default_value_t = 0.0)]
     pub draft_p_min: f32,
     /// Seconds a client has to send a request's headers, and again its body.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, env = "MOESERVE_READ_TIMEOUT", default_value_t = 30.0)]
     pub read_timeout: f64,
     /// Seconds in-flight requests may run after SIGTERM / Ctrl-C before the server
     /// exits anyway.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, env = "MOESERVE_SHUTDOWN_TIMEOUT", default_value_t = 60.0)]
     pub shutdown_timeout: f64,
     /// Let browser pages from ORIGIN call the API (CORS), e.g. http://localhost:3000;
     /// repeat for more, `*` for any. Off by default.
-    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    #[arg(
+        long = "cors-origin",
+        env = "MOESERVE_CORS_ORIGINS",
+        value_delimiter = ',',
+        value_name = "ORIGIN"
+    )]
     pub cors_origins: Vec<String>,
 }
 
