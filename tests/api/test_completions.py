@@ -92,6 +92,21 @@ def test_tokenize_detokenize_roundtrip(server):
     assert len(tokenize(server, text, add_special=True)) >= len(toks)
 
 
+def test_tokenize_with_pieces(server):
+    """llama-server's `with_pieces`: the same ids, each with its text, or its bytes where
+    they are not whole UTF-8 alone; the pieces' bytes make the text."""
+    text = "Pieces: caf\u00e9 \U0001f980 crab, \u6f22\u5b57!"
+    r = server.post("/tokenize", {"content": text, "with_pieces": True})
+    assert r.status == 200, r.text
+    got = r.json()["tokens"]
+    assert [t["id"] for t in got] == tokenize(server, text)
+    joined = b"".join(t["piece"].encode() if isinstance(t["piece"], str) else bytes(t["piece"])
+                      for t in got)
+    assert joined == text.encode()
+    # the crab's four bytes do not all sit in one token of this vocabulary
+    assert any(isinstance(t["piece"], list) for t in got), got
+
+
 def test_tokenize_bad_body_is_400(server):
     assert_openai_error(server.post("/tokenize", {"text": "no content field"}), 400)
     assert_openai_error(server.post("/detokenize", {"tokens": ["x"]}), 400)

@@ -23,7 +23,7 @@ use axum::{
 use moe_engine::Scheduler;
 use moe_tokenizer::{ChatMessage, FALLBACK_CHAT_TEMPLATE};
 use serde::de::DeserializeOwned;
-use serde_json::json;
+use serde_json::{json, Value};
 
 pub use error::ApiError;
 use generate::{Flavor, Job};
@@ -457,6 +457,10 @@ struct TokenizeReq {
     content: String,
     #[serde(default)]
     add_special: bool,
+    /// llama-server's form: each token as {"id", "piece"}, the piece its text (or its
+    /// bytes, where they are not whole UTF-8 on their own).
+    #[serde(default)]
+    with_pieces: bool,
 }
 
 async fn tokenize(
@@ -464,12 +468,25 @@ async fn tokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let r: TokenizeReq = parse_body(body)?;
-    let toks = st
-        .scheduler()?
-        .tokenizer
+    let tok = &st.scheduler()?.tokenizer;
+    let toks = tok
         .encode(&r.content, r.add_special, true)
         .map_err(|e| ApiError::invalid(e.to_string(), Some("content")))?;
-    Ok(Json(json!({"tokens": toks})).into_response())
+    if !r.with_pieces {
+        return Ok(Json(json!({"tokens": toks})).into_response());
+    }
+    let pieces: Vec<Value> = toks
+        .iter()
+        .map(|&id| {
+            let bytes = tok.token_bytes(id).unwrap_or_default();
+            let piece = match String::from_utf8(bytes) {
+                Ok(text) => json!(text),
+                Err(e) => json!(e.into_bytes()),
+            };
+            json!({"id": id, "piece": piece})
+        })
+        .collect();
+    Ok(Json(json!({"tokens": pieces})).into_response())
 }
 
 #[derive(serde::Deserialize)]
