@@ -262,3 +262,26 @@ def test_mtp_draft_p_min_stops_unsure_chains(ds4_model, ds4_mtp_file, ds4_server
                 "--draft-p-min", "1", model=ds4_model) as s:
         r = drafted_equals_plain(s, ds4_server, PROMPTS[0], 16)
         assert r["timings"]["draft_n"] == 0, r["timings"]
+
+
+@pytest.mark.parametrize("drafter", [False, True], ids=["plain", "mtp"])
+def test_prompt_mark_serves_prompts_sharing_an_earlier_prompt(ds4_model, ds4_mtp_file, drafter):
+    """The prefix cache's other case: a prompt that shares an earlier prompt's tokens
+    but not the answer the slot went on to hold (a chat whose template rewrote that
+    answer) goes back to the earlier prompt's end, where the slot's rings (and the MTP
+    block's window and states) were copied, instead of prefilling from 0; the answer,
+    logprobs included, is a full prefill's."""
+    extra = ["--draft-max", "3", "--mtp", str(ds4_mtp_file)] if drafter else []
+    with Server("--parallel", "1", *extra, model=ds4_model) as s:
+        for prompt in PROMPTS:
+            ids = s.post("/tokenize", {"content": prompt}).json()["tokens"]
+            r = s.post("/v1/completions", {"prompt": ids, "max_tokens": 6, "temperature": 0})
+            assert r.status == 200, r.text
+            body = {"prompt": ids + ids[:4], "max_tokens": 8, "temperature": 0, "logprobs": 2}
+            hit = s.post("/v1/completions", body).json()
+            full = s.post("/v1/completions", {**body, "cache_prompt": False}).json()
+            assert hit["usage"]["timings"]["cached_prefix_tokens"] == len(ids), prompt
+            assert hit["choices"][0] == full["choices"][0], prompt
+            # the same prompt again: the slot's mark is now that prompt's end
+            again = s.post("/v1/completions", {**body, "prompt": ids + ids[:4] + ids[:2]}).json()
+            assert again["usage"]["timings"]["cached_prefix_tokens"] == len(ids) + 4, prompt

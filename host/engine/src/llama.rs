@@ -288,7 +288,7 @@ impl CausalLm for Llama {
     /// Any matching prefix: the cache is by position, and attention reads only the
     /// positions before a token's own, so rows past the kept prefix are overwritten
     /// before anything reads them.
-    fn keep_prefix(&self, _cached: usize, matching: usize) -> usize {
+    fn keep_prefix(&self, _slot: u32, _cached: usize, matching: usize) -> usize {
         matching
     }
     fn can_rewind(&self) -> bool {

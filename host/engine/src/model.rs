@@ -63,10 +63,10 @@ pub trait CausalLm: Send {
     fn seek(&mut self, _slot: u32, _pos: usize) -> Result<()> {
         anyhow::bail!("{}: seeking a slot is not supported", self.arch())
     }
-    /// A new sequence in a slot whose cache holds `cached` tokens, of which the first
-    /// `matching` equal its prompt's: how many to keep (its prefill starts there).
+    /// A new sequence in slot `slot`, whose cache holds `cached` tokens, of which the
+    /// first `matching` equal its prompt's: how many to keep (its prefill starts there).
     /// 0 = start over, the default for models that have not said what they can reuse.
-    fn keep_prefix(&self, _cached: usize, _matching: usize) -> usize {
+    fn keep_prefix(&self, _slot: u32, _cached: usize, _matching: usize) -> usize {
         0
     }
     /// Whether a slot may go back to any earlier position (its cache rows past it

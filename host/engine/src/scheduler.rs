@@ -174,13 +174,13 @@ impl Slots {
     fn take(
         &mut self,
         prompt: &[u32],
-        keep: impl Fn(usize, usize) -> usize,
+        keep: impl Fn(u32, usize, usize) -> usize,
     ) -> Option<(u32, usize)> {
         let head = &prompt[..prompt.len().saturating_sub(1)];
         let kept = |slot: u32| {
             let held = &self.held[slot as usize];
             let matching = held.iter().zip(head).take_while(|(a, b)| a == b).count();
-            keep(held.len(), matching).min(matching)
+            keep(slot, held.len(), matching).min(matching)
         };
         let (best, n) = (0..self.free.len())
             .map(|i| (i, kept(self.free[i])))
@@ -422,10 +422,13 @@ fn run(
             let req = waiting.pop_front().expect("non-empty");
             let reuse = opts.prefix_cache && req.cache_prompt;
             let (slot, cached) = slots
-                .take(
-                    &req.prompt,
-                    |c, m| if reuse { model.keep_prefix(c, m) } else { 0 },
-                )
+                .take(&req.prompt, |s, c, m| {
+                    if reuse {
+                        model.keep_prefix(s, c, m)
+                    } else {
+                        0
+                    }
+                })
                 .expect("a free slot");
             stats
                 .prompt_tokens
@@ -773,8 +776,8 @@ mod tests {
 
     #[test]
     fn slots_keep_the_longest_prefix_the_model_allows() {
-        let any = |_: usize, m: usize| m;
-        let whole = |c: usize, m: usize| if m == c { c } else { 0 };
+        let any = |_: u32, _: usize, m: usize| m;
+        let whole = |_: u32, c: usize, m: usize| if m == c { c } else { 0 };
         let mut s = Slots::new(3);
         // nothing held: the stalest slot, nothing kept
         let (a, k) = s.take(&[1, 2, 3], any).unwrap();
@@ -798,8 +801,17 @@ mod tests {
         assert_eq!(s.take(&[1, 2, 3, 4, 7], whole), Some((a, 4)));
         // reuse off (keep 0 everywhere)
         s.give_back(a, vec![5, 6]);
-        let (_, k) = s.take(&[5, 6, 7], |_, _| 0).unwrap();
+        let (_, k) = s.take(&[5, 6, 7], |_, _, _| 0).unwrap();
         assert_eq!(k, 0);
+        // a model that keeps a mark of its own per slot (deepseek4's prompt end): the
+        // slot's number reaches it
+        s.give_back(a, vec![1, 2, 3, 4, 5]);
+        let mark = |slot: u32, c: usize, m: usize| match (m == c, slot == a) {
+            (true, _) => c,
+            (false, true) => 3.min(m),
+            (false, false) => 0,
+        };
+        assert_eq!(s.take(&[1, 2, 3, 8, 9], mark), Some((a, 3)));
         // nothing free
         let mut one = Slots::new(1);
         one.take(&[1], any).unwrap();

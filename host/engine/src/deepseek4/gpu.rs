@@ -15,7 +15,9 @@ use moe_plugin_api::{ops, OpParams, TensorRef};
 use super::{math::Rope, CompWeights, Deepseek4, Ds4Params, Indexer, Layer, GATING_SIGMOID};
 use crate::device::{Device, Tensor};
 
+mod mark;
 mod mtp;
+use mark::Mark;
 use mtp::{DevMtp, MtpWork};
 
 /// A graph key per slot; decode steps of one token replay it.
@@ -258,6 +260,10 @@ pub(super) struct GpuPath {
     iota: Tensor,
     /// Per slot: the ring rows its last drafted pass overwrote (see [`Rollback`]).
     rollback: Vec<Option<Rollback>>,
+    /// Per slot: its rings at the end of its latest prefill chunk (see [`Mark`]).
+    marks: Vec<Option<Mark>>,
+    /// 0, 1, 2 ..: the row ids of a mark's whole-ring copies (grown on demand).
+    mark_ids: Option<Tensor>,
 }
 
 /// What a slot needs to go back into its last pass (speculative decoding drops the
@@ -509,6 +515,8 @@ impl GpuPath {
                 t
             },
             rollback: (0..m.slots.len()).map(|_| None).collect(),
+            marks: (0..m.slots.len()).map(|_| None).collect(),
+            mark_ids: None,
         }))
     }
 

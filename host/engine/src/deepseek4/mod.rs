@@ -1242,16 +1242,22 @@ impl CausalLm for Deepseek4 {
         &self.dev
     }
 
-    /// Only the whole cached sequence: the compressed rows and the compressors'
-    /// partial windows cannot be rewound (except into a drafted pass, which the held
-    /// tokens end inside of), but a prompt that extends what the slot holds continues
-    /// from there as a prompt's next chunk does.
-    fn keep_prefix(&self, cached: usize, matching: usize) -> usize {
+    /// The whole cached sequence, where the prompt extends it (it continues from there
+    /// as a prompt's next chunk does); else, on the device-resident forward, the slot's
+    /// prompt mark (its rings copied at the end of its latest prefill chunk) where the
+    /// prompt shares the positions before it: the same prompt again, a chat whose
+    /// template rewrote the last answer. The compressed rows and the compressors'
+    /// partial windows cannot be rewound to any other position (except into a drafted
+    /// pass, which the held tokens end inside of).
+    fn keep_prefix(&self, slot: u32, cached: usize, matching: usize) -> usize {
         if matching == cached {
-            cached
-        } else {
-            0
+            return cached;
         }
+        self.gpu
+            .as_ref()
+            .and_then(|g| g.mark_pos(slot as usize))
+            .filter(|&p| p <= matching)
+            .unwrap_or(0)
     }
 
     /// Drafts on the device path only (its caches are positional; the host glue's
@@ -1325,6 +1331,7 @@ impl CausalLm for Deepseek4 {
         st.n_past = pos;
         if let Some(g) = self.gpu.as_mut() {
             g.forget(slot as usize);
+            g.forget_mark(slot as usize);
             g.mtp_forget(slot as usize);
         }
         // The device caches as a filled context's (`MOE_DS4_SEEK_ZEROS=1`: left as they
@@ -1418,14 +1425,29 @@ impl CausalLm for Deepseek4 {
                 .ok_or_else(|| anyhow!("slot {slot} outside 0..{n_slots}"))?;
             let n_past = st.n_past;
             let back = p0 < n_past && self.gpu.as_ref().is_some_and(|g| g.can_return(slot, p0));
+            let to_mark = p0 < n_past
+                && self
+                    .gpu
+                    .as_ref()
+                    .is_some_and(|g| g.mark_pos(slot) == Some(p0));
             if p0 == 0 {
                 st.reset();
                 if let Some(g) = self.gpu.as_mut() {
                     g.forget(slot);
+                    g.forget_mark(slot);
                 }
             } else if back {
                 // Into the slot's last drafted pass: its rejected drafts dropped.
                 gpu::GpuPath::rewind(self, slot, p0).inspect_err(|_| self.slots[slot].reset())?;
+                self.slots[slot].n_past = p0;
+            } else if to_mark {
+                // Back to the end of an earlier prompt (see `keep_prefix`).
+                gpu::GpuPath::back_to_mark(self, slot).inspect_err(|_| {
+                    self.slots[slot].reset();
+                    if let Some(g) = self.gpu.as_mut() {
+                        g.forget_mark(slot);
+                    }
+                })?;
                 self.slots[slot].n_past = p0;
             } else if p0 != n_past {
                 bail!("deepseek4 slot {slot} holds {n_past} positions; a chunk at {p0} would need a rewind, which the compressed state can do only into a pass whose later tokens were drafts");
@@ -1470,9 +1492,19 @@ impl CausalLm for Deepseek4 {
                         self.slots[slot].reset();
                         if let Some(g) = self.gpu.as_mut() {
                             g.forget(slot);
+                            g.forget_mark(slot);
                         }
                     })?;
                 self.slots[slot].n_past = p0 + tokens.len();
+                // A prefill chunk's end may be a prompt's: mark it (see `keep_prefix`).
+                if !drafted && tokens.len() > 1 {
+                    if let Err(e) = gpu::GpuPath::mark(self, slot, p0 + tokens.len()) {
+                        tracing::warn!("slot {slot}: no prompt mark: {e:#}");
+                        if let Some(g) = self.gpu.as_mut() {
+                            g.forget_mark(slot);
+                        }
+                    }
+                }
                 rows.extend(out);
                 i = j;
                 continue;

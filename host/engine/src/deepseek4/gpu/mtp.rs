@@ -165,6 +165,19 @@ impl GpuPath {
     }
 
     /// Forgets `slot`'s tail (a seek: the positions it holds are not the new ones').
+    /// `slot`'s tail of target states and (its first position, rows), where a drafter
+    /// is loaded (a prompt mark copies it).
+    pub(super) fn mtp_tail(&self, slot: usize) -> Option<(&Tensor, (usize, usize))> {
+        let mt = self.mtp.as_ref()?;
+        Some((mt.tails.get(slot)?, *mt.tail_at.get(slot)?))
+    }
+
+    pub(super) fn set_mtp_tail_at(&mut self, slot: usize, at_: (usize, usize)) {
+        if let Some(a) = self.mtp.as_mut().and_then(|mt| mt.tail_at.get_mut(slot)) {
+            *a = at_;
+        }
+    }
+
     pub(in crate::deepseek4) fn mtp_forget(&mut self, slot: usize) {
         if let Some(mt) = self.mtp.as_mut() {
             mt.tail_at[slot] = (0, 0);
