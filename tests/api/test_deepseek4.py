@@ -282,6 +282,15 @@ def test_prompt_mark_serves_prompts_sharing_an_earlier_prompt(ds4_model, ds4_mtp
             full = s.post("/v1/completions", {**body, "cache_prompt": False}).json()
             assert hit["usage"]["timings"]["cached_prefix_tokens"] == len(ids), prompt
             assert hit["choices"][0] == full["choices"][0], prompt
-            # the same prompt again: the slot's mark is now that prompt's end
+            # a longer one: the slot's mark is now the full prefill's prompt end
             again = s.post("/v1/completions", {**body, "prompt": ids + ids[:4] + ids[:2]}).json()
             assert again["usage"]["timings"]["cached_prefix_tokens"] == len(ids) + 4, prompt
+            # the same prompt sent again: no pass for it, its first token from the
+            # logits kept with the mark (a regenerate button), the answer a full prefill's
+            twice = [s.post("/v1/completions", {**body, "prompt": ids + ids[:6], "seed": 3,
+                                                "temperature": 0.8}).json() for _ in range(2)]
+            assert twice[1]["usage"]["timings"]["cached_prefix_tokens"] == len(ids) + 6, prompt
+            assert twice[1]["choices"][0] == twice[0]["choices"][0], prompt
+            full = s.post("/v1/completions", {**body, "prompt": ids + ids[:6], "seed": 3,
+                                              "temperature": 0.8, "cache_prompt": False}).json()
+            assert twice[1]["choices"][0] == full["choices"][0], prompt

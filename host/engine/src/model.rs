@@ -69,6 +69,12 @@ pub trait CausalLm: Send {
     fn keep_prefix(&self, _slot: u32, _cached: usize, _matching: usize) -> usize {
         0
     }
+    /// Where slot `slot` can be put back at position `len`, after a prompt of that many
+    /// tokens it held, and kept the logits that prompt's last token gave: those logits
+    /// (a prompt sent again then needs no pass). None by default.
+    fn replay_logits(&self, _slot: u32, _len: usize) -> Option<&[f32]> {
+        None
+    }
     /// Whether a slot may go back to any earlier position (its cache rows past it
     /// count for nothing).
     fn can_rewind(&self) -> bool {

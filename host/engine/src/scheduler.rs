@@ -168,17 +168,23 @@ impl Slots {
         self.free.push(slot);
     }
 
-    /// Takes the free slot that keeps the most of `prompt` (`keep(cached, matching)`,
-    /// at most all but the prompt's last token, whose logits must be computed), the
-    /// stalest on a tie; returns it and the tokens kept.
+    /// Takes the free slot that keeps the most of `prompt` (`keep(slot, cached,
+    /// matching)`, at most all but the prompt's last token, whose logits must be
+    /// computed; all of it where the slot holds the whole prompt and `replay(slot)` says
+    /// the model kept that last token's logits), the stalest on a tie; returns it, the
+    /// tokens kept and whether they are the whole prompt.
     fn take(
         &mut self,
         prompt: &[u32],
         keep: impl Fn(u32, usize, usize) -> usize,
-    ) -> Option<(u32, usize)> {
+        replay: impl Fn(u32) -> bool,
+    ) -> Option<(u32, usize, bool)> {
         let head = &prompt[..prompt.len().saturating_sub(1)];
         let kept = |slot: u32| {
             let held = &self.held[slot as usize];
+            if !prompt.is_empty() && held.starts_with(prompt) && replay(slot) {
+                return prompt.len();
+            }
             let matching = held.iter().zip(head).take_while(|(a, b)| a == b).count();
             keep(slot, held.len(), matching).min(matching)
         };
@@ -187,7 +193,7 @@ impl Slots {
             .max_by_key(|&(i, n)| (n, std::cmp::Reverse(self.freed_at[self.free[i] as usize])))?;
         let slot = self.free.swap_remove(best);
         self.held[slot as usize].clear();
-        Some((slot, n))
+        Some((slot, n, n > 0 && n == prompt.len()))
     }
 }
 
@@ -306,6 +312,9 @@ struct Seq {
     /// a sequence whose every drafting step failed reports that drafting did not run.
     draft_failures: usize,
     draft_steps: usize,
+    /// The whole prompt was in the slot's cache with its last token's logits: its first
+    /// token comes from these, with no pass.
+    replay: Option<Vec<f32>>,
 }
 
 impl Seq {
@@ -421,15 +430,21 @@ fn run(
         while !waiting.is_empty() && !slots.free.is_empty() {
             let req = waiting.pop_front().expect("non-empty");
             let reuse = opts.prefix_cache && req.cache_prompt;
-            let (slot, cached) = slots
-                .take(&req.prompt, |s, c, m| {
-                    if reuse {
-                        model.keep_prefix(s, c, m)
-                    } else {
-                        0
-                    }
-                })
+            let n = req.prompt.len();
+            let (slot, mut cached, whole) = slots
+                .take(
+                    &req.prompt,
+                    |s, c, m| if reuse { model.keep_prefix(s, c, m) } else { 0 },
+                    |s| reuse && model.replay_logits(s, n).is_some(),
+                )
                 .expect("a free slot");
+            // The whole prompt held, its last token's logits kept: nothing to prefill.
+            let replay = whole
+                .then(|| model.replay_logits(slot, n).map(<[f32]>::to_vec))
+                .flatten();
+            if whole && replay.is_none() {
+                cached = 0;
+            }
             stats
                 .prompt_tokens
                 .fetch_add(req.prompt.len() as u64, Ordering::Relaxed);
@@ -450,6 +465,7 @@ fn run(
                 draft_accepted: 0,
                 draft_failures: 0,
                 draft_steps: 0,
+                replay,
                 sampler: Sampler::new(req.sampling.clone()),
                 req,
                 slot,
@@ -478,7 +494,10 @@ fn run(
         // (sequence, logits rows) in batch order: a decoding sequence has one row for
         // its last token and one a draft; a prompt's last chunk one
         let mut owner: Vec<(usize, usize)> = Vec::new();
-        let decoding: Vec<bool> = active.iter().map(|s| !s.prefilling()).collect();
+        let decoding: Vec<bool> = active
+            .iter()
+            .map(|s| !s.prefilling() && s.replay.is_none())
+            .collect();
         let n_decoding = decoding.iter().filter(|&&d| d).count();
         // Every decoding sequence's own token comes first; drafts share what is left,
         // and leave half of it to prompt chunks when any wait.
@@ -562,12 +581,18 @@ fn run(
             fed_now[i] = n;
         }
         let t0 = Instant::now();
-        let result = model.forward(&batch);
-        stats.forward_passes.fetch_add(1, Ordering::Relaxed);
-        stats
-            .forward_us
-            .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
-        let logits = match result {
+        // (a step of replayed prompts only runs no pass)
+        let result = match batch.is_empty() {
+            true => Ok(Vec::new()),
+            false => model.forward(&batch),
+        };
+        if !batch.is_empty() {
+            stats.forward_passes.fetch_add(1, Ordering::Relaxed);
+            stats
+                .forward_us
+                .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+        }
+        let mut logits = match result {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!("forward pass failed: {e:#}");
@@ -581,6 +606,11 @@ fn run(
         };
         for (i, s) in active.iter_mut().enumerate() {
             s.fed += fed_now[i];
+            // A replayed prompt's row goes after the pass's rows.
+            if let Some(row) = s.replay.take() {
+                owner.push((i, 1));
+                logits.push(row);
+            }
         }
         let mut finished = vec![None; active.len()];
         let mut rows = logits.iter();
@@ -777,31 +807,32 @@ mod tests {
     #[test]
     fn slots_keep_the_longest_prefix_the_model_allows() {
         let any = |_: u32, _: usize, m: usize| m;
+        let no = |_: u32| false;
         let whole = |_: u32, c: usize, m: usize| if m == c { c } else { 0 };
         let mut s = Slots::new(3);
         // nothing held: the stalest slot, nothing kept
-        let (a, k) = s.take(&[1, 2, 3], any).unwrap();
+        let (a, k, _) = s.take(&[1, 2, 3], any, no).unwrap();
         assert_eq!(k, 0);
         s.give_back(a, vec![1, 2, 3, 4]);
         // the slot that matches most, never the prompt's last token
-        assert_eq!(s.take(&[1, 2, 3], any), Some((a, 2)));
+        assert_eq!(s.take(&[1, 2, 3], any, no), Some((a, 2, false)));
         s.give_back(a, vec![1, 2, 3, 4]);
-        assert_eq!(s.take(&[1, 2, 3, 4, 5], any), Some((a, 4)));
+        assert_eq!(s.take(&[1, 2, 3, 4, 5], any, no), Some((a, 4, false)));
         s.give_back(a, vec![1, 2, 3, 4]);
-        assert_eq!(s.take(&[1, 2, 9, 9], any), Some((a, 2)));
+        assert_eq!(s.take(&[1, 2, 9, 9], any, no), Some((a, 2, false)));
         s.give_back(a, vec![1, 2, 3, 4]);
         // a model that keeps only the whole held sequence
-        let (b, k) = s.take(&[1, 2, 9, 9], whole).unwrap();
+        let (b, k, _) = s.take(&[1, 2, 9, 9], whole, no).unwrap();
         assert_eq!(k, 0);
         assert_ne!(
             b, a,
             "a miss takes the stalest slot, not the one with a cache"
         );
         s.give_back(b, Vec::new());
-        assert_eq!(s.take(&[1, 2, 3, 4, 7], whole), Some((a, 4)));
+        assert_eq!(s.take(&[1, 2, 3, 4, 7], whole, no), Some((a, 4, false)));
         // reuse off (keep 0 everywhere)
         s.give_back(a, vec![5, 6]);
-        let (_, k) = s.take(&[5, 6, 7], |_, _, _| 0).unwrap();
+        let (_, k, _) = s.take(&[5, 6, 7], |_, _, _| 0, no).unwrap();
         assert_eq!(k, 0);
         // a model that keeps a mark of its own per slot (deepseek4's prompt end): the
         // slot's number reaches it
@@ -811,11 +842,18 @@ mod tests {
             (false, true) => 3.min(m),
             (false, false) => 0,
         };
-        assert_eq!(s.take(&[1, 2, 3, 8, 9], mark), Some((a, 3)));
+        assert_eq!(s.take(&[1, 2, 3, 8, 9], mark, no), Some((a, 3, false)));
+        // the whole prompt held, its last logits kept by the model: all of it, before
+        // any slot that keeps less
+        s.give_back(a, vec![1, 2, 3, 8, 9, 4]);
+        assert_eq!(
+            s.take(&[1, 2, 3, 8, 9], any, |x| x == a),
+            Some((a, 5, true))
+        );
         // nothing free
         let mut one = Slots::new(1);
-        one.take(&[1], any).unwrap();
-        assert_eq!(one.take(&[1], any), None);
+        one.take(&[1], any, no).unwrap();
+        assert_eq!(one.take(&[1], any, no), None);
     }
 
     #[test]

@@ -1260,6 +1260,12 @@ impl CausalLm for Deepseek4 {
             .unwrap_or(0)
     }
 
+    /// The logits of the last token before the slot's prompt mark, where the mark is at
+    /// `len` and came with them (the chunk that ended there wanted its last row).
+    fn replay_logits(&self, slot: u32, len: usize) -> Option<&[f32]> {
+        self.gpu.as_ref()?.mark_logits(slot as usize, len)
+    }
+
     /// Drafts on the device path only (its caches are positional; the host glue's
     /// compressor buffers are not), as many as the smallest ring leaves room for.
     fn max_draft(&self) -> usize {
@@ -1496,9 +1502,13 @@ impl CausalLm for Deepseek4 {
                         }
                     })?;
                 self.slots[slot].n_past = p0 + tokens.len();
-                // A prefill chunk's end may be a prompt's: mark it (see `keep_prefix`).
+                // A prefill chunk's end may be a prompt's: mark it (see `keep_prefix`),
+                // with the last token's logits where the chunk wanted them.
                 if !drafted && tokens.len() > 1 {
-                    if let Err(e) = gpu::GpuPath::mark(self, slot, p0 + tokens.len()) {
+                    let last = (want.last() == Some(&(tokens.len() - 1)))
+                        .then(|| out.last().cloned())
+                        .flatten();
+                    if let Err(e) = gpu::GpuPath::mark(self, slot, p0 + tokens.len(), last) {
                         tracing::warn!("slot {slot}: no prompt mark: {e:#}");
                         if let Some(g) = self.gpu.as_mut() {
                             g.forget_mark(slot);

@@ -24,12 +24,22 @@ pub(super) struct Mark {
     rings: Vec<Vec<Tensor>>,
     /// A copy of the MTP block's tail of target states and where it starts.
     tail: Option<(Tensor, (usize, usize))>,
+    /// The logits of the token before the mark, where its pass wanted them.
+    logits: Option<Vec<f32>>,
 }
 
 impl GpuPath {
     /// The position `slot` can go back to with [`GpuPath::back_to_mark`], if any.
     pub(in crate::deepseek4) fn mark_pos(&self, slot: usize) -> Option<usize> {
         self.marks.get(slot)?.as_ref()?.pos
+    }
+
+    /// The logits of the token before `slot`'s mark, where the mark is at `len`.
+    pub(in crate::deepseek4) fn mark_logits(&self, slot: usize, len: usize) -> Option<&[f32]> {
+        let mk = self.marks.get(slot)?.as_ref()?;
+        (mk.pos == Some(len))
+            .then_some(mk.logits.as_deref())
+            .flatten()
     }
 
     /// Drops `slot`'s mark (a new sequence from position 0, a seek, a failed pass).
@@ -40,8 +50,13 @@ impl GpuPath {
     }
 
     /// Marks `slot` at `pos`, the position its last pass ended at: copies every ring
-    /// (queued after that pass on the device's stream).
-    pub(in crate::deepseek4) fn mark(m: &mut Deepseek4, slot: usize, pos: usize) -> Result<()> {
+    /// (queued after that pass on the device's stream); `logits`, the last token's.
+    pub(in crate::deepseek4) fn mark(
+        m: &mut Deepseek4,
+        slot: usize,
+        pos: usize,
+        logits: Option<Vec<f32>>,
+    ) -> Result<()> {
         Self::with_path(m, |g, m| {
             g.state(m, slot)?;
             let tail = g.mtp_tail(slot).is_some();
@@ -57,6 +72,7 @@ impl GpuPath {
                 *at_ = *now;
             }
             mk.pos = done.is_ok().then_some(pos);
+            mk.logits = logits;
             g.marks[slot] = Some(mk);
             done.map(|_| ()).context("marking the end of a prompt")
         })
@@ -102,6 +118,7 @@ impl GpuPath {
             pos: None,
             rings,
             tail,
+            logits: None,
         })
     }
 
