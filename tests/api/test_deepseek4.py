@@ -294,3 +294,6 @@ def test_prompt_mark_serves_prompts_sharing_an_earlier_prompt(ds4_model, ds4_mtp
             full = s.post("/v1/completions", {**body, "prompt": ids + ids[:6], "seed": 3,
                                               "temperature": 0.8, "cache_prompt": False}).json()
             assert twice[1]["choices"][0] == full["choices"][0], prompt
+        # (the drafter, too, starts a sent-again prompt's chain from the mark)
+        log = open(s.log_path).read()
+        assert "drafting failed" not in log, log[-2000:]

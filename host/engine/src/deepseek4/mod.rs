@@ -1306,6 +1306,17 @@ impl CausalLm for Deepseek4 {
             let s = slot as usize;
             gpu::GpuPath::rewind(self, s, pos).inspect_err(|_| self.slots[s].reset())?;
             self.slots[s].n_past = pos;
+        } else if pos < st.n_past
+            && self
+                .gpu
+                .as_ref()
+                .is_some_and(|g| g.mark_pos(slot as usize) == Some(pos))
+        {
+            // A prompt sent again (its first token from the mark's logits): back to
+            // the mark, as its first pass would go.
+            let s = slot as usize;
+            gpu::GpuPath::back_to_mark(self, s).inspect_err(|_| self.slots[s].reset())?;
+            self.slots[s].n_past = pos;
         } else if pos != st.n_past {
             bail!(
                 "slot {slot} holds {} positions; a draft starts right after them, not at {pos}",
