@@ -167,22 +167,20 @@ mod tests {
     #[test]
     fn mtp_block_takes_the_layer_after_the_main_ones() {
         let m = |n: &str| mtp_name(n, 43).unwrap();
-        assert_eq!(
-            m("mtp.0.attn.wq_a.weight").as_deref(),
-            Some("layers.43.attn.wq_a.weight")
-        );
-        assert_eq!(
-            m("mtp.0.ffn.experts.5.w1.scale").as_deref(),
-            Some("layers.43.ffn.experts.5.w1.scale")
-        );
-        assert_eq!(
-            m("mtp.0.e_proj.weight").as_deref(),
-            Some("layers.43.nextn.e_proj.weight")
-        );
-        assert_eq!(
-            m("mtp.0.norm.weight").as_deref(),
-            Some("layers.43.nextn.shared_head_norm.weight")
-        );
+        for (from, to) in [
+            ("mtp.0.attn.wq_a.weight", "layers.43.attn.wq_a.weight"),
+            (
+                "mtp.0.ffn.experts.5.w1.scale",
+                "layers.43.ffn.experts.5.w1.scale",
+            ),
+            ("mtp.0.e_proj.weight", "layers.43.nextn.e_proj.weight"),
+            (
+                "mtp.0.norm.weight",
+                "layers.43.nextn.shared_head_norm.weight",
+            ),
+        ] {
+            assert_eq!(m(from).as_deref(), Some(to), "{from}");
+        }
         // its own mHC head replaces the model's; the model's embedding and head stay
         assert_eq!(m("mtp.0.hc_head_fn").as_deref(), Some("hc_head_fn"));
         assert_eq!(m("hc_head_fn"), None);

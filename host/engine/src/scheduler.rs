@@ -117,9 +117,10 @@ pub struct SchedulerOptions {
     /// with them skips prefilling what the model can keep ([`CausalLm::keep_prefix`]).
     pub prefix_cache: bool,
     /// Speculative decoding: up to this many drafted tokens checked a step (0 = off).
-    /// Drafts come from the sequence's own text ([`lookup_draft`]) and are checked
-    /// in the step's forward pass; greedy sequences only, on models that can rewind
-    /// ([`CausalLm::max_draft`]), so the output is the same as without drafts.
+    /// Drafts come from the model's own drafter ([`CausalLm::draft_logits`]) or the
+    /// sequence's own text ([`lookup_draft`]) and are checked in the step's forward
+    /// pass, on models that can rewind ([`CausalLm::max_draft`]); greedy and sampled
+    /// sequences alike, with the same output as without drafts.
     pub draft_max: usize,
     /// A model drafting with a block of its own stops its chain before a guess less
     /// likely than this (0: never), as llama.cpp's `--draft-p-min`.

@@ -256,14 +256,14 @@ pub(super) struct GpuPath {
     /// The most tokens a drafted pass may hold: the fewest rows of any ring, so a pass
     /// writes no ring row twice.
     pub(super) pass_cap: usize,
-    /// 0, 1, 2 .. pass_cap - 1: the row ids of the copies that restore ring rows.
+    /// 0, 1, 2 ..: the row ids of the copies that restore ring rows, and of a prompt
+    /// mark's whole-ring copies (as many as the longest ring, or the MTP block's tail of
+    /// pass_cap + 1 rows, has).
     iota: Tensor,
     /// Per slot: the ring rows its last drafted pass overwrote (see [`Rollback`]).
     rollback: Vec<Option<Rollback>>,
     /// Per slot: its rings at the end of its latest prefill chunk (see [`Mark`]).
     marks: Vec<Option<Mark>>,
-    /// 0, 1, 2 ..: the row ids of a mark's whole-ring copies (grown on demand).
-    mark_ids: Option<Tensor>,
 }
 
 /// What a slot needs to go back into its last pass (speculative decoding drops the
@@ -508,7 +508,7 @@ impl GpuPath {
             pf_failed: Default::default(),
             pass_cap: pass_cap(m),
             iota: {
-                let n = pass_cap(m);
+                let n = ring_lengths(m).max().unwrap_or(1).max(pass_cap(m) + 1);
                 let ids: Vec<i32> = (0..n as i32).collect();
                 let t = dev.i32(n)?;
                 t.upload_i32(&ids)?;
@@ -516,7 +516,6 @@ impl GpuPath {
             },
             rollback: (0..m.slots.len()).map(|_| None).collect(),
             marks: (0..m.slots.len()).map(|_| None).collect(),
-            mark_ids: None,
         }))
     }
 

@@ -1225,6 +1225,34 @@ impl Compressor {
     }
 }
 
+impl Deepseek4 {
+    /// Puts `slot` back at `pos`, before the positions it holds, where its device state
+    /// allows: into its last drafted pass (the rejected drafts dropped), or to its
+    /// prompt mark (the end of an earlier prompt, see `keep_prefix`). Ok(false) where
+    /// neither does; a failed copy starts the slot over.
+    fn go_back(&mut self, slot: usize, pos: usize) -> Result<bool> {
+        let Some(g) = self.gpu.as_ref().filter(|_| pos < self.slots[slot].n_past) else {
+            return Ok(false);
+        };
+        let done = if g.can_return(slot, pos) {
+            gpu::GpuPath::rewind(self, slot, pos)
+        } else if g.mark_pos(slot) == Some(pos) {
+            gpu::GpuPath::back_to_mark(self, slot).map(|_| ())
+        } else {
+            return Ok(false);
+        };
+        if let Err(e) = done {
+            self.slots[slot].reset();
+            if let Some(g) = self.gpu.as_mut() {
+                g.forget_mark(slot);
+            }
+            return Err(e);
+        }
+        self.slots[slot].n_past = pos;
+        Ok(true)
+    }
+}
+
 impl CausalLm for Deepseek4 {
     fn arch(&self) -> &str {
         "deepseek4"
@@ -1290,38 +1318,18 @@ impl CausalLm for Deepseek4 {
             return Ok(None);
         }
         let n = self.slots.len();
-        let st = self
+        let n_past = self
             .slots
             .get(slot as usize)
-            .ok_or_else(|| anyhow!("slot {slot} outside 0..{n}"))?;
+            .ok_or_else(|| anyhow!("slot {slot} outside 0..{n}"))?
+            .n_past;
         // The slot holds the positions before `pos`, or more: inside its last drafted
         // pass, whose rejected rows (the block's window's too) go back first, as the
-        // next pass would put them back, so the chain sees the accepted ones only.
-        if pos < st.n_past
-            && self
-                .gpu
-                .as_ref()
-                .is_some_and(|g| g.can_return(slot as usize, pos))
-        {
-            let s = slot as usize;
-            gpu::GpuPath::rewind(self, s, pos).inspect_err(|_| self.slots[s].reset())?;
-            self.slots[s].n_past = pos;
-        } else if pos < st.n_past
-            && self
-                .gpu
-                .as_ref()
-                .is_some_and(|g| g.mark_pos(slot as usize) == Some(pos))
-        {
-            // A prompt sent again (its first token from the mark's logits): back to
-            // the mark, as its first pass would go.
-            let s = slot as usize;
-            gpu::GpuPath::back_to_mark(self, s).inspect_err(|_| self.slots[s].reset())?;
-            self.slots[s].n_past = pos;
-        } else if pos != st.n_past {
-            bail!(
-                "slot {slot} holds {} positions; a draft starts right after them, not at {pos}",
-                st.n_past
-            );
+        // next pass would put them back, so the chain sees the accepted ones only; or
+        // past its prompt mark, for a prompt sent again (its first token from the
+        // mark's logits), as its first pass would go.
+        if pos != n_past && !self.go_back(slot as usize, pos)? {
+            bail!("slot {slot} holds {n_past} positions; a draft starts right after them, not at {pos}");
         }
         if token as usize >= self.p.n_vocab {
             bail!(
@@ -1441,32 +1449,13 @@ impl CausalLm for Deepseek4 {
                 .get_mut(slot)
                 .ok_or_else(|| anyhow!("slot {slot} outside 0..{n_slots}"))?;
             let n_past = st.n_past;
-            let back = p0 < n_past && self.gpu.as_ref().is_some_and(|g| g.can_return(slot, p0));
-            let to_mark = p0 < n_past
-                && self
-                    .gpu
-                    .as_ref()
-                    .is_some_and(|g| g.mark_pos(slot) == Some(p0));
             if p0 == 0 {
                 st.reset();
                 if let Some(g) = self.gpu.as_mut() {
                     g.forget(slot);
                     g.forget_mark(slot);
                 }
-            } else if back {
-                // Into the slot's last drafted pass: its rejected drafts dropped.
-                gpu::GpuPath::rewind(self, slot, p0).inspect_err(|_| self.slots[slot].reset())?;
-                self.slots[slot].n_past = p0;
-            } else if to_mark {
-                // Back to the end of an earlier prompt (see `keep_prefix`).
-                gpu::GpuPath::back_to_mark(self, slot).inspect_err(|_| {
-                    self.slots[slot].reset();
-                    if let Some(g) = self.gpu.as_mut() {
-                        g.forget_mark(slot);
-                    }
-                })?;
-                self.slots[slot].n_past = p0;
-            } else if p0 != n_past {
+            } else if p0 != n_past && !self.go_back(slot, p0)? {
                 bail!("deepseek4 slot {slot} holds {n_past} positions; a chunk at {p0} would need a rewind, which the compressed state can do only into a pass whose later tokens were drafts");
             }
             // Drafts end the run, after its sure token (see BatchEntry::draft).

@@ -131,19 +131,7 @@ impl GpuPath {
         mk: &Mark,
         save: bool,
     ) -> Result<Option<(usize, usize)>> {
-        let dev = &m.dev;
-        let most = self.mark_rows(slot)?;
-        if self
-            .mark_ids
-            .as_ref()
-            .is_none_or(|t| t.r.dims[0] < most as u64)
-        {
-            let ids: Vec<i32> = (0..most as i32).collect();
-            let t = dev.i32(most)?;
-            t.upload_i32(&ids)?;
-            self.mark_ids = Some(t);
-        }
-        let ids = self.mark_ids.as_ref().expect("set above");
+        let (dev, ids) = (&m.dev, &self.iota);
         let st = self.slots[slot]
             .as_deref()
             .ok_or_else(|| anyhow!("slot state"))?;
@@ -164,16 +152,6 @@ impl GpuPath {
         }
         self.set_mtp_tail_at(slot, *saved_at);
         Ok(None)
-    }
-
-    /// Rows of the largest tensor a mark of `slot` copies.
-    fn mark_rows(&self, slot: usize) -> Result<usize> {
-        let st = self.slots[slot]
-            .as_deref()
-            .ok_or_else(|| anyhow!("slot state"))?;
-        let rings = st.iter().flat_map(rings).map(|t| t.r.dims[1] as usize);
-        let tail = self.mtp_tail(slot).map(|(t, _)| t.r.dims[1] as usize);
-        Ok(rings.chain(tail).max().unwrap_or(1))
     }
 }
 

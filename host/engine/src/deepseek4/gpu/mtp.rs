@@ -164,7 +164,6 @@ impl GpuPath {
         }
     }
 
-    /// Forgets `slot`'s tail (a seek: the positions it holds are not the new ones').
     /// `slot`'s tail of target states and (its first position, rows), where a drafter
     /// is loaded (a prompt mark copies it).
     pub(super) fn mtp_tail(&self, slot: usize) -> Option<(&Tensor, (usize, usize))> {
@@ -178,6 +177,7 @@ impl GpuPath {
         }
     }
 
+    /// Forgets `slot`'s tail (a seek: the positions it holds are not the new ones').
     pub(in crate::deepseek4) fn mtp_forget(&mut self, slot: usize) {
         if let Some(mt) = self.mtp.as_mut() {
             mt.tail_at[slot] = (0, 0);
