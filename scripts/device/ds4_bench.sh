@@ -4,7 +4,8 @@
 # TEMPLATE-layer synthetic file (`moeserve synth`; layers past the file's repeat its last
 # two, each as its own device copy: the real 43-layer memory and traffic), then
 # `moeserve bench --limits` at context depths DEPTHS: decode tok/s vs bytes per token /
-# streaming bandwidth, prefill vs the ROCmFP2 matrix rate, all measured in this run.
+# streaming bandwidth, prefill (in serve's GPU chunks: PP 2048 tokens, PP_LONG 1024 from
+# depth 32768) vs the ROCmFP2 matrix rate, all measured in this run.
 # With PARITY=1 it first runs scripts/device/ds4_gpu.sh (the fixtures) while the file is
 # written, then decodes 8 tokens of the full-width file twice (bit-identical?) and with
 # each kernel A/B switch (the list `switches` below) and compares (NO_FULLWIDTH=1 skips
@@ -123,20 +124,23 @@ if [ -n "${PROFILE:-}" ]; then
     python3 scripts/device/profile_table.py "$OUT/profile_pp.json" 2 pass 16
     [ -n "${PROFILE_ONLY:-}" ] && exit 0
 fi
+# Prefill as serve runs it on a GPU: 2048-token chunks, 1024 from position 32768
+# (PP / PP_LONG; PP_LONG=0 keeps PP at every depth).
 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench "${SRC[@]}" \
     --layers "${LAYERS:-43}" --depths "${DEPTHS:-0,4096,32768,131072}" --limits \
-    --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" --repetitions "${REPS:-1}" --json \
+    --prompt-tokens "${PP:-2048}" --long-prompt-tokens "${PP_LONG:-1024}" --long-from 32768 \
+    --gen-tokens "${TG:-32}" --repetitions "${REPS:-1}" --json \
     > "$OUT/bench.json"
 python3 - "$OUT/bench.json" <<'PY'
 import json, sys
 b = json.load(open(sys.argv[1]))
 print(f"device {b['device']}, {b['layers']} layers, stream bandwidth {b['stream_bandwidth_bytes_s']/1e9:.0f} GB/s, "
       f"ROCmFP2 matrix rate {b['matrix_rate_flop_s']/1e12:.0f} TFLOP/s")
-print("| depth | pp tok/s | pp / matrix rate | tg tok/s | MiB read per token (weights + cache) | tg limit tok/s | tg / limit |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
+print("| depth | pp chunk | pp tok/s | pp / matrix rate | tg tok/s | MiB read per token (weights + cache) | tg limit tok/s | tg / limit |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for d in b["depths"]:
     mib = (d["weight_bytes_per_token"] + d["cache_bytes_per_token"]) / 2**20
-    print(f"| {d['depth']} | {d['pp_tok_s']:.1f} | {100*d['pp_fraction_of_matrix_rate']:.1f}% | {d['tg_tok_s']:.1f} | "
+    print(f"| {d['depth']} | {d['pp_tokens']} | {d['pp_tok_s']:.1f} | {100*d['pp_fraction_of_matrix_rate']:.1f}% | {d['tg_tok_s']:.1f} | "
           f"{mib:.0f} ({d['weight_bytes_per_token']/2**20:.0f} + {d['cache_bytes_per_token']/2**20:.1f}) | "
           f"{d['tg_limit_tok_s']:.0f} | {100*d['tg_fraction_of_limit']:.1f}% |")
 k = dict(b["kernels"])

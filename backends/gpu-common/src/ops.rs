@@ -57,6 +57,16 @@ pub fn mmq_dense_cols(m: u64, n: u64) -> u64 {
     }
 }
 
+/// Whether a Q8_0 / ROCmFP4 product of 2 to 15 columns (a drafted pass's tokens) runs
+/// `mmq_mma_dense` (q8_1 activations as the one-column products take them; the tile's
+/// 16-column layout, its weights read once) rather than `matvec_dense` (f32 activations,
+/// ~40 us a launch: a pass of 4 tokens took 5.5x a one-token step, H100 2026-12-06).
+/// `MOE_GPU_FEW_COLS=dense` keeps `matvec_dense` (A/B runs; read once).
+pub fn few_cols_mmq() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MOE_GPU_FEW_COLS").map_or(true, |v| v != "dense"))
+}
+
 /// Pairs per expert (on average) from which MATMUL_ID runs `mmq_mma_id`.
 pub const MMQ_MIN_PAIRS_PER_EXPERT: u64 = 4;
 
@@ -704,7 +714,9 @@ pub fn matmul_dense(
         dense_rows(w.type_id, m, n, px),
     );
     let layout = match one_col {
-        _ if n >= MMQ_MIN_COLS && mmq_type(w.type_id, k, mmq) => DenseLayout::Mmq,
+        _ if (n >= MMQ_MIN_COLS || (n > 1 && few_cols_mmq())) && mmq_type(w.type_id, k, mmq) => {
+            DenseLayout::Mmq
+        }
         (Some(r), _) => DenseLayout::Fp4Runs(r),
         (None, Some(r)) => DenseLayout::Rows(r as i32),
         (None, None) if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
@@ -1736,7 +1748,10 @@ pub fn run(
                         };
                         gpu.launch(reduce, &kargs!(part, sl, ln, po))
                     }
-                    DenseLayout::Mmq if takes_mmb(gpu, ty as u32, px, n as u64) => {
+                    // (The bf16 tiles from MMQ_MIN_COLS on: fewer columns keep q8_1.)
+                    DenseLayout::Mmq
+                        if n as u64 >= MMQ_MIN_COLS && takes_mmb(gpu, ty as u32, px, n as u64) =>
+                    {
                         let (mut nb, mut affine) = (k / 32, 0i32);
                         if let Some(smem) = takes_mmw(gpu, ty as u32, k as u64, pw, n as u64) {
                             return mmw_dense(gpu, (pw, rb, ty, nb), (m, n), (px, po, 0), smem);
@@ -2433,8 +2448,7 @@ mod tests {
         assert_eq!(f32_tiles(types::F16, 4096, 24, 64, 0, 0), None);
         assert_eq!(one(types::F32, 16384, 24, 512, 0x2004).0, "matvec_dense");
         assert_eq!(one(types::F32, 16384, 24, 1, 0x2004).0, "matvec_dense");
-        // More columns, few rows, other types or misaligned activations: matvec_dense.
-        assert_eq!(one(TYPE_Q8_0, 4096, 1024, 2, 0x2000).0, "matvec_dense");
+        // Few rows, other types or misaligned activations: matvec_dense.
         assert_eq!(
             one(TYPE_Q8_0, 4096, 255, 1, 0x2000),
             ("matvec_dense_rows", 255, 128, DenseLayout::Rows(1))
@@ -2450,7 +2464,17 @@ mod tests {
             one(TYPE_ROCMFP4, 4096, 1000, 512, 0x2004).0,
             "mmq_mma_dense"
         );
-        assert_eq!(one(TYPE_Q8_0, 4096, 1024, 15, 0x2000).0, "matvec_dense");
+        // 2 - 15 columns (a drafted pass) on the q8_1 tiles too, unless
+        // MOE_GPU_FEW_COLS=dense (not in tests); a device without matrix-unit MMQ keeps
+        // matvec_dense.
+        for n in [2, 4, 8, 15] {
+            assert_eq!(one(TYPE_Q8_0, 4096, 1024, n, 0x2000).0, "mmq_mma_dense");
+            assert_eq!(one(TYPE_ROCMFP4, 1024, 32768, n, 0x2000).0, "mmq_mma_dense");
+            assert_eq!(
+                one_on(MMQ_DP4A, TYPE_Q8_0, 4096, 1024, n, 0x2000).0,
+                "matvec_dense"
+            );
+        }
         // 64-column tiles unless MOE_GPU_MMQ_DENSE_NARROW is set (not in tests).
         assert_eq!(
             (mmq_dense_cols(512, 512), mmq_dense_cols(32768, 17)),

@@ -30,6 +30,18 @@ pub struct BenchArgs {
     pub limits: bool,
     /// Drafts a decode pass carries, every one taken (0: one token a pass).
     pub draft: usize,
+    /// (depth, tokens): from that depth on the prefill pass holds that many tokens.
+    pub long_prompt: Option<(usize, usize)>,
+}
+
+impl BenchArgs {
+    /// Prompt tokens of the prefill pass at `depth`.
+    fn prompt_at(&self, depth: usize) -> usize {
+        match self.long_prompt {
+            Some((from, n)) if depth >= from => n,
+            _ => self.prompt_tokens,
+        }
+    }
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -118,20 +130,26 @@ fn matvec_rate(dev: &Arc<Device>, ty: u32, k: u64, m: u64, row_bytes: u64) -> Re
 
 struct Row {
     depth: usize,
+    pp_tokens: usize,
     pp: (f64, f64),
     tg: (f64, f64),
+    /// Of the measured decode time: seconds in the drafter's chains, and passes run.
+    chain_s: f64,
+    tg_s: f64,
+    passes: usize,
     traffic: Option<StepTraffic>,
 }
 
 pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
-    if a.depths.is_empty() || a.prompt_tokens == 0 {
+    if a.depths.is_empty() || a.depths.iter().any(|&d| a.prompt_at(d) == 0) {
         bail!("bench: need at least one depth and one prompt token");
     }
     if a.repetitions == 0 {
         bail!("bench: --repetitions must be at least 1 (a warm-up round runs before them)");
     }
     let deepest = a.depths.iter().max().copied().unwrap_or(0);
-    let n_ctx = [deepest, a.prompt_tokens, a.gen_tokens, 8]
+    let longest = a.depths.iter().map(|&d| a.prompt_at(d)).max().unwrap_or(0);
+    let n_ctx = [deepest, longest, a.gen_tokens, 8]
         .into_iter()
         .try_fold(0usize, |s, v| s.checked_add(v))
         .filter(|&n| n <= 1 << 24)
@@ -139,7 +157,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
             format!(
                 "bench: depth {deepest} + {} prompt + {} generated tokens is past any context \
                  (at most 16M positions)",
-                a.prompt_tokens, a.gen_tokens
+                longest, a.gen_tokens
             )
         })?;
     let opts = LoadOptions {
@@ -162,13 +180,15 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
     // Deterministic pseudo-random prompt ids, avoiding the first few (special) ids where
     // the vocabulary is large enough to.
     let skip = if vocab > 200 { 100 } else { 0 };
-    let prompt: Vec<u32> = (0..a.prompt_tokens as u32)
+    let prompt_all: Vec<u32> = (0..longest as u32)
         .map(|i| skip + (i.wrapping_mul(2654435761) % (vocab - skip).max(1)))
         .collect();
     let mut rows = Vec::new();
     for &depth in &a.depths {
+        let prompt = &prompt_all[..a.prompt_at(depth)];
         let mut pp = Vec::new();
         let mut tg = Vec::new();
+        let (mut chain_s, mut tg_s, mut passes) = (0.0, 0.0, 0);
         // One warm-up round, then the measured ones.
         for rep in 0..=a.repetitions {
             if depth > 0 {
@@ -200,7 +220,11 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 if n > 1 && mtp {
                     // The drafter's chain runs too (its cost counts), its guesses not used.
                     let p0 = depth + prompt.len() + i;
+                    let tc = Instant::now();
                     m.model.draft_logits(0, token, p0, n - 1, 0.0)?;
+                    if rep > 0 {
+                        chain_s += tc.elapsed().as_secs_f64();
+                    }
                 }
                 let pass: Vec<BatchEntry> = (0..n)
                     .map(|j| BatchEntry {
@@ -212,26 +236,46 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                     })
                     .collect();
                 logits = m.model.forward(&pass)?.pop().context("no logits")?;
+                passes += usize::from(rep > 0);
                 i += n;
             }
             let dt_tg = t1.elapsed().as_secs_f64();
             if rep > 0 {
-                pp.push(a.prompt_tokens as f64 / dt_pp);
+                pp.push(prompt.len() as f64 / dt_pp);
                 tg.push(a.gen_tokens as f64 / dt_tg);
+                tg_s += dt_tg;
             }
         }
         let row = Row {
             depth,
+            pp_tokens: prompt.len(),
             pp: mean_sd(&pp),
             tg: mean_sd(&tg),
+            chain_s,
+            tg_s,
+            passes,
             traffic: m
                 .model
-                .step_traffic(depth + a.prompt_tokens + a.gen_tokens / 2),
+                .step_traffic(depth + prompt.len() + a.gen_tokens / 2),
         };
         eprintln!(
             "bench: depth {depth}: pp{} {:.1} tok/s, tg{} {:.1} tok/s",
-            a.prompt_tokens, row.pp.0, a.gen_tokens, row.tg.0
+            prompt.len(),
+            row.pp.0,
+            a.gen_tokens,
+            row.tg.0
         );
+        if a.draft > 0 {
+            // Where a drafted pass's time goes: the chain (MTP) against the whole step.
+            let per = |s: f64| 1e3 * s / row.passes.max(1) as f64;
+            eprintln!(
+                "bench: depth {depth}: {} passes, {:.3} ms each: chain {:.3} ms, pass {:.3} ms",
+                row.passes,
+                per(row.tg_s),
+                per(row.chain_s),
+                per(row.tg_s - row.chain_s)
+            );
+        }
         rows.push(row);
     }
     let dev = m.model.device().clone();
@@ -268,9 +312,10 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
             let limit = bw.map(|b| b / bytes.max(1.0));
             let pp_flops = 2.0 * t.weight_params as f64 * r.pp.0;
             json!({
-                "depth": r.depth,
+                "depth": r.depth, "pp_tokens": r.pp_tokens,
                 "pp_tok_s": r.pp.0, "pp_tok_s_sd": r.pp.1,
                 "tg_tok_s": r.tg.0, "tg_tok_s_sd": r.tg.1,
+                "tg_passes": r.passes, "tg_chain_s": r.chain_s,
                 "weight_bytes_per_token": t.weight_bytes, "cache_bytes_per_token": t.cache_bytes,
                 "weight_params_per_token": t.weight_params,
                 "tg_limit_tok_s": limit,
@@ -310,7 +355,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 "| {} | {threads} | {} | pp{} | {:.1} ± {:.1} | {} of matrix rate |",
                 m.name,
                 r.depth,
-                a.prompt_tokens,
+                r.pp_tokens,
                 r.pp.0,
                 r.pp.1,
                 frac("pp_fraction_of_matrix_rate")

@@ -61,6 +61,14 @@ enum Command {
         /// --mtp FILE the MTP block's chain runs before each pass too (its cost counted).
         #[arg(long, default_value_t = 0)]
         draft: usize,
+        /// At depths of --long-from or more, prefill passes of this many tokens instead
+        /// of --prompt-tokens (serve's bounded prefill: 2048-token chunks on a GPU, 1024
+        /// past position 32768); 0: --prompt-tokens at every depth.
+        #[arg(long, default_value_t = 0)]
+        long_prompt_tokens: usize,
+        /// The depth from which --long-prompt-tokens applies.
+        #[arg(long, default_value_t = 32768)]
+        long_from: usize,
     },
     /// Serve a model through the OpenAI-compatible API.
     Serve(serve_cmd::ServeArgs),
@@ -212,8 +220,11 @@ fn main() -> ExitCode {
             layers,
             limits,
             draft,
+            long_prompt_tokens,
+            long_from,
         } => {
             let a = bench_cmd::BenchArgs {
+                long_prompt: (long_prompt_tokens > 0).then_some((long_from, long_prompt_tokens)),
                 prompt_tokens,
                 gen_tokens,
                 repetitions,

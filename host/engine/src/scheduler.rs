@@ -100,8 +100,8 @@ pub struct GenRequest {
 pub struct SchedulerOptions {
     /// Most tokens in one forward pass (prefill chunks fill what decoding leaves); 0:
     /// by device, 256 on the CPU (a long prompt's pass holds up the sequences decoding
-    /// beside it for less) and 512 on a GPU (the chunk the benchmark's prefill measures;
-    /// the routed experts' tiles get more of a chunk's tokens each).
+    /// beside it for less) and 2048 on a GPU, as the upstream profile (the routed
+    /// experts' tiles get more of a chunk's tokens each).
     pub max_batch_tokens: usize,
     /// Bounded prefill: past this position a prompt's chunks are at most
     /// `prefill_long_chunk` tokens (deep chunks need the most attention scratch); a
@@ -229,7 +229,7 @@ impl Scheduler {
     pub fn start(m: LoadedModel, mut opts: SchedulerOptions) -> anyhow::Result<Scheduler> {
         if opts.max_batch_tokens == 0 {
             let dev = m.model.device().name();
-            opts.max_batch_tokens = if dev.starts_with("cpu") { 256 } else { 512 };
+            opts.max_batch_tokens = if dev.starts_with("cpu") { 256 } else { 2048 };
             tracing::info!("batch of {} tokens a pass ({dev})", opts.max_batch_tokens);
         }
         let tokenizer = m.tokenizer.clone().ok_or_else(|| {

@@ -407,7 +407,7 @@ impl GpuPath {
                 ],
             )?;
             // The rest reads only what was uploaded or copied above: one graph a slot
-            // (`MOE_DS4_DRAFT_GRAPH=1`, as drafted passes), recorded on its second step.
+            // (unless `MOE_DS4_DRAFT_GRAPH=0`, as drafted passes), recorded on its second step.
             let kind = StepKind::of(self.idx_ratio, p.idx_topk, pos + i, 1);
             let (mut state, recorded) = mt.graphs[slot].get();
             if recorded != kind && matches!(state, GraphState::Recorded | GraphState::Warm) {
