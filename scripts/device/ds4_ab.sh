@@ -5,7 +5,9 @@
 #   bash scripts/device/ds4_ab.sh base MOE_GPU_FP4_RUNS=0 MOE_GPU_PDL_EARLY=1
 # DS4_DIR=DIR in a setting runs the build carried in DIR instead of .dev/ds4 (two builds
 # side by side: DS4_DIR=.dev/ds4_old); DRAFT=N decodes in passes of a token and N drafts,
-# all taken (`bench --draft`: speculative decoding at full acceptance, at most 7); MTP=1
+# all taken (`bench --draft`: speculative decoding at full acceptance, at most 7);
+# MORE=1:3:7 measures those draft counts too on the same model build (`--more-drafts`,
+# printed by bench, in the JSON's tg_drafted); MTP=1
 # loads the model's MTP drafter (`synth --mtp`, written once into $W): every pass then
 # runs the block's catch-up, and with DRAFT=N the block's N-step chain before each pass.
 # Carry .dev/ds4 (and any such DIR). $OUT gets
@@ -26,11 +28,13 @@ for s in "$@"; do
     [ "$s" = base ] || IFS=, read -r -a envs <<< "$s"
     dir=.dev/ds4
     draft=0
+    more=()
     mtp=()
     for e in "${envs[@]}"; do
         case "${e%%=*}" in
             DS4_DIR) dir=${e#*=} ;;
             DRAFT) draft=${e#*=} ;;
+            MORE) more=(--more-drafts "$(tr : , <<< "${e#*=}")") ;;
             MTP) [ "${e#*=}" = 1 ] && mtp=(--mtp "$W/mtp.gguf") ;;
         esac
     done
@@ -43,7 +47,7 @@ for s in "$@"; do
     env "${envs[@]}" RUST_LOG=warn "$dir/moeserve" --config "$W/plugins.toml" bench \
         --synth "${TEMPLATE:-6}" --layers "${LAYERS:-43}" --depths "${DEPTHS:-0}" \
         --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" --repetitions "${REPS:-1}" \
-        --draft "$draft" "${mtp[@]}" --json > "$OUT/ab_$i.json"
+        --draft "$draft" "${more[@]}" "${mtp[@]}" --json > "$OUT/ab_$i.json"
     echo "$s: $(( $(date +%s) - t0 )) s"
 done
 python3 - "$OUT" "$@" <<'PY'

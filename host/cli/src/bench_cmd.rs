@@ -32,6 +32,8 @@ pub struct BenchArgs {
     pub draft: usize,
     /// (depth, tokens): from that depth on the prefill pass holds that many tokens.
     pub long_prompt: Option<(usize, usize)>,
+    /// More draft counts measured at each depth after the main run (one model build).
+    pub more_drafts: Vec<usize>,
 }
 
 impl BenchArgs {
@@ -133,11 +135,115 @@ struct Row {
     pp_tokens: usize,
     pp: (f64, f64),
     tg: (f64, f64),
-    /// Of the measured decode time: seconds in the drafter's chains, and passes run.
+    /// Where a pass's time went (drafted decoding).
+    split: String,
+    /// The --more-drafts runs at this depth.
+    drafted: Vec<Measured>,
+    traffic: Option<StepTraffic>,
+}
+
+/// One depth's prefill and decode rounds with `draft` drafts a decode pass.
+struct Measured {
+    draft: usize,
+    pp: (f64, f64),
+    tg: (f64, f64),
+    /// Of the measured decode time: seconds in the drafter's chains, all seconds, passes.
     chain_s: f64,
     tg_s: f64,
     passes: usize,
-    traffic: Option<StepTraffic>,
+}
+
+impl Measured {
+    /// Where a drafted pass's time goes: the chain (MTP) and the pass itself.
+    fn split(&self) -> String {
+        let per = |s: f64| 1e3 * s / self.passes.max(1) as f64;
+        format!(
+            "{} passes, {:.3} ms each: chain {:.3} ms, pass {:.3} ms",
+            self.passes,
+            per(self.tg_s),
+            per(self.chain_s),
+            per(self.tg_s - self.chain_s)
+        )
+    }
+}
+
+/// A warm-up round, then `a.repetitions` measured ones of: the slot moved to `depth`,
+/// `prompt` prefilled in one pass, `a.gen_tokens` decoded in passes of a token and
+/// `draft` drafts (all taken; with a drafter loaded, its chain runs before each pass).
+fn measure(
+    m: &mut moe_engine::LoadedModel,
+    a: &BenchArgs,
+    depth: usize,
+    prompt: &[u32],
+    draft: usize,
+) -> Result<Measured> {
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    let (mut chain_s, mut tg_s, mut passes) = (0.0, 0.0, 0);
+    for rep in 0..=a.repetitions {
+        if depth > 0 {
+            m.model
+                .seek(0, depth)
+                .with_context(|| format!("moving to depth {depth}"))?;
+        }
+        let entries: Vec<BatchEntry> = prompt
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| BatchEntry {
+                token,
+                slot: 0,
+                pos: (depth + i) as u32,
+                want_logits: i + 1 == prompt.len(),
+                draft: false,
+            })
+            .collect();
+        let t0 = Instant::now();
+        let mut logits = m.model.forward(&entries)?.pop().context("no logits")?;
+        let dt_pp = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let mut i = 0;
+        let mtp = m.model.has_drafter();
+        while i < a.gen_tokens {
+            // The sure token, then drafts (the same id; all taken).
+            let n = (1 + draft).min(a.gen_tokens - i);
+            let token = argmax(&logits);
+            if n > 1 && mtp {
+                // The drafter's chain runs too (its cost counts), its guesses not used.
+                let p0 = depth + prompt.len() + i;
+                let tc = Instant::now();
+                m.model.draft_logits(0, token, p0, n - 1, 0.0)?;
+                if rep > 0 {
+                    chain_s += tc.elapsed().as_secs_f64();
+                }
+            }
+            let pass: Vec<BatchEntry> = (0..n)
+                .map(|j| BatchEntry {
+                    token,
+                    slot: 0,
+                    pos: (depth + prompt.len() + i + j) as u32,
+                    want_logits: true,
+                    draft: j > 0,
+                })
+                .collect();
+            logits = m.model.forward(&pass)?.pop().context("no logits")?;
+            passes += usize::from(rep > 0);
+            i += n;
+        }
+        let dt_tg = t1.elapsed().as_secs_f64();
+        if rep > 0 {
+            pp.push(prompt.len() as f64 / dt_pp);
+            tg.push(a.gen_tokens as f64 / dt_tg);
+            tg_s += dt_tg;
+        }
+    }
+    Ok(Measured {
+        draft,
+        pp: mean_sd(&pp),
+        tg: mean_sd(&tg),
+        chain_s,
+        tg_s,
+        passes,
+    })
 }
 
 pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
@@ -169,10 +275,12 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
     let t_load = Instant::now();
     let mut m = source.load(config, &opts)?;
     eprintln!("bench: loaded in {:.1} s", t_load.elapsed().as_secs_f64());
-    if a.draft > m.model.max_draft() {
+    if let Some(&d) = std::iter::once(&a.draft)
+        .chain(&a.more_drafts)
+        .find(|&&d| d > m.model.max_draft())
+    {
         bail!(
-            "bench: --draft {}: this model drops at most {} drafts a pass",
-            a.draft,
+            "bench: {d} drafts a pass: this model drops at most {} drafts a pass",
             m.model.max_draft()
         );
     }
@@ -186,74 +294,25 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     for &depth in &a.depths {
         let prompt = &prompt_all[..a.prompt_at(depth)];
-        let mut pp = Vec::new();
-        let mut tg = Vec::new();
-        let (mut chain_s, mut tg_s, mut passes) = (0.0, 0.0, 0);
-        // One warm-up round, then the measured ones.
-        for rep in 0..=a.repetitions {
-            if depth > 0 {
-                m.model
-                    .seek(0, depth)
-                    .with_context(|| format!("moving to depth {depth}"))?;
-            }
-            let entries: Vec<BatchEntry> = prompt
-                .iter()
-                .enumerate()
-                .map(|(i, &token)| BatchEntry {
-                    token,
-                    slot: 0,
-                    pos: (depth + i) as u32,
-                    want_logits: i + 1 == prompt.len(),
-                    draft: false,
-                })
-                .collect();
-            let t0 = Instant::now();
-            let mut logits = m.model.forward(&entries)?.pop().context("no logits")?;
-            let dt_pp = t0.elapsed().as_secs_f64();
-            let t1 = Instant::now();
-            let mut i = 0;
-            let mtp = m.model.has_drafter();
-            while i < a.gen_tokens {
-                // The sure token, then drafts (the same id; all taken).
-                let n = (1 + a.draft).min(a.gen_tokens - i);
-                let token = argmax(&logits);
-                if n > 1 && mtp {
-                    // The drafter's chain runs too (its cost counts), its guesses not used.
-                    let p0 = depth + prompt.len() + i;
-                    let tc = Instant::now();
-                    m.model.draft_logits(0, token, p0, n - 1, 0.0)?;
-                    if rep > 0 {
-                        chain_s += tc.elapsed().as_secs_f64();
-                    }
-                }
-                let pass: Vec<BatchEntry> = (0..n)
-                    .map(|j| BatchEntry {
-                        token,
-                        slot: 0,
-                        pos: (depth + prompt.len() + i + j) as u32,
-                        want_logits: true,
-                        draft: j > 0,
-                    })
-                    .collect();
-                logits = m.model.forward(&pass)?.pop().context("no logits")?;
-                passes += usize::from(rep > 0);
-                i += n;
-            }
-            let dt_tg = t1.elapsed().as_secs_f64();
-            if rep > 0 {
-                pp.push(prompt.len() as f64 / dt_pp);
-                tg.push(a.gen_tokens as f64 / dt_tg);
-                tg_s += dt_tg;
-            }
+        let run = measure(&mut m, a, depth, prompt, a.draft)?;
+        let mut drafted = Vec::new();
+        for &d in &a.more_drafts {
+            let r = measure(&mut m, a, depth, prompt, d)?;
+            eprintln!(
+                "bench: depth {depth}: tg{} {:.1} tok/s with {d} drafts a pass, all taken: {}",
+                a.gen_tokens,
+                r.tg.0,
+                r.split()
+            );
+            drafted.push(r);
         }
         let row = Row {
             depth,
             pp_tokens: prompt.len(),
-            pp: mean_sd(&pp),
-            tg: mean_sd(&tg),
-            chain_s,
-            tg_s,
-            passes,
+            pp: run.pp,
+            tg: run.tg,
+            split: run.split(),
+            drafted,
             traffic: m
                 .model
                 .step_traffic(depth + prompt.len() + a.gen_tokens / 2),
@@ -266,15 +325,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
             row.tg.0
         );
         if a.draft > 0 {
-            // Where a drafted pass's time goes: the chain (MTP) against the whole step.
-            let per = |s: f64| 1e3 * s / row.passes.max(1) as f64;
-            eprintln!(
-                "bench: depth {depth}: {} passes, {:.3} ms each: chain {:.3} ms, pass {:.3} ms",
-                row.passes,
-                per(row.tg_s),
-                per(row.chain_s),
-                per(row.tg_s - row.chain_s)
-            );
+            eprintln!("bench: depth {depth}: {}", row.split);
         }
         rows.push(row);
     }
@@ -315,7 +366,11 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 "depth": r.depth, "pp_tokens": r.pp_tokens,
                 "pp_tok_s": r.pp.0, "pp_tok_s_sd": r.pp.1,
                 "tg_tok_s": r.tg.0, "tg_tok_s_sd": r.tg.1,
-                "tg_passes": r.passes, "tg_chain_s": r.chain_s,
+                "tg_split": r.split,
+                "tg_drafted": r.drafted.iter().map(|d| json!({
+                    "drafts": d.draft, "tg_tok_s": d.tg.0, "passes": d.passes,
+                    "chain_s": d.chain_s, "decode_s": d.tg_s,
+                })).collect::<Vec<_>>(),
                 "weight_bytes_per_token": t.weight_bytes, "cache_bytes_per_token": t.cache_bytes,
                 "weight_params_per_token": t.weight_params,
                 "tg_limit_tok_s": limit,

@@ -61,6 +61,10 @@ enum Command {
         /// --mtp FILE the MTP block's chain runs before each pass too (its cost counted).
         #[arg(long, default_value_t = 0)]
         draft: usize,
+        /// More draft counts to measure the same way at each depth, comma-separated (one
+        /// model build for them all; the JSON's `tg_drafted`).
+        #[arg(long, value_delimiter = ',')]
+        more_drafts: Vec<usize>,
         /// At depths of --long-from or more, prefill passes of this many tokens instead
         /// of --prompt-tokens (serve's bounded prefill: 2048-token chunks on a GPU, 1024
         /// past position 32768); 0: --prompt-tokens at every depth.
@@ -222,8 +226,10 @@ fn main() -> ExitCode {
             draft,
             long_prompt_tokens,
             long_from,
+            more_drafts,
         } => {
             let a = bench_cmd::BenchArgs {
+                more_drafts,
                 long_prompt: (long_prompt_tokens > 0).then_some((long_from, long_prompt_tokens)),
                 prompt_tokens,
                 gen_tokens,
