@@ -14,7 +14,8 @@
 # depth PROFILE_AT (0; PROFILE_ONLY=1 stops there; MOE_DS4_BRANCHES=0 keeps every kernel
 # on one stream, so none is timed while another shares the device); PDL_AB=1 reruns depth 0 with
 # MOE_GPU_PDL=0; REUSE=1 keeps a synth file a warm machine still has; NOFILE=1 writes
-# none (each bench builds the layers in memory: `bench --synth`). Carry .dev/ds4. $OUT
+# none (each bench builds the layers in memory: `bench --synth`); BENCH_ARGS adds
+# arguments to the table's bench (e.g. `--more-drafts 3,7`). Carry .dev/ds4. $OUT
 # gets bench.json (+ parity.log, profile*.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -129,7 +130,7 @@ fi
 RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench "${SRC[@]}" \
     --layers "${LAYERS:-43}" --depths "${DEPTHS:-0,4096,32768,131072}" --limits \
     --prompt-tokens "${PP:-2048}" --long-prompt-tokens "${PP_LONG:-1024}" --long-from 32768 \
-    --gen-tokens "${TG:-32}" --repetitions "${REPS:-1}" --json \
+    --gen-tokens "${TG:-32}" --repetitions "${REPS:-1}" ${BENCH_ARGS:-} --json \
     > "$OUT/bench.json"
 python3 - "$OUT/bench.json" <<'PY'
 import json, sys
