@@ -26,6 +26,14 @@ pub struct ServeArgs {
     /// greedy, where --draft-max drafts are kept most often).
     #[arg(long, env = "MOESERVE_DEFAULT_TEMPERATURE", default_value_t = 1.0)]
     pub default_temperature: f32,
+    /// `deepseek`: a chat answer's `<think>` block goes to `reasoning_content` (as
+    /// llama-server's default); `none`: it stays in `content`.
+    #[arg(long, env = "MOESERVE_REASONING_FORMAT", default_value = "deepseek",
+          value_parser = ["deepseek", "none"])]
+    pub reasoning_format: String,
+    /// A Jinja chat template to use instead of the model's own.
+    #[arg(long, env = "MOESERVE_CHAT_TEMPLATE_FILE")]
+    pub chat_template_file: Option<PathBuf>,
     /// Output length when a request gives none (or zero, or a negative one).
     #[arg(long, env = "MOESERVE_DEFAULT_MAX_TOKENS", default_value_t = 1024)]
     pub default_max_tokens: usize,
@@ -150,6 +158,18 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
         shutdown_timeout: seconds(a.shutdown_timeout, "--shutdown-timeout")?,
         cors_origins: a.cors_origins.clone(),
         default_temperature: a.default_temperature,
+        reasoning: a.reasoning_format == "deepseek",
+    };
+    // (read and compiled before the model loads: a bad file fails at once)
+    let template = match &a.chat_template_file {
+        Some(p) => {
+            let src = std::fs::read_to_string(p)
+                .with_context(|| format!("reading the chat template {}", p.display()))?;
+            moe_tokenizer::Tokenizer::check_chat_template(&src)
+                .with_context(|| format!("the chat template {}", p.display()))?;
+            Some(src)
+        }
+        None => None,
     };
     if !(0.0..=1.0).contains(&a.draft_p_min) {
         anyhow::bail!(
@@ -187,7 +207,13 @@ pub fn run(config: PathBuf, a: ServeArgs) -> Result<()> {
     let model = a.model.clone();
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let r = rt.block_on(moe_server::serve(addr, opts, alias, move || {
-        let m = crate::eval_cmd::load_model(&config, &model, &load_opts)?;
+        let mut m = crate::eval_cmd::load_model(&config, &model, &load_opts)?;
+        if let (Some(src), Some(tok)) = (template, m.tokenizer.as_mut()) {
+            std::sync::Arc::get_mut(tok)
+                .context("the tokenizer is shared before the server starts")?
+                .set_chat_template(src)
+                .context("--chat-template-file")?;
+        }
         Scheduler::start(m, sched_opts)
     }));
     // (a model still loading on a blocking thread is not waited for)

@@ -19,7 +19,11 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use crate::{error::ApiError, AppState};
+use crate::{
+    chat_output::{OutputSplitter, Part, SplitOptions},
+    error::ApiError,
+    AppState,
+};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Flavor {
@@ -38,6 +42,85 @@ pub struct Job {
     pub cache_prompt: bool,
     /// Whether the client asked for logprobs (None = no).
     pub logprobs: Option<usize>,
+    /// Chat answers: how reasoning and tool calls are split out of the text.
+    pub split: Option<SplitOptions>,
+}
+
+/// A chat answer's parts as OpenAI's `message` (or a stream's `delta`) fields:
+/// reasoning, content and calls (ids from `id`, numbered from `first_call`).
+#[derive(Default)]
+struct MessageParts {
+    reasoning: String,
+    content: String,
+    calls: Vec<Value>,
+}
+
+impl MessageParts {
+    fn add(&mut self, parts: Vec<Part>, id: &str) {
+        for p in parts {
+            match p {
+                Part::Reasoning(r) => self.reasoning.push_str(&r),
+                Part::Content(c) => self.content.push_str(&c),
+                Part::ToolCalls(calls) => {
+                    for c in calls {
+                        let n = self.calls.len();
+                        let mut v = c.to_openai(&format!(
+                            "call_{}_{n}",
+                            id.rsplit('-').next().unwrap_or(id)
+                        ));
+                        v["index"] = json!(n);
+                        self.calls.push(v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The fields of a whole answer's `message`: `content` null only beside calls.
+    fn message(self) -> Value {
+        let mut m = json!({"role": "assistant", "content": self.content});
+        if self.content.is_empty() && !self.calls.is_empty() {
+            m["content"] = Value::Null;
+        }
+        if !self.reasoning.is_empty() {
+            m["reasoning_content"] = json!(self.reasoning);
+        }
+        if !self.calls.is_empty() {
+            let calls: Vec<Value> = self
+                .calls
+                .into_iter()
+                .map(|mut c| {
+                    c.as_object_mut().map(|o| o.remove("index"));
+                    c
+                })
+                .collect();
+            m["tool_calls"] = json!(calls);
+        }
+        m
+    }
+
+    /// A stream's delta of these parts (None when there is nothing to send).
+    fn delta(self) -> Option<Value> {
+        let mut d = serde_json::Map::new();
+        if !self.reasoning.is_empty() {
+            d.insert("reasoning_content".into(), json!(self.reasoning));
+        }
+        if !self.content.is_empty() {
+            d.insert("content".into(), json!(self.content));
+        }
+        if !self.calls.is_empty() {
+            d.insert("tool_calls".into(), json!(self.calls));
+        }
+        (!d.is_empty()).then_some(Value::Object(d))
+    }
+}
+
+/// "tool_calls" where an answer that stopped by itself made calls.
+fn finish_reason(reason: FinishReason, calls: bool) -> &'static str {
+    match (reason, calls) {
+        (FinishReason::Stop, true) => "tool_calls",
+        (r, _) => r.as_str(),
+    }
 }
 
 fn now() -> u64 {
@@ -209,10 +292,20 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
                 let logprobs = job.logprobs.map(|_| {
                     json!({"content": c.tokens.iter().map(|e| chat_logprob(&tok, &e.sampled)).collect::<Vec<_>>()})
                 });
+                let mut parts = MessageParts::default();
+                match job.split {
+                    Some(o) => {
+                        let mut sp = OutputSplitter::new(o);
+                        parts.add(sp.push(&c.text), &id);
+                        parts.add(sp.finish(), &id);
+                    }
+                    None => parts.content = c.text,
+                }
+                let reason = finish_reason(c.reason, !parts.calls.is_empty());
                 json!({
                     "id": id, "object": "chat.completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                                 "logprobs": logprobs, "finish_reason": c.reason.as_str()}],
+                    "choices": [{"index": 0, "message": parts.message(),
+                                 "logprobs": logprobs, "finish_reason": reason}],
                     "usage": usage, "timings": timings,
                 })
             }
@@ -282,6 +375,7 @@ fn stream_response(
         "text_completion"
     };
     let include_usage = job.include_usage;
+    let id_for_calls = id.clone();
     let chunk = move |choices: Value, extra: Vec<(&str, Value)>| {
         let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
         if include_usage {
@@ -301,6 +395,9 @@ fn stream_response(
     let chunk2 = chunk.clone();
     // The completion text so far (the legacy logprobs' offsets count its characters).
     let (mut sent, mut at) = (String::new(), (0, 0));
+    let mut splitter = job.split.map(OutputSplitter::new);
+    let call_id = id_for_calls;
+    let mut made_calls = false;
     let body = UnboundedReceiverStream::new(rx).flat_map(move |ev| {
         let out: Vec<SseEvent> = match ev {
             Event::Token { text, tokens } => {
@@ -309,11 +406,20 @@ fn stream_response(
                     Flavor::Chat => json!({"content": tokens.iter().map(|e| chat_logprob(&tok, &e.sampled)).collect::<Vec<_>>()}),
                     Flavor::Text => legacy_logprobs(&tok, &tokens, &sent, &mut at),
                 });
-                if text.is_empty() && lp.is_none() {
+                let delta = match &mut splitter {
+                    Some(sp) => {
+                        let mut p = MessageParts::default();
+                        p.add(sp.push(&text), &call_id);
+                        p.delta()
+                    }
+                    None => (!text.is_empty()).then(|| json!({"content": text})),
+                };
+                if delta.is_none() && lp.is_none() {
                     Vec::new()
                 } else {
                     let choice = match flavor {
-                        Flavor::Chat => json!({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}),
+                        // (logprobs of held-back text ride on an empty delta)
+                        Flavor::Chat => json!({"index": 0, "delta": delta.unwrap_or_else(|| json!({})), "logprobs": lp, "finish_reason": null}),
                         Flavor::Text => json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": null}),
                     };
                     vec![chunk2(json!([choice]), Vec::new())]
@@ -321,13 +427,25 @@ fn stream_response(
             }
             Event::Done { reason, timings } => {
                 let (usage, llama_timings) = usage_and_timings(&timings);
+                // What the splitter held to the end (a tool-call block, a partial tag).
+                let mut v = Vec::new();
+                if let Some(sp) = &mut splitter {
+                    let mut p = MessageParts::default();
+                    p.add(sp.finish(), &call_id);
+                    made_calls = !p.calls.is_empty();
+                    if let Some(d) = p.delta() {
+                        let choice = json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": null});
+                        v.push(chunk2(json!([choice]), Vec::new()));
+                    }
+                }
+                let reason = finish_reason(reason, made_calls);
                 let choice = match flavor {
-                    Flavor::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason.as_str()}),
-                    Flavor::Text => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": reason.as_str()}),
+                    Flavor::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}),
+                    Flavor::Text => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": reason}),
                 };
                 // llama-server clients read `timings` on the last chunk: the finish
                 // chunk, and the usage chunk after it where one is sent
-                let mut v = vec![chunk2(json!([choice]), vec![("timings", llama_timings.clone())])];
+                v.push(chunk2(json!([choice]), vec![("timings", llama_timings.clone())]));
                 if include_usage {
                     v.push(chunk2(json!([]), vec![("usage", usage), ("timings", llama_timings)]));
                 }

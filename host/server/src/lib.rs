@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP API. One handler per route; shared state passed
 //! explicitly; every error is an OpenAI-style JSON body.
 
+mod chat_output;
 mod error;
 mod generate;
 mod request;
@@ -47,6 +48,9 @@ pub struct ServerOptions {
     /// The temperature of a request that gives none (OpenAI's 1.0 by default; 0 makes
     /// such requests greedy).
     pub default_temperature: f32,
+    /// Chat answers' `<think>` blocks go to `reasoning_content` (`--reasoning-format
+    /// deepseek`, llama-server's default); off: they stay in `content`.
+    pub reasoning: bool,
 }
 
 pub struct AppInner {
@@ -115,6 +119,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/tokenize", post(tokenize))
+        .route("/apply-template", post(apply_template))
         .route("/detokenize", post(detokenize))
         // (the key is checked first: no body is read for a client without it)
         .route_layer(middleware::from_fn_with_state(state.clone(), read_body))
@@ -302,28 +307,7 @@ async fn chat_completions(
     st.check_model(&req.common.model)?;
     let s = st.scheduler()?;
     req.common.unsupported()?;
-    if req.messages.is_empty() {
-        return Err(ApiError::invalid(
-            "'messages' must not be empty",
-            Some("messages"),
-        ));
-    }
-    let mut msgs = Vec::with_capacity(req.messages.len());
-    for m in &req.messages {
-        if !["system", "user", "assistant", "tool", "developer"].contains(&m.role.as_str()) {
-            return Err(ApiError::invalid(
-                format!("unknown role '{}'", m.role),
-                Some("messages"),
-            ));
-        }
-        if m.tool_calls
-            .as_ref()
-            .is_some_and(|v| !v.is_null() && v != &json!([]))
-        {
-            return Err(not_supported("a message with 'tool_calls'", "messages"));
-        }
-        msgs.push(ChatMessage::new(m.role.clone(), content_text(&m.content)?));
-    }
+    let ChatPrompt { msgs, vars, tools } = chat_prompt(&req, s)?;
     let top = req.top_logprobs.unwrap_or(0);
     if !(0..=20).contains(&top) {
         return Err(ApiError::invalid(
@@ -347,10 +331,10 @@ async fn chat_completions(
     // Message content is encoded as plain text: a control-token string in it (e.g.
     // "<|im_end|>") cannot open or close a turn. (Off the async workers: a 4 MB prompt
     // takes about a second, and other clients' streams must not wait for it.)
-    let encoded = blocking(move || match tok.encode_chat(&msgs, true) {
+    let encoded = blocking(move || match tok.encode_chat_vars(&msgs, true, &vars) {
         Err(moe_tokenizer::TokenizerError::NoChatTemplate) => {
             tracing::warn!("the model has no chat template; using ChatML");
-            tok.encode_chat_template(FALLBACK_CHAT_TEMPLATE, &msgs, true)
+            tok.encode_chat_template_vars(FALLBACK_CHAT_TEMPLATE, &msgs, true, &vars)
         }
         r => r,
     })
@@ -361,6 +345,11 @@ async fn chat_completions(
         }
         e => ApiError::invalid(e.to_string(), Some("messages")),
     })?;
+    let split = chat_output::SplitOptions {
+        reasoning: st.opts.reasoning,
+        starts_in_reasoning: prompt_opens_thinking(&s.tokenizer, &prompt),
+        dsml_tools: tools.is_some(),
+    };
     generate::run(
         &st,
         Job {
@@ -373,9 +362,131 @@ async fn chat_completions(
             include_usage: req.common.include_usage(),
             cache_prompt: req.common.cache_prompt.unwrap_or(true),
             logprobs,
+            split: Some(split),
         },
     )
     .await
+}
+
+/// What a chat request gives its template: the turns, the variables (`tools`, the
+/// request's `chat_template_kwargs`, `reasoning_effort`) and the tools it offers.
+struct ChatPrompt {
+    msgs: Vec<ChatMessage>,
+    vars: moe_tokenizer::TemplateVars,
+    tools: Option<Vec<Value>>,
+}
+
+fn chat_prompt(req: &ChatRequest, s: &Scheduler) -> Result<ChatPrompt, ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid(
+            "'messages' must not be empty",
+            Some("messages"),
+        ));
+    }
+    let mut msgs = Vec::with_capacity(req.messages.len());
+    for m in &req.messages {
+        msgs.push(chat_message(m)?);
+    }
+    // Tools go to the template, and the answer's calls are parsed, where the model's
+    // template writes calls in a markup this server reads (DeepSeek's DSML).
+    let template = s
+        .tokenizer
+        .chat_template()
+        .unwrap_or(FALLBACK_CHAT_TEMPLATE);
+    let tools = req.common.tools()?;
+    let calls_in_history = msgs.iter().any(|m| m.extra.contains_key("tool_calls"));
+    if (tools.is_some() || calls_in_history) && !chat_output::template_has_dsml_tools(template) {
+        return Err(not_supported(
+            "tool calling with this model's chat template (the server reads DeepSeek's \
+             DSML tool calls)",
+            if tools.is_some() { "tools" } else { "messages" },
+        ));
+    }
+    let mut vars = req.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(t) = &tools {
+        vars.insert("tools".into(), Value::Array(t.clone()));
+    }
+    if let Some(e) = &req.reasoning_effort {
+        vars.insert("reasoning_effort".into(), Value::String(e.clone()));
+    }
+    Ok(ChatPrompt { msgs, vars, tools })
+}
+
+/// `POST /apply-template` (as llama-server's): a chat request's prompt as text, the
+/// template rendered with the request's turns, tools and variables.
+async fn apply_template(
+    State(st): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ChatRequest = parse_body(body)?;
+    let s = st.scheduler()?;
+    let ChatPrompt { msgs, vars, .. } = chat_prompt(&req, s)?;
+    let tok = s.tokenizer.clone();
+    let text = blocking(
+        move || match tok.apply_chat_template_vars(&msgs, true, &vars) {
+            Err(moe_tokenizer::TokenizerError::NoChatTemplate) => {
+                tok.apply_template_vars(FALLBACK_CHAT_TEMPLATE, &msgs, true, &vars)
+            }
+            r => r,
+        },
+    )
+    .await?
+    .map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))?;
+    Ok(Json(json!({"prompt": text})).into_response())
+}
+
+/// A request's chat turn as the template gets it: role, text, and the fields a
+/// template may read about tool calls and reasoning.
+fn chat_message(m: &request::Message) -> Result<ChatMessage, ApiError> {
+    if !["system", "user", "assistant", "tool", "developer"].contains(&m.role.as_str()) {
+        return Err(ApiError::invalid(
+            format!("unknown role '{}'", m.role),
+            Some("messages"),
+        ));
+    }
+    let mut msg = ChatMessage::new(m.role.clone(), content_text(&m.content)?);
+    if let Some(calls) = m.tool_calls.as_ref().filter(|v| !v.is_null()) {
+        let ok = m.role == "assistant"
+            && calls.as_array().is_some_and(|a| {
+                a.iter().all(|c| {
+                    c.pointer("/function/name")
+                        .and_then(Value::as_str)
+                        .is_some()
+                        && c.pointer("/function/arguments")
+                            .is_some_and(|a| a.is_string() || a.is_object())
+                })
+            });
+        if !ok {
+            return Err(ApiError::invalid(
+                "'tool_calls' belong to assistant messages: [{\"id\": ..., \"type\": \
+                 \"function\", \"function\": {\"name\": ..., \"arguments\": ...}}]",
+                Some("messages"),
+            ));
+        }
+        if !calls.as_array().is_some_and(Vec::is_empty) {
+            msg.extra.insert("tool_calls".into(), calls.clone());
+        }
+    }
+    for (k, v) in [
+        ("tool_call_id", &m.tool_call_id),
+        ("name", &m.name),
+        ("reasoning_content", &m.reasoning_content),
+    ] {
+        if let Some(v) = v {
+            msg.extra.insert(k.into(), Value::String(v.clone()));
+        }
+    }
+    Ok(msg)
+}
+
+/// Whether the prompt's text ends inside an open `<think>` block (a thinking-mode
+/// generation prompt): the answer then starts as reasoning.
+fn prompt_opens_thinking(tok: &moe_tokenizer::Tokenizer, prompt: &[u32]) -> bool {
+    let tail: Vec<u8> = prompt[prompt.len().saturating_sub(4)..]
+        .iter()
+        .flat_map(|&id| tok.token_bytes(id).unwrap_or_default())
+        .collect();
+    chat_output::prompt_opens_thinking(&String::from_utf8_lossy(&tail))
 }
 
 async fn completions(
@@ -386,6 +497,9 @@ async fn completions(
     st.check_model(&req.common.model)?;
     let s = st.scheduler()?;
     req.common.unsupported()?;
+    if req.common.tools()?.is_some() {
+        return Err(not_supported("tool calling on /v1/completions", "tools"));
+    }
     if req.echo == Some(true) {
         return Err(not_supported("'echo'", "echo"));
     }
@@ -447,6 +561,7 @@ async fn completions(
             include_usage: req.common.include_usage(),
             cache_prompt: req.common.cache_prompt.unwrap_or(true),
             logprobs,
+            split: None,
         },
     )
     .await

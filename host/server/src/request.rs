@@ -21,9 +21,19 @@ pub struct Message {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
-    /// Refused when present (tool calling is not supported).
+    /// An assistant turn's calls (`[{id, type, function: {name, arguments}}]`),
+    /// handed to the chat template as given.
     #[serde(default)]
     pub tool_calls: Option<Value>,
+    /// A `tool` turn: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// An assistant turn's reasoning, as this server returns it (templates that keep
+    /// reasoning in the history read it).
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -93,6 +103,11 @@ pub struct ChatRequest {
     #[serde(default)]
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
+    /// More variables for the chat template (`{"thinking": true}`), as llama-server
+    /// and vLLM take them.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Handed to the chat template as `reasoning_effort`.
+    pub reasoning_effort: Option<String>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -168,21 +183,19 @@ impl Common {
     /// Refuses what the request asks for that this server cannot do, rather than
     /// answering as if it had not been asked.
     pub fn unsupported(&self) -> Result<(), ApiError> {
-        if given(&self.tools) || given(&self.functions) {
-            let p = if given(&self.tools) {
-                "tools"
-            } else {
-                "functions"
-            };
-            return Err(not_supported("tool calling", p));
+        if given(&self.functions) {
+            return Err(not_supported(
+                "'functions' (the deprecated form; send 'tools')",
+                "functions",
+            ));
         }
-        for (v, p) in [
-            (&self.tool_choice, "tool_choice"),
-            (&self.function_call, "function_call"),
-        ] {
-            if given(v) && v.as_ref().and_then(Value::as_str) != Some("none") {
-                return Err(not_supported("tool calling", p));
-            }
+        if given(&self.function_call)
+            && self.function_call.as_ref().and_then(Value::as_str) != Some("none")
+        {
+            return Err(not_supported(
+                "'function_call' (the deprecated form; send 'tool_choice')",
+                "function_call",
+            ));
         }
         if let Some(f) = self.response_format.as_ref().filter(|v| !v.is_null()) {
             if f.get("type").and_then(Value::as_str) != Some("text") {
@@ -262,6 +275,42 @@ impl Common {
             logprobs,
             logit_bias,
         })
+    }
+
+    /// The tools the model may call: None where none were given or `tool_choice` is
+    /// "none". A choice the output would have to be forced to ("required", a named
+    /// function) is refused: nothing here constrains what the model writes.
+    pub fn tools(&self) -> Result<Option<Vec<Value>>, ApiError> {
+        match self.tool_choice.as_ref().filter(|v| !v.is_null()) {
+            None => {}
+            Some(v) if v.as_str() == Some("auto") => {}
+            Some(v) if v.as_str() == Some("none") => return Ok(None),
+            Some(_) => {
+                return Err(not_supported(
+                    "a 'tool_choice' other than \"auto\" or \"none\" (the output cannot be forced)",
+                    "tool_choice",
+                ))
+            }
+        }
+        if !given(&self.tools) {
+            return Ok(None);
+        }
+        let Some(Value::Array(tools)) = &self.tools else {
+            return Err(ApiError::invalid("'tools' must be an array", Some("tools")));
+        };
+        for (i, t) in tools.iter().enumerate() {
+            let ok = t.get("type").and_then(Value::as_str) == Some("function")
+                && t.pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| !n.is_empty());
+            if !ok {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"),
+                    Some("tools"),
+                ));
+            }
+        }
+        Ok(Some(tools.clone()))
     }
 
     pub fn stop_strings(&self) -> Result<Vec<String>, ApiError> {
@@ -391,9 +440,8 @@ mod tests {
     fn unsupported_features_are_refused_and_empty_ones_pass() {
         use serde_json::json;
         for (j, p) in [
-            (json!({"tools": [{"type": "function"}]}), "tools"),
-            (json!({"tool_choice": "required"}), "tool_choice"),
             (json!({"functions": [{}]}), "functions"),
+            (json!({"function_call": "auto"}), "function_call"),
             (
                 json!({"response_format": {"type": "json_object"}}),
                 "response_format",
@@ -408,6 +456,48 @@ mod tests {
             json!({"tools": null, "tool_choice": null, "best_of": 1, "stream": null}),
         ] {
             assert!(common(j).unsupported().is_ok());
+        }
+        // Tools: well-formed functions pass; forced choices and malformed tools do not.
+        let f = json!({"type": "function", "function": {"name": "f", "parameters": {}}});
+        assert_eq!(
+            common(json!({"tools": [f]}))
+                .tools()
+                .unwrap()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(
+            common(json!({"tools": [f], "tool_choice": "auto"}))
+                .tools()
+                .unwrap()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(common(json!({"tools": [f], "tool_choice": "none"}))
+            .tools()
+            .unwrap()
+            .is_none());
+        assert!(common(json!({"tools": []})).tools().unwrap().is_none());
+        for (j, p) in [
+            (json!({"tools": [{"type": "function"}]}), "tools"),
+            (
+                json!({"tools": [{"type": "code", "function": {"name": "f"}}]}),
+                "tools",
+            ),
+            (json!({"tools": {"a": 1}}), "tools"),
+            (
+                json!({"tools": [f], "tool_choice": "required"}),
+                "tool_choice",
+            ),
+            (
+                json!({"tool_choice": {"type": "function", "function": {"name": "f"}}}),
+                "tool_choice",
+            ),
+        ] {
+            let e = common(j).tools().unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(p));
         }
     }
 }

@@ -43,6 +43,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        env.add_filter("from_json", from_json);
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(template_error)?;
         Ok(Self { env })
@@ -51,25 +52,38 @@ impl ChatTemplate {
     pub(crate) fn render(
         &self,
         messages: &[ChatMessage],
-        add_generation_prompt: bool,
+        (add_generation_prompt, vars): (bool, &crate::TemplateVars),
         bos_token: &str,
         eos_token: &str,
     ) -> Result<String, TokenizerError> {
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| {
-                Value::from_pairs([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ])
+                let mut pairs = vec![
+                    ("role".to_string(), Value::from(m.role.as_str())),
+                    ("content".to_string(), Value::from(m.content.as_str())),
+                ];
+                for (k, v) in &m.extra {
+                    pairs.push((k.clone(), json_value(v)));
+                }
+                Value::from_pairs(pairs)
             })
             .collect();
-        let ctx = Value::from_pairs([
-            ("messages", Value::from(messages)),
-            ("add_generation_prompt", Value::from(add_generation_prompt)),
-            ("bos_token", Value::from(bos_token)),
-            ("eos_token", Value::from(eos_token)),
+        // (the request's variables first: the fixed ones win)
+        let mut pairs: Vec<(String, Value)> = vars
+            .iter()
+            .map(|(k, v)| (k.clone(), json_value(v)))
+            .collect();
+        pairs.extend([
+            ("messages".to_string(), Value::from(messages)),
+            (
+                "add_generation_prompt".to_string(),
+                Value::from(add_generation_prompt),
+            ),
+            ("bos_token".to_string(), Value::from(bos_token)),
+            ("eos_token".to_string(), Value::from(eos_token)),
         ]);
+        let ctx = Value::from_pairs(pairs);
         self.env
             .get_template(TEMPLATE_NAME)
             .and_then(|t| t.render(ctx))
@@ -91,6 +105,31 @@ fn template_error(e: Error) -> TokenizerError {
         line: e.line(),
         message,
     }
+}
+
+/// A JSON value as a template value (objects keep their key order).
+pub(crate) fn json_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(a) => Value::from(a.iter().map(json_value).collect::<Vec<_>>()),
+        J::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (k.clone(), json_value(v)))),
+    }
+}
+
+/// `s | from_json`: a JSON string as a value (templates that take tool-call
+/// arguments as the string OpenAI sends).
+fn from_json(s: String) -> Result<Value, Error> {
+    serde_json::from_str::<serde_json::Value>(&s)
+        .map(|v| json_value(&v))
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("from_json: {e}")))
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {

@@ -82,6 +82,9 @@ pub struct ExtraParts {
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// More fields the template may read (`tool_calls`, `tool_call_id`,
+    /// `reasoning_content`...), as the request gave them.
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ChatMessage {
@@ -89,9 +92,14 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            extra: Default::default(),
         }
     }
 }
+
+/// Variables a chat template sees besides `messages`, `add_generation_prompt` and the
+/// BOS / EOS strings: `tools`, `thinking`, `reasoning_effort`... (empty: none).
+pub type TemplateVars = serde_json::Map<String, serde_json::Value>;
 
 /// GGUF token types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -406,6 +414,20 @@ impl Tokenizer {
         })
     }
 
+    /// Whether a chat template compiles (checked before a model loads).
+    pub fn check_chat_template(source: &str) -> Result<(), TokenizerError> {
+        ChatTemplate::compile(source).map(drop)
+    }
+
+    /// Replaces the model's chat template (a template file given to the server); an
+    /// error, and the old one kept, if the new one does not compile.
+    pub fn set_chat_template(&mut self, source: String) -> Result<(), TokenizerError> {
+        let t = ChatTemplate::compile(&source)?;
+        self.chat_template = Some(Ok(t));
+        self.chat_template_source = Some(source);
+        Ok(())
+    }
+
     /// Text to ids. `add_special` adds BOS/EOS as the model asks (`add_bos`/`add_eos`);
     /// `parse_special` recognises control-token strings such as `<|im_start|>` in
     /// `text` (user-defined tokens are always recognised).
@@ -622,12 +644,22 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.apply_chat_template_vars(messages, add_generation_prompt, &TemplateVars::new())
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with more template variables.
+    pub fn apply_chat_template_vars(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        vars: &TemplateVars,
+    ) -> Result<String, TokenizerError> {
         match &self.chat_template {
             None => Err(TokenizerError::NoChatTemplate),
             Some(Err(e)) => Err(e.clone()),
             Some(Ok(t)) => t.render(
                 messages,
-                add_generation_prompt,
+                (add_generation_prompt, vars),
                 self.special_text(self.bos_id),
                 self.special_text(self.eos_id),
             ),
@@ -642,9 +674,25 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
-        ChatTemplate::compile(template)?.render(
+        self.apply_template_vars(
+            template,
             messages,
             add_generation_prompt,
+            &TemplateVars::new(),
+        )
+    }
+
+    /// [`Tokenizer::apply_template`] with more template variables.
+    pub fn apply_template_vars(
+        &self,
+        template: &str,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        vars: &TemplateVars,
+    ) -> Result<String, TokenizerError> {
+        ChatTemplate::compile(template)?.render(
+            messages,
+            (add_generation_prompt, vars),
             self.special_text(self.bos_id),
             self.special_text(self.eos_id),
         )
@@ -666,6 +714,18 @@ impl Tokenizer {
         })
     }
 
+    /// [`Tokenizer::encode_chat`] with more template variables.
+    pub fn encode_chat_vars(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        vars: &TemplateVars,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_chat_with(messages, |m| {
+            self.apply_chat_template_vars(m, add_generation_prompt, vars)
+        })
+    }
+
     /// [`Tokenizer::encode_chat`] with another template (e.g. [`FALLBACK_CHAT_TEMPLATE`]).
     pub fn encode_chat_template(
         &self,
@@ -673,11 +733,27 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_chat_template_vars(
+            template,
+            messages,
+            add_generation_prompt,
+            &TemplateVars::new(),
+        )
+    }
+
+    /// [`Tokenizer::encode_chat_template`] with template variables.
+    pub fn encode_chat_template_vars(
+        &self,
+        template: &str,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        vars: &TemplateVars,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let t = ChatTemplate::compile(template)?;
         self.encode_chat_with(messages, |m| {
             t.render(
                 m,
-                add_generation_prompt,
+                (add_generation_prompt, vars),
                 self.special_text(self.bos_id),
                 self.special_text(self.eos_id),
             )
@@ -744,7 +820,10 @@ fn content_spans(
     let marked: Vec<ChatMessage> = messages
         .iter()
         .enumerate()
-        .map(|(i, m)| ChatMessage::new(m.role.clone(), format!("{MARK_OPEN}{i}{MARK_CLOSE}")))
+        .map(|(i, m)| ChatMessage {
+            content: format!("{MARK_OPEN}{i}{MARK_CLOSE}"),
+            ..m.clone()
+        })
         .collect();
     let skeleton = render(&marked).ok()?;
     let mut spans = Vec::new();
