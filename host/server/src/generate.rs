@@ -465,3 +465,42 @@ fn stream_response(
         .keep_alive(KeepAlive::default())
         .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat_output::ToolCall;
+
+    #[test]
+    fn answers_with_calls_take_openai_shapes() {
+        let call = ToolCall {
+            name: "f".into(),
+            arguments: serde_json::from_str(r#"{"b": 1, "a": "x"}"#).unwrap(),
+        };
+        let mut p = MessageParts::default();
+        p.add(
+            vec![
+                Part::Reasoning("why".into()),
+                Part::ToolCalls(vec![call.clone(), call]),
+            ],
+            "chatcmpl-abc",
+        );
+        let m = p.message();
+        assert_eq!(m["content"], Value::Null);
+        assert_eq!(m["reasoning_content"], "why");
+        let calls = m["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1]["id"], "call_abc_1");
+        assert_eq!(calls[0]["function"]["arguments"], r#"{"b":1,"a":"x"}"#);
+        assert!(calls[0].get("index").is_none());
+        // A stream's delta numbers the calls; plain text keeps content a string.
+        let mut p = MessageParts::default();
+        p.add(vec![Part::Content("hi".into())], "x");
+        assert_eq!(p.delta().unwrap(), json!({"content": "hi"}));
+        assert!(MessageParts::default().delta().is_none());
+        assert_eq!(MessageParts::default().message()["content"], "");
+        assert_eq!(finish_reason(FinishReason::Stop, true), "tool_calls");
+        assert_eq!(finish_reason(FinishReason::Length, true), "length");
+        assert_eq!(finish_reason(FinishReason::Stop, false), "stop");
+    }
+}
