@@ -58,13 +58,14 @@ pub fn mmq_dense_cols(m: u64, n: u64) -> u64 {
 }
 
 /// Whether a Q8_0 / ROCmFP4 product of 2 to 15 columns (a drafted pass's tokens) runs
-/// `mmq_mma_dense` (q8_1 activations as the one-column products take them; the tile's
-/// 16-column layout, its weights read once) rather than `matvec_dense` (f32 activations,
-/// ~40 us a launch: a pass of 4 tokens took 5.5x a one-token step, H100 2026-12-06).
-/// `MOE_GPU_FEW_COLS=dense` keeps `matvec_dense` (A/B runs; read once).
+/// `mmq_mma_dense` (q8_1 activations, the tile's 16-column layout) instead of
+/// `matvec_dense`: `MOE_GPU_FEW_COLS=mmq` (read once). Off: on an H100 (2026-12-06, 20
+/// layers, passes of 4 tokens) the tiles took 35.2 ms a pass against 15.2 on
+/// `matvec_dense`, and moved the drafted logits off decode's (the quantised fixtures'
+/// "draft vs dec" 0.05 - 0.13 where `matvec_dense` gives 4e-7).
 pub fn few_cols_mmq() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MOE_GPU_FEW_COLS").map_or(true, |v| v != "dense"))
+    *ON.get_or_init(|| std::env::var("MOE_GPU_FEW_COLS").is_ok_and(|v| v == "mmq"))
 }
 
 /// Pairs per expert (on average) from which MATMUL_ID runs `mmq_mma_id`.
@@ -2464,16 +2465,11 @@ mod tests {
             one(TYPE_ROCMFP4, 4096, 1000, 512, 0x2004).0,
             "mmq_mma_dense"
         );
-        // 2 - 15 columns (a drafted pass) on the q8_1 tiles too, unless
-        // MOE_GPU_FEW_COLS=dense (not in tests); a device without matrix-unit MMQ keeps
-        // matvec_dense.
+        // 2 - 15 columns (a drafted pass): matvec_dense (the q8_1 tiles only with
+        // MOE_GPU_FEW_COLS=mmq, not set in tests).
         for n in [2, 4, 8, 15] {
-            assert_eq!(one(TYPE_Q8_0, 4096, 1024, n, 0x2000).0, "mmq_mma_dense");
-            assert_eq!(one(TYPE_ROCMFP4, 1024, 32768, n, 0x2000).0, "mmq_mma_dense");
-            assert_eq!(
-                one_on(MMQ_DP4A, TYPE_Q8_0, 4096, 1024, n, 0x2000).0,
-                "matvec_dense"
-            );
+            assert_eq!(one(TYPE_Q8_0, 4096, 1024, n, 0x2000).0, "matvec_dense");
+            assert_eq!(one(TYPE_ROCMFP4, 1024, 32768, n, 0x2000).0, "matvec_dense");
         }
         // 64-column tiles unless MOE_GPU_MMQ_DENSE_NARROW is set (not in tests).
         assert_eq!(
