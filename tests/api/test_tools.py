@@ -148,6 +148,15 @@ def test_tool_requests_that_cannot_be_served_are_refused(server, dsml):
         (dsml, "/v1/completions", {"prompt": "x", "tools": TOOLS}, "tools"),
         (dsml, "/v1/chat/completions", {"messages": user, "functions": [{"name": "f"}]},
          "functions"),
+        (dsml, "/v1/chat/completions",
+         {"messages": user, "chat_template_kwargs": {"tools": TOOLS}}, "chat_template_kwargs"),
+        # a control-token string outside message content would become a real token
+        (dsml, "/v1/chat/completions", {"messages": [HISTORY[1], {
+            **HISTORY[2], "tool_calls": [{"id": "c", "type": "function", "function": {
+                "name": "f", "arguments": "{\"x\": \"<|im_end|>\"}"}}]}]}, "messages"),
+        (dsml, "/v1/chat/completions", {"messages": user, "tools": [
+            {"type": "function", "function": {"name": "f", "description": "<|im_start|>"}}]},
+         "messages"),
     ]
     for srv, path, body, param in cases:
         r = srv.post(path, {**body, "max_tokens": 2})

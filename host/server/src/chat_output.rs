@@ -2,7 +2,8 @@
 //! (`reasoning_content`, the text between `<think>` and `</think>`), the answer
 //! (`content`) and tool calls (`tool_calls`, DeepSeek's DSML markup). Text arrives in
 //! pieces as it is decoded; [`OutputSplitter::push`] gives what can be sent now and
-//! holds back only what may still turn out to be markup, so a stream's deltas add up
+//! holds back what may still turn out to be markup (a partial tag, the whitespace before
+//! a call block, the block itself until the answer ends), so a stream's deltas add up
 //! to the whole answer's parts.
 
 use serde_json::{json, Map, Value};
@@ -102,9 +103,9 @@ impl OutputSplitter {
         }
     }
 
-    /// The tool-call block's opening tag.
-    fn tools_open() -> String {
-        format!("<{DSML}tool_calls>")
+    /// The tool-call block's opening tags: V4's `tool_calls`, V3.2's `function_calls`.
+    fn tools_opens() -> [String; 2] {
+        BLOCKS.map(|b| format!("<{DSML}{b}>"))
     }
 
     /// Adds decoded text; returns the parts that are now certain.
@@ -151,8 +152,12 @@ impl OutputSplitter {
                         push_text(&mut out, Part::Content(c));
                         return out;
                     }
-                    let open = Self::tools_open();
-                    if let Some(i) = self.held.find(&open) {
+                    let opens = Self::tools_opens();
+                    let found = opens
+                        .iter()
+                        .filter_map(|o| self.held.find(o.as_str()))
+                        .min();
+                    if let Some(i) = found {
                         let c: String = self.held.drain(..i).collect();
                         let answer = c.trim_end();
                         self.gap = c[answer.len()..].to_string();
@@ -162,7 +167,11 @@ impl OutputSplitter {
                     }
                     // Hold a possible start of the tag, and the whitespace before it
                     // (the template puts a blank line between the answer and a call).
-                    let keep = partial_suffix(&self.held, &open);
+                    let keep = opens
+                        .iter()
+                        .map(|o| partial_suffix(&self.held, o))
+                        .max()
+                        .unwrap_or(0);
                     let body = &self.held[..self.held.len() - keep];
                     let cut = body.trim_end().len();
                     let c: String = self.held.drain(..cut).collect();
@@ -206,17 +215,25 @@ fn push_text(out: &mut Vec<Part>, p: Part) {
     }
 }
 
-/// The calls of a DSML block (`<DSML tool_calls>`, one `invoke name="f"` per call, its
-/// `parameter name="k" string="true|false"` values: strings as written, others JSON),
-/// and the text after the block. None if it is not a whole, well-formed block.
+/// The names of a DSML call block: DeepSeek V4's, then V3.2's.
+const BLOCKS: [&str; 2] = ["tool_calls", "function_calls"];
+
+/// The calls of a DSML block (`<DSML tool_calls>` or `function_calls`, one `invoke
+/// name="f"` per call, its `parameter name="k" string="true|false"` values: strings as
+/// written, others JSON), and the text after the block. None if it is not a whole,
+/// well-formed block.
 pub fn parse_dsml_calls(s: &str) -> Option<(Vec<ToolCall>, &str)> {
-    let open = format!("<{DSML}tool_calls>");
-    let close = format!("</{DSML}tool_calls>");
+    let s = s.trim_start();
+    let block = BLOCKS
+        .into_iter()
+        .find(|b| s.starts_with(&format!("<{DSML}{b}>")))?;
+    let open = format!("<{DSML}{block}>");
+    let close = format!("</{DSML}{block}>");
     let inv_open = format!("<{DSML}invoke name=\"");
     let inv_close = format!("</{DSML}invoke>");
     let par_open = format!("<{DSML}parameter name=\"");
     let par_close = format!("</{DSML}parameter>");
-    let mut rest = s.trim_start().strip_prefix(open.as_str())?;
+    let mut rest = s.strip_prefix(open.as_str())?;
     let mut calls = Vec::new();
     loop {
         rest = rest.trim_start();
@@ -255,7 +272,7 @@ pub fn parse_dsml_calls(s: &str) -> Option<(Vec<ToolCall>, &str)> {
 
 /// Whether a chat template writes tool calls in DSML (DeepSeek V3.2 / V4).
 pub fn template_has_dsml_tools(source: &str) -> bool {
-    source.contains("DSML") && source.contains("tool_calls")
+    source.contains("DSML") && BLOCKS.iter().any(|b| source.contains(b))
 }
 
 /// Whether a rendered prompt leaves the model inside a thinking block.
@@ -331,6 +348,21 @@ mod tests {
         let args: Value =
             serde_json::from_str(o["function"]["arguments"].as_str().unwrap()).unwrap();
         assert_eq!(args["days"], 3);
+    }
+
+    #[test]
+    fn v3_2_function_calls_blocks_parse_too() {
+        let block = d(CALLS).replace("tool_calls>", "function_calls>");
+        let text = format!("Ok.\n\n{block}");
+        let want = vec![
+            Part::Content("Ok.".into()),
+            Part::ToolCalls(parse_dsml_calls(&d(CALLS)).unwrap().0),
+        ];
+        assert_eq!(streamed(all(), &text), want);
+        assert_eq!(whole(all(), &text), want);
+        // a block opened as one kind and closed as the other is not a block
+        let mixed = d(CALLS).replacen("tool_calls>", "function_calls>", 1);
+        assert!(parse_dsml_calls(&mixed).is_none());
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub struct Job {
 }
 
 /// A chat answer's parts as OpenAI's `message` (or a stream's `delta`) fields:
-/// reasoning, content and calls (ids from `id`, numbered from `first_call`).
+/// reasoning, content and calls (ids from the response's id, numbered from 0).
 #[derive(Default)]
 struct MessageParts {
     reasoning: String,
@@ -454,7 +454,19 @@ fn stream_response(
             }
             Event::Error(e) => {
                 let err = ApiError::internal(format!("generation failed: {e}"));
-                vec![SseEvent::default().data(err.body().to_string()), SseEvent::default().data("[DONE]")]
+                let mut v = Vec::new();
+                // (what the splitter held is sent before the error, not dropped)
+                if let Some(sp) = &mut splitter {
+                    let mut p = MessageParts::default();
+                    p.add(sp.finish(), &call_id);
+                    if let Some(d) = p.delta() {
+                        let choice = json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": null});
+                        v.push(chunk2(json!([choice]), Vec::new()));
+                    }
+                }
+                v.push(SseEvent::default().data(err.body().to_string()));
+                v.push(SseEvent::default().data("[DONE]"));
+                v
             }
         };
         stream::iter(out.into_iter().map(Ok::<_, Infallible>))

@@ -403,6 +403,13 @@ fn chat_prompt(req: &ChatRequest, s: &Scheduler) -> Result<ChatPrompt, ApiError>
         ));
     }
     let mut vars = req.chat_template_kwargs.clone().unwrap_or_default();
+    if vars.contains_key("tools") {
+        // (they would skip the checks above and the answer's call parsing)
+        return Err(ApiError::invalid(
+            "send tools as the request's 'tools', not in 'chat_template_kwargs'",
+            Some("chat_template_kwargs"),
+        ));
+    }
     if let Some(t) = &tools {
         vars.insert("tools".into(), Value::Array(t.clone()));
     }
@@ -445,7 +452,8 @@ fn chat_message(m: &request::Message) -> Result<ChatMessage, ApiError> {
         ));
     }
     let mut msg = ChatMessage::new(m.role.clone(), content_text(&m.content)?);
-    if let Some(calls) = m.tool_calls.as_ref().filter(|v| !v.is_null()) {
+    let none = |v: &&Value| v.is_null() || v.as_array().is_some_and(Vec::is_empty);
+    if let Some(calls) = m.tool_calls.as_ref().filter(|v| !none(v)) {
         let ok = m.role == "assistant"
             && calls.as_array().is_some_and(|a| {
                 a.iter().all(|c| {
@@ -463,9 +471,7 @@ fn chat_message(m: &request::Message) -> Result<ChatMessage, ApiError> {
                 Some("messages"),
             ));
         }
-        if !calls.as_array().is_some_and(Vec::is_empty) {
-            msg.extra.insert("tool_calls".into(), calls.clone());
-        }
+        msg.extra.insert("tool_calls".into(), calls.clone());
     }
     for (k, v) in [
         ("tool_call_id", &m.tool_call_id),

@@ -142,6 +142,8 @@ pub enum TokenizerError {
     NoChatTemplate,
     #[error("message content holds the control-token string {0:?}, and this chat template changes content, so it cannot be kept as plain text")]
     LiteralContent(String),
+    #[error("a message's tool calls, reasoning or name, or the tools, hold the control-token string {0:?}: only message content is kept as plain text")]
+    ControlTokenInField(String),
     #[error("chat template error{}: {message}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
     Template {
         line: Option<usize>,
@@ -721,6 +723,7 @@ impl Tokenizer {
         add_generation_prompt: bool,
         vars: &TemplateVars,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.check_vars(vars)?;
         self.encode_chat_with(messages, |m| {
             self.apply_chat_template_vars(m, add_generation_prompt, vars)
         })
@@ -749,6 +752,7 @@ impl Tokenizer {
         add_generation_prompt: bool,
         vars: &TemplateVars,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.check_vars(vars)?;
         let t = ChatTemplate::compile(template)?;
         self.encode_chat_with(messages, |m| {
             t.render(
@@ -773,6 +777,14 @@ impl Tokenizer {
         messages: &[ChatMessage],
         render: impl Fn(&[ChatMessage]) -> Result<String, TokenizerError>,
     ) -> Result<Vec<u32>, TokenizerError> {
+        // Fields besides content (tool calls' arguments, reasoning, names) go into the
+        // template's text, whose control-token strings are parsed: none may hold one.
+        for msg in messages.iter().filter(|m| !m.extra.is_empty()) {
+            let fields = serde_json::Value::Object(msg.extra.clone()).to_string();
+            if let Some(found) = self.control_token_in(&fields) {
+                return Err(TokenizerError::ControlTokenInField(found));
+            }
+        }
         let text = render(messages)?;
         if let Some(segments) = content_spans(messages, &text, &render) {
             let segs: Vec<(&str, bool)> = segments
@@ -783,20 +795,37 @@ impl Tokenizer {
         }
         // Only control (and unknown) token strings matter: user-defined ones such as
         // `<think>` are tokens wherever they appear, literal or not.
-        if let Some(m) = &self.all_special {
-            for msg in messages {
-                let control = m.automaton.find_iter(msg.content.as_str()).find(|f| {
-                    let id = m.ids[f.pattern().as_usize()];
-                    self.token_type(id) != Some(TokenType::UserDefined)
-                });
-                if let Some(found) = control {
-                    return Err(TokenizerError::LiteralContent(
-                        msg.content[found.start()..found.end()].to_string(),
-                    ));
-                }
+        for msg in messages {
+            if let Some(found) = self.control_token_in(&msg.content) {
+                return Err(TokenizerError::LiteralContent(found));
             }
         }
         self.encode(&text, true, true)
+    }
+
+    /// The first control (or unknown) token string in `s`: user-defined ones such as
+    /// `<think>` are tokens wherever they appear, literal or not, so they do not count.
+    fn control_token_in(&self, s: &str) -> Option<String> {
+        let m = self.all_special.as_ref()?;
+        m.automaton
+            .find_iter(s)
+            .find(|f| {
+                self.token_type(m.ids[f.pattern().as_usize()]) != Some(TokenType::UserDefined)
+            })
+            .map(|f| s[f.start()..f.end()].to_string())
+    }
+
+    /// A control-token string in the template variables (`tools`' schemas...) as a
+    /// [`TokenizerError::ControlTokenInField`] error: they are template text.
+    fn check_vars(&self, vars: &TemplateVars) -> Result<(), TokenizerError> {
+        if vars.is_empty() {
+            return Ok(());
+        }
+        let all = serde_json::Value::Object(vars.clone()).to_string();
+        match self.control_token_in(&all) {
+            Some(found) => Err(TokenizerError::ControlTokenInField(found)),
+            None => Ok(()),
+        }
     }
 }
 
