@@ -133,10 +133,8 @@ fn matvec_rate(dev: &Arc<Device>, ty: u32, k: u64, m: u64, row_bytes: u64) -> Re
 struct Row {
     depth: usize,
     pp_tokens: usize,
-    pp: (f64, f64),
-    tg: (f64, f64),
-    /// Where a pass's time went (drafted decoding).
-    split: String,
+    /// The main run (--draft).
+    run: Measured,
     /// The --more-drafts runs at this depth.
     drafted: Vec<Measured>,
     traffic: Option<StepTraffic>,
@@ -309,9 +307,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
         let row = Row {
             depth,
             pp_tokens: prompt.len(),
-            pp: run.pp,
-            tg: run.tg,
-            split: run.split(),
+            run,
             drafted,
             traffic: m
                 .model
@@ -320,12 +316,12 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
         eprintln!(
             "bench: depth {depth}: pp{} {:.1} tok/s, tg{} {:.1} tok/s",
             prompt.len(),
-            row.pp.0,
+            row.run.pp.0,
             a.gen_tokens,
-            row.tg.0
+            row.run.tg.0
         );
         if a.draft > 0 {
-            eprintln!("bench: depth {depth}: {}", row.split);
+            eprintln!("bench: depth {depth}: {}", row.run.split());
         }
         rows.push(row);
     }
@@ -361,12 +357,12 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
             let t = r.traffic.unwrap_or_default();
             let bytes = (t.weight_bytes + t.cache_bytes) as f64;
             let limit = bw.map(|b| b / bytes.max(1.0));
-            let pp_flops = 2.0 * t.weight_params as f64 * r.pp.0;
+            let pp_flops = 2.0 * t.weight_params as f64 * r.run.pp.0;
             json!({
                 "depth": r.depth, "pp_tokens": r.pp_tokens,
-                "pp_tok_s": r.pp.0, "pp_tok_s_sd": r.pp.1,
-                "tg_tok_s": r.tg.0, "tg_tok_s_sd": r.tg.1,
-                "tg_split": r.split,
+                "pp_tok_s": r.run.pp.0, "pp_tok_s_sd": r.run.pp.1,
+                "tg_tok_s": r.run.tg.0, "tg_tok_s_sd": r.run.tg.1,
+                "tg_split": r.run.split(),
                 "tg_drafted": r.drafted.iter().map(|d| json!({
                     "drafts": d.draft, "tg_tok_s": d.tg.0, "passes": d.passes,
                     "chain_s": d.chain_s, "decode_s": d.tg_s,
@@ -374,7 +370,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 "weight_bytes_per_token": t.weight_bytes, "cache_bytes_per_token": t.cache_bytes,
                 "weight_params_per_token": t.weight_params,
                 "tg_limit_tok_s": limit,
-                "tg_fraction_of_limit": limit.map(|l| r.tg.0 / l),
+                "tg_fraction_of_limit": limit.map(|l| r.run.tg.0 / l),
                 "pp_weight_flop_s": pp_flops,
                 "pp_fraction_of_matrix_rate": rate.map(|x| pp_flops / x),
             })
@@ -387,8 +383,8 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 "engine": "moeserve", "model": source.describe(), "arch": m.arch,
                 "device": dev.name(), "layers": a.layers,
                 "threads": threads, "repetitions": a.repetitions,
-                "pp_tokens": a.prompt_tokens, "pp_tok_s": rows[0].pp.0, "pp_tok_s_sd": rows[0].pp.1,
-                "tg_tokens": a.gen_tokens, "tg_tok_s": rows[0].tg.0, "tg_tok_s_sd": rows[0].tg.1,
+                "pp_tokens": a.prompt_tokens, "pp_tok_s": rows[0].run.pp.0, "pp_tok_s_sd": rows[0].run.pp.1,
+                "tg_tokens": a.gen_tokens, "tg_tok_s": rows[0].run.tg.0, "tg_tok_s_sd": rows[0].run.tg.1,
                 "tg_drafts_a_pass": a.draft,
                 "tg_drafts_from_mtp": m.model.has_drafter(),
                 "stream_bandwidth_bytes_s": bw, "matrix_rate_flop_s": rate,
@@ -411,8 +407,8 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 m.name,
                 r.depth,
                 r.pp_tokens,
-                r.pp.0,
-                r.pp.1,
+                r.run.pp.0,
+                r.run.pp.1,
                 frac("pp_fraction_of_matrix_rate")
             );
             let drafts = match a.draft {
@@ -427,8 +423,8 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 m.name,
                 r.depth,
                 a.gen_tokens,
-                r.tg.0,
-                r.tg.1,
+                r.run.tg.0,
+                r.run.tg.1,
                 frac("tg_fraction_of_limit")
             );
         }

@@ -103,11 +103,6 @@ impl OutputSplitter {
         }
     }
 
-    /// The tool-call block's opening tags: V4's `tool_calls`, V3.2's `function_calls`.
-    fn tools_opens() -> [String; 2] {
-        BLOCKS.map(|b| format!("<{DSML}{b}>"))
-    }
-
     /// Adds decoded text; returns the parts that are now certain.
     pub fn push(&mut self, text: &str) -> Vec<Part> {
         self.held.push_str(text);
@@ -152,11 +147,7 @@ impl OutputSplitter {
                         push_text(&mut out, Part::Content(c));
                         return out;
                     }
-                    let opens = Self::tools_opens();
-                    let found = opens
-                        .iter()
-                        .filter_map(|o| self.held.find(o.as_str()))
-                        .min();
+                    let found = OPENS.iter().filter_map(|o| self.held.find(o)).min();
                     if let Some(i) = found {
                         let c: String = self.held.drain(..i).collect();
                         let answer = c.trim_end();
@@ -167,7 +158,7 @@ impl OutputSplitter {
                     }
                     // Hold a possible start of the tag, and the whitespace before it
                     // (the template puts a blank line between the answer and a call).
-                    let keep = opens
+                    let keep = OPENS
                         .iter()
                         .map(|o| partial_suffix(&self.held, o))
                         .max()
@@ -217,6 +208,8 @@ fn push_text(out: &mut Vec<Part>, p: Part) {
 
 /// The names of a DSML call block: DeepSeek V4's, then V3.2's.
 const BLOCKS: [&str; 2] = ["tool_calls", "function_calls"];
+/// Their opening tags (`<` DSML name `>`), looked for after every decoded piece.
+const OPENS: [&str; 2] = ["<｜DSML｜tool_calls>", "<｜DSML｜function_calls>"];
 
 /// The calls of a DSML block (`<DSML tool_calls>` or `function_calls`, one `invoke
 /// name="f"` per call, its `parameter name="k" string="true|false"` values: strings as
@@ -352,6 +345,7 @@ mod tests {
 
     #[test]
     fn v3_2_function_calls_blocks_parse_too() {
+        assert_eq!(OPENS, BLOCKS.map(|b| format!("<{DSML}{b}>")));
         let block = d(CALLS).replace("tool_calls>", "function_calls>");
         let text = format!("Ok.\n\n{block}");
         let want = vec![

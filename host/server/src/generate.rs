@@ -56,6 +56,12 @@ struct MessageParts {
 }
 
 impl MessageParts {
+    fn of(parts: Vec<Part>, id: &str) -> Self {
+        let mut p = Self::default();
+        p.add(parts, id);
+        p
+    }
+
     fn add(&mut self, parts: Vec<Part>, id: &str) {
         for p in parts {
             match p {
@@ -292,15 +298,18 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
                 let logprobs = job.logprobs.map(|_| {
                     json!({"content": c.tokens.iter().map(|e| chat_logprob(&tok, &e.sampled)).collect::<Vec<_>>()})
                 });
-                let mut parts = MessageParts::default();
-                match job.split {
+                let parts = match job.split {
                     Some(o) => {
                         let mut sp = OutputSplitter::new(o);
-                        parts.add(sp.push(&c.text), &id);
-                        parts.add(sp.finish(), &id);
+                        let mut all = sp.push(&c.text);
+                        all.extend(sp.finish());
+                        MessageParts::of(all, &id)
                     }
-                    None => parts.content = c.text,
-                }
+                    None => MessageParts {
+                        content: c.text,
+                        ..Default::default()
+                    },
+                };
                 let reason = finish_reason(c.reason, !parts.calls.is_empty());
                 json!({
                     "id": id, "object": "chat.completion", "created": created, "model": model,
@@ -397,7 +406,22 @@ fn stream_response(
     let (mut sent, mut at) = (String::new(), (0, 0));
     let mut splitter = job.split.map(OutputSplitter::new);
     let call_id = id_for_calls;
-    let mut made_calls = false;
+    // What the splitter held to the end (a tool-call block, a partial tag) as a chunk,
+    // and whether the answer made calls.
+    let chunk3 = chunk.clone();
+    let held_id = call_id.clone();
+    let held = move |sp: &mut Option<OutputSplitter>| -> (Vec<SseEvent>, bool) {
+        let Some(sp) = sp else {
+            return (Vec::new(), false);
+        };
+        let p = MessageParts::of(sp.finish(), &held_id);
+        let calls = !p.calls.is_empty();
+        let out = p.delta().map(|d| {
+            let choice = json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": null});
+            chunk3(json!([choice]), Vec::new())
+        });
+        (out.into_iter().collect(), calls)
+    };
     let body = UnboundedReceiverStream::new(rx).flat_map(move |ev| {
         let out: Vec<SseEvent> = match ev {
             Event::Token { text, tokens } => {
@@ -407,11 +431,7 @@ fn stream_response(
                     Flavor::Text => legacy_logprobs(&tok, &tokens, &sent, &mut at),
                 });
                 let delta = match &mut splitter {
-                    Some(sp) => {
-                        let mut p = MessageParts::default();
-                        p.add(sp.push(&text), &call_id);
-                        p.delta()
-                    }
+                    Some(sp) => MessageParts::of(sp.push(&text), &call_id).delta(),
                     None => (!text.is_empty()).then(|| json!({"content": text})),
                 };
                 if delta.is_none() && lp.is_none() {
@@ -427,17 +447,7 @@ fn stream_response(
             }
             Event::Done { reason, timings } => {
                 let (usage, llama_timings) = usage_and_timings(&timings);
-                // What the splitter held to the end (a tool-call block, a partial tag).
-                let mut v = Vec::new();
-                if let Some(sp) = &mut splitter {
-                    let mut p = MessageParts::default();
-                    p.add(sp.finish(), &call_id);
-                    made_calls = !p.calls.is_empty();
-                    if let Some(d) = p.delta() {
-                        let choice = json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": null});
-                        v.push(chunk2(json!([choice]), Vec::new()));
-                    }
-                }
+                let (mut v, made_calls) = held(&mut splitter);
                 let reason = finish_reason(reason, made_calls);
                 let choice = match flavor {
                     Flavor::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}),
@@ -454,16 +464,8 @@ fn stream_response(
             }
             Event::Error(e) => {
                 let err = ApiError::internal(format!("generation failed: {e}"));
-                let mut v = Vec::new();
                 // (what the splitter held is sent before the error, not dropped)
-                if let Some(sp) = &mut splitter {
-                    let mut p = MessageParts::default();
-                    p.add(sp.finish(), &call_id);
-                    if let Some(d) = p.delta() {
-                        let choice = json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": null});
-                        v.push(chunk2(json!([choice]), Vec::new()));
-                    }
-                }
+                let (mut v, _) = held(&mut splitter);
                 v.push(SseEvent::default().data(err.body().to_string()));
                 v.push(SseEvent::default().data("[DONE]"));
                 v
