@@ -50,6 +50,7 @@
 #define KID_MMW_DENSE_M2 64
 #define KID_MMW_ID_M2 65
 #define KID_L2_PREFETCH 66
+#define KID_MATVEC_DENSE_COLS 67
 #define KID_MATMUL_F32_TILES 54
 #define KID_MATMUL_F32_REDUCE 55
 
@@ -1325,6 +1326,184 @@ extern "C" __global__ void __launch_bounds__(128)
     gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS_MULTI);
     const dense_part d = dense_multi_part(p);
     dense_rows_any(d.w, row_bytes, ty, k, d.m, x, d.out, d.rows, d.blk);
+}
+
+// A drafted pass's products: 2 - 8 f32 columns of Q8_0 / ROCmFP4 weights, laid out as
+// dense_rows (a 128-thread block on R rows, thread t taking the 8-value units t, t + 128,
+// ... of each row), each unit's weights decoded once into floats and dotted with every
+// column, so the weights are read once for all columns (matvec_dense, their fallback
+// before, re-decoded a row per warp at 4x a one-column product's time). Column c of row
+// r is the same bits as matvec_dense_rows on column c alone: the same operations per
+// unit (dense_unit_dot on the decoded values) in the same order, the same block sum.
+// One unit's 8 weights as floats: Q8_0 the codes (s0 = the block's scale); ROCmFP4 the
+// signed magnitudes, values 0..3 of each half (v[0..3] first half, v[4..7] second; s0 /
+// s1 the halves' scales).
+template <int TY>
+GPU_DEV void dense_unit_decode(unsigned int wa, unsigned int wb, unsigned int wc, const float* lut,
+                               const float* sc, float (&v)[8], float& s0, float& s1) {
+    if (TY == DT_Q8_0) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            v[e] = (float)(signed char)((wb >> (8 * e)) & 0xffu);
+            v[4 + e] = (float)(signed char)((wc >> (8 * e)) & 0xffu);
+        }
+        s0 = half_scale(wa);
+        s1 = 0.0f;
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        v[e] = lut[(wa >> (8 * e)) & 15u];
+        v[4 + e] = lut[(wa >> (8 * e + 4)) & 15u];
+    }
+    s0 = sc[wb & 255u];
+    s1 = sc[wb >> 8];
+}
+
+// dense_unit_dot on a decoded unit: the same multiply-adds in the same order.
+template <int TY>
+GPU_DEV float dense_unit_dot_decoded(const float (&v)[8], float s0, float s1, gpu_f4 a, gpu_f4 c,
+                                     float acc) {
+    float lo = gpu_mul(v[0], a.x);
+    lo = fmaf(v[1], a.y, lo);
+    lo = fmaf(v[2], a.z, lo);
+    lo = fmaf(v[3], a.w, lo);
+    if (TY == DT_Q8_0) {
+        lo = fmaf(v[4], c.x, lo);
+        lo = fmaf(v[5], c.y, lo);
+        lo = fmaf(v[6], c.z, lo);
+        lo = fmaf(v[7], c.w, lo);
+        return fmaf(s0, lo, acc);
+    }
+    float hi = gpu_mul(v[4], c.x);
+    hi = fmaf(v[5], c.y, hi);
+    hi = fmaf(v[6], c.z, hi);
+    hi = fmaf(v[7], c.w, hi);
+    return fmaf(s1, hi, fmaf(s0, lo, acc));
+}
+
+// Sums V values a lane over the warp in gpu_warp_sum's tree (xor 16, 8, .., 1; each
+// addition one lane's own value plus its partner's, as there), with half of the values
+// left a step while more than one is: 31 shuffles for 32 values, where a warp sum each
+// takes 5 apiece (V a power of two up to 32). v[0] ends as the sum of the value whose
+// index the lane returns: the halves split on the lane's high bits (xor 16 first), so the
+// lanes whose low log2(32 / V) bits are 0 hold each index once.
+template <int V>
+GPU_DEV int warp_sum_spread(float (&v)[V]) {
+    const int lane = threadIdx.x & 31;
+    int first = 0;
+#pragma unroll
+    for (int m = 16, cnt = V; m > 0; m >>= 1) {
+        if (cnt > 1) {
+            const int half = cnt / 2;
+            const bool up = (lane & m) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                if (i >= half) break;
+                const float keep = up ? v[i + half] : v[i], send = up ? v[i] : v[i + half];
+                v[i] = keep + gpu_shfl_xor(send, m);
+            }
+            if (up) first += half;
+            cnt = half;
+        } else {
+            v[0] += gpu_shfl_xor(v[0], m);
+        }
+    }
+    return first;
+}
+
+// R rows by NC column slots (columns past nc repeat the last one: computed, never
+// stored) of one block: x = the block's first column, out = its first output column.
+// A unit's activations for every column stay in registers while the R rows' weights
+// are decoded against them, so each activation load serves R rows (the columns' loads,
+// not the weights', set the pace of a few-row block: 8 columns of 4 rows read 7x a
+// ROCmFP4 unit's bytes from L1 a row).
+template <int TY, int R, int NC>
+GPU_DEV void dense_cols(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                        const float* __restrict__ x, int nc, float* __restrict__ out, int blk) {
+    __shared__ rows_smem<R * NC> sm;
+    const int t = threadIdx.x, r0 = blk * R;
+    const unsigned char* rows[R];
+    float unused[R];
+    if (TY == DT_ROCMFP4) fp4_tables(sm.lut, sm.sc);
+    rows_block_start<R>(w, row_bytes, r0, m, rows, unused);
+    float acc[R * NC];
+#pragma unroll
+    for (int i = 0; i < R * NC; ++i) acc[i] = 0.0f;
+    const int units = (k >> 5) * 4;
+    for (int u = t; u < units; u += 128) {
+        const int b = u >> 2, q = u & 3;
+        // Q8_0: values 8q..8q+7 of the block; ROCmFP4: 4q..4q+3 and 16+4q..16+4q+3.
+        const int oa = TY == DT_Q8_0 ? b * 32 + 8 * q : b * 32 + 4 * q;
+        const int oc = TY == DT_Q8_0 ? oa + 4 : oa + 16;
+        gpu_f4 xa[NC], xb[NC];
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const float* xc = x + (long long)(c < nc ? c : nc - 1) * k;
+            xa[c] = *(const gpu_f4*)(xc + oa);
+            xb[c] = *(const gpu_f4*)(xc + oc);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            unsigned int wa, wb, wc = 0u;
+            if (TY == DT_Q8_0) {
+                const unsigned char* bp = rows[r] + b * 34;
+                wa = gpu_load_stream_u16(bp);
+                wb = gpu_load_stream_u32_a2(bp + 2 + 8 * q);
+                wc = gpu_load_stream_u32_a2(bp + 6 + 8 * q);
+            } else {
+                const unsigned char* bp = rows[r] + b * 18;
+                wa = gpu_load_stream_u32_a2(bp + 4 * q);
+                wb = gpu_load_stream_u16(bp + 16);
+            }
+            float v[8], s0, s1;
+            dense_unit_decode<TY>(wa, wb, wc, sm.lut, sm.sc, v, s0, s1);
+#pragma unroll
+            for (int c = 0; c < NC; ++c)
+                acc[r * NC + c] = dense_unit_dot_decoded<TY>(v, s0, s1, xa[c], xb[c], acc[r * NC + c]);
+        }
+    }
+    // rows_block_store's sums (warp sums, then the 4 warps in order) for every slot.
+    const int warp = t >> 5, lane = t & 31;
+    const int i = warp_sum_spread<R * NC>(acc);
+    if ((lane & (32 / (R * NC) - 1)) == 0) sm.red[warp][i] = acc[0];
+    __syncthreads();
+    if (t < R * NC) {
+        const int r = t / NC, c = t % NC;
+        if (c < nc && r0 + r < m)
+            out[(long long)c * m + r0 + r] = sm.red[0][t] + sm.red[1][t] + sm.red[2][t] + sm.red[3][t];
+    }
+}
+
+template <int TY, int R>
+GPU_DEV void dense_cols_nc(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                           const float* __restrict__ x, int nc, float* __restrict__ out, int blk) {
+    // At most 32 sums a thread (warp_sum_spread): 8 rows take up to 4 columns (the host
+    // gives them no more).
+    if (nc <= 2) dense_cols<TY, R, 2>(w, row_bytes, k, m, x, nc, out, blk);
+    else if (nc <= 4 || R > 4) dense_cols<TY, R, 4>(w, row_bytes, k, m, x, nc, out, blk);
+    else dense_cols<TY, R, (R > 4 ? 4 : 8)>(w, row_bytes, k, m, x, nc, out, blk);
+}
+
+// out[c * m + r] = row r of W (Q8_0 or ROCmFP4, ty) . column c of x, n columns (2 - 8 a
+// grid row: blockIdx.y takes columns 8 y ..), rows = 4, or 8 for n <= 4, a 128-thread
+// block. Needs k
+// % 32 == 0, rows 2-byte aligned, x 16-byte aligned. grid = (ceil(m / rows), ceil(n / 8)).
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_dense_cols(const unsigned char* __restrict__ w, long long row_bytes, int ty, int k,
+                      int m, const float* __restrict__ x, int n, float* __restrict__ out,
+                      int rows, unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATVEC_DENSE_COLS);
+    const int c0 = blockIdx.y * 8, nc = n - c0 < 8 ? n - c0 : 8;
+    const float* xc = x + (long long)c0 * k;
+    float* oc = out + (long long)c0 * m;
+    if (ty == DT_Q8_0) {
+        if (rows == 8) dense_cols_nc<DT_Q8_0, 8>(w, row_bytes, k, m, xc, nc, oc, blockIdx.x);
+        else dense_cols_nc<DT_Q8_0, 4>(w, row_bytes, k, m, xc, nc, oc, blockIdx.x);
+    } else {
+        if (rows == 8) dense_cols_nc<DT_ROCMFP4, 8>(w, row_bytes, k, m, xc, nc, oc, blockIdx.x);
+        else dense_cols_nc<DT_ROCMFP4, 4>(w, row_bytes, k, m, xc, nc, oc, blockIdx.x);
+    }
 }
 
 // Byte permute, PTX prmt semantics: result byte i = byte (s_i & 7) of {a (0-3), b (4-7)},

@@ -738,6 +738,95 @@ fn rel(got: &[f32], want: &[f64]) -> f64 {
     e / top
 }
 
+/// A drafted pass's products: 2 - 15 f32 columns of Q8_0 / ROCmFP4 weights on
+/// `matvec_dense_cols` against the f64 dot (max error / max |ref| <= 1e-5), and each
+/// column the same bits as that column's own product where one column runs
+/// `matvec_dense_rows` (the same operations in the same order; the ROCmFP4 runs kernel's
+/// q8_1 activations give other sums, so those shapes check the reference only). Also
+/// prints each product's time on the drafted width against one column's (the mean of 20
+/// launches back to back by CUDA events, so weights under L2's size stay there; a
+/// figure, not a check).
+fn dense_cols(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!(
+        "\n== Q8_0 / ROCmFP4 products of 2 - 15 columns (f32 activations) vs f64 reference =="
+    );
+    let mut all_ok = true;
+    let cases = [
+        (8u32, 4096usize, 1024usize, 4usize),
+        (8, 2048, 37, 11),
+        (8, 4096, 8192, 2),
+        (100, 4000, 700, 8),
+        (100, 4096, 2048, 3),
+        (100, 1024, 32768, 4),
+        (100, 8192, 4100, 5),
+        (100, 4096, 512, 15),
+    ];
+    for (ty, k, m, n) in cases {
+        let (w, wv) = random_dense(rng, ty, m, k);
+        let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+        let (bw, bx) = (g.buf(&w), g.buf(&f32_bytes(&x)));
+        let (bo, b1) = (g.zeros(m * n * 4), g.zeros(m * 4));
+        let matmul = |xo: u64, cols: usize, o: u64| {
+            g.op(
+                ops::MATMUL,
+                &[
+                    t(bw, 0, ty, 0, [k as u64, m as u64, 1, 1]),
+                    t(bx, xo, types::F32, 0, [k as u64, cols as u64, 1, 1]),
+                    t(o, 0, types::F32, 0, [m as u64, cols as u64, 1, 1]),
+                ],
+            )
+        };
+        let before = g.counters();
+        matmul(0, n, bo);
+        let ran =
+            g.counters().get("matvec_dense_cols.device") > before.get("matvec_dense_cols.device");
+        let got = g.read_f32(bo, 0, m * n);
+        let want: Vec<f64> = (0..n)
+            .flat_map(|c| {
+                let xc = &x[c * k..(c + 1) * k];
+                par_rows(m, 1, |r| {
+                    vec![wv[r * k..(r + 1) * k]
+                        .iter()
+                        .zip(xc)
+                        .map(|(a, &b)| a * b as f64)
+                        .sum::<f64>()]
+                })
+            })
+            .collect();
+        let e = rel(&got, &want);
+        // Each column alone, where that is matvec_dense_rows: the same bits.
+        let mut same = true;
+        let mut rows_ran = false;
+        for c in 0..n {
+            let before = g.counters();
+            matmul((c * k * 4) as u64, 1, b1);
+            let key = "matvec_dense_rows.device";
+            if g.counters().get(key) > before.get(key) {
+                rows_ran = true;
+                same &= same_bits(&g.read_f32(b1, 0, m), &got[c * m..(c + 1) * m]);
+            }
+        }
+        let time = |cols: usize, o: u64| 1e3 * g.time(20, || matmul(0, cols, o));
+        let (t1, tn) = (time(1, b1), time(n, bo));
+        let ok = ran && e <= 1e-5 && same;
+        all_ok &= ok;
+        let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
+        println!(
+            "{name:<8} {k:>5} x {m:>6}, {n:>2} columns {e:>10.2e} bits as one column: {} | {t1:>7.1} us one column, {tn:>7.1} us {n} ({:.2}x) {}",
+            if rows_ran { if same { "yes" } else { "NO" } } else { "(runs kernel)" },
+            tn / t1,
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"dense_cols\",\"ty\":{ty},\"k\":{k},\"m\":{m},\"n\":{n},\"rel\":{e:e},\"same_bits\":{same},\"one_col_us\":{t1:.2},\"cols_us\":{tn:.2},\"ok\":{ok}}}"
+        ));
+        for b in [bw, bx, bo, b1] {
+            into_result((g.be.free)(b)).unwrap();
+        }
+    }
+    all_ok
+}
+
 fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== Q8_0 / ROCmFP4 decode products (f32 activations) vs f64 reference ==");
     let mut all_ok = true;
@@ -2849,6 +2938,7 @@ fn main() {
         all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);
         all_ok &= mmw_check(&g, &mut rng, dev.cc, &mut json);
         all_ok &= dense_decode(&g, &mut rng, &mut json);
+        all_ok &= dense_cols(&g, &mut rng, &mut json);
         all_ok &= nan_inputs(&g, &mut rng, &mut json);
         all_ok &= prefetch_runs(&g, &mut rng, dev.cc, &mut json);
         all_ok &= f32_tiles_check(&g, &mut rng, &mut json);

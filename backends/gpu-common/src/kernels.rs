@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 67] = [
+pub const KERNELS: [&str; 68] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -77,6 +77,7 @@ pub const KERNELS: [&str; 67] = [
     "mmw_dense_m2",
     "mmw_id_m2",
     "l2_prefetch",
+    "matvec_dense_cols",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

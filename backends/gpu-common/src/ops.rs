@@ -369,6 +369,8 @@ pub enum DenseLayout {
     Warps(i32),
     /// `matvec_dense_rows`, this many rows per block (see [`dense_rows`]).
     Rows(i32),
+    /// `matvec_dense_cols`, this many rows per block (see [`dense_cols`]).
+    Cols(i32),
     /// `matvec_fp4_runs_q8`, this many rows per thread and threads per block (see
     /// [`fp4_runs`]).
     Fp4Runs(RunsPlan),
@@ -655,6 +657,29 @@ pub fn dense_rows(ty: u32, m: u64, n: u64, x: u64) -> Option<u64> {
     })
 }
 
+/// Rows per 128-thread block of `matvec_dense_cols` for `n` (2 - 15) f32 columns of `ty`
+/// weights (a drafted pass's products below the matrix-unit tiles), or None where
+/// `matvec_dense` runs: the types and alignment of [`dense_rows`]. Eight rows (each
+/// activation load serving more rows) for up to 4 columns from 2048 rows up, else four;
+/// `MOE_GPU_DENSE_COLS=0` keeps `matvec_dense`, `MOE_GPU_DENSE_COLS=4|8` forces those
+/// rows a block where 8 may run (read once; A/B runs).
+pub fn dense_cols(ty: u32, m: u64, n: u64, x: u64) -> Option<u64> {
+    static SET: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let set = SET.get_or_init(|| std::env::var("MOE_GPU_DENSE_COLS").ok());
+    let fits = set.as_deref() != Some("0")
+        && (2..MMQ_MIN_COLS).contains(&n)
+        && matches!(ty, TYPE_Q8_0 | TYPE_ROCMFP4)
+        && m >= 32
+        && x.is_multiple_of(16);
+    let eight = n <= 4
+        && match set.as_deref() {
+            Some("8") => true,
+            Some("4") => false,
+            _ => m >= 2048,
+        };
+    fits.then_some(if eight { 8 } else { 4 })
+}
+
 /// Warps sharing one row of the dense mat-vec: enough warps in all (~8192) for few-row
 /// products, each with at least two 256-value groups.
 pub fn dense_parts(m: u64, k: u64) -> u64 {
@@ -720,6 +745,9 @@ pub fn matmul_dense(
         }
         (Some(r), _) => DenseLayout::Fp4Runs(r),
         (None, Some(r)) => DenseLayout::Rows(r as i32),
+        (None, None) if dense_cols(w.type_id, m, n, px).is_some() => {
+            DenseLayout::Cols(dense_cols(w.type_id, m, n, px).unwrap_or(2) as i32)
+        }
         (None, None) if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
         (None, None) => match f32_tiles(w.type_id, k, m, n, pw, px) {
             Some((slices, span)) => DenseLayout::F32Tiles { slices, span },
@@ -730,6 +758,15 @@ pub fn matmul_dense(
         DenseLayout::Rows(r) => Launch {
             name: "matvec_dense_rows",
             grid: (to_i32(m.div_ceil(r as u64), "m")? as u32, 1, 1),
+            block: 128,
+        },
+        DenseLayout::Cols(r) => Launch {
+            name: "matvec_dense_cols",
+            grid: (
+                to_i32(m.div_ceil(r as u64), "m")? as u32,
+                to_i32(n.div_ceil(8), "n / 8")? as u32,
+                1,
+            ),
             block: 128,
         },
         DenseLayout::Fp4Runs(r) => Launch {
@@ -1726,6 +1763,9 @@ pub fn run(
                     DenseLayout::Rows(mut rows) => {
                         gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, po, rows))
                     }
+                    DenseLayout::Cols(mut rows) => {
+                        gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, n, po, rows))
+                    }
                     DenseLayout::Fp4Runs(r) => {
                         let mut rows = r.rows as i32;
                         let smem = fp4_runs_smem(gpu, k as u64, r, rb as u64);
@@ -2355,9 +2395,16 @@ mod tests {
             )
             .unwrap()
             .unwrap();
-            (p.launch.name, p.launch.grid.0, p.launch.block, p.layout)
+            (p.launch.name, p.launch.grid, p.launch.block, p.layout)
         };
-        let one = |ty, k, m, n, x_at| one_on(MMQ_MMA, ty, k, m, n, x_at);
+        let one = |ty, k, m, n, x_at| {
+            let (name, grid, block, layout) = one_on(MMQ_MMA, ty, k, m, n, x_at);
+            (name, grid.0, block, layout)
+        };
+        let one_launch = |ty, k, m, n, x_at| {
+            let (name, grid, _, layout) = one_on(MMQ_MMA, ty, k, m, n, x_at);
+            (name, grid, layout)
+        };
         assert_eq!(
             one(TYPE_Q8_0, 4096, 129280, 1, 0x2000),
             ("matvec_dense_rows", 32320, 128, DenseLayout::Rows(4))
@@ -2465,12 +2512,28 @@ mod tests {
             one(TYPE_ROCMFP4, 4096, 1000, 512, 0x2004).0,
             "mmq_mma_dense"
         );
-        // 2 - 15 columns (a drafted pass): matvec_dense (the q8_1 tiles only with
-        // MOE_GPU_FEW_COLS=mmq, not set in tests).
-        for n in [2, 4, 8, 15] {
-            assert_eq!(one(TYPE_Q8_0, 4096, 1024, n, 0x2000).0, "matvec_dense");
-            assert_eq!(one(TYPE_ROCMFP4, 1024, 32768, n, 0x2000).0, "matvec_dense");
+        // 2 - 15 columns (a drafted pass): matvec_dense_cols, 8 columns a grid row (the
+        // q8_1 tiles only with MOE_GPU_FEW_COLS=mmq, not set in tests).
+        for n in [2u64, 4, 8, 15] {
+            let y = n.div_ceil(8) as u32;
+            assert_eq!(
+                one_launch(TYPE_Q8_0, 4096, 1024, n, 0x2000),
+                ("matvec_dense_cols", (256, y, 1), DenseLayout::Cols(4))
+            );
+            let r = if n <= 4 { 8 } else { 4 };
+            assert_eq!(
+                one_launch(TYPE_ROCMFP4, 1024, 32768, n, 0x2000),
+                (
+                    "matvec_dense_cols",
+                    (32768 / r as u32, y, 1),
+                    DenseLayout::Cols(r)
+                )
+            );
         }
+        // Few rows, misaligned activations or other types keep matvec_dense.
+        assert_eq!(one(TYPE_Q8_0, 4096, 31, 4, 0x2000).0, "matvec_dense");
+        assert_eq!(one(TYPE_ROCMFP4, 4096, 1024, 4, 0x2004).0, "matvec_dense");
+        assert_eq!(one(types::F16, 4096, 1024, 4, 0x2000).0, "matvec_dense");
         // 64-column tiles unless MOE_GPU_MMQ_DENSE_NARROW is set (not in tests).
         assert_eq!(
             (mmq_dense_cols(512, 512), mmq_dense_cols(32768, 17)),
