@@ -107,6 +107,17 @@ GPU_DEV void gpu_syncwarp() {
 #endif
 }
 
+// Makes v's value unknown to the compiler without an instruction, so work on it is not
+// hoisted out of a loop (hoisting a run's decode out of a loop over columns held ~150
+// more registers and spilled on AMD).
+GPU_DEV void gpu_opaque(unsigned int& v) {
+#if defined(GPU_HIP)
+    asm volatile("" : "+v"(v));
+#else
+    asm volatile("" : "+r"(v));
+#endif
+}
+
 GPU_DEV float gpu_warp_sum(float v) {
 #pragma unroll
     for (int m = GPU_WARP / 2; m > 0; m >>= 1) v += gpu_shfl_xor(v, m);

@@ -51,6 +51,7 @@
 #define KID_MMW_ID_M2 65
 #define KID_L2_PREFETCH 66
 #define KID_MATVEC_DENSE_COLS 67
+#define KID_MATVEC_FP4_RUNS_Q8_COLS 68
 #define KID_MATMUL_F32_TILES 54
 #define KID_MATMUL_F32_REDUCE 55
 
@@ -2151,6 +2152,51 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     const fp4_src_norm src = {x, g, eps, 0.0f};
     if (rows == 2) fp4_runs_q8<2>(w, row_bytes, k, m, src, out, true, counters, kid, sm);
     else fp4_runs_q8<1>(w, row_bytes, k, m, src, out, true, counters, kid, sm);
+}
+
+// A drafted pass's ROCmFP4 products of 2 - 15 columns on the runs kernel's register
+// path, where each thread has one run of each of its rows (k / 256 a power of two, at
+// most 32): the runs are loaded once, then each column in turn is quantised into shared
+// memory and dotted against them, so the weights are read once for all columns. Column
+// c is the same bits as matvec_fp4_runs_q8 on column c alone (the same quantisation,
+// integer sums and order), so a drafted row's products are a decode step's.
+// Arguments as matvec_fp4_runs_q8, with x and out n columns of k / m values; grid,
+// block and rows as its plan for one column (its register path).
+template <int R>
+GPU_DEV void fp4_runs_q8_cols(const unsigned char* __restrict__ w, long long row_bytes, int k,
+                              int m, const float* __restrict__ x, int n, float* __restrict__ out,
+                              unsigned int* counters, fp4_q8_smem& sm) {
+    const int L = fp4_runs_lanes(k), t = threadIdx.x;
+    int j, r0;
+    const unsigned char* rows[R];
+    float acc[R];
+    fp4_run<R> run;
+    fp4_runs_begin<R>(w, row_bytes, L, m, j, r0, rows, acc, run);
+    gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_COLS);
+    for (int i = t; i < 256; i += blockDim.x) sm.sc[i] = ue4m3(i);
+    for (int c = 0; c < n; ++c) {
+        if (c > 0) __syncthreads();  // every dot of the last column is done with xq
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int i = 0; i < 36; ++i) gpu_opaque(run.v[r][i]);
+        const fp4_src_x src = {x + (long long)c * k};
+        fp4_q8_stage<false>(src, k, sm.xq, sm.ds);
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+        fp4_run_dot_q8<R>(run, j, sm, acc);
+        fp4_runs_store<R>(acc, L, j, r0, m, out + (long long)c * m);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
+    matvec_fp4_runs_q8_cols(const unsigned char* __restrict__ w, long long row_bytes, int k,
+                            int m, const float* __restrict__ x, int n, float* __restrict__ out,
+                            int rows, unsigned int* counters) {
+    __shared__ fp4_q8_smem sm;
+    if (rows == 2) fp4_runs_q8_cols<2>(w, row_bytes, k, m, x, n, out, counters, sm);
+    else fp4_runs_q8_cols<1>(w, row_bytes, k, m, x, n, out, counters, sm);
 }
 
 // The grouped forms' block (pairs and ids as matvec_dense_rows_id): block row y is pair

@@ -20,9 +20,9 @@ use std::sync::atomic::Ordering;
 
 use moe_backend_cuda::{
     ops::{
-        mmq_kernel, FORCE_ATT_DEC, FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_MMB,
-        FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE,
-        FP2_TWO_SCALE, OP_MATMUL_ID,
+        id_nosort, mmq_kernel, FORCE_ATT_DEC, FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC,
+        FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS, FORCE_Q8_DECODE,
+        FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -738,30 +738,40 @@ fn rel(got: &[f32], want: &[f64]) -> f64 {
     e / top
 }
 
-/// A drafted pass's products: 2 - 15 f32 columns of Q8_0 / ROCmFP4 weights on
-/// `matvec_dense_cols` against the f64 dot (max error / max |ref| <= 1e-5), and each
-/// column the same bits as that column's own product where one column runs
-/// `matvec_dense_rows` (the same operations in the same order; the ROCmFP4 runs kernel's
-/// q8_1 activations give other sums, so those shapes check the reference only). Also
-/// prints each product's time on the drafted width against one column's (the mean of 20
-/// launches back to back by CUDA events, so weights under L2's size stay there; a
-/// figure, not a check).
+/// A drafted pass's products: 2 - 15 f32 columns of Q8_0 / ROCmFP4 weights against the
+/// f64 dot (max error / max |ref| <= 1e-5; activations as `BlockQ8_1::quantize` rounds
+/// them where the kernel quantises), on the kernel the plan names: the large ROCmFP4
+/// shapes whose one column takes the runs kernel on `matvec_fp4_runs_q8_cols`, the rest
+/// on `matvec_dense_cols`. Each column must be the same bits as that column's own
+/// product where the two kernels are a pair (`matvec_dense_rows` / `matvec_dense_cols`,
+/// `matvec_fp4_runs_q8` / `matvec_fp4_runs_q8_cols`). Also prints each product's time on
+/// the drafted width against one column's (the mean of 20 launches back to back by CUDA
+/// events, so weights under L2's size stay there; a figure, not a check).
 fn dense_cols(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
-    println!(
-        "\n== Q8_0 / ROCmFP4 products of 2 - 15 columns (f32 activations) vs f64 reference =="
-    );
+    println!("\n== Q8_0 / ROCmFP4 products of 2 - 15 columns vs f64 reference ==");
     let mut all_ok = true;
+    let (cols_f32, cols_runs) = ("matvec_dense_cols", "matvec_fp4_runs_q8_cols");
     let cases = [
-        (8u32, 4096usize, 1024usize, 4usize),
-        (8, 2048, 37, 11),
-        (8, 4096, 8192, 2),
-        (100, 4000, 700, 8),
-        (100, 4096, 2048, 3),
-        (100, 1024, 32768, 4),
-        (100, 8192, 4100, 5),
-        (100, 4096, 512, 15),
+        (8u32, 4096usize, 1024usize, 4usize, cols_f32),
+        (8, 2048, 37, 11, cols_f32),
+        (8, 4096, 8192, 2, cols_f32),
+        (100, 4000, 700, 8, cols_f32),
+        (100, 4096, 2048, 3, cols_f32),
+        (100, 4096, 512, 15, cols_f32),
+        // 12 runs a row: one column on the runs kernel, several on the f32 one.
+        (100, 3072, 16384, 4, cols_f32),
+        (100, 1024, 32768, 4, cols_runs),
+        (100, 8192, 4100, 4, cols_runs),
+        (100, 8192, 4100, 5, cols_runs),
+        (100, 2048, 4096, 2, cols_runs),
+        (100, 4096, 8192, 8, cols_runs),
+        (100, 1024, 16384, 15, cols_runs),
     ];
-    for (ty, k, m, n) in cases {
+    let ran = |before: &std::collections::BTreeMap<String, u64>, name: &str| {
+        let key = format!("{name}.device");
+        g.counters().get(&key) > before.get(&key)
+    };
+    for (ty, k, m, n, kernel) in cases {
         let (w, wv) = random_dense(rng, ty, m, k);
         let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
         let (bw, bx) = (g.buf(&w), g.buf(&f32_bytes(&x)));
@@ -778,47 +788,50 @@ fn dense_cols(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         };
         let before = g.counters();
         matmul(0, n, bo);
-        let ran =
-            g.counters().get("matvec_dense_cols.device") > before.get("matvec_dense_cols.device");
+        let ran_cols = ran(&before, kernel);
         let got = g.read_f32(bo, 0, m * n);
-        let want: Vec<f64> = (0..n)
-            .flat_map(|c| {
-                let xc = &x[c * k..(c + 1) * k];
-                par_rows(m, 1, |r| {
-                    vec![wv[r * k..(r + 1) * k]
-                        .iter()
-                        .zip(xc)
-                        .map(|(a, &b)| a * b as f64)
-                        .sum::<f64>()]
-                })
-            })
-            .collect();
+        let want = if kernel == cols_runs {
+            let act: Vec<Vec<BlockQ8_1>> = x
+                .chunks_exact(k)
+                .map(|c| c.chunks_exact(32).map(BlockQ8_1::quantize).collect())
+                .collect();
+            ref_values(&wv, m, k, &act)
+        } else {
+            (0..n)
+                .flat_map(|c| ref_f32(&wv[..], m, k, &x[c * k..(c + 1) * k]))
+                .collect()
+        };
         let e = rel(&got, &want);
-        // Each column alone, where that is matvec_dense_rows: the same bits.
-        let mut same = true;
-        let mut rows_ran = false;
+        // Each column alone: the same bits where its kernel is the pair's one-column form.
+        let one = if kernel == cols_runs {
+            "matvec_fp4_runs_q8"
+        } else {
+            "matvec_dense_rows"
+        };
+        let (mut same, mut paired) = (true, true);
         for c in 0..n {
             let before = g.counters();
             matmul((c * k * 4) as u64, 1, b1);
-            let key = "matvec_dense_rows.device";
-            if g.counters().get(key) > before.get(key) {
-                rows_ran = true;
-                same &= same_bits(&g.read_f32(b1, 0, m), &got[c * m..(c + 1) * m]);
-            }
+            paired &= ran(&before, one);
+            same &= same_bits(&g.read_f32(b1, 0, m), &got[c * m..(c + 1) * m]);
         }
         let time = |cols: usize, o: u64| 1e3 * g.time(20, || matmul(0, cols, o));
         let (t1, tn) = (time(1, b1), time(n, bo));
-        let ok = ran && e <= 1e-5 && same;
+        let ok = ran_cols && e <= 1e-5 && (same || !paired);
         all_ok &= ok;
         let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
+        let bits = match (paired, same) {
+            (false, _) => "(other kernel)",
+            (true, true) => "yes",
+            (true, false) => "NO",
+        };
         println!(
-            "{name:<8} {k:>5} x {m:>6}, {n:>2} columns {e:>10.2e} bits as one column: {} | {t1:>7.1} us one column, {tn:>7.1} us {n} ({:.2}x) {}",
-            if rows_ran { if same { "yes" } else { "NO" } } else { "(runs kernel)" },
+            "{name:<8} {k:>5} x {m:>6}, {n:>2} columns {kernel:<24} {e:>10.2e} bits as one column: {bits:<14} | {t1:>6.1} us one column, {tn:>6.1} us {n} ({:.2}x) {}",
             tn / t1,
             if ok { "ok" } else { "FAIL" }
         );
         json.push(format!(
-            "{{\"test\":\"dense_cols\",\"ty\":{ty},\"k\":{k},\"m\":{m},\"n\":{n},\"rel\":{e:e},\"same_bits\":{same},\"one_col_us\":{t1:.2},\"cols_us\":{tn:.2},\"ok\":{ok}}}"
+            "{{\"test\":\"dense_cols\",\"ty\":{ty},\"k\":{k},\"m\":{m},\"n\":{n},\"kernel\":\"{kernel}\",\"rel\":{e:e},\"same_bits\":{same},\"paired\":{paired},\"one_col_us\":{t1:.2},\"cols_us\":{tn:.2},\"ok\":{ok}}}"
         ));
         for b in [bw, bx, bo, b1] {
             into_result((g.be.free)(b)).unwrap();
@@ -2781,21 +2794,30 @@ fn main() {
             "{:<10} {:>5} {:>5} {:>4} {:>5} {:>7} {:>9} {:>8} {:>12} {}",
             "variant", "K", "M", "tok", "slots", "masked", "bitident", "zeros", "nmse", "ok"
         );
-        let experts = 16usize;
         let slots = 6usize;
         for (variant, vname) in [(FP2_TWO_SCALE, "two-scale"), (FP2_AFFINE, "affine")] {
-            for (k, m, per_pair) in [(4096usize, 4096usize, false), (2048, 4096, true)] {
+            // 256 experts: a drafted pass's few tokens, whose pairs seldom share an expert,
+            // run the unsorted kernel (ops::id_nosort) up to 8 tokens.
+            for (k, m, per_pair, experts) in [
+                (4096usize, 4096usize, false, 16usize),
+                (2048, 4096, true, 16),
+                (2048, 512, false, 256),
+            ] {
                 let w = random_weights(&mut rng, experts * m, k);
                 let ebytes = m * k / 32 * 10;
                 let bw = g.buf(&w);
                 // 16 and 256 tokens take the tiles: again forced onto the bf16 ones.
-                let runs: Vec<(usize, bool)> = [1usize, 2, 4, 8, 9, 16, 256]
-                    .into_iter()
-                    .map(|n| (n, false))
+                let counts: &[usize] = match experts {
+                    256 => &[1, 4, 8, 9],
+                    _ => &[1, 2, 4, 8, 9, 16, 256],
+                };
+                let runs: Vec<(usize, bool)> = counts
+                    .iter()
+                    .map(|&n| (n, false))
                     .chain(
                         [(16, true), (256, true)]
                             .into_iter()
-                            .filter(|_| dev.cc.0 >= 8),
+                            .filter(|_| dev.cc.0 >= 8 && experts == 16),
                     )
                     .collect();
                 for (n_tok, force) in runs {
@@ -2808,8 +2830,8 @@ fn main() {
                         "mmb_id"
                     } else if tiles {
                         "mmq_mma_id"
-                    } else if n_tok == 1 {
-                        "mmvq_id_107" // one token: no sort
+                    } else if id_nosort(n_tok as u64, pairs as u64, experts as u64) {
+                        "mmvq_id_107" // one token, or a few on many experts: no sort
                     } else {
                         "mmvq_grouped_107"
                     };

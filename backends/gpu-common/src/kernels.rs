@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 68] = [
+pub const KERNELS: [&str; 69] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -78,6 +78,7 @@ pub const KERNELS: [&str; 68] = [
     "mmw_id_m2",
     "l2_prefetch",
     "matvec_dense_cols",
+    "matvec_fp4_runs_q8_cols",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

@@ -371,6 +371,8 @@ pub enum DenseLayout {
     Rows(i32),
     /// `matvec_dense_cols`, this many rows per block (see [`dense_cols`]).
     Cols(i32),
+    /// `matvec_fp4_runs_q8_cols`, the one-column runs plan (see [`fp4_runs_cols`]).
+    Fp4RunsCols(RunsPlan),
     /// `matvec_fp4_runs_q8`, this many rows per thread and threads per block (see
     /// [`fp4_runs`]).
     Fp4Runs(RunsPlan),
@@ -449,6 +451,25 @@ pub fn f32_tiles(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<(u64
 fn id_nosort_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| crate::ds4::env_off("MOE_GPU_ID_NOSORT"))
+}
+
+/// Whether `n_tok` tokens' MATMUL_ID of `pairs` pairs on `experts` experts runs
+/// `mmvq_id_107` (a block row a pair, no sort) rather than `moe_sort` and
+/// `mmvq_grouped_107`: one token (a decode step), or a drafted pass's few tokens (up to
+/// `MOE_GPU_ID_NOSORT_MAX`, 8 by default; read once) whose pairs are few against the
+/// experts, so that few share one (an expert two pairs share is read twice, where the
+/// sorted kernel reads it once; the sums are the same bits either way). Measured on an
+/// H100 (20 layers, 2026-12-06): the grouped kernel took 2.5 ms of a 4-token pass.
+/// `MOE_GPU_ID_NOSORT=0`: every MATMUL_ID sorts.
+pub fn id_nosort(n_tok: u64, pairs: u64, experts: u64) -> bool {
+    static MAX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let max = *MAX.get_or_init(|| {
+        std::env::var("MOE_GPU_ID_NOSORT_MAX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8)
+    });
+    !id_nosort_off() && (n_tok == 1 || (n_tok <= max && 4 * pairs <= experts))
 }
 
 /// Rows per warp of `mmvq_id_107` (one token's routed experts): `MOE_GPU_ID_ROWS` (1, 2
@@ -544,6 +565,20 @@ fn fp4_mma_plan(k: u64, plan: RunsPlan, threads: Option<u64>) -> RunsPlan {
     }
 }
 
+/// The runs kernel's rows a thread and threads a block for `m` rows of `k` values.
+fn fp4_plain_plan(m: u64, k: u64) -> RunsPlan {
+    let (rows, threads) = match (m, k) {
+        (16384.., _) => (2, 256),
+        (_, FP4_RUNS_MAX_K) => (2, 512),
+        _ => (1, 256),
+    };
+    RunsPlan {
+        rows,
+        threads,
+        mma: false,
+    }
+}
+
 /// [`RunsPlan`] of `matvec_fp4_runs_q8` (8-bit activations, dp4a) for one column of
 /// ROCmFP4 weights `[k, m]` at `w` with activations at `x`, or None where
 /// `matvec_dense_rows` (f32 activations) runs: k not whole 256-value runs or over
@@ -566,22 +601,7 @@ pub fn fp4_runs(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<RunsP
         && k <= FP4_RUNS_MAX_K
         && w.is_multiple_of(16)
         && x.is_multiple_of(16);
-    let (rows, threads) = match (m, k) {
-        (16384.., _) => (2, 256),
-        (_, FP4_RUNS_MAX_K) => (2, 512),
-        _ => (1, 256),
-    };
-    fits.then(|| {
-        fp4_mma_plan(
-            k,
-            RunsPlan {
-                rows,
-                threads,
-                mma: false,
-            },
-            fp4_mma_threads(),
-        )
-    })
+    fits.then(|| fp4_mma_plan(k, fp4_plain_plan(m, k), fp4_mma_threads()))
 }
 
 /// [`RunsPlan`] of `matvec_fp4_runs_q8_id` for one token's grouped product (`tokens` ==
@@ -680,6 +700,24 @@ pub fn dense_cols(ty: u32, m: u64, n: u64, x: u64) -> Option<u64> {
     fits.then_some(if eight { 8 } else { 4 })
 }
 
+/// The runs-kernel plan of `matvec_fp4_runs_q8_cols` for `n` (2 - 15) columns of ROCmFP4
+/// weights: where one column takes the runs kernel (`fp4_runs`) and each thread has one
+/// run a row (k / 256 a power of two), its rows and threads on the register path (the
+/// matrix-unit variant's plan falls back to the plain one). `MOE_GPU_RUNS_COLS=0` (read
+/// once) leaves these products to `matvec_dense_cols` (A/B runs).
+pub fn fp4_runs_cols(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<RunsPlan> {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| crate::ds4::env_off("MOE_GPU_RUNS_COLS"));
+    if off || !(2..MMQ_MIN_COLS).contains(&n) || !(k / 256).is_power_of_two() {
+        return None;
+    }
+    let one = fp4_runs(ty, k, m, 1, w, x)?;
+    Some(match one.mma {
+        false => one,
+        true => fp4_plain_plan(m, k),
+    })
+}
+
 /// Warps sharing one row of the dense mat-vec: enough warps in all (~8192) for few-row
 /// products, each with at least two 256-value groups.
 pub fn dense_parts(m: u64, k: u64) -> u64 {
@@ -745,6 +783,11 @@ pub fn matmul_dense(
         }
         (Some(r), _) => DenseLayout::Fp4Runs(r),
         (None, Some(r)) => DenseLayout::Rows(r as i32),
+        (None, None) if fp4_runs_cols(w.type_id, k, m, n, pw, px).is_some() => {
+            DenseLayout::Fp4RunsCols(
+                fp4_runs_cols(w.type_id, k, m, n, pw, px).expect("checked in the guard"),
+            )
+        }
         (None, None) if dense_cols(w.type_id, m, n, px).is_some() => {
             DenseLayout::Cols(dense_cols(w.type_id, m, n, px).unwrap_or(2) as i32)
         }
@@ -759,6 +802,15 @@ pub fn matmul_dense(
             name: "matvec_dense_rows",
             grid: (to_i32(m.div_ceil(r as u64), "m")? as u32, 1, 1),
             block: 128,
+        },
+        DenseLayout::Fp4RunsCols(r) => Launch {
+            name: "matvec_fp4_runs_q8_cols",
+            grid: (
+                to_i32(m.div_ceil(fp4_runs_rows_per_block(k, r)), "m")? as u32,
+                1,
+                1,
+            ),
+            block: r.threads as u32,
         },
         DenseLayout::Cols(r) => Launch {
             name: "matvec_dense_cols",
@@ -1242,8 +1294,9 @@ pub fn id_input(x: &TensorRef, k: u64, n_tok: u64, pairs: u64) -> Result<i32, St
 }
 
 /// `mmq` is the device's MMQ kernel: with enough pairs ([`id_takes_mmq`]) the grouped
-/// product runs `mmq_mma_id`, one token (a decode step) `mmvq_id_107` with no sort
-/// (`MOE_GPU_ID_NOSORT=0`: the sorted kernel, for A/B runs), else `mmvq_grouped_107`.
+/// product runs `mmq_mma_id`, one token (a decode step) or a drafted pass's few
+/// ([`id_nosort`]) `mmvq_id_107` with no sort (`MOE_GPU_ID_NOSORT=0`: the sorted kernel,
+/// for A/B runs), else `mmvq_grouped_107`.
 /// Weights: type 107, or Q8_0 / ROCmFP4 when they take the MMQ tiles (the dense kernels
 /// run them otherwise).
 pub fn matmul_id(
@@ -1290,7 +1343,7 @@ pub fn matmul_id(
             grid: (m.div_ceil(bm) as u32, pairs.min(experts) as u32 + 1, 1),
             block: 256,
         }
-    } else if n_tok == 1 && !id_nosort_off() {
+    } else if id_nosort(n_tok, pairs, experts) {
         Launch {
             name: "mmvq_id_107",
             // 4 warps x id_rows() rows per block, a block row per pair.
@@ -1762,6 +1815,10 @@ pub fn run(
                     ),
                     DenseLayout::Rows(mut rows) => {
                         gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, po, rows))
+                    }
+                    DenseLayout::Fp4RunsCols(r) => {
+                        let mut rows = r.rows as i32;
+                        gpu.launch(p.launch, &kargs!(pw, rb, k, m, px, n, po, rows))
                     }
                     DenseLayout::Cols(mut rows) => {
                         gpu.launch(p.launch, &kargs!(pw, rb, ty, k, m, px, n, po, rows))
@@ -2512,20 +2569,38 @@ mod tests {
             one(TYPE_ROCMFP4, 4096, 1000, 512, 0x2004).0,
             "mmq_mma_dense"
         );
-        // 2 - 15 columns (a drafted pass): matvec_dense_cols, 8 columns a grid row (the
-        // q8_1 tiles only with MOE_GPU_FEW_COLS=mmq, not set in tests).
+        let runs_cols = |rows, threads| {
+            DenseLayout::Fp4RunsCols(RunsPlan {
+                rows,
+                threads,
+                mma: false,
+            })
+        };
+        // 2 - 15 columns (a drafted pass): matvec_dense_cols, 8 columns a grid row, or
+        // where one column takes the runs kernel with one run a thread, its columns form
+        // on the same grid (the q8_1 tiles only with MOE_GPU_FEW_COLS=mmq, not set in
+        // tests).
         for n in [2u64, 4, 8, 15] {
             let y = n.div_ceil(8) as u32;
             assert_eq!(
                 one_launch(TYPE_Q8_0, 4096, 1024, n, 0x2000),
                 ("matvec_dense_cols", (256, y, 1), DenseLayout::Cols(4))
             );
-            let r = if n <= 4 { 8 } else { 4 };
             assert_eq!(
                 one_launch(TYPE_ROCMFP4, 1024, 32768, n, 0x2000),
+                ("matvec_fp4_runs_q8_cols", (256, 1, 1), runs_cols(2, 256))
+            );
+            assert_eq!(
+                one_launch(TYPE_ROCMFP4, 8192, 4096, n, 0x2000),
+                ("matvec_fp4_runs_q8_cols", (128, 1, 1), runs_cols(2, 512))
+            );
+            // 12 runs a row over 8 threads: not one run a thread.
+            let r = if n <= 4 { 8 } else { 4 };
+            assert_eq!(
+                one_launch(TYPE_ROCMFP4, 3072, 16384, n, 0x2000),
                 (
                     "matvec_dense_cols",
-                    (32768 / r as u32, y, 1),
+                    (16384 / r as u32, y, 1),
                     DenseLayout::Cols(r)
                 )
             );
@@ -2680,8 +2755,32 @@ mod tests {
             &[q8, t(types::F32, [64, 5, 1, 1]), ids, out],
             MMQ_MMA
         ));
+        // Without the tiles: 6 tokens' 12 pairs on 4 experts sort (they share experts);
+        // 4 tokens of 6 slots on 256 experts (a drafted pass) do not, 9 tokens do.
         let p = matmul_id(&[w40, x6, ids12, out12(40)], MMQ_DP4A, seq()).unwrap();
         assert_eq!(p.grouped.name, "mmvq_grouped_107");
+        let w256 = t(107, [64, 40, 256, 1]);
+        for (tok, name) in [
+            (4, "mmvq_id_107"),
+            (8, "mmvq_id_107"),
+            (9, "mmvq_grouped_107"),
+        ] {
+            let p = matmul_id(
+                &[
+                    w256,
+                    t(types::F32, [64, tok, 1, 1]),
+                    t(types::I32, [6, tok, 1, 1]),
+                    t(types::F32, [40, 6, tok, 1]),
+                ],
+                MMQ_MMA,
+                seq(),
+            )
+            .unwrap();
+            assert_eq!(
+                (p.grouped.name, p.sort.is_none()),
+                (name, name == "mmvq_id_107")
+            );
+        }
         let e = matmul_id(
             &[q8, t(types::F32, [64, 5, 1, 1]), ids, out],
             MMQ_MMA,
