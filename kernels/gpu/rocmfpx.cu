@@ -52,6 +52,7 @@
 #define KID_L2_PREFETCH 66
 #define KID_MATVEC_DENSE_COLS 67
 #define KID_MATVEC_FP4_RUNS_Q8_COLS 68
+#define KID_MATVEC_DENSE_COLS_MULTI 69
 #define KID_MATMUL_F32_TILES 54
 #define KID_MATMUL_F32_REDUCE 55
 
@@ -1420,9 +1421,9 @@ GPU_DEV int warp_sum_spread(float (&v)[V]) {
 // not the weights', set the pace of a few-row block: 8 columns of 4 rows read 7x a
 // ROCmFP4 unit's bytes from L1 a row).
 template <int TY, int R, int NC>
-GPU_DEV void dense_cols(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
-                        const float* __restrict__ x, int nc, float* __restrict__ out, int blk) {
-    __shared__ rows_smem<R * NC> sm;
+GPU_DEV void dense_cols(rows_smem<32>& sm, const unsigned char* __restrict__ w, long long row_bytes,
+                        int k, int m, const float* __restrict__ x, int nc, float* __restrict__ out,
+                        int blk) {
     const int t = threadIdx.x, r0 = blk * R;
     const unsigned char* rows[R];
     float unused[R];
@@ -1477,34 +1478,61 @@ GPU_DEV void dense_cols(const unsigned char* __restrict__ w, long long row_bytes
 }
 
 template <int TY, int R>
-GPU_DEV void dense_cols_nc(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
-                           const float* __restrict__ x, int nc, float* __restrict__ out, int blk) {
+GPU_DEV void dense_cols_nc(rows_smem<32>& sm, const unsigned char* __restrict__ w,
+                           long long row_bytes, int k, int m, const float* __restrict__ x, int nc,
+                           float* __restrict__ out, int blk) {
     // At most 32 sums a thread (warp_sum_spread): 8 rows take up to 4 columns (the host
     // gives them no more).
-    if (nc <= 2) dense_cols<TY, R, 2>(w, row_bytes, k, m, x, nc, out, blk);
-    else if (nc <= 4 || R > 4) dense_cols<TY, R, 4>(w, row_bytes, k, m, x, nc, out, blk);
-    else dense_cols<TY, R, (R > 4 ? 4 : 8)>(w, row_bytes, k, m, x, nc, out, blk);
+    if (nc <= 2) dense_cols<TY, R, 2>(sm, w, row_bytes, k, m, x, nc, out, blk);
+    else if (nc <= 4 || R > 4) dense_cols<TY, R, 4>(sm, w, row_bytes, k, m, x, nc, out, blk);
+    else dense_cols<TY, R, (R > 4 ? 4 : 8)>(sm, w, row_bytes, k, m, x, nc, out, blk);
+}
+
+// Block blk of one product's grid row blockIdx.y (its columns 8 y ..): the type and rows
+// a block picked at run time. One shared block for every form (declared by the kernel:
+// each form declaring its own would add up).
+GPU_DEV void dense_cols_block(rows_smem<32>& sm, const unsigned char* __restrict__ w,
+                              long long row_bytes, int ty, int k, int m,
+                              const float* __restrict__ x, int n, float* __restrict__ out,
+                              int rows, int blk) {
+    const int c0 = blockIdx.y * 8, nc = n - c0 < 8 ? n - c0 : 8;
+    const float* xc = x + (long long)c0 * k;
+    float* oc = out + (long long)c0 * m;
+    if (ty == DT_Q8_0) {
+        if (rows == 8) dense_cols_nc<DT_Q8_0, 8>(sm, w, row_bytes, k, m, xc, nc, oc, blk);
+        else dense_cols_nc<DT_Q8_0, 4>(sm, w, row_bytes, k, m, xc, nc, oc, blk);
+    } else {
+        if (rows == 8) dense_cols_nc<DT_ROCMFP4, 8>(sm, w, row_bytes, k, m, xc, nc, oc, blk);
+        else dense_cols_nc<DT_ROCMFP4, 4>(sm, w, row_bytes, k, m, xc, nc, oc, blk);
+    }
 }
 
 // out[c * m + r] = row r of W (Q8_0 or ROCmFP4, ty) . column c of x, n columns (2 - 8 a
 // grid row: blockIdx.y takes columns 8 y ..), rows = 4, or 8 for n <= 4, a 128-thread
-// block. Needs k
-// % 32 == 0, rows 2-byte aligned, x 16-byte aligned. grid = (ceil(m / rows), ceil(n / 8)).
+// block. Needs k % 32 == 0, rows 2-byte aligned, x 16-byte aligned.
+// grid = (ceil(m / rows), ceil(n / 8)).
 extern "C" __global__ void __launch_bounds__(128)
     matvec_dense_cols(const unsigned char* __restrict__ w, long long row_bytes, int ty, int k,
                       int m, const float* __restrict__ x, int n, float* __restrict__ out,
                       int rows, unsigned int* counters) {
     gpu_count_launch(counters, KID_MATVEC_DENSE_COLS);
-    const int c0 = blockIdx.y * 8, nc = n - c0 < 8 ? n - c0 : 8;
-    const float* xc = x + (long long)c0 * k;
-    float* oc = out + (long long)c0 * m;
-    if (ty == DT_Q8_0) {
-        if (rows == 8) dense_cols_nc<DT_Q8_0, 8>(w, row_bytes, k, m, xc, nc, oc, blockIdx.x);
-        else dense_cols_nc<DT_Q8_0, 4>(w, row_bytes, k, m, xc, nc, oc, blockIdx.x);
-    } else {
-        if (rows == 8) dense_cols_nc<DT_ROCMFP4, 8>(w, row_bytes, k, m, xc, nc, oc, blockIdx.x);
-        else dense_cols_nc<DT_ROCMFP4, 4>(w, row_bytes, k, m, xc, nc, oc, blockIdx.x);
-    }
+    __shared__ rows_smem<32> sm;
+    dense_cols_block(sm, w, row_bytes, ty, k, m, x, n, out, rows, blockIdx.x);
+}
+
+// Up to DENSE_MULTI_MAX products of one n-column input (same type, k and row length) in
+// one launch, as matvec_dense_rows_multi for one column: product i's blocks are
+// first[i]..first[i + 1] of grid row 0, rows[i] rows a block, each block as
+// matvec_dense_cols runs it (the same bits). A drafted pass's small products of one
+// input (wq_a + wkv, the compressors' kv + gate, the shared expert's gate + up) pay the
+// launch and the loads' latency once. grid = (the products' blocks, ceil(n / 8)).
+extern "C" __global__ void __launch_bounds__(128)
+    matvec_dense_cols_multi(dense_multi p, long long row_bytes, int ty, int k,
+                            const float* __restrict__ x, int n, unsigned int* counters) {
+    gpu_count_launch(counters, KID_MATVEC_DENSE_COLS_MULTI);
+    __shared__ rows_smem<32> sm;
+    const dense_part d = dense_multi_part(p);
+    dense_cols_block(sm, d.w, row_bytes, ty, k, d.m, x, n, d.out, d.rows, d.blk);
 }
 
 // Byte permute, PTX prmt semantics: result byte i = byte (s_i & 7) of {a (0-3), b (4-7)},

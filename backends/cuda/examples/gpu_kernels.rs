@@ -1052,72 +1052,73 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     }
     FORCE_Q8_DECODE.store(false, Ordering::Relaxed);
     // MATMUL_MULTI: four products of one input (two ROCmFP4, two Q8_0, row counts not
-    // multiples of the rows a block) in two fused launches; each output must equal its
-    // own MATMUL's bit for bit and the f64 dot within the tolerance above.
-    let k = 4096usize;
-    let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
-    let bx = g.buf(&f32_bytes(&x));
-    let mut args = vec![t(bx, 0, types::F32, 0, [k as u64, 1, 1, 1])];
-    let mut held = vec![bx];
-    let mut parts = Vec::new();
-    for (ty, m) in [(100u32, 1000usize), (8, 1025), (100, 37), (8, 64)] {
-        let (w, wv) = random_dense(rng, ty, m, k);
-        let (bw, bo, bs) = (g.buf(&w), g.zeros(m * 4), g.zeros(m * 4));
-        let wt = t(bw, 0, ty, 0, [k as u64, m as u64, 1, 1]);
-        g.op(
-            ops::MATMUL,
-            &[wt, args[0], t(bs, 0, types::F32, 0, [m as u64, 1, 1, 1])],
-        );
-        args.extend([wt, t(bo, 0, types::F32, 0, [m as u64, 1, 1, 1])]);
-        held.extend([bw, bo, bs]);
-        parts.push((ty, m, wv, bo, bs));
-    }
-    let before = g.counters();
-    g.op(ops::MATMUL_MULTI, &args);
-    // One launch per weight type, none falling back to single products.
-    let key = "matvec_dense_rows_multi.device";
-    let fused =
-        g.counters().get(key).copied().unwrap_or(0) == before.get(key).copied().unwrap_or(0) + 2;
-    for (ty, m, wv, bo, bs) in parts {
-        let got = g.read_f32(bo, 0, m);
-        let single = g.read_f32(bs, 0, m);
-        let same = got == single;
-        if !same {
-            // Which rows differ, and by how much: a layout bug moves whole rows, a
-            // rounding difference (the compiler contracting differently) moves last bits.
-            let diff: Vec<(usize, f32)> = (0..m)
-                .filter(|&r| got[r] != single[r])
-                .map(|r| (r, (got[r] - single[r]).abs() / single[r].abs().max(1e-30)))
+    // multiples of the rows a block) in two fused launches, of one column (decode) and of
+    // three (a drafted pass: the columns' kernel); each output must equal its own MATMUL's
+    // bit for bit and the f64 dot within the tolerance above.
+    for (n, kernel) in [
+        (1usize, "matvec_dense_rows_multi"),
+        (3, "matvec_dense_cols_multi"),
+    ] {
+        let k = 4096usize;
+        let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+        let bx = g.buf(&f32_bytes(&x));
+        let mut args = vec![t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1])];
+        let mut held = vec![bx];
+        let mut parts = Vec::new();
+        for (ty, m) in [(100u32, 1000usize), (8, 1025), (100, 37), (8, 64)] {
+            let (w, wv) = random_dense(rng, ty, m, k);
+            let (bw, bo, bs) = (g.buf(&w), g.zeros(m * n * 4), g.zeros(m * n * 4));
+            let wt = t(bw, 0, ty, 0, [k as u64, m as u64, 1, 1]);
+            let ot = |b| t(b, 0, types::F32, 0, [m as u64, n as u64, 1, 1]);
+            g.op(ops::MATMUL, &[wt, args[0], ot(bs)]);
+            args.extend([wt, ot(bo)]);
+            held.extend([bw, bo, bs]);
+            parts.push((ty, m, wv, bo, bs));
+        }
+        let before = g.counters();
+        g.op(ops::MATMUL_MULTI, &args);
+        // One launch per weight type, none falling back to single products.
+        let key = format!("{kernel}.device");
+        let fused = g.counters().get(&key).copied().unwrap_or(0)
+            == before.get(&key).copied().unwrap_or(0) + 2;
+        for (ty, m, wv, bo, bs) in parts {
+            let got = g.read_f32(bo, 0, m * n);
+            let single = g.read_f32(bs, 0, m * n);
+            let same = got == single;
+            if !same {
+                // Which outputs differ, and by how much: a layout bug moves whole rows, a
+                // rounding difference (the compiler contracting differently) moves last bits.
+                let diff: Vec<(usize, f32)> = (0..m * n)
+                    .filter(|&r| got[r] != single[r])
+                    .map(|r| (r, (got[r] - single[r]).abs() / single[r].abs().max(1e-30)))
+                    .collect();
+                let worst = diff.iter().map(|d| d.1).fold(0f32, f32::max);
+                eprintln!(
+                    "  multi vs matmul: {} of {} outputs differ (first {:?}), worst relative {worst:.2e}",
+                    diff.len(),
+                    m * n,
+                    diff.first().map(|d| d.0)
+                );
+            }
+            let want_v: Vec<f64> = (0..n)
+                .flat_map(|c| ref_f32(&wv[..], m, k, &x[c * k..(c + 1) * k]))
                 .collect();
-            let worst = diff.iter().map(|d| d.1).fold(0f32, f32::max);
-            eprintln!(
-                "  multi vs matmul: {} of {m} rows differ (first {:?}), worst relative {worst:.2e}",
-                diff.len(),
-                diff.first().map(|d| d.0)
+            let e = if same {
+                rel(&got, &want_v)
+            } else {
+                f64::INFINITY
+            };
+            let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
+            report(
+                format!("{name} multi {k} x {m}, {n} col (= matmul)"),
+                e,
+                fused,
+                kernel,
             );
         }
-        let want_v = par_rows(m, 1, |r| {
-            vec![wv[r * k..(r + 1) * k]
-                .iter()
-                .zip(&x)
-                .map(|(a, &b)| a * b as f64)
-                .sum::<f64>()]
-        });
-        let e = if same {
-            rel(&got, &want_v)
-        } else {
-            f64::INFINITY
-        };
-        let name = if ty == 8 { "q8_0" } else { "rocmfp4" };
-        report(
-            format!("{name} multi {k} x {m} (= matmul)"),
-            e,
-            fused,
-            "matvec_dense_rows_multi",
-        );
-    }
-    for b in held {
-        into_result((g.be.free)(b)).unwrap();
+        for b in held {
+            into_result((g.be.free)(b)).unwrap();
+        }
     }
     // The 8-bit decode (MOE_GPU_Q8_DECODE=1, forced here): MATMUL_MULTI of two weight
     // types on `matvec_dense_q8_multi`, one quantisation of x for both (single products:

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 69] = [
+pub const KERNELS: [&str; 70] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -79,6 +79,7 @@ pub const KERNELS: [&str; 69] = [
     "l2_prefetch",
     "matvec_dense_cols",
     "matvec_fp4_runs_q8_cols",
+    "matvec_dense_cols_multi",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

@@ -928,13 +928,15 @@ pub struct DenseMulti {
 pub enum MultiStep {
     /// The products `pairs` (indices among the op's pairs) in one
     /// `matvec_dense_rows_multi` launch, or with `q8` one `matvec_dense_q8_multi` launch
-    /// on the op's one q8_1 quantisation of x.
+    /// on the op's one q8_1 quantisation of x, or for `n` > 1 columns (a drafted pass)
+    /// one `matvec_dense_cols_multi` launch.
     Fused {
         p: Box<DenseMulti>,
         row_bytes: i64,
         ty: i32,
         k: i32,
         x: u64,
+        n: i32,
         q8: bool,
         pairs: Vec<usize>,
         launch: Launch,
@@ -962,16 +964,17 @@ pub fn matmul_multi(
         ));
     }
     let x = args[0];
-    // (type, k, row bytes) -> pairs that take matvec_dense_rows, in order.
-    type Group = ((i32, i32, i64), Vec<(usize, DenseMatmul)>);
+    // (type, k, row bytes, columns) -> pairs that take matvec_dense_rows (one column) or
+    // matvec_dense_cols, in order.
+    type Group = ((i32, i32, i64, i32), Vec<(usize, DenseMatmul)>);
     let mut groups: Vec<Group> = Vec::new();
     let mut steps = Vec::new();
     for (i, pair) in args[1..].chunks_exact(2).enumerate() {
         let plan = matmul_dense(&[pair[0], x, pair[1]], mmq, &mut ptr)
             .map_err(|e| format!("matmul_multi, product {i}: {e}"))?;
         match plan {
-            Some(p) if matches!(p.layout, DenseLayout::Rows(_)) => {
-                let key = (p.ty, p.k, p.row_bytes);
+            Some(p) if matches!(p.layout, DenseLayout::Rows(_) | DenseLayout::Cols(_)) => {
+                let key = (p.ty, p.k, p.row_bytes, p.n);
                 match groups.iter_mut().find(|g| g.0 == key) {
                     Some(g) => g.1.push((i, p)),
                     None => groups.push((key, vec![(i, p)])),
@@ -980,7 +983,9 @@ pub fn matmul_multi(
             _ => steps.push(MultiStep::Single(i)),
         }
     }
-    for ((ty, k, row_bytes), members) in groups {
+    for ((ty, k, row_bytes, n), members) in groups {
+        // (q8 is the one-column decode's: the columns' kernel keeps f32 activations)
+        let q8 = q8 && n == 1;
         for chunk in members.chunks(DENSE_MULTI_MAX) {
             if let ([(i, _)], false) = (chunk, q8) {
                 steps.push(MultiStep::Single(*i));
@@ -992,7 +997,7 @@ pub fn matmul_multi(
             };
             let mut blocks = 0u64;
             for (j, (_, d)) in chunk.iter().enumerate() {
-                let DenseLayout::Rows(rows) = d.layout else {
+                let (DenseLayout::Rows(rows) | DenseLayout::Cols(rows)) = d.layout else {
                     unreachable!("grouped by layout")
                 };
                 let rows = if q8 { q8_rows(d.m as u64) } else { rows };
@@ -1009,15 +1014,16 @@ pub fn matmul_multi(
                 ty,
                 k,
                 x: chunk[0].1.x,
+                n,
                 q8,
                 pairs: chunk.iter().map(|(i, _)| *i).collect(),
                 launch: Launch {
-                    name: if q8 {
-                        "matvec_dense_q8_multi"
-                    } else {
-                        "matvec_dense_rows_multi"
+                    name: match (q8, n > 1) {
+                        (true, _) => "matvec_dense_q8_multi",
+                        (false, true) => "matvec_dense_cols_multi",
+                        (false, false) => "matvec_dense_rows_multi",
                     },
-                    grid: (to_i32(blocks, "blocks")? as u32, 1, 1),
+                    grid: (to_i32(blocks, "blocks")? as u32, (n as u32).div_ceil(8), 1),
                     block: 128,
                 },
             });
@@ -2020,11 +2026,16 @@ pub fn run(
                             mut ty,
                             mut k,
                             mut x,
+                            mut n,
                             q8,
                             launch,
                             ..
                         } => {
                             let mut p = *p;
+                            if n > 1 {
+                                gpu.launch(launch, &kargs!(p, row_bytes, ty, k, x, n))?;
+                                continue;
+                            }
                             if !q8 {
                                 gpu.launch(launch, &kargs!(p, row_bytes, ty, k, x))?;
                                 continue;
@@ -2231,17 +2242,49 @@ mod tests {
         let steps = matmul_multi(&nine, MMQ_MMA, false, seq()).unwrap();
         assert!(matches!(&steps[0], MultiStep::Fused { pairs, .. } if pairs.len() == 8));
         assert_eq!(steps[1], MultiStep::Single(8));
-        // Two columns: nothing takes the rows kernel, so nothing is fused.
-        let x2 = t(types::F32, [4096, 2, 1, 1]);
-        let two = [
-            x2,
-            t(TYPE_Q8_0, [4096, 64, 1, 1]),
-            t(types::F32, [64, 2, 1, 1]),
-            t(TYPE_Q8_0, [4096, 64, 1, 1]),
-            t(types::F32, [64, 2, 1, 1]),
-        ];
+        // Two columns (a drafted pass): the columns' kernel, fused the same way (4 rows a
+        // block under 2048 rows, 8 from there up to 4 columns), with or without q8; a
+        // lone product runs alone, and 16 columns take the tiles.
+        let cols = |n: u64, m1: u64| {
+            [
+                t(types::F32, [4096, n, 1, 1]),
+                t(TYPE_Q8_0, [4096, 64, 1, 1]),
+                t(types::F32, [64, n, 1, 1]),
+                t(TYPE_Q8_0, [4096, m1, 1, 1]),
+                t(types::F32, [m1, n, 1, 1]),
+            ]
+        };
+        for q8 in [false, true] {
+            let steps = matmul_multi(&cols(2, 4096), MMQ_MMA, q8, seq()).unwrap();
+            let [MultiStep::Fused {
+                p,
+                n,
+                q8: false,
+                pairs,
+                launch,
+                ..
+            }] = &steps[..]
+            else {
+                panic!("{steps:?}");
+            };
+            assert_eq!((n, pairs, &p.rows[..2]), (&2, &vec![0, 1], &[4, 8][..]));
+            assert_eq!(
+                (launch.name, launch.grid, &p.first[..2]),
+                ("matvec_dense_cols_multi", (16 + 512, 1, 1), &[0, 16][..])
+            );
+        }
+        let steps = matmul_multi(&cols(9, 64), MMQ_MMA, false, seq()).unwrap();
+        assert!(
+            matches!(&steps[..], [MultiStep::Fused { launch, .. }] if launch.grid == (32, 2, 1)),
+            "{steps:?}"
+        );
+        let lone = &cols(3, 64)[..3];
         assert_eq!(
-            matmul_multi(&two, MMQ_MMA, false, seq()).unwrap(),
+            matmul_multi(lone, MMQ_MMA, false, seq()).unwrap(),
+            [MultiStep::Single(0)]
+        );
+        assert_eq!(
+            matmul_multi(&cols(16, 64), MMQ_MMA, false, seq()).unwrap(),
             [MultiStep::Single(0), MultiStep::Single(1)]
         );
         // Bad arguments name the product or the count.
