@@ -130,6 +130,17 @@ fn matvec_rate(dev: &Arc<Device>, ty: u32, k: u64, m: u64, row_bytes: u64) -> Re
     Ok(bytes as f64 * runs_per_second(dev, ops::MATMUL, &[w.r, x.r, out.r], 20)?)
 }
 
+/// Decode tok/s at the memory's limit for passes of `draft` drafts, all taken: `bw` over
+/// the bytes a pass reads (`StepTraffic::pass_bytes`: each token's routed experts, none
+/// shared) times its tokens; one token a step for 0 drafts. None without a bandwidth
+/// measurement (`--limits`) or traffic figures.
+fn pass_limit(t: &StepTraffic, bw: Option<f64>, draft: usize) -> Option<f64> {
+    let tokens = draft as u64 + 1;
+    let bytes = t.pass_bytes(tokens);
+    (bytes > 0).then_some(())?;
+    bw.map(|b| b * tokens as f64 / bytes as f64)
+}
+
 struct Row {
     depth: usize,
     pp_tokens: usize,
@@ -355,18 +366,23 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
         .iter()
         .map(|r| {
             let t = r.traffic.unwrap_or_default();
-            let bytes = (t.weight_bytes + t.cache_bytes) as f64;
-            let limit = bw.map(|b| b / bytes.max(1.0));
+            // The main run's limit at its draft count (one token a step without drafts).
+            let limit = pass_limit(&t, bw, r.run.draft);
             let pp_flops = 2.0 * t.weight_params as f64 * r.run.pp.0;
             json!({
                 "depth": r.depth, "pp_tokens": r.pp_tokens,
                 "pp_tok_s": r.run.pp.0, "pp_tok_s_sd": r.run.pp.1,
                 "tg_tok_s": r.run.tg.0, "tg_tok_s_sd": r.run.tg.1,
                 "tg_split": r.run.split(),
-                "tg_drafted": r.drafted.iter().map(|d| json!({
-                    "drafts": d.draft, "tg_tok_s": d.tg.0, "passes": d.passes,
-                    "chain_s": d.chain_s, "decode_s": d.tg_s,
-                })).collect::<Vec<_>>(),
+                "tg_drafted": r.drafted.iter().map(|d| {
+                    let limit = pass_limit(&t, bw, d.draft);
+                    json!({
+                        "drafts": d.draft, "tg_tok_s": d.tg.0, "passes": d.passes,
+                        "chain_s": d.chain_s, "decode_s": d.tg_s,
+                        "limit_tok_s": limit, "fraction_of_limit": limit.map(|l| d.tg.0 / l),
+                    })
+                }).collect::<Vec<_>>(),
+                "routed_bytes_per_token": t.routed_bytes,
                 "weight_bytes_per_token": t.weight_bytes, "cache_bytes_per_token": t.cache_bytes,
                 "weight_params_per_token": t.weight_params,
                 "tg_limit_tok_s": limit,
@@ -411,7 +427,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 r.run.pp.1,
                 frac("pp_fraction_of_matrix_rate")
             );
-            let drafts = match a.draft {
+            let drafts = |d: usize| match d {
                 0 => String::new(),
                 d if m.model.has_drafter() => {
                     format!(" ({d} drafts a pass from the MTP block, all taken)")
@@ -419,14 +435,34 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 d => format!(" ({d} drafts a pass, all taken)"),
             };
             println!(
-                "| {} | {threads} | {} | tg{}{drafts} | {:.1} ± {:.1} | {} of bandwidth limit |",
+                "| {} | {threads} | {} | tg{}{} | {:.1} ± {:.1} | {} of bandwidth limit |",
                 m.name,
                 r.depth,
                 a.gen_tokens,
+                drafts(a.draft),
                 r.run.tg.0,
                 r.run.tg.1,
                 frac("tg_fraction_of_limit")
             );
+            // --more-drafts: each against its own pass's limit.
+            for (d, dj) in r
+                .drafted
+                .iter()
+                .zip(j["tg_drafted"].as_array().into_iter().flatten())
+            {
+                let f = dj["fraction_of_limit"]
+                    .as_f64()
+                    .map_or("-".into(), |f| format!("{:.1}%", 100.0 * f));
+                println!(
+                    "| {} | {threads} | {} | tg{}{} | {:.1} ± {:.1} | {f} of bandwidth limit |",
+                    m.name,
+                    r.depth,
+                    a.gen_tokens,
+                    drafts(d.draft),
+                    d.tg.0,
+                    d.tg.1,
+                );
+            }
         }
     }
     Ok(())
@@ -434,7 +470,25 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::threads_used;
+    use super::{pass_limit, threads_used};
+    use moe_engine::StepTraffic;
+
+    #[test]
+    fn a_drafted_pass_reads_each_tokens_experts_and_the_rest_once() {
+        let t = StepTraffic {
+            weight_bytes: 100,
+            routed_bytes: 30,
+            cache_bytes: 10,
+            weight_params: 0,
+        };
+        // One token: all 110 bytes; four: 70 shared + 4 x (30 + 10).
+        assert_eq!((t.pass_bytes(1), t.pass_bytes(4)), (110, 230));
+        let near = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
+        assert!(near(pass_limit(&t, Some(1000.0), 0), 1000.0 / 110.0));
+        assert!(near(pass_limit(&t, Some(1000.0), 3), 4000.0 / 230.0));
+        assert_eq!(pass_limit(&t, None, 3), None);
+        assert_eq!(pass_limit(&StepTraffic::default(), Some(1000.0), 0), None);
+    }
 
     #[test]
     fn threads_come_from_the_cpu_backends_description() {

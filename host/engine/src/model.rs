@@ -123,6 +123,17 @@ pub struct StepTraffic {
     pub cache_bytes: u64,
     /// Weight values multiplied per token (2 flops each).
     pub weight_params: u64,
+    /// Of `weight_bytes`, the routed experts' (those one token uses): a pass of several
+    /// tokens reads them once a token where no two share an expert, the rest once.
+    pub routed_bytes: u64,
+}
+
+impl StepTraffic {
+    /// Bytes a pass of `tokens` consecutive tokens reads where none shares a routed
+    /// expert with another: the shared weights once, each token's experts and cache rows.
+    pub fn pass_bytes(&self, tokens: u64) -> u64 {
+        self.weight_bytes - self.routed_bytes + tokens * (self.routed_bytes + self.cache_bytes)
+    }
 }
 
 /// The model's weights on their devices, by GGUF tensor name.

@@ -1371,13 +1371,13 @@ impl CausalLm for Deepseek4 {
     fn step_traffic(&self, pos: usize) -> Option<crate::model::StepTraffic> {
         let p = &self.p;
         let mut t = crate::model::StepTraffic::default();
-        let mut add = |w: &Tensor, frac: (u64, u64)| {
+        let add = |t: &mut crate::model::StepTraffic, w: &Tensor, frac: (u64, u64)| {
             t.weight_bytes += w.bytes * frac.0 / frac.1;
             t.weight_params += w.r.numel() * frac.0 / frac.1;
         };
         let all = (1, 1);
         // One embedding row.
-        add(&self.embd, (1, p.n_vocab as u64));
+        add(&mut t, &self.embd, (1, p.n_vocab as u64));
         for (l, y) in self.layers.iter().enumerate() {
             for w in [
                 &y.hc_attn.0,
@@ -1389,26 +1389,28 @@ impl CausalLm for Deepseek4 {
                 &y.out_b,
                 &y.router,
             ] {
-                add(w, all);
+                add(&mut t, w, all);
             }
             for c in [y.comp.as_ref(), y.indexer.as_ref().map(|i| &i.comp)]
                 .into_iter()
                 .flatten()
             {
-                add(&c.kv, all);
-                add(&c.gate, all);
+                add(&mut t, &c.kv, all);
+                add(&mut t, &c.gate, all);
             }
             if let Some(ix) = &y.indexer {
-                add(&ix.q_b, all);
-                add(&ix.proj, all);
+                add(&mut t, &ix.q_b, all);
+                add(&mut t, &ix.proj, all);
             }
             if let Some((g, u, d)) = &y.shexp {
                 for w in [g, u, d] {
-                    add(w, all);
+                    add(&mut t, w, all);
                 }
             }
             for w in [&y.gate_exps, &y.up_exps, &y.down_exps] {
-                add(w, (p.n_used as u64, p.n_expert as u64));
+                let before = t.weight_bytes;
+                add(&mut t, w, (p.n_used as u64, p.n_expert as u64));
+                t.routed_bytes += t.weight_bytes - before;
             }
             // Caches: the window, then compressed rows (selected or all visible) and
             // the indexer's keys.
@@ -1425,8 +1427,8 @@ impl CausalLm for Deepseek4 {
             }
             t.cache_bytes += 4 * rows * hd;
         }
-        add(&self.hc_head.0, all);
-        add(&self.output, all);
+        add(&mut t, &self.hc_head.0, all);
+        add(&mut t, &self.output, all);
         Some(t)
     }
 
