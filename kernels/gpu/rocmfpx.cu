@@ -1330,13 +1330,16 @@ extern "C" __global__ void __launch_bounds__(128)
     dense_rows_any(d.w, row_bytes, ty, k, d.m, x, d.out, d.rows, d.blk);
 }
 
-// A drafted pass's products: 2 - 8 f32 columns of Q8_0 / ROCmFP4 weights, laid out as
-// dense_rows (a 128-thread block on R rows, thread t taking the 8-value units t, t + 128,
-// ... of each row), each unit's weights decoded once into floats and dotted with every
-// column, so the weights are read once for all columns (matvec_dense, their fallback
-// before, re-decoded a row per warp at 4x a one-column product's time). Column c of row
-// r is the same bits as matvec_dense_rows on column c alone: the same operations per
-// unit (dense_unit_dot on the decoded values) in the same order, the same block sum.
+// ---------------------------------------------------------------------------------
+// A drafted pass's products: 2 - 15 f32 columns (8 a grid row) of Q8_0 / ROCmFP4
+// weights, laid out as dense_rows (a 128-thread block on R rows, thread t taking the
+// 8-value units t, t + 128, ... of each row), each unit's weights decoded once into
+// floats and dotted with every column, so the weights are read once for all columns
+// (matvec_dense, their fallback before, re-decoded a row per warp at 4x a one-column
+// product's time). Column c of row r is the same bits as matvec_dense_rows on column c
+// alone: the same operations per unit (dense_unit_dot's, on the decoded values) in the
+// same order, the same block sum.
+
 // One unit's 8 weights as floats: Q8_0 the codes (s0 = the block's scale); ROCmFP4 the
 // signed magnitudes, values 0..3 of each half (v[0..3] first half, v[4..7] second; s0 /
 // s1 the halves' scales).
