@@ -703,7 +703,9 @@ pub fn dense_cols(ty: u32, m: u64, n: u64, x: u64) -> Option<u64> {
 /// The runs-kernel plan of `matvec_fp4_runs_q8_cols` for `n` (2 - 15) columns of ROCmFP4
 /// weights: where one column takes the runs kernel (`fp4_runs`) and each thread has one
 /// run a row (k / 256 a power of two), its rows and threads on the register path (the
-/// matrix-unit variant's plan falls back to the plain one). `MOE_GPU_RUNS_COLS=0` (read
+/// matrix-unit variant's plan falls back to the plain one). Other k the runs kernel takes
+/// (1280, 3072, ...: several runs a thread) go to `matvec_dense_cols`, whose f32
+/// activations give other bits than a decode step's q8_1 ones (none of V4-Flash's). `MOE_GPU_RUNS_COLS=0` (read
 /// once) leaves these products to `matvec_dense_cols` (A/B runs).
 pub fn fp4_runs_cols(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<RunsPlan> {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -789,7 +791,7 @@ pub fn matmul_dense(
             )
         }
         (None, None) if dense_cols(w.type_id, m, n, px).is_some() => {
-            DenseLayout::Cols(dense_cols(w.type_id, m, n, px).unwrap_or(2) as i32)
+            DenseLayout::Cols(dense_cols(w.type_id, m, n, px).expect("checked in the guard") as i32)
         }
         (None, None) if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
         (None, None) => match f32_tiles(w.type_id, k, m, n, pw, px) {

@@ -132,7 +132,8 @@ impl StepTraffic {
     /// Bytes a pass of `tokens` consecutive tokens reads where none shares a routed
     /// expert with another: the shared weights once, each token's experts and cache rows.
     pub fn pass_bytes(&self, tokens: u64) -> u64 {
-        self.weight_bytes - self.routed_bytes + tokens * (self.routed_bytes + self.cache_bytes)
+        self.weight_bytes.saturating_sub(self.routed_bytes)
+            + tokens * (self.routed_bytes + self.cache_bytes)
     }
 }
 
