@@ -43,12 +43,7 @@ pub const MMQ_MIN_COLS: u64 = 16;
 /// idle multiprocessors.
 pub fn mmq_dense_cols(m: u64, n: u64) -> u64 {
     static BELOW: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let below = *BELOW.get_or_init(|| {
-        std::env::var("MOE_GPU_MMQ_DENSE_NARROW")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    });
+    let below = *BELOW.get_or_init(|| env_num("MOE_GPU_MMQ_DENSE_NARROW").unwrap_or(0));
     let (bm, bn) = mmq_tile(MMQ_MMA);
     if m.div_ceil(bm) * n.div_ceil(bn) < below {
         16
@@ -447,6 +442,12 @@ pub fn f32_tiles(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<(u64
     Some((k.div_ceil(span), span))
 }
 
+/// The variable `name` parsed as a number, if set and valid (callers keep it in a
+/// OnceLock: read once).
+fn env_num<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
 /// `MOE_GPU_ID_NOSORT=0`: one token's MATMUL_ID sorts too (A/B runs; read once).
 fn id_nosort_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -463,12 +464,7 @@ fn id_nosort_off() -> bool {
 /// `MOE_GPU_ID_NOSORT=0`: every MATMUL_ID sorts.
 pub fn id_nosort(n_tok: u64, pairs: u64, experts: u64) -> bool {
     static MAX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let max = *MAX.get_or_init(|| {
-        std::env::var("MOE_GPU_ID_NOSORT_MAX")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(8)
-    });
+    let max = *MAX.get_or_init(|| env_num("MOE_GPU_ID_NOSORT_MAX").unwrap_or(8));
     !id_nosort_off() && (n_tok == 1 || (n_tok <= max && 4 * pairs <= experts))
 }
 
@@ -478,9 +474,7 @@ pub fn id_nosort(n_tok: u64, pairs: u64, experts: u64) -> bool {
 pub fn id_rows() -> u64 {
     static ROWS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *ROWS.get_or_init(|| {
-        std::env::var("MOE_GPU_ID_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
+        env_num("MOE_GPU_ID_ROWS")
             .filter(|r| matches!(r, 1 | 2 | 4))
             .unwrap_or(4)
     })
@@ -536,12 +530,7 @@ pub static FORCE_FP4_MMA: std::sync::atomic::AtomicU64 = std::sync::atomic::Atom
 pub fn fp4_mma_threads() -> Option<u64> {
     static ENV: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     match FORCE_FP4_MMA.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => *ENV.get_or_init(|| {
-            std::env::var("MOE_GPU_FP4_MMA")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|t| matches!(t, 256 | 512))
-        }),
+        0 => *ENV.get_or_init(|| env_num("MOE_GPU_FP4_MMA").filter(|t| matches!(t, 256 | 512))),
         1 => None,
         t => Some(t),
     }
@@ -785,18 +774,18 @@ pub fn matmul_dense(
         }
         (Some(r), _) => DenseLayout::Fp4Runs(r),
         (None, Some(r)) => DenseLayout::Rows(r as i32),
-        (None, None) if fp4_runs_cols(w.type_id, k, m, n, pw, px).is_some() => {
-            DenseLayout::Fp4RunsCols(
-                fp4_runs_cols(w.type_id, k, m, n, pw, px).expect("checked in the guard"),
-            )
-        }
-        (None, None) if dense_cols(w.type_id, m, n, px).is_some() => {
-            DenseLayout::Cols(dense_cols(w.type_id, m, n, px).expect("checked in the guard") as i32)
-        }
-        (None, None) if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
-        (None, None) => match f32_tiles(w.type_id, k, m, n, pw, px) {
-            Some((slices, span)) => DenseLayout::F32Tiles { slices, span },
-            None => DenseLayout::Warps(parts as i32),
+        // 2 - 15 columns: the columns kernels; else the f32 and generic layouts.
+        (None, None) => match (
+            fp4_runs_cols(w.type_id, k, m, n, pw, px),
+            dense_cols(w.type_id, m, n, px),
+        ) {
+            (Some(r), _) => DenseLayout::Fp4RunsCols(r),
+            (None, Some(r)) => DenseLayout::Cols(r as i32),
+            _ if f32_wide(w.type_id, k, m, n, pw, px) => DenseLayout::F32Wide,
+            _ => match f32_tiles(w.type_id, k, m, n, pw, px) {
+                Some((slices, span)) => DenseLayout::F32Tiles { slices, span },
+                None => DenseLayout::Warps(parts as i32),
+            },
         },
     };
     let launch = match layout {

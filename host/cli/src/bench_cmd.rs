@@ -137,8 +137,8 @@ fn matvec_rate(dev: &Arc<Device>, ty: u32, k: u64, m: u64, row_bytes: u64) -> Re
 fn pass_limit(t: &StepTraffic, bw: Option<f64>, draft: usize) -> Option<f64> {
     let tokens = draft as u64 + 1;
     let bytes = t.pass_bytes(tokens);
-    (bytes > 0).then_some(())?;
-    bw.map(|b| b * tokens as f64 / bytes as f64)
+    bw.filter(|_| bytes > 0)
+        .map(|b| b * tokens as f64 / bytes as f64)
 }
 
 struct Row {

@@ -196,6 +196,14 @@ impl OutputSplitter {
         }
         out
     }
+
+    /// A whole answer's parts (not streamed): `push` of all of it, then `finish`.
+    pub fn split(opts: SplitOptions, text: &str) -> Vec<Part> {
+        let mut s = Self::new(opts);
+        let mut parts = s.push(text);
+        parts.extend(s.finish());
+        parts
+    }
 }
 
 /// Adds a text part unless it is empty.
@@ -284,10 +292,7 @@ mod tests {
     const CALLS: &str = "<|D|tool_calls>\n<|D|invoke name=\"get_weather\">\n<|D|parameter name=\"city\" string=\"true\">Paris, \"FR\"</|D|parameter>\n<|D|parameter name=\"days\" string=\"false\">3</|D|parameter>\n<|D|parameter name=\"opts\" string=\"false\">{\"unit\": \"C\", \"hourly\": [1, 2]}</|D|parameter>\n</|D|invoke>\n<|D|invoke name=\"now\">\n\n</|D|invoke>\n</|D|tool_calls>";
 
     fn whole(opts: SplitOptions, text: &str) -> Vec<Part> {
-        let mut s = OutputSplitter::new(opts);
-        let mut v = s.push(text);
-        v.extend(s.finish());
-        join(v)
+        join(OutputSplitter::split(opts, text))
     }
 
     /// Neighbouring parts of a kind joined (as a client joins a stream's deltas).

@@ -299,12 +299,7 @@ pub async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
                     json!({"content": c.tokens.iter().map(|e| chat_logprob(&tok, &e.sampled)).collect::<Vec<_>>()})
                 });
                 let parts = match job.split {
-                    Some(o) => {
-                        let mut sp = OutputSplitter::new(o);
-                        let mut all = sp.push(&c.text);
-                        all.extend(sp.finish());
-                        MessageParts::of(all, &id)
-                    }
+                    Some(o) => MessageParts::of(OutputSplitter::split(o, &c.text), &id),
                     None => MessageParts {
                         content: c.text,
                         ..Default::default()
@@ -384,7 +379,7 @@ fn stream_response(
         "text_completion"
     };
     let include_usage = job.include_usage;
-    let id_for_calls = id.clone();
+    let call_id = id.clone();
     let chunk = move |choices: Value, extra: Vec<(&str, Value)>| {
         let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
         if include_usage {
@@ -405,7 +400,6 @@ fn stream_response(
     // The completion text so far (the legacy logprobs' offsets count its characters).
     let (mut sent, mut at) = (String::new(), (0, 0));
     let mut splitter = job.split.map(OutputSplitter::new);
-    let call_id = id_for_calls;
     // What the splitter held to the end (a tool-call block, a partial tag) as a chunk,
     // and whether the answer made calls.
     let chunk3 = chunk.clone();
