@@ -32,6 +32,7 @@
 #define KID_DS4_ATTENTION_DEC 56
 #define KID_DS4_TOPK_ROWS_WIDE 57
 #define KID_DS4_ROUTER_MM 59
+#define KID_DS4_INDEX_SCORES_FEW 70
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -1001,6 +1002,7 @@ GPU_DEV float ds4_hist(const float* chunk, const float* ring, int q, int p0, int
                    : ring[(long long)(q % ring_len) * width + col];
 }
 
+#define DS4_POOL_REGS 8  // slots a thread holds in registers (ratio 4 with overlap)
 // Closes every window that ends in this chunk: softmax(gate + ape)-weighted pooling per
 // channel (overlapping windows: the previous window's first halves, then this one's
 // second halves), RMS norm times norm_w, rotary at the window's first position; writes
@@ -1033,6 +1035,33 @@ extern "C" __global__ void __launch_bounds__(256)
             return true;
         };
         float m = DS4_NEG_INF;
+        if (slots <= DS4_POOL_REGS) {
+            // Every slot's gate and value asked for at once (a decode step pools on one
+            // block: one load at a time left ~27 us of memory latency on the step); the
+            // same sums in the same order as the loops below.
+            float gv[DS4_POOL_REGS], xv[DS4_POOL_REGS];
+            bool on[DS4_POOL_REGS];
+#pragma unroll
+            for (int j = 0; j < DS4_POOL_REGS; ++j) {
+                int jj = 0, q = 0, col = 0;
+                on[j] = j < slots && slot(j, jj, q, col);
+                gv[j] = on[j] ? ds4_hist(gate, ring_g, q, p0, ring_len, width, col) + ape[jj * width + col] : 0.0f;
+                xv[j] = on[j] ? ds4_hist(kv, ring_kv, q, p0, ring_len, width, col) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < DS4_POOL_REGS; ++j)
+                if (on[j]) m = fmaxf(m, gv[j]);
+            float num = 0.0f, den = 0.0f;
+#pragma unroll
+            for (int j = 0; j < DS4_POOL_REGS; ++j) {
+                if (!on[j]) continue;
+                const float e = expf(gv[j] - m);
+                num += e * xv[j];
+                den += e;
+            }
+            row[c] = num / den;
+            continue;
+        }
         for (int j = 0, jj, q, col; j < slots; ++j) {
             if (!slot(j, jj, q, col)) continue;
             const float g = ds4_hist(gate, ring_g, q, p0, ring_len, width, col) + ape[jj * width + col];
@@ -1098,6 +1127,18 @@ extern "C" __global__ void __launch_bounds__(256)
 // 2 n_pairs values (scale mscale) as it is staged (ds4_norm_rope's (0, n_pairs, 0), the
 // same bits), so the rotary needs no launch of its own.
 #define DS4_IDX_FEW 8192
+// A lane's row is read DS4_IDX_RUN float4s at a time, the next run's loads issued before
+// the current run's dots: a decode step has a block or two an SM here, so one load at a
+// time left every 16 bytes of a row a full memory latency on the critical path (~24 us
+// at ~520 rows, 2026-12-06 trace). The dots are the same, in the same order.
+#define DS4_IDX_RUN 8
+#define DS4_IDX_STAGE 16  // (DS4_IDX_Q_MAX / 512: the queries in one round)
+GPU_DEV void ds4_index_run(const float* row, int i0, int id, gpu_f4* v) {
+#pragma unroll
+    for (int u = 0; u < DS4_IDX_RUN; ++u)
+        v[u] = i0 + 4 * u < id ? *(const gpu_f4*)(row + i0 + 4 * u) : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+}
+
 template <int HAT>
 GPU_DEV float ds4_index_group(const float* qs, const float* wh, const float* row, int g,
                               int groups, int ih, int id, float sm) {
@@ -1107,20 +1148,62 @@ GPU_DEV float ds4_index_group(const float* qs, const float* wh, const float* row
 #pragma unroll
         for (int h = 0; h < HAT; ++h) acc[h] = 0.0f;
         const int nh = ih - h0 < HAT ? ih - h0 : HAT;
-        for (int i = 0; i < id; i += 4) {
-            const gpu_f4 v = *(const gpu_f4*)(row + i);
+        gpu_f4 cur[DS4_IDX_RUN], nxt[DS4_IDX_RUN];
+        ds4_index_run(row, 0, id, cur);
+        for (int i0 = 0; i0 < id; i0 += 4 * DS4_IDX_RUN) {
+            ds4_index_run(row, i0 + 4 * DS4_IDX_RUN, id, nxt);
 #pragma unroll
-            for (int h = 0; h < HAT; ++h) {
-                // Heads past the end read head h0's values (in bounds) and are dropped.
-                const gpu_f4 a = *(const gpu_f4*)(qs + (h0 + (h < nh ? h : 0)) * id + i);
-                acc[h] += a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
+            for (int u = 0; u < DS4_IDX_RUN; ++u) {
+                const int i = i0 + 4 * u;
+                if (i >= id) break;
+                const gpu_f4 v = cur[u];
+#pragma unroll
+                for (int h = 0; h < HAT; ++h) {
+                    // Heads past the end read head h0's values (in bounds) and are dropped.
+                    const gpu_f4 a = *(const gpu_f4*)(qs + (h0 + (h < nh ? h : 0)) * id + i);
+                    acc[h] += a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
+                }
             }
+#pragma unroll
+            for (int u = 0; u < DS4_IDX_RUN; ++u) cur[u] = nxt[u];
         }
 #pragma unroll
         for (int h = 0; h < HAT; ++h)
             if (h < nh) score += fmaxf(acc[h], 0.0f) * sm * wh[h0 + h];
     }
     return score;
+}
+
+// Token t's queries into shared memory (qs[h id + i]; with inv_freq rotated on their
+// trailing 2 n_pairs values, scale mscale, at position pt) and its head weights times ws
+// (wh). Block of 256 threads; ends with a barrier. DS4_IDX_STAGE pairs a thread asks for
+// at once (the queries come from L2: one pair at a time put ~16 round trips in a row on
+// a decode step's critical path).
+GPU_DEV void ds4_index_stage(const float* qt, const float* wt, int ih, int id, float pt,
+                             const float* inv_freq, int n_pairs, float mscale, float ws, float* qs,
+                             float* wh) {
+    const int tail = id - 2 * n_pairs, nq = ih * id;
+    for (int i0 = 2 * threadIdx.x; i0 < nq; i0 += 512 * DS4_IDX_STAGE) {
+        float va[DS4_IDX_STAGE], vb[DS4_IDX_STAGE];
+#pragma unroll
+        for (int u = 0; u < DS4_IDX_STAGE; ++u) {
+            const int i = i0 + 512 * u;
+            va[u] = i < nq ? qt[i] : 0.0f;
+            vb[u] = i < nq ? qt[i + 1] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < DS4_IDX_STAGE; ++u) {
+            const int i = i0 + 512 * u;
+            if (i >= nq) break;
+            float a = va[u], b = vb[u];
+            const int c = i % id;  // id is even: a pair never straddles two heads
+            if (inv_freq && c >= tail) ds4_rotate(a, b, pt, inv_freq[(c - tail) / 2], mscale, 0);
+            qs[i] = a;
+            qs[i + 1] = b;
+        }
+    }
+    for (int h = threadIdx.x; h < ih; h += 256) wh[h] = wt[h] * ws;
+    __syncthreads();
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -1140,17 +1223,8 @@ extern "C" __global__ void __launch_bounds__(256)
     const int per_block = 256 / groups;
     if ((int)blockIdx.x * per_block >= visible) return;
     const float* qt = q + (long long)t * ih * id;
-    const int tail = id - 2 * n_pairs;
-    const float pt = (float)pos[t];
-    for (int i = 2 * threadIdx.x; i < ih * id; i += 512) {
-        float a = qt[i], b = qt[i + 1];
-        const int c = i % id;  // id is even: a pair never straddles two heads
-        if (inv_freq && c >= tail) ds4_rotate(a, b, pt, inv_freq[(c - tail) / 2], mscale, 0);
-        qs[i] = a;
-        qs[i + 1] = b;
-    }
-    for (int h = threadIdx.x; h < ih; h += 256) wh[h] = wproj[(long long)t * ih + h] * ws;
-    __syncthreads();
+    ds4_index_stage(qt, wproj + (long long)t * ih, ih, id, (float)pos[t], inv_freq, n_pairs,
+                    mscale, ws, qs, wh);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool fast =
         (id & 3) == 0 && ((((unsigned long long)rows) | ((unsigned long long)qt)) & 15ull) == 0;
@@ -1197,6 +1271,90 @@ extern "C" __global__ void __launch_bounds__(256)
             }
             if (lane == 0) scores[(long long)t * cap + r] = acc;
         }
+}
+
+// ---------------------------------------------------------------------------------
+// The lightning indexer's scores for a decode step (or a few tokens) whose tokens see at
+// most a few thousand rows: ds4_index_scores gives each lane a whole row, so ~520 rows
+// ran on 17 blocks with every lane's 128 values in a row (~18 us), and the tiled kernel
+// on 5 (~13.5 us; H100 traces, 2026-12-06). Here a block of 8 warps takes 4 rows at a
+// time, grid-striding over the visible rows: warp w scores row r0 + w / 2 against heads
+// 32 (w % 2) .. + 31, each lane a slice of the dims (4 lane + 128 j: float4 j of its
+// row) dotted with every head of the half; the 32 partial sums per lane become one head's
+// full dot a lane by a halving exchange (31 shuffles), then relu * sm * w_h and a warp
+// sum give the half's part; the two halves add in shared memory (half 0 first). The
+// next row's values are asked for before this row's dots. Needs id % 4 == 0, id <= 256,
+// ih <= 64, ih id <= DS4_IDX_Q_MAX, q and rows 16-byte aligned. grid = (blocks, n),
+// block = 256.
+#define DS4_IDF_ROWS 4  // rows a block takes at a time (two warps each)
+extern "C" __global__ void __launch_bounds__(256)
+    ds4_index_scores_few(const float* __restrict__ q, const float* __restrict__ wproj,
+                         const float* __restrict__ rows, const int* __restrict__ pos, int ih,
+                         int id, int ratio, int cap, float sm, float ws,
+                         float* __restrict__ scores, const float* __restrict__ inv_freq,
+                         int n_pairs, float mscale, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_INDEX_SCORES_FEW);
+    __shared__ __attribute__((aligned(16))) float qs[DS4_IDX_Q_MAX];
+    __shared__ float wh[64];
+    __shared__ float half1[DS4_IDF_ROWS];
+    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int visible = (pos[t] + 1) / ratio;
+    if (visible > cap) visible = cap;
+    if ((int)blockIdx.x * DS4_IDF_ROWS >= visible) return;
+    ds4_index_stage(q + (long long)t * ih * id, wproj + (long long)t * ih, ih, id, (float)pos[t],
+                    inv_freq, n_pairs, mscale, ws, qs, wh);
+    const int hb = 32 * (warp & 1), slot = warp >> 1, nv = id / 4;
+    const int step = (int)gridDim.x * DS4_IDF_ROWS;
+    auto load = [&](int r, gpu_f4* v) {
+#pragma unroll
+        for (int j = 0; j < DS4_IDX_DIM_MAX / 128; ++j) {
+            const int c = lane + 32 * j;
+            v[j] = r < visible && c < nv ? *(const gpu_f4*)(rows + (long long)r * id + 4 * c)
+                                         : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+        }
+    };
+    gpu_f4 cur[DS4_IDX_DIM_MAX / 128], nxt[DS4_IDX_DIM_MAX / 128];
+    int r = (int)blockIdx.x * DS4_IDF_ROWS + slot;
+    load(r, cur);
+    for (int r0 = (int)blockIdx.x * DS4_IDF_ROWS; r0 < visible; r0 += step, r += step) {
+        load(r + step, nxt);
+        // Lane's partial dot with each head hb + h of the half (heads past ih: zero).
+        float v[32];
+#pragma unroll
+        for (int h = 0; h < 32; ++h) {
+            float a = 0.0f;
+            if (hb + h < ih) {
+#pragma unroll
+                for (int j = 0; j < DS4_IDX_DIM_MAX / 128; ++j) {
+                    const int c = lane + 32 * j;
+                    if (c < nv) {
+                        const gpu_f4 x = *(const gpu_f4*)(qs + (hb + h) * id + 4 * c);
+                        a += x.x * cur[j].x + x.y * cur[j].y + x.z * cur[j].z + x.w * cur[j].w;
+                    }
+                }
+            }
+            v[h] = a;
+        }
+        // Halving exchange: after the step of width o, lane keeps the heads whose bit o
+        // matches its own, summed with its partner's; at the end v[0] is head hb + lane.
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const bool up = (lane & o) != 0;
+#pragma unroll
+            for (int i = 0; i < o; ++i) {
+                const float send = up ? v[i] : v[i + o], keep = up ? v[i + o] : v[i];
+                v[i] = keep + gpu_shfl_xor(send, o);
+            }
+        }
+        const int h = hb + lane;
+        const float part = gpu_warp_sum(h < ih ? fmaxf(v[0], 0.0f) * sm * wh[h] : 0.0f);
+        if (hb && lane == 0) half1[slot] = part;
+        __syncthreads();
+        if (!hb && lane == 0 && r < visible) scores[(long long)t * cap + r] = part + half1[slot];
+        __syncthreads();  // half1 is free again
+#pragma unroll
+        for (int j = 0; j < DS4_IDX_DIM_MAX / 128; ++j) cur[j] = nxt[j];
+    }
 }
 
 // Inclusive prefix sum of `f` over the block (a multiple of 32 threads, at most 1024):
@@ -1253,6 +1411,16 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
     }
     unsigned int prefix = 0, mask = 0;
     int left = k;  // how many still to take among keys matching the prefix
+    // Up to 8 keys a thread (8192 rows) are read once and kept in registers for every
+    // pass (each pass re-read them from L2 on a decode step's critical path); up to 1024
+    // they also serve the selection below, whose row for a thread is then its own.
+    const bool held = visible <= DS4_TOPK_THREADS * 8, held1 = visible <= DS4_TOPK_THREADS;
+    unsigned int hk[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int i = (tid & ~31) + lane + DS4_TOPK_THREADS * j;
+        hk[j] = held && i < visible ? ds4_key(s[i]) : 0u;
+    }
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = tid; i < DS4_TOPK_WARPS * 256; i += DS4_TOPK_THREADS) (&hist[0][0])[i] = 0;
         __syncthreads();
@@ -1263,7 +1431,7 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const int i = b0 + lane + DS4_TOPK_THREADS * j;
-                keys[j] = i < visible ? ds4_key(s[i]) : 0u;
+                keys[j] = held ? hk[j] : (i < visible ? ds4_key(s[i]) : 0u);
             }
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -1301,7 +1469,7 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
     const unsigned int below = (1u << lane) - 1u;
     int g = 0, e = 0;
     for (int i = i0; i < i1; i += 32) {
-        const unsigned int key = i + lane < i1 ? ds4_key(s[i + lane]) : 0u;
+        const unsigned int key = i + lane < i1 ? (held1 ? hk[0] : ds4_key(s[i + lane])) : 0u;
         g += __popc(gpu_ballot(i + lane < i1 && key > prefix));
         e += __popc(gpu_ballot(i + lane < i1 && key == prefix));
     }
@@ -1318,7 +1486,7 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPK_THREADS)
     const int first_eq = k - left;
     for (int i = i0; i < i1; i += 32) {
         const bool in = i + lane < i1;
-        const unsigned int key = in ? ds4_key(s[i + lane]) : 0u;
+        const unsigned int key = in ? (held1 ? hk[0] : ds4_key(s[i + lane])) : 0u;
         const unsigned int bg = gpu_ballot(in && key > prefix), be = gpu_ballot(in && key == prefix);
         if (in && key > prefix) o[og + __popc(bg & below)] = i + lane;
         if (in && key == prefix) {

@@ -118,7 +118,8 @@ pub mod ops {
     /// f[1]) for the (pos+1)/i[0] rows visible to token t. args: q (F32 [dim, heads, n]),
     /// w ([heads, n]), rows ([dim, capacity]), pos, out ([capacity, n]); dim even. From
     /// ABI 1.4 a 6th, inv_freq ([i[1]]): q is first rotated as NORM_ROPE (no norm, i[1] pairs,
-    /// scale f[2]) would; q is left as it was.
+    /// scale f[2]) would; q is left as it was. i[2] > 0: no token of the op sees more than
+    /// i[2] rows (a hint for the kernel's shape; 0: no bound but the capacity).
     pub const INDEX_SCORES: u32 = 20;
     /// Per token, the k best of its (pos+1)/i[0] visible scores (ties: lower index), or
     /// all when no more than k; -1 pads. args: scores (F32 [capacity, n]), pos, out (I32

@@ -7,7 +7,8 @@
 # side by side: DS4_DIR=.dev/ds4_old); DRAFT=N decodes in passes of a token and N drafts,
 # all taken (`bench --draft`: speculative decoding at full acceptance, at most 7);
 # MORE=1:3:7 measures those draft counts too on the same model build (`--more-drafts`,
-# printed by bench, in the JSON's tg_drafted); MTP=1
+# printed by bench, in the JSON's tg_drafted); CTX=N sizes the caches for N positions
+# (`bench --ctx-size`, as `serve --ctx-size`: the kernels a served context runs); MTP=1
 # loads the model's MTP drafter (`synth --mtp`, written once into $W): every pass then
 # runs the block's catch-up, and with DRAFT=N the block's N-step chain before each pass.
 # Carry .dev/ds4 (and any such DIR). $OUT gets
@@ -46,7 +47,7 @@ for s in "$@"; do
     t0=$(date +%s)
     env "${envs[@]}" RUST_LOG=warn "$dir/moeserve" --config "$W/plugins.toml" bench \
         --synth "${TEMPLATE:-6}" --layers "${LAYERS:-43}" --depths "${DEPTHS:-0}" \
-        --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" --repetitions "${REPS:-1}" \
+        --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" --repetitions "${REPS:-1}" ${CTX:+--ctx-size "$CTX"} \
         --draft "$draft" "${more[@]}" "${mtp[@]}" --json > "$OUT/ab_$i.json"
     echo "$s: $(( $(date +%s) - t0 )) s"
 done

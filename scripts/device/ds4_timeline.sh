@@ -4,7 +4,8 @@
 # CUPTI injection library scripts/device/cupti_trace.cpp, then per kernel name over the
 # decode replays: launches a step, replayed us a step, us a step it ran alone (nothing
 # else on the GPU), us it was the earliest-started kernel running (roughly what the
-# step waits on), and the idle gaps before it. Carry .dev/ds4. $OUT gets the table.
+# step waits on), and the idle gaps before it. CTX=N sizes the caches for N positions
+# (`bench --ctx-size`, as `serve --ctx-size`). Carry .dev/ds4. $OUT gets the table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/device/cuda_env.sh
@@ -26,7 +27,7 @@ echo "record: $krec"
 cuda_plugins "$W/plugins.toml"
 CUDA_INJECTION64_PATH="$W/libcupti_trace.so" CUPTI_TRACE_OUT="$W/trace.tsv" RUST_LOG=warn \
     .dev/ds4/moeserve --config "$W/plugins.toml" bench --synth "${TEMPLATE:-6}" --layers "${LAYERS:-43}" \
-    --depths "${DEPTH:-0}" --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" --json > "$OUT/bench.json"
+    --depths "${DEPTH:-0}" --prompt-tokens "${PP:-512}" --gen-tokens "${TG:-32}" ${CTX:+--ctx-size "$CTX"} --json > "$OUT/bench.json"
 python3 - "$W/trace.tsv" <<'PY' | tee "$OUT/timeline.md"
 import collections, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]

@@ -2258,14 +2258,17 @@ fn attention_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// visible. Tokens: a decode step at 128K (32768 of the 40000 rows visible), every row
 /// visible with 65 distinct scores (ties at the k-th), fewer visible than k, 1000
 /// visible, 25000 visible with ties, and 32768 visible of which all but the last 136 are
-/// 0.0 (a cache seeked to depth, as `bench` does: ties by the thousand at the k-th).
+/// 0.0 (a cache seeked to depth, as `bench` does: ties by the thousand at the k-th),
+/// 5001 visible with ties and 8192 visible.
 fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== TOPK_ROWS vs its definition ==");
     let (cap, k, ratio) = (40000usize, 512usize, 4i64);
-    let pos: [i32; 6] = [131071, 159999, 2000, 4000, 99999, 131071];
+    // (1000, 5000 and 8192 rows: the keys held in registers, for the selection too at
+    // 1000; 25000 and more: read again each pass)
+    let pos: [i32; 8] = [131071, 159999, 2000, 4000, 99999, 131071, 20003, 32767];
     let n = pos.len();
     let mut scores: Vec<f32> = (0..cap * n).map(|_| rng.f32()).collect();
-    for t in [1, 4] {
+    for t in [1, 4, 6] {
         for s in &mut scores[t * cap..(t + 1) * cap] {
             *s = (*s * 32.0).round() / 32.0; // ties, -0.0 and +0.0 among them
         }
@@ -2370,8 +2373,10 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// relu(q_th . row_r) * f[0] * (w_th * f[1]) over the rows visible to t. A prefill
 /// chunk (the tiled `ds4_index_scores_mm(_tc)`: 41 tokens, 64 heads x 128, a partial last
 /// query tile and a partly visible row tile), a decode token over a cache of 4000 rows
-/// (the row-a-lane `ds4_index_scores`, 3000 rows visible) and two over 20000 (5000 and
-/// 12000 visible).
+/// (3000 visible: `ds4_index_scores_few`, four rows a block, or with
+/// `MOE_GPU_IDX_FEW=0` the row-a-lane `ds4_index_scores`), two over 20000 (5000 and
+/// 12000 visible) and, with the engine's bound of 6144 rows, one token over 20000 (520
+/// visible) and three (~6000 visible) on `ds4_index_scores_few`.
 /// Limit: 1e-5 of the largest score. Expects the default kernel choice
 /// (`MOE_GPU_IDX_GROUPS` unset; the prefill case on the tensor cores,
 /// `ds4_index_scores_mm_tc`, unless `MOE_GPU_IDX_TC=0`; the decode tokens over 20000
@@ -2396,31 +2401,38 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         (Ok("0"), _) | (_, Ok("0")) => "ds4_index_scores",
         _ => mm,
     };
-    for (n, cap, p0, kernel) in [
+    // Decode steps whose tokens see at most 6144 rows (the cache's size, or the engine's
+    // bound in i[2]) take ds4_index_scores_few unless MOE_GPU_IDX_FEW=0.
+    let few_on = std::env::var("MOE_GPU_IDX_FEW").as_deref() != Ok("0");
+    let small = if few_on {
+        "ds4_index_scores_few"
+    } else if mm_env.as_deref() == Ok("1") {
+        mm
+    } else {
+        "ds4_index_scores"
+    };
+    let bounded = if few_on { "ds4_index_scores_few" } else { one };
+    for (n, cap, p0, bound, kernel) in [
         (
             41usize,
             3000usize,
             9000usize,
+            0usize,
             if mm_env.as_deref() == Ok("0") {
                 "ds4_index_scores"
             } else {
                 mm
             },
         ),
-        (
-            1,
-            4000,
-            4 * 3000,
-            if mm_env.as_deref() == Ok("1") {
-                mm
-            } else {
-                "ds4_index_scores"
-            },
-        ),
-        (1, 20000, 4 * 5000, one),
-        (1, 20000, 4 * 12000, one),
+        (1, 4000, 4 * 3000, 0, small),
+        (1, 20000, 4 * 5000, 0, one),
+        (1, 20000, 4 * 12000, 0, one),
+        // A served context's cache, the engine's bound: ~520 rows (a step just past the
+        // top-k), and three tokens near the bound (the blocks stride over the rows).
+        (1, 20000, 4 * 520 + 3, 6144, bounded),
+        (3, 20000, 4 * 6000, 6144, bounded),
     ] {
-        ok &= index_scores_case(g, rng, json, n, cap, p0, kernel);
+        ok &= index_scores_case(g, rng, json, (n, cap, p0, bound), kernel);
     }
     ok
 }
@@ -2429,9 +2441,7 @@ fn index_scores_case(
     g: &Gpu,
     rng: &mut Rng,
     json: &mut Vec<String>,
-    n: usize,
-    cap: usize,
-    p0: usize,
+    (n, cap, p0, bound): (usize, usize, usize, usize),
     kernel: &str,
 ) -> bool {
     let (ih, id, ratio) = (64usize, 128usize, 4usize);
@@ -2456,6 +2466,7 @@ fn index_scores_case(
     prm.f[0] = sm;
     prm.f[1] = ws;
     prm.i[0] = ratio as i64;
+    prm.i[2] = bound as i64;
     let before = g.counters();
     g.op_with(
         ops::INDEX_SCORES,

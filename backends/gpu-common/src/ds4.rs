@@ -635,6 +635,35 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         .f(p.f[0])
         .f(p.f[1])
         .p(f32p(gpu, &scores)?);
+    // A decode step (or a few tokens) seeing at most IDX_FEW_MAX_ROWS rows (i[2], the
+    // engine's bound for every position the op may be replayed at, or the cache's
+    // size): four rows a block over the device.
+    let bound = match p.i[2] {
+        b if b > 0 => (b as u64).min(cap),
+        _ => cap,
+    };
+    if n < IDX_MM_MIN_TOKENS
+        && bound <= IDX_FEW_MAX_ROWS
+        && !idx_few_off()
+        && id.is_multiple_of(4)
+        && id <= IDX_DIM_MAX
+        && ih <= 64
+        && id * ih <= IDX_Q_MAX
+        && pq.is_multiple_of(16)
+        && prows.is_multiple_of(16)
+    {
+        let sms = match gpu.multiprocessors() {
+            0 => 132,
+            m => m as u64,
+        };
+        let blocks = bound.div_ceil(IDX_FEW_ROWS).clamp(1, 2 * sms);
+        return base.p(pinv).i(pairs as i32).f(p.f[2]).launch(
+            gpu,
+            "ds4_index_scores_few",
+            (blocks, n, 1),
+            256,
+        );
+    }
     // A prefill chunk: the tiled product (whole tokens of a 128-query tile, 32-dim
     // chunks, 16-byte aligned, no rotary inside).
     if idx_mm(n, cap, ih)
@@ -660,6 +689,18 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         .i(pairs as i32)
         .f(p.f[2])
         .launch(gpu, "ds4_index_scores", (cap.div_ceil(64), n, 1), 256)
+}
+
+/// The most rows a decode step's tokens may see for `ds4_index_scores_few` (its rows
+/// a block, DS4_IDF_ROWS): up to the bound where the engine's top-k moves to many blocks
+/// (TOPK_WIDE_FROM_ROWS), at most two blocks a multiprocessor striding over them.
+const IDX_FEW_MAX_ROWS: u64 = 6144;
+const IDX_FEW_ROWS: u64 = 4;
+
+/// `MOE_GPU_IDX_FEW=0`: decode steps keep the row-a-lane / tiled kernels (A/B runs).
+fn idx_few_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| env_off("MOE_GPU_IDX_FEW"))
 }
 
 /// Chunks of at least this many tokens score through `ds4_index_scores_mm`.
@@ -1527,8 +1568,9 @@ mod tests {
             i([n, 1, 1, 1]),
             f([300, n, 1, 1]),
         ];
+        // A few tokens over a cache of 300 rows: four rows a block.
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &idx_args);
-        assert_eq!(l[0].1, (5, 3, 1)); // sized for 64 rows a block
+        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_few", (75, 3, 1)));
                                        // A prefill chunk of 64 heads x 128: the tiled product, 128 rows x 2 tokens a
                                        // block; 4 heads do not tile (the row-a-lane kernel).
         let mm_args = [
@@ -1540,20 +1582,25 @@ mod tests {
         ];
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &mm_args);
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (3, 10, 1)));
-        // A decode token over 4096+ cached rows: the tiled product too, below that not.
+        // A decode token over 6145+ cached rows and no bound: the tiled product; with
+        // the engine's bound (i[2]) four rows a block, at most two blocks an SM.
         let mut dec = [
             f([128, 64, 1, 1]),
             f([64, 1, 1, 1]),
-            f([128, 4096, 1, 1]),
+            f([128, 8000, 1, 1]),
             i([1, 1, 1, 1]),
-            f([4096, 1, 1, 1]),
+            f([8000, 1, 1, 1]),
         ];
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &dec);
-        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (32, 1, 1)));
+        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (63, 1, 1)));
+        let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4, 0, 520]), &dec);
+        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_few", (130, 1, 1)));
+        let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4, 0, 6144]), &dec);
+        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_few", (264, 1, 1)));
         dec[2] = f([128, 4000, 1, 1]);
         dec[4] = f([4000, 1, 1, 1]);
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &dec);
-        assert_eq!(l[0].0, "ds4_index_scores");
+        assert_eq!(l[0].0, "ds4_index_scores_few");
         let mut few = mm_args;
         few[0] = f([16, 4, 20, 1]);
         few[1] = f([4, 20, 1, 1]);
@@ -1568,7 +1615,7 @@ mod tests {
             (prm(&[0.1, 0.5, 1.0], &[4, pairs]), a)
         };
         let (pi, a) = idx(4);
-        assert_eq!(run_ok(ops::INDEX_SCORES, pi, &a)[0].1, (5, 3, 1));
+        assert_eq!(run_ok(ops::INDEX_SCORES, pi, &a)[0].1, (75, 3, 1));
         let (pi, a) = idx(9);
         let e = run(&Rec::default(), ops::INDEX_SCORES, &pi, &a)
             .unwrap()

@@ -34,6 +34,8 @@ pub struct BenchArgs {
     pub long_prompt: Option<(usize, usize)>,
     /// More draft counts measured at each depth after the main run (one model build).
     pub more_drafts: Vec<usize>,
+    /// The least context the caches are sized for (0: what the run needs).
+    pub ctx: usize,
 }
 
 impl BenchArgs {
@@ -267,12 +269,13 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
     let n_ctx = [deepest, longest, a.gen_tokens, 8]
         .into_iter()
         .try_fold(0usize, |s, v| s.checked_add(v))
+        .map(|n| n.max(a.ctx))
         .filter(|&n| n <= 1 << 24)
         .with_context(|| {
             format!(
-                "bench: depth {deepest} + {} prompt + {} generated tokens is past any context \
-                 (at most 16M positions)",
-                longest, a.gen_tokens
+                "bench: depth {deepest} + {} prompt + {} generated tokens (or --ctx-size {}) is \
+                 past any context (at most 16M positions)",
+                longest, a.gen_tokens, a.ctx
             )
         })?;
     let opts = LoadOptions {

@@ -73,6 +73,11 @@ enum Command {
         /// The depth from which --long-prompt-tokens applies.
         #[arg(long, default_value_t = 32768)]
         long_from: usize,
+        /// Size the caches for at least this many positions, as `serve --ctx-size` does (a
+        /// backend may pick other kernels for a larger cache); 0: just what the deepest
+        /// depth, prompt and generated tokens need.
+        #[arg(long, default_value_t = 0)]
+        ctx_size: usize,
     },
     /// Serve a model through the OpenAI-compatible API.
     Serve(serve_cmd::ServeArgs),
@@ -227,9 +232,11 @@ fn main() -> ExitCode {
             long_prompt_tokens,
             long_from,
             more_drafts,
+            ctx_size,
         } => {
             let a = bench_cmd::BenchArgs {
                 more_drafts,
+                ctx: ctx_size,
                 long_prompt: (long_prompt_tokens > 0).then_some((long_from, long_prompt_tokens)),
                 prompt_tokens,
                 gen_tokens,

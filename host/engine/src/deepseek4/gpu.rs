@@ -125,11 +125,11 @@ struct Work {
 
 /// Tokens per device pass (see `GpuPath::run`): 16 routed experts x 2048 < 65535.
 const MAX_CHUNK: usize = 2048;
-/// Steps reaching this position (their last one at least this) send SPARSE_ATTENTION's
-/// long-context hint: the GPU backends then split a decode step's keys over blocks where
-/// their heads kernel applies (2026-12-01 A/Bs with the split forced at every depth:
-/// +5-7% decode at 4096, flat at depth 0). A slot's decode graph is recorded again when
-/// its steps cross it.
+/// Steps reaching this position (their last one at least this), or whose indexer selects
+/// (see StepKind), send SPARSE_ATTENTION's long-context hint: the GPU backends then split
+/// a decode step's keys over blocks where their heads kernel applies (2026-12-01 A/Bs
+/// with the split forced at every depth: +5-7% decode at 4096, flat at depth 0). A slot's
+/// decode graph is recorded again when its steps cross it.
 const ATT_LONG_FROM: usize = 4096;
 
 /// What a step's recorded ops depend on besides its shapes: `long`, the step reaches
@@ -165,10 +165,13 @@ impl StepKind {
 
     fn decide(on: bool, idx_ratio: usize, top_k: usize, p0: usize, n: usize) -> StepKind {
         // Token p sees (p + 1) / ratio compressed rows; the last token sees the most.
-        let short = on && idx_ratio > 0 && (p0 + n) / idx_ratio <= top_k;
+        let few_rows = idx_ratio > 0 && (p0 + n) / idx_ratio <= top_k;
         StepKind {
-            long: p0 + n > ATT_LONG_FROM,
-            short,
+            // Once the indexer selects, a scoring layer's token attends to its window and
+            // all top_k rows: as many keys as far into a long context, where the split
+            // form pays (H100, 20 layers, positions 2048+: +2.1% and +4.1% decode).
+            long: p0 + n > ATT_LONG_FROM || (idx_ratio > 0 && !few_rows),
+            short: on && few_rows,
             wide_topk: idx_ratio > 0 && (p0 + n) / idx_ratio > TOPK_WIDE_FROM_ROWS,
         }
     }
@@ -1497,17 +1500,28 @@ impl GpuPath {
             let mut a = vec![iq, v(&w.iw, [ih, n, 1, 1]), cs.rows.r, pos, scores];
             let (sm, ws) = ((id as f32).powf(-0.5), (ih as f32).powf(-0.5));
             let ratio = ix.comp.ratio as i64;
+            // The most rows a token of this step kind sees (0: no bound), whatever
+            // position a recorded step is replayed at.
+            let bound = if kind.wide_topk {
+                0
+            } else {
+                TOPK_WIDE_FROM_ROWS as i64
+            };
             if self.idx_rope && n <= FUSED_ROPE_MAX_TOKENS {
                 // The queries' rotary inside the scoring op.
                 a.push(cinv.r);
-                sd.op(ops::INDEX_SCORES, pr(&[sm, ws, *cms], &[ratio, pairs]), &a)?;
+                sd.op(
+                    ops::INDEX_SCORES,
+                    pr(&[sm, ws, *cms], &[ratio, pairs, bound]),
+                    &a,
+                )?;
             } else {
                 sd.op(
                     ops::NORM_ROPE,
                     pr(&[p.eps, *cms], &[0, pairs, 0]),
                     &[iq, dl.q_a_norm.r, cinv.r, pos, iq],
                 )?;
-                sd.op(ops::INDEX_SCORES, pr(&[sm, ws], &[ratio]), &a)?;
+                sd.op(ops::INDEX_SCORES, pr(&[sm, ws], &[ratio, 0, bound]), &a)?;
             }
             let mut a = vec![scores, pos, v(&w.sel, [p.idx_topk, n, 1, 1])];
             if self.topk_work && kind.wide_topk {
@@ -2167,7 +2181,10 @@ mod tests {
             }
         );
         assert!(k(2050, 1).short && !k(2051, 1).short);
-        // A chunk is short only if its last token is.
+        // Once the indexer selects, the keys are as many as deep into a context.
+        assert!(!k(2050, 1).long && k(2051, 1).long);
+        assert!(!StepKind::decide(true, 0, 512, 2051, 1).long); // no indexer layers
+                                                                // A chunk is short only if its last token is.
         assert!(k(0, 2051).short && !k(0, 2052).short);
         assert_eq!(
             k(4096, 1),
