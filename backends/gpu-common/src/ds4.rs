@@ -1571,8 +1571,8 @@ mod tests {
         // A few tokens over a cache of 300 rows: four rows a block.
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &idx_args);
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_few", (75, 3, 1)));
-                                       // A prefill chunk of 64 heads x 128: the tiled product, 128 rows x 2 tokens a
-                                       // block; 4 heads do not tile (the row-a-lane kernel).
+        // A prefill chunk of 64 heads x 128: the tiled product, 128 rows x 2 tokens a
+        // block; 4 heads do not tile (the row-a-lane kernel).
         let mm_args = [
             f([128, 64, 20, 1]),
             f([64, 20, 1, 1]),
