@@ -128,8 +128,8 @@ const MAX_CHUNK: usize = 2048;
 /// Steps reaching this position (their last one at least this), or whose indexer selects
 /// (see StepKind), send SPARSE_ATTENTION's long-context hint: the GPU backends then split
 /// a decode step's keys over blocks where their heads kernel applies (2026-12-01 A/Bs
-/// with the split forced at every depth: +5-7% decode at 4096, flat at depth 0). A slot's
-/// decode graph is recorded again when its steps cross it.
+/// with the split forced at every depth: +5-7% decode at 4096, flat at depth 0). Steps
+/// on either side of it replay graphs of their own (see `GpuPath::graph_id`).
 const ATT_LONG_FROM: usize = 4096;
 
 /// What a step's recorded ops depend on besides its shapes: `long`, the step reaches
@@ -155,6 +155,11 @@ struct StepKind {
 const TOPK_WIDE_FROM_ROWS: usize = 6144;
 
 impl StepKind {
+    /// A number per kind, 0 - 7 (graph ids).
+    fn code(self) -> usize {
+        self.long as usize | (self.short as usize) << 1 | (self.wide_topk as usize) << 2
+    }
+
     /// The kind of a step of `n` tokens from position `p0`, with indexer layers of
     /// compression `idx_ratio` at the least (0: none) choosing `top_k` rows.
     fn of(idx_ratio: usize, top_k: usize, p0: usize, n: usize) -> StepKind {
@@ -186,9 +191,9 @@ pub(super) struct GpuPath {
     inv_main: (Tensor, f32),
     inv_comp: (Tensor, f32),
     slots: Vec<Option<Vec<LayerState>>>,
-    /// Per graph id (see [`GpuPath::graph_id`]): its state and the kind of step it was
-    /// recorded for.
-    graphs: std::collections::HashMap<usize, (GraphState, StepKind)>,
+    /// Per graph id (see [`GpuPath::graph_id`]: one a slot, length and step kind): its
+    /// state.
+    graphs: std::collections::HashMap<usize, GraphState>,
     /// The state a graph starts in (Off with `MOE_DS4_NO_GRAPH=1`: every step op by op).
     graph_start: GraphState,
     /// Drafted passes are recorded and replayed as graphs too, one a slot and pass length
@@ -399,6 +404,11 @@ fn wv(t: &Tensor) -> TensorRef {
         dims: [t.r.dims[0], t.r.dims[1], 1, 1],
         ..t.r
     }
+}
+
+/// See [`GpuPath::graph_id`] (`slots` slots; the MTP chain's ids are below these).
+fn graph_key(slots: usize, slot: usize, n: usize, kind: StepKind) -> usize {
+    ((kind.code() + 1) * (MAX_CHUNK + 1) + n) * slots + slot
 }
 
 fn pr(f: &[f32], i: &[i64]) -> OpParams {
@@ -865,10 +875,12 @@ impl GpuPath {
         Self::with_path(m, |g, m| g.run_inner(m, slot, tokens, p0, want, drafted))
     }
 
-    /// The graph a step of `n` tokens replays: one per slot and length (a single token's,
-    /// a drafted pass's).
-    fn graph_id(&self, slot: usize, n: usize) -> usize {
-        n * self.slots.len() + slot
+    /// The graph a step of `n` tokens of `kind` replays: one per slot, length (a single
+    /// token's, a drafted pass's) and kind, so a slot whose steps change kind (a new
+    /// request back at position 0, a context crossing the indexer's top-k) replays the
+    /// graph it recorded before instead of recording again. Above the MTP chain's ids.
+    fn graph_id(&self, slot: usize, n: usize, kind: StepKind) -> usize {
+        graph_key(self.slots.len(), slot, n, kind)
     }
 
     fn run_inner(
@@ -891,19 +903,10 @@ impl GpuPath {
             && self.draft_graphs
             && n <= self.pass_cap
             && want.iter().copied().eq(0..n);
-        let gid = (single || pass).then(|| self.graph_id(slot, n));
+        let gid = (single || pass).then(|| self.graph_id(slot, n, kind));
         if let Some(id) = gid {
-            let start = self.graph_start;
-            let (state, rec_kind) = self.graphs.entry(id).or_insert((start, kind));
-            if *rec_kind != kind {
-                // The recorded step was of another kind (it crossed ATT_LONG_FROM or the
-                // indexer's top-k): run once directly (its scratch may grow), then record
-                // again.
-                if matches!(state, GraphState::Recorded | GraphState::Warm) {
-                    *state = GraphState::Cold;
-                }
-                *rec_kind = kind;
-            }
+            // (a kind's first step runs directly: its scratch may grow)
+            self.graphs.entry(id).or_insert(self.graph_start);
         }
         let work_slot = if single {
             &mut self.work1
@@ -952,7 +955,7 @@ impl GpuPath {
         let st = self.slots[slot]
             .as_ref()
             .ok_or_else(|| anyhow!("slot state"))?;
-        let state = gid.map_or(GraphState::Off, |id| self.graphs[&id].0);
+        let state = gid.map_or(GraphState::Off, |id| self.graphs[&id]);
         let key = pr(&[], &[gid.unwrap_or(0) as i64]);
         // A step joins each branch it forks; after an op failed mid-branch, the branches
         // still open join the main stream here, so a graph capture ends with none open.
@@ -967,7 +970,7 @@ impl GpuPath {
         };
         let next = self.graph_run(dev, state, key, || step(w))?;
         if let Some(e) = gid.and_then(|id| self.graphs.get_mut(&id)) {
-            e.0 = next;
+            *e = next;
         }
         dev.sync()?;
         let all = w.logits.download_f32(want.len() * p.n_vocab)?;
@@ -2166,6 +2169,28 @@ mod tests {
         assert!(Prefetch::parse("qn").unwrap().qn);
         assert_eq!(Prefetch::parse("q,x"), None);
         assert_eq!(Prefetch::parse("2"), None);
+    }
+
+    #[test]
+    fn graph_keys_apart() {
+        // Every slot, length and kind its own graph, none an MTP chain's.
+        let slots = 3;
+        let mtp_max = (MAX_CHUNK + 1) * slots + slots - 1;
+        let mut seen = std::collections::HashSet::new();
+        for code in 0..8 {
+            let kind = StepKind {
+                long: code & 1 != 0,
+                short: code & 2 != 0,
+                wide_topk: code & 4 != 0,
+            };
+            assert_eq!(kind.code(), code);
+            for n in 1..=MAX_CHUNK {
+                for slot in 0..slots {
+                    let key = graph_key(slots, slot, n, kind);
+                    assert!(key > mtp_max && seen.insert(key));
+                }
+            }
+        }
     }
 
     #[test]
