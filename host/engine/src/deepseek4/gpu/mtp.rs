@@ -313,8 +313,8 @@ impl GpuPath {
         Ok(())
     }
 
-    /// The graph id of `slot`'s chain steps (past every `graph_id`: those count up to
-    /// MAX_CHUNK tokens a slot).
+    /// The graph id of `slot`'s chain steps (below every `graph_id`, which start past
+    /// these: see `graph_key`).
     fn mtp_graph_id(&self, slot: usize) -> usize {
         (super::MAX_CHUNK + 1) * self.slots.len() + slot
     }
