@@ -1043,8 +1043,12 @@ extern "C" __global__ void __launch_bounds__(256)
             bool on[DS4_POOL_REGS];
 #pragma unroll
             for (int j = 0; j < DS4_POOL_REGS; ++j) {
-                int jj = 0, q = 0, col = 0;
-                on[j] = j < slots && slot(j, jj, q, col);
+                // (slot's mapping, written out so that nothing leaves registers)
+                const bool prev = overlap && j < ratio;
+                const int jj = prev || !overlap ? j : j - ratio;
+                const int q = (prev ? w - 1 : w) * ratio + jj;
+                const int col = prev || !overlap ? c : dim + c;
+                on[j] = j < slots && !(prev && w == 0);
                 gv[j] = on[j] ? ds4_hist(gate, ring_g, q, p0, ring_len, width, col) + ape[jj * width + col] : 0.0f;
                 xv[j] = on[j] ? ds4_hist(kv, ring_kv, q, p0, ring_len, width, col) : 0.0f;
             }
@@ -1127,18 +1131,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // 2 n_pairs values (scale mscale) as it is staged (ds4_norm_rope's (0, n_pairs, 0), the
 // same bits), so the rotary needs no launch of its own.
 #define DS4_IDX_FEW 8192
-// A lane's row is read DS4_IDX_RUN float4s at a time, the next run's loads issued before
-// the current run's dots: a decode step has a block or two an SM here, so one load at a
-// time left every 16 bytes of a row a full memory latency on the critical path (~24 us
-// at ~520 rows, 2026-12-06 trace). The dots are the same, in the same order.
-#define DS4_IDX_RUN 8
 #define DS4_IDX_STAGE 16  // (DS4_IDX_Q_MAX / 512: the queries in one round)
-GPU_DEV void ds4_index_run(const float* row, int i0, int id, gpu_f4* v) {
-#pragma unroll
-    for (int u = 0; u < DS4_IDX_RUN; ++u)
-        v[u] = i0 + 4 * u < id ? *(const gpu_f4*)(row + i0 + 4 * u) : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
-}
-
 template <int HAT>
 GPU_DEV float ds4_index_group(const float* qs, const float* wh, const float* row, int g,
                               int groups, int ih, int id, float sm) {
@@ -1148,24 +1141,14 @@ GPU_DEV float ds4_index_group(const float* qs, const float* wh, const float* row
 #pragma unroll
         for (int h = 0; h < HAT; ++h) acc[h] = 0.0f;
         const int nh = ih - h0 < HAT ? ih - h0 : HAT;
-        gpu_f4 cur[DS4_IDX_RUN], nxt[DS4_IDX_RUN];
-        ds4_index_run(row, 0, id, cur);
-        for (int i0 = 0; i0 < id; i0 += 4 * DS4_IDX_RUN) {
-            ds4_index_run(row, i0 + 4 * DS4_IDX_RUN, id, nxt);
+        for (int i = 0; i < id; i += 4) {
+            const gpu_f4 v = *(const gpu_f4*)(row + i);
 #pragma unroll
-            for (int u = 0; u < DS4_IDX_RUN; ++u) {
-                const int i = i0 + 4 * u;
-                if (i >= id) break;
-                const gpu_f4 v = cur[u];
-#pragma unroll
-                for (int h = 0; h < HAT; ++h) {
-                    // Heads past the end read head h0's values (in bounds) and are dropped.
-                    const gpu_f4 a = *(const gpu_f4*)(qs + (h0 + (h < nh ? h : 0)) * id + i);
-                    acc[h] += a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
-                }
+            for (int h = 0; h < HAT; ++h) {
+                // Heads past the end read head h0's values (in bounds) and are dropped.
+                const gpu_f4 a = *(const gpu_f4*)(qs + (h0 + (h < nh ? h : 0)) * id + i);
+                acc[h] += a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
             }
-#pragma unroll
-            for (int u = 0; u < DS4_IDX_RUN; ++u) cur[u] = nxt[u];
         }
 #pragma unroll
         for (int h = 0; h < HAT; ++h)
@@ -1183,25 +1166,22 @@ GPU_DEV void ds4_index_stage(const float* qt, const float* wt, int ih, int id, f
                              const float* inv_freq, int n_pairs, float mscale, float ws, float* qs,
                              float* wh) {
     const int tail = id - 2 * n_pairs, nq = ih * id;
-    for (int i0 = 2 * threadIdx.x; i0 < nq; i0 += 512 * DS4_IDX_STAGE) {
-        float va[DS4_IDX_STAGE], vb[DS4_IDX_STAGE];
-#pragma unroll
-        for (int u = 0; u < DS4_IDX_STAGE; ++u) {
-            const int i = i0 + 512 * u;
-            va[u] = i < nq ? qt[i] : 0.0f;
-            vb[u] = i < nq ? qt[i + 1] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < DS4_IDX_STAGE; ++u) {
-            const int i = i0 + 512 * u;
-            if (i >= nq) break;
-            float a = va[u], b = vb[u];
+    // Copied first (the loads of a small unrolled body leave together), then a thread
+    // rotates its own pairs in place: the same values as rotating on the way.
+#pragma unroll DS4_IDX_STAGE
+    for (int i = 2 * threadIdx.x; i < nq; i += 512) {
+        qs[i] = qt[i];
+        qs[i + 1] = qt[i + 1];
+    }
+    if (inv_freq)
+        for (int i = 2 * threadIdx.x; i < nq; i += 512) {
             const int c = i % id;  // id is even: a pair never straddles two heads
-            if (inv_freq && c >= tail) ds4_rotate(a, b, pt, inv_freq[(c - tail) / 2], mscale, 0);
+            if (c < tail) continue;
+            float a = qs[i], b = qs[i + 1];
+            ds4_rotate(a, b, pt, inv_freq[(c - tail) / 2], mscale, 0);
             qs[i] = a;
             qs[i + 1] = b;
         }
-    }
     for (int h = threadIdx.x; h < ih; h += 256) wh[h] = wt[h] * ws;
     __syncthreads();
 }
@@ -1287,6 +1267,18 @@ extern "C" __global__ void __launch_bounds__(256)
 // ih <= 64, ih id <= DS4_IDX_Q_MAX, q and rows 16-byte aligned. grid = (blocks, n),
 // block = 256.
 #define DS4_IDF_ROWS 4  // rows a block takes at a time (two warps each)
+// One step of the halving exchange: lanes with bit O set keep the upper O of v[0 .. 2O),
+// the others the lower O, each summed with the partner's (O a constant, so v stays in
+// registers).
+template <int O>
+GPU_DEV void ds4_halve(float* v, int lane) {
+    const bool up = (lane & O) != 0;
+#pragma unroll
+    for (int i = 0; i < O; ++i) {
+        const float send = up ? v[i] : v[i + O], keep = up ? v[i + O] : v[i];
+        v[i] = keep + gpu_shfl_xor(send, O);
+    }
+}
 extern "C" __global__ void __launch_bounds__(256)
     ds4_index_scores_few(const float* __restrict__ q, const float* __restrict__ wproj,
                          const float* __restrict__ rows, const int* __restrict__ pos, int ih,
@@ -1337,15 +1329,11 @@ extern "C" __global__ void __launch_bounds__(256)
         }
         // Halving exchange: after the step of width o, lane keeps the heads whose bit o
         // matches its own, summed with its partner's; at the end v[0] is head hb + lane.
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const bool up = (lane & o) != 0;
-#pragma unroll
-            for (int i = 0; i < o; ++i) {
-                const float send = up ? v[i] : v[i + o], keep = up ? v[i + o] : v[i];
-                v[i] = keep + gpu_shfl_xor(send, o);
-            }
-        }
+        ds4_halve<16>(v, lane);
+        ds4_halve<8>(v, lane);
+        ds4_halve<4>(v, lane);
+        ds4_halve<2>(v, lane);
+        ds4_halve<1>(v, lane);
         const int h = hb + lane;
         const float part = gpu_warp_sum(h < ih ? fmaxf(v[0], 0.0f) * sm * wh[h] : 0.0f);
         if (hb && lane == 0) half1[slot] = part;
