@@ -1003,6 +1003,11 @@ GPU_DEV float ds4_hist(const float* chunk, const float* ring, int q, int p0, int
 }
 
 #define DS4_POOL_REGS 8  // slots a thread holds in registers (ratio 4 with overlap)
+// ds4_comp_pool's slot: used, input index, column, ape entry.
+struct Ds4PoolSlot {
+    bool on;
+    int q, col, ape;
+};
 // Closes every window that ends in this chunk: softmax(gate + ape)-weighted pooling per
 // channel (overlapping windows: the previous window's first halves, then this one's
 // second halves), RMS norm times norm_w, rotary at the window's first position; writes
@@ -1024,17 +1029,18 @@ extern "C" __global__ void __launch_bounds__(256)
     const int slots = overlap ? 2 * ratio : ratio;
     for (int c = threadIdx.x; c < dim; c += 256) {
         // Slot j: with overlap, slots 0..ratio-1 are the previous window's inputs (none for
-        // window 0), the rest this window's; jj = position in its window, q = input
-        // index, col = column in the (two-half) row.
-        auto slot = [&](int j, int& jj, int& q, int& col) {
+        // window 0), the rest this window's: its input index, its column in the
+        // (two-half) row and its ape entry (by value, so that nothing leaves registers).
+        auto slot = [&](int j) {
             const bool prev = overlap && j < ratio;
-            if (prev && w == 0) return false;
-            jj = prev || !overlap ? j : j - ratio;
-            q = (prev ? w - 1 : w) * ratio + jj;
-            col = prev || !overlap ? c : dim + c;
-            return true;
+            const int jj = prev || !overlap ? j : j - ratio, col = prev || !overlap ? c : dim + c;
+            return Ds4PoolSlot{!(prev && w == 0), (prev ? w - 1 : w) * ratio + jj, col,
+                               jj * width + col};
         };
-        float m = DS4_NEG_INF;
+        auto gate_of = [&](const Ds4PoolSlot& s) {
+            return ds4_hist(gate, ring_g, s.q, p0, ring_len, width, s.col) + ape[s.ape];
+        };
+        float m = DS4_NEG_INF, num = 0.0f, den = 0.0f;
         if (slots <= DS4_POOL_REGS) {
             // Every slot's gate and value asked for at once (a decode step pools on one
             // block: one load at a time left ~27 us of memory latency on the step); the
@@ -1043,19 +1049,14 @@ extern "C" __global__ void __launch_bounds__(256)
             bool on[DS4_POOL_REGS];
 #pragma unroll
             for (int j = 0; j < DS4_POOL_REGS; ++j) {
-                // (slot's mapping, written out so that nothing leaves registers)
-                const bool prev = overlap && j < ratio;
-                const int jj = prev || !overlap ? j : j - ratio;
-                const int q = (prev ? w - 1 : w) * ratio + jj;
-                const int col = prev || !overlap ? c : dim + c;
-                on[j] = j < slots && !(prev && w == 0);
-                gv[j] = on[j] ? ds4_hist(gate, ring_g, q, p0, ring_len, width, col) + ape[jj * width + col] : 0.0f;
-                xv[j] = on[j] ? ds4_hist(kv, ring_kv, q, p0, ring_len, width, col) : 0.0f;
+                const Ds4PoolSlot s = slot(j);
+                on[j] = j < slots && s.on;
+                gv[j] = on[j] ? gate_of(s) : 0.0f;
+                xv[j] = on[j] ? ds4_hist(kv, ring_kv, s.q, p0, ring_len, width, s.col) : 0.0f;
             }
 #pragma unroll
             for (int j = 0; j < DS4_POOL_REGS; ++j)
                 if (on[j]) m = fmaxf(m, gv[j]);
-            float num = 0.0f, den = 0.0f;
 #pragma unroll
             for (int j = 0; j < DS4_POOL_REGS; ++j) {
                 if (!on[j]) continue;
@@ -1063,21 +1064,18 @@ extern "C" __global__ void __launch_bounds__(256)
                 num += e * xv[j];
                 den += e;
             }
-            row[c] = num / den;
-            continue;
-        }
-        for (int j = 0, jj, q, col; j < slots; ++j) {
-            if (!slot(j, jj, q, col)) continue;
-            const float g = ds4_hist(gate, ring_g, q, p0, ring_len, width, col) + ape[jj * width + col];
-            m = fmaxf(m, g);
-        }
-        float num = 0.0f, den = 0.0f;
-        for (int j = 0, jj, q, col; j < slots; ++j) {
-            if (!slot(j, jj, q, col)) continue;
-            const float g = ds4_hist(gate, ring_g, q, p0, ring_len, width, col) + ape[jj * width + col];
-            const float e = expf(g - m);
-            num += e * ds4_hist(kv, ring_kv, q, p0, ring_len, width, col);
-            den += e;
+        } else {
+            for (int j = 0; j < slots; ++j) {
+                const Ds4PoolSlot s = slot(j);
+                if (s.on) m = fmaxf(m, gate_of(s));
+            }
+            for (int j = 0; j < slots; ++j) {
+                const Ds4PoolSlot s = slot(j);
+                if (!s.on) continue;
+                const float e = expf(gate_of(s) - m);
+                num += e * ds4_hist(kv, ring_kv, s.q, p0, ring_len, width, s.col);
+                den += e;
+            }
         }
         row[c] = num / den;
     }
