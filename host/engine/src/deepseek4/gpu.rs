@@ -355,8 +355,9 @@ impl Prefetch {
 /// steps; a prefill chunk's many blocks would each repeat the sines and cosines).
 const FUSED_ROPE_MAX_TOKENS: usize = 16;
 
-/// Side streams of [`GpuPath`] (`MOE_DS4_BRANCHES=N`: N of them, at most 2).
-const SIDES: usize = 2;
+/// Side streams of [`GpuPath`] (`MOE_DS4_BRANCHES=N`: N of them, at most 3; with fewer,
+/// the branches past the last stream share it).
+const SIDES: usize = 3;
 /// The GGUF type id of ROCmFP4 (docs: the ROCmFPx spec), whose shared-expert down product
 /// takes the fused SwiGLU.
 const TYPE_ROCMFP4: u32 = 100;
@@ -364,6 +365,10 @@ const TYPE_ROCMFP4: u32 = 100;
 const SIDE_COMP: usize = 0;
 /// The indexer's branch.
 const SIDE_IDX: usize = 1;
+/// The mHC sites' deferred Sinkhorns. On a stream of their own: on the compressor's
+/// they held up the shared expert (and the compressor's products) by the Sinkhorn's
+/// ~4.5 us, which start as the site ends (H100 trace, 2026-12-06 10:51).
+const SIDE_HC: usize = 2;
 /// The prefetch stream's bit in `open` (see [`Prefetch`]).
 const PF: usize = SIDES;
 
@@ -1163,7 +1168,7 @@ impl GpuPath {
         }
         if defer {
             // The comb matrix's Sinkhorn next to the block that follows.
-            let sd = self.fork(dev, SIDE_COMP)?;
+            let sd = self.fork(dev, SIDE_HC)?;
             let prm = pr(&[0.0, p.hc_eps], &[iters, hc as i64]);
             sd.op(ops::HC_SINKHORN, prm, &[wts])?;
         }
