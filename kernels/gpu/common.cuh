@@ -401,19 +401,22 @@ GPU_DEV unsigned int gpu_load_stream_u32_a2(const unsigned char* p) {
     return gpu_load_stream_u16<HINT>(p) | (gpu_load_stream_u16<HINT>(p + 2) << 16);
 }
 
-// The dots of R consecutive f32 rows (k values each, from `row`) with x on a 1024-thread
-// block: four float4s of each row in flight at a time (unrolled by hand: the loads'
-// inline assembly stops the compiler's partial unrolling), added in order of i, then over
-// the warps in order; every row's sum is the same whatever R. The sums are valid in
-// thread 0 (v[r]). The rows are read as weights (gpu_load_stream_u4). One definition
-// for matvec_f32_wide (R = 1) and ds4_router_mm (R = 2: the same bits). sh: 32 R floats.
+// One float4 of a row (as the words gpu_load_stream_u4 returns) against x's: the term
+// f32_wide_dots adds to a thread's sum. One definition for its two forms (1024 threads,
+// and 256 threads each taking four threads' parts in ds4_router_mm): the same bits.
+GPU_DEV float f32_wide_term(float acc, const gpu_u4 u, const gpu_f4 b) {
+    return acc + (__int_as_float((int)u.x) * b.x + __int_as_float((int)u.y) * b.y +
+                  __int_as_float((int)u.z) * b.z + __int_as_float((int)u.w) * b.w);
+}
+
+// Thread vt's part of R rows' dots in the 1024-thread layout: float4s 4 vt + 4096 j
+// (+ 16384 a round), four in flight at a time, added in order.
 template <int R>
-GPU_DEV void f32_wide_dots(const float* __restrict__ row, int k, const float* __restrict__ x,
-                           float* sh, float (&v)[R]) {
-    float acc[R];
+GPU_DEV void f32_wide_part(const float* __restrict__ row, int k, const float* __restrict__ x,
+                           int vt, float (&acc)[R]) {
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    for (int i0 = 4 * (int)threadIdx.x; i0 < k; i0 += 4 * 4096) {
+    for (int i0 = 4 * vt; i0 < k; i0 += 4 * 4096) {
         gpu_u4 u[R][4];
 #pragma unroll
         for (int r = 0; r < R; ++r)
@@ -426,11 +429,23 @@ GPU_DEV void f32_wide_dots(const float* __restrict__ row, int k, const float* __
             if (i >= k) break;
             const gpu_f4 b = *(const gpu_f4*)(x + i);
 #pragma unroll
-            for (int r = 0; r < R; ++r)
-                acc[r] += __int_as_float((int)u[r][j].x) * b.x + __int_as_float((int)u[r][j].y) * b.y +
-                          __int_as_float((int)u[r][j].z) * b.z + __int_as_float((int)u[r][j].w) * b.w;
+            for (int r = 0; r < R; ++r) acc[r] = f32_wide_term(acc[r], u[r][j], b);
         }
     }
+}
+
+// The dots of R consecutive f32 rows (k values each, from `row`) with x on a 1024-thread
+// block: four float4s of each row in flight at a time (unrolled by hand: the loads'
+// inline assembly stops the compiler's partial unrolling), added in order of i, then over
+// the warps in order; every row's sum is the same whatever R. The sums are valid in
+// thread 0 (v[r]). The rows are read as weights (gpu_load_stream_u4). For
+// matvec_f32_wide (R = 1); ds4_router_mm gives the same bits on 256 threads. sh: 32 R
+// floats.
+template <int R>
+GPU_DEV void f32_wide_dots(const float* __restrict__ row, int k, const float* __restrict__ x,
+                           float* sh, float (&v)[R]) {
+    float acc[R];
+    f32_wide_part<R>(row, k, x, (int)threadIdx.x, acc);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < R; ++r) {

@@ -2309,9 +2309,9 @@ GPU_DEV float ds4_router_score(float v, int gating) {
     return gating == 2 ? ds4_sigmoid(v) : sqrtf(v > 20.0f ? v : log1pf(expf(v)));
 }
 
-// The value an expert is selected by: its score (+ bias in mode 1), NaN as -inf.
-GPU_DEV float ds4_router_key(float score, const float* __restrict__ bias, int e, int mode) {
-    const float v = mode == 1 ? score + bias[e] : score;
+// The value an expert is selected by: its score (+ its bias b in mode 1), NaN as -inf.
+GPU_DEV float ds4_router_key(float score, float b, int mode) {
+    const float v = mode == 1 ? score + b : score;
     return v == v ? v : DS4_NEG_INF;
 }
 
@@ -2373,7 +2373,8 @@ extern "C" __global__ void __launch_bounds__(256)
         // barriers each: 7.4 us a launch, ncu 15:31). NaN ranks as -inf, tied with it
         // by index (the CPU's total order puts a positive NaN first: scores of NaN are
         // a broken model either way).
-        for (int e = tid; e < n_expert; e += 256) sv[e] = ds4_router_key(sc[e], bias, e, mode);
+        for (int e = tid; e < n_expert; e += 256)
+            sv[e] = ds4_router_key(sc[e], mode == 1 ? bias[e] : 0.0f, mode);
         __syncthreads();
         for (int e = tid; e < n_expert; e += 256) {
             const float v = sv[e];
@@ -2397,79 +2398,158 @@ GPU_DEV bool ds4_router_before(float v, int e, float bv, int be) {
 }
 
 // The router's product and selection for one token (a decode step) in one launch: block
-// b computes logits 2b and 2b + 1 as matvec_f32_wide does (f32_wide_dots: the same bits;
-// two rows a block keep the grid to one wave of one 1024-thread block an SM), stores them
-// and counts itself in sync[0]; the last block to count (it puts the count back to zero)
-// reads the logits from L2, a thread each, and selects on its first warp: k rounds of "best not yet
+// b computes logits 2b and 2b + 1 as matvec_f32_wide does, stores them and counts itself
+// in sync[0]; the last block to count (it puts the count back to zero) reads the logits
+// from L2, a thread each, and selects on its first warp: k rounds of "best not yet
 // taken" (lane l holds experts l + 32 i, its taken ones as bits of a register, then a
 // warp arg-max), which is ds4_router's choice in ds4_router's order, with its scores
 // and weights (the same bits). Two launches (the product, then a one-block router)
-// cost ~12 us a MoE site in the 18:37 UTC trace. Needs what matvec_f32_wide needs, n_expert
-// <= 1024. grid = ceil(n_expert / 2), block = 1024.
-extern "C" __global__ void __launch_bounds__(1024)
-    ds4_router_mm(const float* __restrict__ wr, int d, const float* __restrict__ x,
-                  float* logits, const float* __restrict__ bias, const int* __restrict__ table,
-                  int table_rows, const int* __restrict__ tokens, int n_expert, int k,
-                  int gating, int norm_topk, float routed_scale, int mode,
-                  int* __restrict__ ids, float* __restrict__ wout, unsigned int* sync,
-                  unsigned int* counters) {
-    gpu_count_launch(counters, KID_DS4_ROUTER_MM);
-    __shared__ float sh[2 * 32];
-    __shared__ float sc[1024], sv[1024];
-    __shared__ int chosen[DS4_TOPK_MAX];
-    __shared__ unsigned int last;
-    // Rows 2b and 2b + 1 (the last block of an odd count reads its one row twice).
-    const int r0 = 2 * (int)blockIdx.x, r1 = r0 + 1 < n_expert ? r0 + 1 : r0;
-    float lv[2];
-    if (r1 == r0 + 1) {
-        f32_wide_dots<2>(wr + (long long)r0 * d, d, x, sh, lv);
-    } else {
-        float one[1];
-        f32_wide_dots<1>(wr + (long long)r0 * d, d, x, sh, one);
-        lv[0] = lv[1] = one[0];
+// cost ~12 us a MoE site in the 18:37 UTC trace (2026-12-04).
+// 256 threads, each taking the parts of four threads of matvec_f32_wide's 1024
+// (thread t those of t + 256 q, whose warps are w + 8 q: the same warp sums, then the
+// same sum over the 32 in order, so the same bits). With d <= 4096 (one float4 a part)
+// a thread asks for its rows' float4s, and for its expert's bias, before the
+// dependent-launch wait: they are weights, which no kernel writes, and the block is
+// resident beside the mHC site's kernel it waits for (1024-thread blocks with 58
+// registers took whole multiprocessors and started only as that kernel's blocks left).
+// Up to 256 experts the selection's values sit in registers (8 a lane).
+// Needs what matvec_f32_wide needs, n_expert <= 1024. grid = ceil(n_expert / 2),
+// block = DS4_ROUTER_MM_THREADS.
+#define DS4_ROUTER_MM_THREADS 256
+#define DS4_ROUTER_MM_PARTS (1024 / DS4_ROUTER_MM_THREADS)
+
+// The k best experts of sv[0..n) (the key order of ds4_router_before) on one warp, into
+// chosen[0..k) in order; NV = 8 values a lane in registers (n <= 256), 0 from shared
+// memory. The same choice either way.
+template <int NV>
+GPU_DEV void ds4_router_pick(const float* sv, int n, int k, int* chosen) {
+    const int lane = threadIdx.x & 31;
+    unsigned int taken = 0;  // bit i: expert lane + 32 i
+    float vals[NV > 0 ? NV : 1];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const int e = lane + 32 * i;
+        vals[i] = e < n ? sv[e] : DS4_NEG_INF;
+        if (e >= n) taken |= 1u << i;
     }
-    if (threadIdx.x == 0) {
-        logits[r0] = lv[0];
-        if (r1 != r0) logits[r1] = lv[1];
-        last = gpu_count_last(sync, gridDim.x);
-    }
-    __syncthreads();
-    if (!last) return;
-    // The whole block takes the scores and selection values (a logit a thread: one
-    // round trip to L2), then warp 0 selects from shared memory.
-    for (int e = threadIdx.x; e < n_expert; e += 1024) {
-        sc[e] = ds4_router_score(gpu_load_l2(logits + e), gating);
-        sv[e] = ds4_router_key(sc[e], bias, e, mode);
-    }
-    __syncthreads();
-    if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x;
-    if (mode == 2) {
-        ds4_router_hashed(table, table_rows, tokens, 0, n_expert, k, chosen);
-    } else {
-        unsigned int taken = 0;  // bit i: expert lane + 32 i
-        for (int j = 0; j < k; ++j) {
-            float bv = DS4_NEG_INF;
-            int be = -1;
-            for (int i = 0, e = lane; e < n_expert; ++i, e += 32) {
+    for (int j = 0; j < k; ++j) {
+        float bv = DS4_NEG_INF;
+        int be = -1;
+        if (NV > 0) {
+#pragma unroll
+            for (int i = 0; i < NV; ++i) {
+                const int e = lane + 32 * i;
+                if (!((taken >> i) & 1u) && ds4_router_before(vals[i], e, bv, be)) {
+                    bv = vals[i];
+                    be = e;
+                }
+            }
+        } else {
+            for (int i = 0, e = lane; e < n; ++i, e += 32) {
                 const float v = sv[e];
                 if (!((taken >> i) & 1u) && ds4_router_before(v, e, bv, be)) {
                     bv = v;
                     be = e;
                 }
             }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ov = gpu_shfl_xor(bv, o);
-                const int oe = __float_as_int(gpu_shfl_xor(__int_as_float(be), o));
-                if (ds4_router_before(ov, oe, bv, be)) {
-                    bv = ov;
-                    be = oe;
-                }
-            }
-            if ((be & 31) == lane) taken |= 1u << (be >> 5);
-            if (lane == 0) chosen[j] = be;
         }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = gpu_shfl_xor(bv, o);
+            const int oe = __float_as_int(gpu_shfl_xor(__int_as_float(be), o));
+            if (ds4_router_before(ov, oe, bv, be)) {
+                bv = ov;
+                be = oe;
+            }
+        }
+        if ((be & 31) == lane) taken |= 1u << (be >> 5);
+        if (lane == 0) chosen[j] = be;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS)
+    ds4_router_mm(const float* __restrict__ wr, int d, const float* __restrict__ x,
+                  float* logits, const float* __restrict__ bias, const int* __restrict__ table,
+                  int table_rows, const int* __restrict__ tokens, int n_expert, int k,
+                  int gating, int norm_topk, float routed_scale, int mode,
+                  int* __restrict__ ids, float* __restrict__ wout, unsigned int* sync,
+                  unsigned int* counters) {
+    constexpr int T = DS4_ROUTER_MM_THREADS, Q = DS4_ROUTER_MM_PARTS;
+    __shared__ float sh[2 * 32];
+    __shared__ float sc[1024], sv[1024];
+    __shared__ int chosen[DS4_TOPK_MAX];
+    __shared__ unsigned int last;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    // Rows r0 and r1 = r0 + 1 (the last block of an odd count reads its one row twice).
+    const int r0 = 2 * (int)blockIdx.x, r1 = r0 + 1 < n_expert ? r0 + 1 : r0;
+    const float* row[2] = {wr + (long long)r0 * d, wr + (long long)r1 * d};
+    const bool early = d <= 4 * 1024;
+    gpu_u4 u[2][Q];
+    if (early) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int q = 0; q < Q; ++q) {
+                const int i = 4 * (tid + T * q);
+                if (i < d) u[r][q] = gpu_load_stream_u4(row[r] + i);
+            }
+    }
+    const float bias_t = mode == 1 && tid < n_expert ? bias[tid] : 0.0f;
+    gpu_count_launch(counters, KID_DS4_ROUTER_MM);
+    float acc[2][Q];
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+        const int vt = tid + T * q;
+        if (early) {
+            const int i = 4 * vt;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                acc[r][q] = 0.0f;
+                if (i < d) acc[r][q] = f32_wide_term(0.0f, u[r][q], *(const gpu_f4*)(x + i));
+            }
+        } else if (r1 != r0) {
+            float a2[2];
+            f32_wide_part<2>(row[0], d, x, vt, a2);
+            acc[0][q] = a2[0];
+            acc[1][q] = a2[1];
+        } else {
+            float a1[1];
+            f32_wide_part<1>(row[0], d, x, vt, a1);
+            acc[0][q] = acc[1][q] = a1[0];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+            const float a = gpu_warp_sum(acc[r][q]);
+            if (lane == 0) sh[32 * r + warp + 8 * q] = a;
+        }
+    __syncthreads();
+    if (warp == 0) {
+        const float l0 = gpu_warp_sum(sh[lane]), l1 = gpu_warp_sum(sh[32 + lane]);
+        if (lane == 0) {
+            logits[r0] = l0;
+            if (r1 != r0) logits[r1] = l1;
+            last = gpu_count_last(sync, gridDim.x);
+        }
+    }
+    __syncthreads();
+    if (!last) return;
+    // The whole block takes the scores and selection values (a logit a thread: one
+    // round trip to L2), then warp 0 selects.
+    for (int e = tid; e < n_expert; e += T) {
+        sc[e] = ds4_router_score(gpu_load_l2(logits + e), gating);
+        sv[e] = ds4_router_key(sc[e], e == tid ? bias_t : (mode == 1 ? bias[e] : 0.0f), mode);
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    if (mode == 2) {
+        ds4_router_hashed(table, table_rows, tokens, 0, n_expert, k, chosen);
+    } else if (n_expert <= 256) {
+        ds4_router_pick<8>(sv, n_expert, k, chosen);
+    } else {
+        ds4_router_pick<0>(sv, n_expert, k, chosen);
     }
     gpu_syncwarp();
     if (lane == 0) ds4_router_write(sc, chosen, k, norm_topk, routed_scale, 0, ids, wout);

@@ -1713,8 +1713,8 @@ fn norm_matmul(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// count not put back to zero would leave the outputs unselected). Cases:
 /// V4-Flash's router (4096 x 256, 6 of them, sqrt-softplus + bias, normalised), sigmoid
 /// without bias or normalising, the hash table, twin rows without bias (exact ties: the
-/// lower index first), a NaN logit, 200 experts, 1024 of 16, and 255 (the last block's
-/// one row).
+/// lower index first), a NaN logit, 200 experts, 1024 of 16, 255 (the last block's
+/// one row), and 63 rows of 8200 values.
 fn router_mm(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== ROUTER with its product (one launch) vs MATMUL + ROUTER ==");
     let mut all = true;
@@ -1757,6 +1757,9 @@ fn router_mm(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         ("1000 x 200", 1000, 200, 8, 4, 1, 1, false, false),
         ("512 x 1024, 16", 512, 1024, 16, 2, 1, 1, false, false),
         ("4096 x 255", 4096, 255, 6, 4, 1, 1, false, false),
+        // rows past 4096 values (the parts summed after the dependent-launch wait),
+        // and the last block's one row on that path
+        ("8200 x 63", 8200, 63, 6, 4, 1, 1, false, false),
     ] {
         let x: Vec<f32> = (0..d).map(|_| rng.f32()).collect();
         let mut wr: Vec<f32> = (0..d * e).map(|_| 0.05 * rng.f32()).collect();

@@ -1175,7 +1175,8 @@ fn router_kargs(
             ka.p(gpu.ptr(&sync, 4)?),
             "ds4_router_mm",
             (e.div_ceil(2), 1, 1),
-            1024,
+            // DS4_ROUTER_MM_THREADS (kernels/gpu/ds4.cu)
+            256,
         ),
         None => Prepared(ka, "ds4_router", (n, 1, 1), 256),
     })
