@@ -6,6 +6,8 @@
 # else on the GPU), us it was the earliest-started kernel running (roughly what the
 # step waits on), and the idle gaps before it. CTX=N sizes the caches for N positions
 # (`bench --ctx-size`, as `serve --ctx-size`). Carry .dev/ds4. $OUT gets the table.
+# One layer's kernels in order, from the same trace: scripts/device/timeline_layer.py
+# "$W/trace.tsv" [AT [SITES]].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/device/cuda_env.sh
