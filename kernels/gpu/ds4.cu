@@ -2400,7 +2400,7 @@ GPU_DEV bool ds4_router_before(float v, int e, float bv, int be) {
 // The router's product and selection for one token (a decode step) in one launch: block
 // b computes logits 2b and 2b + 1 as matvec_f32_wide does, stores them and counts itself
 // in sync[0]; the last block to count (it puts the count back to zero) reads the logits
-// from L2, a thread each, and selects on its first warp: k rounds of "best not yet
+// from L2 (up to four a thread), and selects on its first warp: k rounds of "best not yet
 // taken" (lane l holds experts l + 32 i, its taken ones as bits of a register, then a
 // warp arg-max), which is ds4_router's choice in ds4_router's order, with its scores
 // and weights (the same bits). Two launches (the product, then a one-block router)

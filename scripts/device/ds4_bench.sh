@@ -58,7 +58,7 @@ if [ -n "${PARITY:-}" ] && [ -z "${NOFILE:-}" ] && [ -z "${NO_FULLWIDTH:-}" ]; t
     # at the default priority) and MOE_DS4_POST_COMBINE=0 (MOE_COMBINE before mHC
     # post): the same sums, bit-identical; MOE_DS4_HC_FUSED=0 (mHC post, the mix product and
     # pre as three ops, not HC_POST_PRE): summation order only; MOE_DS4_HC_DEFER=0 (the
-    # Sinkhorn inside mHC pre, not HC_SINKHORN on side stream 0): bit-identical;
+    # Sinkhorn inside mHC pre, not HC_SINKHORN on a side stream): bit-identical;
     # MOE_DS4_ATT_ROPE=1 (q's norm + rotary and the output's inverse rotary inside the
     # attention): summation order only (q's norm); MOE_DS4_IDX_ROPE=1 (the indexer queries'
     # rotary inside the scores): bit-identical; MOE_GPU_IDX_GROUPS=4 (the scores' heads in

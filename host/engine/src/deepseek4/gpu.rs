@@ -228,8 +228,8 @@ pub(super) struct GpuPath {
     /// The backend runs HC_POST_PRE (ABI 1.4): mHC post, the next site's mixes and
     /// mHC pre as one op.
     hc_fused: bool,
-    /// A site's Sinkhorn (HC_SINKHORN, ABI 1.4) runs on side stream 0, off the main
-    /// stream's path: only the next site's post reads the comb matrix.
+    /// A site's Sinkhorn (HC_SINKHORN, ABI 1.4) runs on its own side stream (SIDE_HC),
+    /// off the main stream's path: only the next site's post reads the comb matrix.
     hc_defer: bool,
     /// q's norm and rotary, and the output's inverse rotary, in the attention kernel
     /// (SPARSE_ATTENTION's inv_freq, ABI 1.4; opt-in, see `probe_att_rope`).
@@ -251,7 +251,8 @@ pub(super) struct GpuPath {
     idx_rope: bool,
     /// Streams for the branches of a layer that do not depend on each other (the
     /// compressor, and the indexer, next to the queries; the shared expert next to the
-    /// routed ones): their kernels, each too small to fill the device, overlap. Empty:
+    /// routed ones; the mHC sites' Sinkhorns next to what follows them): their kernels,
+    /// each too small to fill the device, overlap. Empty:
     /// every op on the main stream (`MOE_DS4_BRANCHES=0`, or no more streams).
     sides: Vec<Arc<Device>>,
     /// Bit i: branch i is forked and not joined yet (a failed step joins these); bit
