@@ -2421,6 +2421,15 @@ GPU_DEV bool ds4_router_before(float v, int e, float bv, int be) {
 // The k best experts of sv[0..n) (the key order of ds4_router_before) on one warp, into
 // chosen[0..k) in order; NV = 8 values a lane in registers (n <= 256), 0 from shared
 // memory. The same choice either way.
+// Expert e (bit i of the lane's `taken`) into the lane's best (bv, be) if it is not
+// taken and goes before it.
+GPU_DEV void ds4_router_consider(float v, int e, int i, unsigned int taken, float& bv, int& be) {
+    if (!((taken >> i) & 1u) && ds4_router_before(v, e, bv, be)) {
+        bv = v;
+        be = e;
+    }
+}
+
 template <int NV>
 GPU_DEV void ds4_router_pick(const float* sv, int n, int k, int* chosen) {
     const int lane = threadIdx.x & 31;
@@ -2437,21 +2446,9 @@ GPU_DEV void ds4_router_pick(const float* sv, int n, int k, int* chosen) {
         int be = -1;
         if (NV > 0) {
 #pragma unroll
-            for (int i = 0; i < NV; ++i) {
-                const int e = lane + 32 * i;
-                if (!((taken >> i) & 1u) && ds4_router_before(vals[i], e, bv, be)) {
-                    bv = vals[i];
-                    be = e;
-                }
-            }
+            for (int i = 0; i < NV; ++i) ds4_router_consider(vals[i], lane + 32 * i, i, taken, bv, be);
         } else {
-            for (int i = 0, e = lane; e < n; ++i, e += 32) {
-                const float v = sv[e];
-                if (!((taken >> i) & 1u) && ds4_router_before(v, e, bv, be)) {
-                    bv = v;
-                    be = e;
-                }
-            }
+            for (int i = 0, e = lane; e < n; ++i, e += 32) ds4_router_consider(sv[e], e, i, taken, bv, be);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
@@ -2507,15 +2504,14 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS)
                 acc[r][q] = 0.0f;
                 if (i < d) acc[r][q] = f32_wide_term(0.0f, u[r][q], *(const gpu_f4*)(x + i));
             }
-        } else if (r1 != r0) {
-            float a2[2];
-            f32_wide_part<2>(row[0], d, x, vt, a2);
-            acc[0][q] = a2[0];
-            acc[1][q] = a2[1];
         } else {
-            float a1[1];
-            f32_wide_part<1>(row[0], d, x, vt, a1);
-            acc[0][q] = acc[1][q] = a1[0];
+            // (each row's sum on its own: the same bits as two rows at once)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float a[1];
+                f32_wide_part<1>(row[r], d, x, vt, a);
+                acc[r][q] = a[0];
+            }
         }
     }
 #pragma unroll

@@ -665,6 +665,98 @@ fn mmw_check(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> 
     all_ok
 }
 
+/// Type-107 MATMUL of 1 - 33 columns against the CPU reference (normalised MSE <= 5e-4),
+/// each on the kernel its width plans: MMVQ up to 8 columns, then every tile kernel the
+/// device has.
+fn mmvq_parity(g: &Gpu, rng: &mut Rng, cc: (i32, i32), json: &mut Vec<String>) -> bool {
+    let mut all = true;
+    println!("\n== parity vs CPU reference (normalised MSE; limit 5e-4) ==");
+    println!(
+        "{:<10} {:>5} {:>5} {:>4} {:>12} {:<18} {}",
+        "variant", "K", "M", "n", "nmse", "kernel", "ok"
+    );
+    let m = 4096usize;
+    let ns: Vec<usize> = (1..=8).chain([16, 31, 33]).collect();
+    for (variant, vname) in [(FP2_TWO_SCALE, "two-scale"), (FP2_AFFINE, "affine")] {
+        for k in [4096usize, 2048] {
+            let w = random_weights(rng, m, k);
+            let nmax = 33;
+            let x: Vec<f32> = (0..nmax * k).map(|_| rng.f32()).collect();
+            let act: Vec<Vec<BlockQ8_1>> = x
+                .chunks_exact(k)
+                .map(|c| c.chunks_exact(32).map(BlockQ8_1::quantize).collect())
+                .collect();
+            let want = ref_matmul(&w, m, k, &act, variant == FP2_AFFINE);
+            let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * nmax * 4));
+            // n > 8 runs each tile kernel the device has: as configured (the int8
+            // tensor-core one from sm_80), the bf16 one, then the dp4a one (mode 0, 1, 2).
+            let runs: Vec<(usize, u8)> = ns
+                .iter()
+                .flat_map(|&n| {
+                    let modes: &[u8] = match (n > 8, mmq_kernel(cc) != "mmq_dp4a_107") {
+                        (false, _) => &[0],
+                        (true, true) if cc.0 >= 8 => &[0, 1, 2],
+                        (true, true) => &[0, 2],
+                        (true, false) => &[0],
+                    };
+                    modes.iter().map(move |&mode| (n, mode))
+                })
+                .collect();
+            for &(n, mode) in &runs {
+                FORCE_MMB.store(mode == 1, Ordering::Relaxed);
+                FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
+                let before = g.counters();
+                g.op(
+                    ops::MATMUL,
+                    &[
+                        t(bw, 0, 107, variant, [k as u64, m as u64, 1, 1]),
+                        t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
+                        t(bo, 0, types::F32, 0, [m as u64, n as u64, 1, 1]),
+                    ],
+                );
+                let got = g.read_f32(bo, 0, m * n);
+                let after = g.counters();
+                let ran: Vec<String> = after
+                    .iter()
+                    .filter(|(k, v)| k.ends_with(".device") && before.get(*k) != Some(v))
+                    .map(|(k, _)| k.trim_end_matches(".device").to_string())
+                    .filter(|k| k != "quantize_q8_1")
+                    .collect();
+                let expect_kernel = if n <= 8 {
+                    format!("mmvq_107_n{n}")
+                } else if mmb(cc) {
+                    "mmb_dense".to_string()
+                } else {
+                    mmq_kernel(cc).to_string()
+                };
+                FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
+                FORCE_MMB.store(false, Ordering::Relaxed);
+                let e = nmse(&got, &want[..m * n]);
+                let ok = e <= 5e-4 && ran == [expect_kernel.clone()];
+                all &= ok;
+                println!(
+                    "{:<10} {:>5} {:>5} {:>4} {:>12.3e} {:<18} {}",
+                    vname,
+                    k,
+                    m,
+                    n,
+                    e,
+                    ran.join(","),
+                    if ok { "ok" } else { "FAIL" }
+                );
+                json.push(format!(
+                "{{\"test\":\"parity\",\"variant\":\"{vname}\",\"k\":{k},\"m\":{m},\"n\":{n},\"nmse\":{e:e},\"kernel\":\"{}\",\"ok\":{ok}}}",
+                ran.join(",")
+            ));
+            }
+            for b in [bw, bx, bo] {
+                into_result((g.be.free)(b)).unwrap();
+            }
+        }
+    }
+    all
+}
+
 /// MATMUL_ID_MULTI for one token (the routed experts' gate and up): two type-107
 /// products of one input and routing (one slot masked) must equal their own MATMUL_IDs
 /// bit for bit, from one quantisation of the input and one grouped launch.
@@ -2722,90 +2814,7 @@ fn main() {
     // ---------------------------------------------------------------- parity
     if !bench_only {
         if !grouped_only {
-            println!("\n== parity vs CPU reference (normalised MSE; limit 5e-4) ==");
-            println!(
-                "{:<10} {:>5} {:>5} {:>4} {:>12} {:<18} {}",
-                "variant", "K", "M", "n", "nmse", "kernel", "ok"
-            );
-            let m = 4096usize;
-            let ns: Vec<usize> = (1..=8).chain([16, 31, 33]).collect();
-            for (variant, vname) in [(FP2_TWO_SCALE, "two-scale"), (FP2_AFFINE, "affine")] {
-                for k in [4096usize, 2048] {
-                    let w = random_weights(&mut rng, m, k);
-                    let nmax = 33;
-                    let x: Vec<f32> = (0..nmax * k).map(|_| rng.f32()).collect();
-                    let act: Vec<Vec<BlockQ8_1>> = x
-                        .chunks_exact(k)
-                        .map(|c| c.chunks_exact(32).map(BlockQ8_1::quantize).collect())
-                        .collect();
-                    let want = ref_matmul(&w, m, k, &act, variant == FP2_AFFINE);
-                    let (bw, bx, bo) = (g.buf(&w), g.buf(&f32_bytes(&x)), g.zeros(m * nmax * 4));
-                    // n > 8 runs each tile kernel the device has: as configured (the int8
-                    // tensor-core one from sm_80), the bf16 one, then the dp4a one (mode 0, 1, 2).
-                    let runs: Vec<(usize, u8)> = ns
-                        .iter()
-                        .flat_map(|&n| {
-                            let modes: &[u8] = match (n > 8, mmq_kernel(dev.cc) != "mmq_dp4a_107") {
-                                (false, _) => &[0],
-                                (true, true) if dev.cc.0 >= 8 => &[0, 1, 2],
-                                (true, true) => &[0, 2],
-                                (true, false) => &[0],
-                            };
-                            modes.iter().map(move |&mode| (n, mode))
-                        })
-                        .collect();
-                    for &(n, mode) in &runs {
-                        FORCE_MMB.store(mode == 1, Ordering::Relaxed);
-                        FORCE_MMQ_DP4A.store(mode == 2, Ordering::Relaxed);
-                        let before = g.counters();
-                        g.op(
-                            ops::MATMUL,
-                            &[
-                                t(bw, 0, 107, variant, [k as u64, m as u64, 1, 1]),
-                                t(bx, 0, types::F32, 0, [k as u64, n as u64, 1, 1]),
-                                t(bo, 0, types::F32, 0, [m as u64, n as u64, 1, 1]),
-                            ],
-                        );
-                        let got = g.read_f32(bo, 0, m * n);
-                        let after = g.counters();
-                        let ran: Vec<String> = after
-                            .iter()
-                            .filter(|(k, v)| k.ends_with(".device") && before.get(*k) != Some(v))
-                            .map(|(k, _)| k.trim_end_matches(".device").to_string())
-                            .filter(|k| k != "quantize_q8_1")
-                            .collect();
-                        let expect_kernel = if n <= 8 {
-                            format!("mmvq_107_n{n}")
-                        } else if mmb(dev.cc) {
-                            "mmb_dense".to_string()
-                        } else {
-                            mmq_kernel(dev.cc).to_string()
-                        };
-                        FORCE_MMQ_DP4A.store(false, Ordering::Relaxed);
-                        FORCE_MMB.store(false, Ordering::Relaxed);
-                        let e = nmse(&got, &want[..m * n]);
-                        let ok = e <= 5e-4 && ran == [expect_kernel.clone()];
-                        all_ok &= ok;
-                        println!(
-                            "{:<10} {:>5} {:>5} {:>4} {:>12.3e} {:<18} {}",
-                            vname,
-                            k,
-                            m,
-                            n,
-                            e,
-                            ran.join(","),
-                            if ok { "ok" } else { "FAIL" }
-                        );
-                        json.push(format!(
-                        "{{\"test\":\"parity\",\"variant\":\"{vname}\",\"k\":{k},\"m\":{m},\"n\":{n},\"nmse\":{e:e},\"kernel\":\"{}\",\"ok\":{ok}}}",
-                        ran.join(",")
-                    ));
-                    }
-                    for b in [bw, bx, bo] {
-                        into_result((g.be.free)(b)).unwrap();
-                    }
-                }
-            }
+            all_ok &= mmvq_parity(&g, &mut rng, dev.cc, &mut json);
         }
         // ---------------------------------------------------------------- grouped
         println!("\n== grouped MoE mat-vec vs per-pair MMVQ (bit-identical) and CPU reference ==");

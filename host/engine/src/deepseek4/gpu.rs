@@ -2214,8 +2214,9 @@ mod tests {
         assert!(k(2050, 1).short && !k(2051, 1).short);
         // Once the indexer selects, the keys are as many as deep into a context.
         assert!(!k(2050, 1).long && k(2051, 1).long);
-        assert!(!StepKind::decide(true, 0, 512, 2051, 1).long); // no indexer layers
-                                                                // A chunk is short only if its last token is.
+        // (no indexer layers)
+        assert!(!StepKind::decide(true, 0, 512, 2051, 1).long);
+        // A chunk is short only if its last token is.
         assert!(k(0, 2051).short && !k(0, 2052).short);
         assert_eq!(
             k(4096, 1),
