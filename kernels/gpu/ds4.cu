@@ -453,6 +453,8 @@ extern "C" __global__ void __launch_bounds__(256)
 // mixes and weights as the last block's) and writes x for its own columns, from the
 // stream values it holds, normed by |x|^2 = sum_ab pre_a pre_b G_ab; block 0 writes
 // wts. The token's one-block collapse (64 KB from L2, a reduction) leaves the path.
+// With xq (gsync only, d % 32 == 0; null otherwise) each block also stores its columns
+// of x as q8_1 blocks in the type-107 mat-vecs' plane order.
 // grid = (ceil(d / C), n), block = DS4_HCF_THREADS.
 #define DS4_HCF_THREADS 512
 #define DS4_HCF_WARPS (DS4_HCF_THREADS / 32)
@@ -550,7 +552,7 @@ GPU_DEV void ds4_hcf_grid_tail(int t, int b, int nb, int tid, int lane, int warp
                                unsigned int* __restrict__ sync, float base_t, float scale_t,
                                float nw1, const float* sv, float* mix, float* M, float* B,
                                float* Wn, float* S, float* __restrict__ wts,
-                               float* __restrict__ out) {
+                               float* __restrict__ out, q8_1_block* __restrict__ xq) {
     gpu_group_barrier(sync + t, (unsigned int)nb);
     ds4_hcf_weights(t, nb, tid, lane, warp, hc, nm, pr, head_mode, eps, hc_eps, hd, part, base_t,
                     scale_t, mix, M, B, Wn, S);
@@ -564,13 +566,20 @@ GPU_DEV void ds4_hcf_grid_tail(int t, int b, int nb, int tid, int lane, int warp
     // (streams that nearly cancel could round it below 0; a sum of squares cannot be)
     const float rr = 1.0f / sqrtf(fmaxf(x2, 0.0f) / (float)d + eps);
     const int i = b * C + tid;
+    float xo = 0.0f;
     if (tid < C && i < d) {
         float x = 0.0f;
 #pragma unroll
         for (int h = 0; h < 4; ++h)
             if (h < hc) x += Wn[h] * sv[h * C + tid];
-        out[(long long)t * d + i] = nw1 * (x * rr);
+        xo = nw1 * (x * rr);
+        out[(long long)t * d + i] = xo;
     }
+    // xq: a warp's 32 columns are one q8_1 block of x (C and d multiples of 32), stored
+    // as quantize_q8_1 stores it from out (planes = 1), so the MoE's grouped products
+    // need no quantising launch of their own.
+    if (xq && 32 * warp < C && b * C + 32 * warp < d)
+        q8_1_store(xo, ((long long)t * d + b * C) / 32 + warp, lane, xq, 1);
     if (b == 0 && warp == 0) ds4_hcf_write_wts(t, lane, hc, nm, head_mode, defer, iters, hc_eps, M, B, S, Wn, wts);
 }
 
@@ -589,7 +598,8 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
                     float* __restrict__ wts, float* part, unsigned int* __restrict__ sync,
                     int post_mode, const float* __restrict__ block, const float* __restrict__ y,
                     const float* __restrict__ rw, int k, const float* __restrict__ shared,
-                    int defer, int gsync, unsigned int* counters) {
+                    int defer, int gsync, q8_1_block* __restrict__ xq,
+                    unsigned int* counters) {
     __shared__ float sv[DS4_HCF_THREADS];
     __shared__ float sh[32];
     __shared__ float mix[25 + DS4_HCF_PAIRS];
@@ -676,7 +686,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     if (gsync) {
         ds4_hcf_grid_tail(t, b, nb, tid, lane, warp, hc, C, nm, pr, head_mode, defer, iters, eps,
                           hc_eps, d, hd, part, sync, base_t, scale_t, nw1, sv, mix, M, B, Wn, S,
-                          wts, out);
+                          wts, out, xq);
         return;
     }
     // Count this block done once its streams and shares are out (the barrier orders

@@ -59,14 +59,6 @@
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
 
-// hsum[h] = the sum of the 16 quantised values of half h. The mat-vec kernels of type
-// 107 take qs with each half "plane-ordered" (position 4s + r holds value 4r + s, see
-// rf2_half); the MMQ tiles take it in order (quantize_q8_1's `planes` picks).
-struct q8_1_block {
-    float d;
-    short hsum[2];
-    signed char qs[32];
-};
 
 struct __attribute__((aligned(8))) rf_int2 {
     int x, y;
@@ -94,24 +86,7 @@ GPU_DEV int rf2_expand4(unsigned int byte) {
 }
 
 // ---------------------------------------------------------------------------------
-// Activations: one warp per 32 values. d = amax/127, q = round(x/d), the halves' sums
-// of q; planes = 1 stores each half plane-ordered (for the type-107 mat-vec kernels).
-// q8_1_store: block b from its warp, lane l holding value l.
-GPU_DEV void q8_1_store(float v, long long b, int lane, q8_1_block* __restrict__ out, int planes) {
-    const float amax = gpu_warp_absmax(fabsf(v));
-    const float d = amax / 127.0f;
-    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-    const int q = (int)roundf(v * inv);
-    // Value j = 4r + s of a half goes to position 4s + r.
-    const int at = planes ? (lane & 16) | ((lane & 3) << 2) | ((lane >> 2) & 3) : lane;
-    out[b].qs[at] = (signed char)q;
-    int hs = q;
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) hs += (int)gpu_shfl_xor((float)hs, o);
-    if ((lane & 15) == 0) out[b].hsum[lane >> 4] = (short)hs;
-    if (lane == 0) out[b].d = d;
-}
-
+// Activations: q8_1_store (common.cuh), one warp per 32 values.
 extern "C" __global__ void __launch_bounds__(256)
     quantize_q8_1(const float* __restrict__ x, q8_1_block* __restrict__ out, long long n_blocks,
                   int planes, unsigned int* counters) {

@@ -180,7 +180,9 @@ pub mod ops {
     /// Several grouped products of one input and one routing (ABI 1.2): out_i =
     /// MATMUL_ID(w_i, x, ids) for each pair, on the terms of MATMUL_MULTI. args: x, ids,
     /// then pairs w_i ([k, m, experts]), out_i; at least one. A backend that runs
-    /// MATMUL_MULTI runs this too.
+    /// MATMUL_MULTI runs this too. From ABI 1.10, i[0] = 1: xq (I32) follows ids, the
+    /// tensor an HC_POST_PRE that wrote x was given as its xq, with nothing written to x
+    /// or xq since; the backend may read x's quantisation from it instead of making one.
     pub const MATMUL_ID_MULTI: u32 = 30;
     /// MATMUL_ID of SWIGLU(gate, up) (ABI 1.3; f[0] as SWIGLU's): the routed experts'
     /// down product from their gate and up outputs (or a dense down product as one
@@ -196,7 +198,10 @@ pub mod ops {
     /// n]: the backend may store the mixes there), sync (I32 [n]: zero before the first
     /// call, left zero by each; the backend may count blocks there), then the post
     /// inputs as HC_POST takes them after the streams: none, block ([d, n]), or y, w
-    /// [, shared]. i[2] = 1 as HC_PRE's.
+    /// [, shared]. i[2] = 1 as HC_PRE's. From ABI 1.10, i[3] = 1: one more argument
+    /// last, xq (I32, at least d n / 2 values, d a multiple of 32), where the backend
+    /// stores out in the quantised form its grouped products read (MATMUL_ID_MULTI's
+    /// xq); a backend may also leave it as it was when its products never read it.
     pub const HC_POST_PRE: u32 = 32;
     /// The Sinkhorn of the comb matrices HC_PRE / HC_POST_PRE left as logits (ABI 1.4),
     /// in place: i[0] iterations, i[1] = hc, f[1] = eps (HC_PRE's). args: weights (F32

@@ -50,7 +50,9 @@ pub const ABI_MAJOR: u32 = 1;
 /// 7: ROUTER with its product (x, the router's weights and sync words: 9 arguments).
 /// 8: NORM_MATMUL (`backend::ops` 34).
 /// 9: PREFETCH (`backend::ops` 35).
-pub const ABI_MINOR: u32 = 9;
+/// 10: HC_POST_PRE's xq (i[3]) and MATMUL_ID_MULTI's (i[0]): x quantised once for the
+///     MoE's grouped products.
+pub const ABI_MINOR: u32 = 10;
 
 /// Explicit ABI version carried by every root module.
 #[repr(C)]

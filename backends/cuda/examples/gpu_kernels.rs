@@ -2128,6 +2128,138 @@ fn hc_post_pre_gsync(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all
 }
 
+/// HC_POST_PRE's xq (ABI 1.10) read by MATMUL_ID_MULTI: one token at V4-Flash's width
+/// (d 4096, 4 streams, a block's output as the post), in both forms (gsync: the site's
+/// blocks store xq, no quantising launch; the last-block form: one `quantize_q8_1` after
+/// it). x must be the same bits as without xq, and the routed gate + up products read
+/// from xq (no `quantize_q8_1`, one `mmvq_id_107`) the same bits as those that quantise
+/// x themselves. d = 1000 (not whole q8_1 blocks) with xq must fail, naming the width.
+fn hc_xq(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== HC_POST_PRE's xq read by MATMUL_ID_MULTI vs its own quantisation ==");
+    let (d, hc, m, experts, slots) = (4096usize, 4usize, 2048usize, 16usize, 6usize);
+    let nm = 2 * hc + hc * hc;
+    let mut v = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| s * rng.f32()).collect() };
+    let streams = v(d * hc, 1.0);
+    let fnw = v(hc * d * nm, 0.02);
+    let (scale, base, block) = (v(3, 1.0), v(nm, 1.0), v(d, 1.0));
+    let norm_w: Vec<f32> = v(d, 0.5).iter().map(|x| 1.0 + x).collect();
+    let wts: Vec<f32> = v(nm, 1.0).iter().map(|x| x.abs()).collect();
+    let b = |x: &[f32]| g.buf(&f32_bytes(x));
+    let (bs, bf, bsc, bb, bn) = (b(&streams), b(&fnw), b(&scale), b(&base), b(&norm_w));
+    let (bo, bw, bm, by, bblk) = (
+        g.zeros(d * 4),
+        b(&wts),
+        g.zeros(nm * 4),
+        g.zeros(4),
+        b(&block),
+    );
+    let bq = g.zeros(d * 2);
+    let f = f32_t;
+    let site = |dd: usize, with_xq: bool| {
+        let mut a = vec![
+            f(bs, [dd, hc, 1]),
+            f(bf, [hc * dd, nm, 1]),
+            f(bsc, [3, 1, 1]),
+            f(bb, [nm, 1, 1]),
+            f(bn, [dd, 1, 1]),
+            f(bo, [dd, 1, 1]),
+            f(bw, [nm, 1, 1]),
+            f(bm, [nm, 1, 1]),
+            t(by, 0, types::I32, 0, [1, 1, 1, 1]),
+            f(bblk, [dd, 1, 1]),
+        ];
+        if with_xq {
+            a.push(t(bq, 0, types::I32, 0, [(dd / 2) as u64, 1, 1, 1]));
+        }
+        let mut prm = OpParams::default();
+        prm.f[0] = 1e-6;
+        prm.f[1] = 1e-6;
+        prm.i = [20, 0, 0, with_xq as i64, 0, 0, 0, 0];
+        (prm, a)
+    };
+    // One site from the inputs above: x and the launches of (the site, quantize_q8_1).
+    let run_site = |force: u8, with_xq: bool| {
+        FORCE_HC_GSYNC.store(force, Ordering::Relaxed);
+        into_result((g.be.upload)(bs, 0, f32_bytes(&streams).as_slice().into())).unwrap();
+        into_result((g.be.upload)(bw, 0, f32_bytes(&wts).as_slice().into())).unwrap();
+        let before = g.counters();
+        let (prm, a) = site(d, with_xq);
+        g.op_with(ops::HC_POST_PRE, prm, &a);
+        let x = g.read_f32(bo, 0, d);
+        let after = g.counters();
+        FORCE_HC_GSYNC.store(0, Ordering::Relaxed);
+        let n = |k: &str| device_launches(&before, &after, k);
+        (x, (n("ds4_hc_post_pre"), n("quantize_q8_1")))
+    };
+    let (w1, w2) = (
+        random_weights(rng, experts * m, d),
+        random_weights(rng, experts * m, d),
+    );
+    let (bw1, bw2) = (g.buf(&w1), g.buf(&w2));
+    let ids: Vec<u8> = [3i32, 11, -1, 0, 15, 7]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let bi = g.buf(&ids);
+    let outs: Vec<u64> = (0..4).map(|_| g.zeros(m * slots * 4)).collect();
+    let shape = [d, m, experts, slots, 1, 1];
+    let mut all = true;
+    for (form, force, site_quant) in [("gsync", 1u8, 0u64), ("last block", 2, 1)] {
+        let (x0, _) = run_site(force, false);
+        let (x1, launches) = run_site(force, true);
+        let x_same = same_bits(&x0, &x1);
+        let [a1, x, i1, o1] = id_args([bw1, bo, bi, outs[0]], (107, FP2_AFFINE), shape);
+        let [a2, _, _, o2] = id_args([bw2, bo, bi, outs[1]], (107, FP2_AFFINE), shape);
+        g.op(ops::MATMUL_ID_MULTI, &[x, i1, a1, o1, a2, o2]);
+        let [_, _, _, o3] = id_args([bw1, bo, bi, outs[2]], (107, FP2_AFFINE), shape);
+        let [_, _, _, o4] = id_args([bw2, bo, bi, outs[3]], (107, FP2_AFFINE), shape);
+        let xq = t(bq, 0, types::I32, 0, [(d / 2) as u64, 1, 1, 1]);
+        let mut prm = OpParams::default();
+        prm.i[0] = 1;
+        let before = g.counters();
+        g.op_with(ops::MATMUL_ID_MULTI, prm, &[x, i1, xq, a1, o3, a2, o4]);
+        let after = g.counters();
+        let mm = (
+            device_launches(&before, &after, "quantize_q8_1"),
+            device_launches(&before, &after, "mmvq_id_107"),
+        );
+        let read = |o: u64| g.read_f32(o, 0, m * slots);
+        let same =
+            same_bits(&read(outs[0]), &read(outs[2])) && same_bits(&read(outs[1]), &read(outs[3]));
+        let ok = x_same && same && launches == (1, site_quant) && mm == (0, 1);
+        all &= ok;
+        println!(
+            "{form:<10}: x bit-identical {x_same}, products bit-identical {same}, launches (site, quantize) {launches:?}, products' (quantize, grouped) {mm:?} {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"hc_xq\",\"case\":\"{form}\",\"x_same\":{x_same},\"same\":{same},\"ok\":{ok}}}"
+        ));
+    }
+    // Not whole q8_1 blocks: a clear error, nothing launched.
+    let (prm, a) = site(1000, true);
+    let err = into_result((g.be.run_op)(
+        g.stream,
+        ops::HC_POST_PRE,
+        prm,
+        a.as_slice().into(),
+    ));
+    let refused = matches!(&err, Err(e) if e.to_string().contains("multiple of 32"));
+    all &= refused;
+    println!(
+        "d = 1000 with xq: refused {refused} ({}) {}",
+        err.err().map(|e| e.to_string()).unwrap_or_default(),
+        if refused { "ok" } else { "FAIL" }
+    );
+    for buf in [bs, bf, bsc, bb, bn, bo, bw, bm, by, bblk, bq, bw1, bw2, bi]
+        .into_iter()
+        .chain(outs)
+    {
+        into_result((g.be.free)(buf)).unwrap();
+    }
+    all
+}
+
 /// One decode step's SPARSE_ATTENTION (DeepSeek-V4's, one shared K=V head, sink logits,
 /// q's norm + rotary and the output's inverse rotary inside) against an f64 reference
 /// written from the op's definition: with the sync words (ABI 1.5) and the one-launch
@@ -2990,6 +3122,7 @@ fn main() {
             return;
         }
         all_ok &= hc_post_pre_gsync(&g, &mut rng, &mut json);
+        all_ok &= hc_xq(&g, &mut rng, &mut json);
         all_ok &= router_mm(&g, &mut rng, &mut json);
         all_ok &= norm_matmul(&g, &mut rng, &mut json);
         all_ok &= attention_decode(&g, &mut rng, &mut json);

@@ -391,6 +391,27 @@ pub struct PostPreParts {
     pub post: Option<Vec<TensorRef>>,
     pub mix: [TensorRef; 3],
     pub pre: [TensorRef; 7],
+    /// With xq: x (out) and xq, for [`quantize_into`] after the pre.
+    pub quant: Option<XQuant>,
+}
+
+/// x quantised into HC_POST_PRE's xq (ABI 1.10): q8_1 blocks in the type-107
+/// mat-vecs' plane order, as `quantize_q8_1` stores them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct XQuant {
+    pub x: u64,
+    pub xq: u64,
+    pub values: u64,
+}
+
+/// Launches `quantize_q8_1` of `q.x` into `q.xq` (planes = 1).
+///
+/// # Safety
+/// As [`Gpu::launch`]: `q` from [`hc_post_pre`]'s checks.
+pub unsafe fn quantize_into(gpu: &impl Gpu, q: XQuant) -> Result<(), String> {
+    let (l, mut n_blocks) = quantize(q.values, 1);
+    let (mut px, mut pq, mut planes) = (q.x, q.xq, 1i32);
+    gpu.launch(l, &kargs!(px, pq, n_blocks, planes))
 }
 
 /// HC_POST_PRE (ABI 1.4): checks its tensors, then launches `ds4_hc_post_pre`, or
@@ -405,9 +426,15 @@ pub unsafe fn hc_post_pre(
     p: &OpParams,
     a: &[TensorRef],
 ) -> Result<Option<PostPreParts>, String> {
+    // i[3] = 1 (ABI 1.10): xq comes last.
+    let (a, xq) = match (p.i[3] != 0, a.split_last()) {
+        (true, Some((xq, rest))) => (rest, Some(*xq)),
+        _ => (a, None),
+    };
     if a.len() < 9 || a.len() > 12 {
         return Err(format!(
-            "hc_post_pre: expected 9 to 12 tensor arguments, got {}",
+            "hc_post_pre: expected 9 to 12 tensor arguments{}, got {}",
+            if xq.is_some() { " before xq" } else { "" },
             a.len()
         ));
     }
@@ -438,6 +465,22 @@ pub unsafe fn hc_post_pre(
     holds(&wts, types::F32, w_len * n, "hc_post_pre weights")?;
     holds(&mix, types::F32, nm * n, "hc_post_pre mixes")?;
     holds(&sync, types::I32, n, "hc_post_pre counters")?;
+    let quant = match xq {
+        Some(xq) => {
+            if !d.is_multiple_of(32) {
+                return Err(format!(
+                    "hc_post_pre: xq needs rows of a multiple of 32 values, got {d}"
+                ));
+            }
+            holds(&xq, types::I32, (d * n).div_ceil(2), "hc_post_pre xq")?;
+            Some(XQuant {
+                x: f32p(gpu, &out)?,
+                xq: gpu.ptr(&xq, 4)?,
+                values: d * n,
+            })
+        }
+        None => None,
+    };
     // The post inputs: none, the block's output, or the MoE's (as HC_POST takes them).
     let (mode, pb, py, prw, k, pshared) = match post {
         [] => (0, 0, 0, 0, 0, 0),
@@ -471,6 +514,7 @@ pub unsafe fn hc_post_pre(
             }),
             mix: [fnw, flat, mix],
             pre: [s, mix, scale, base, norm_w, out, view(&wts, [nm, n, 1, 1])],
+            quant,
         }));
     }
     let hcp = hc.next_power_of_two();
@@ -490,7 +534,13 @@ pub unsafe fn hc_post_pre(
         .p(pshared)
         .i((!head && p.i[2] != 0) as i32)
         .i(gsync as i32)
+        // (its blocks store xq themselves with gsync; otherwise a launch after it does)
+        .p(quant.filter(|_| gsync).map_or(0, |q| q.xq))
         .launch(gpu, "ds4_hc_post_pre", (nb, n, 1), HCF_THREADS as u32)?;
+    match quant {
+        Some(q) if !gsync => quantize_into(gpu, q)?,
+        _ => {}
+    }
     Ok(None)
 }
 

@@ -1276,6 +1276,38 @@ pub fn matmul_id_multi(
     Ok(steps)
 }
 
+/// MATMUL_ID_MULTI's arguments without xq, and xq (i[0] = 1, ABI 1.10: x's q8_1 blocks
+/// as HC_POST_PRE stored them, the third argument).
+pub fn id_multi_xq(
+    args: &[TensorRef],
+    p: &OpParams,
+) -> Result<(Vec<TensorRef>, Option<TensorRef>), String> {
+    if p.i[0] == 0 {
+        return Ok((args.to_vec(), None));
+    }
+    match args {
+        [x, ids, xq, rest @ ..] => {
+            expect(xq, types::I32, "matmul_id_multi xq")?;
+            let mut v = vec![*x, *ids];
+            v.extend_from_slice(rest);
+            Ok((v, Some(*xq)))
+        }
+        _ => Err(format!(
+            "matmul_id_multi: expected x, ids, xq and (w, out) pairs, got {} tensor arguments",
+            args.len()
+        )),
+    }
+}
+
+/// Whether xq holds a one-token plan's q8_1 blocks in the order its kernel reads
+/// (`mmvq_id_107`: planes), so the plan may skip its quantisation.
+fn xq_fits(xq: &TensorRef, p: &MatmulId) -> bool {
+    rf2_planes(p.grouped.name) == 1
+        && p.per_pair == 0
+        && p.x_cols == 1
+        && xq.numel() * 4 >= p.k / 32 * Q8_BYTES
+}
+
 /// 1 when MATMUL_ID's input has a column per (slot, token) pair, 0 when per token.
 pub fn id_input(x: &TensorRef, k: u64, n_tok: u64, pairs: u64) -> Result<i32, String> {
     if x.numel() == k * n_tok {
@@ -1563,33 +1595,47 @@ pub fn mmb_dense_launch(m: u64, n: u64) -> Launch {
     }
 }
 
-/// One token's MATMUL_ID (`p.sort` is None): x's q8_1 quantisation into scratch, then
-/// `mmvq_id_107` on `p.grouped`'s grid (z = 2: a second product `w_step` / `out_step`
-/// bytes on, MATMUL_ID_MULTI).
+/// What one token's grouped product reads as its q8_1 input.
+#[derive(Clone, Copy, Debug)]
+enum IdInput {
+    /// x, quantised into the scratch by a launch of its own.
+    Quantise,
+    /// SwiGLU(x, up) (x the gate; f32 the clamp), quantised as it is computed.
+    Swiglu(u64, f32),
+    /// Already quantised at this address (HC_POST_PRE's xq, ABI 1.10).
+    Quantised(u64),
+}
+
+/// One token's MATMUL_ID (`p.sort` is None): x's q8_1 quantisation into scratch (or
+/// `input`'s), then `mmvq_id_107` on `p.grouped`'s grid (z = 2: a second product
+/// `w_step` / `out_step` bytes on, MATMUL_ID_MULTI).
 ///
 /// # Safety
-/// As [`Gpu::launch`]: `p` is a checked plan.
+/// As [`Gpu::launch`]: `p` is a checked plan; a `Quantised` address holds x's blocks.
 unsafe fn launch_id_one_token(
     gpu: &impl Gpu,
     p: &MatmulId,
     mut w_step: i64,
     mut out_step: i64,
-    swiglu: Option<(u64, f32)>,
+    input: IdInput,
 ) -> Result<(), String> {
-    let mut pq = gpu.scratch(p.layout.bytes)?;
+    let mut planes = rf2_planes(p.grouped.name);
+    let mut pq = match input {
+        IdInput::Quantised(at) => at,
+        _ => gpu.scratch(p.layout.bytes)?,
+    };
     let (q, mut n_blocks) = quantize(p.k, p.x_cols);
     let mut px = p.x;
-    let mut planes = rf2_planes(p.grouped.name);
-    match swiglu {
-        // x is the gate: the input is SwiGLU(x, up), computed as it is quantised.
-        Some((mut up, mut lim)) => gpu.launch(
+    match input {
+        IdInput::Quantised(_) => {}
+        IdInput::Swiglu(mut up, mut lim) => gpu.launch(
             Launch {
                 name: "quantize_q8_1_swiglu",
                 ..q
             },
             &kargs!(px, up, lim, pq, n_blocks, planes),
         )?,
-        None => gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?,
+        IdInput::Quantise => gpu.launch(q, &kargs!(px, pq, n_blocks, planes))?,
     }
     let (mut pw, mut ebytes, mut nb, mut mm) = (p.w, p.expert_bytes, p.blocks, p.m);
     let (mut ne, mut pp, mut ns, mut pi) = (p.experts, p.per_pair, p.slots, p.ids);
@@ -1898,7 +1944,7 @@ pub fn run(
             OP_MATMUL_ID => {
                 let p = matmul_id(args, mmq, ptr)?;
                 let Some(sort) = p.sort else {
-                    return launch_id_one_token(gpu, &p, 0, 0, None);
+                    return launch_id_one_token(gpu, &p, 0, 0, IdInput::Quantise);
                 };
                 let cols = (p.pairs / p.experts.max(1)) as u64;
                 let mmb = p.grouped.name == "mmq_mma_id" && takes_mmb(gpu, p.ty as u32, p.x, cols);
@@ -1988,7 +2034,7 @@ pub fn run(
                 match fused {
                     Some(p) => {
                         let up = ptr(u, 4)?;
-                        launch_id_one_token(gpu, &p, 0, 0, Some((up, params.f[0])))
+                        launch_id_one_token(gpu, &p, 0, 0, IdInput::Swiglu(up, params.f[0]))
                     }
                     // Elsewhere the two ops it stands for.
                     None => {
@@ -2066,23 +2112,35 @@ pub fn run(
                 }
                 let d = OpParams::default();
                 run(gpu, backend, mmq, ops::MATMUL, &d, &parts.mix)?;
-                run(gpu, backend, mmq, ops::HC_PRE, params, &parts.pre)
+                run(gpu, backend, mmq, ops::HC_PRE, params, &parts.pre)?;
+                match parts.quant {
+                    Some(q) => crate::ds4::quantize_into(gpu, q),
+                    None => Ok(()),
+                }
             }
             ops::MATMUL_ID_MULTI => {
-                for step in matmul_id_multi(args, mmq, ptr)? {
+                let (args, xq) = id_multi_xq(args, params)?;
+                let xq = xq.map(|t| gpu.ptr(&t, 4).map(|at| (t, at))).transpose()?;
+                for step in matmul_id_multi(&args, mmq, ptr)? {
                     match step {
                         IdMultiStep::Pair {
                             plan,
                             w_step,
                             out_step,
                             ..
-                        } => launch_id_one_token(gpu, &plan, w_step, out_step, None)?,
+                        } => {
+                            let input = match xq {
+                                Some((t, at)) if xq_fits(&t, &plan) => IdInput::Quantised(at),
+                                _ => IdInput::Quantise,
+                            };
+                            launch_id_one_token(gpu, &plan, w_step, out_step, input)?
+                        }
                         IdMultiStep::Single(i) => run(
                             gpu,
                             backend,
                             mmq,
                             ops::MATMUL_ID,
-                            params,
+                            &OpParams::default(),
                             &[args[2 + 2 * i], args[0], args[1], args[3 + 2 * i]],
                         )?,
                     }
@@ -3421,13 +3479,13 @@ mod run_tests {
             crate::ds4::FORCE_HC_GSYNC.store(force, std::sync::atomic::Ordering::Relaxed);
             for post in [&[][..], &moe[..1], &moe[..2], &moe[..]] {
                 let (l, sc) = names(&site, &post_pre_args(1, false, post));
-                assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 23)]);
+                assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 24)]);
                 assert_eq!(sc, [32 * share * 4]);
             }
         }
         crate::ds4::FORCE_HC_GSYNC.store(0, std::sync::atomic::Ordering::Relaxed);
         let (l, _) = names(&head, &post_pre_args(1, true, &moe[..1]));
-        assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 23)]);
+        assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 24)]);
         // Longer chunks, and the head's weights for 2 tokens: HC_POST, the mixes (from 16
         // columns on tiles over slices of k, added up after), HC_PRE.
         let (l, _) = names(&site, &post_pre_args(17, false, &[f(4096, 17, 1)]));
@@ -3457,5 +3515,87 @@ mod run_tests {
         let e = run(&g, "test", MMQ_MMA, ops::HC_POST_PRE, &site, &bad).unwrap_err();
         assert!(e.contains("mix weights"), "{e}");
         assert!(g.launches.borrow().is_empty());
+    }
+
+    /// HC_POST_PRE's xq (i[3] = 1, ABI 1.10) and MATMUL_ID_MULTI reading it (i[0] = 1).
+    #[test]
+    fn hc_post_pre_quantises_x_for_the_grouped_products() {
+        let f = |a: u64, b: u64, c: u64| t(types::F32, [a, b, c, 1]);
+        let mut site = OpParams {
+            f: [1e-6, 1e-6, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            ..Default::default()
+        };
+        site.i[3] = 1;
+        let with_xq = |n: u64, post: &[TensorRef], xq: TensorRef| {
+            let mut a = post_pre_args(n, false, post);
+            a.push(xq);
+            a
+        };
+        let xq = |values: u64| TensorRef {
+            offset: 0x4000_0000,
+            ..t(types::I32, [values, 1, 1, 1])
+        };
+        let names = |a: &[TensorRef]| {
+            let g = Rec::default();
+            run(&g, "test", MMQ_MMA, ops::HC_POST_PRE, &site, a).unwrap();
+            g.launches.into_inner()
+        };
+        let block = [f(4096, 1, 1)];
+        // Blocks that wait for each other store xq themselves; the last-block form and
+        // longer chunks quantise x (out) after.
+        crate::ds4::FORCE_HC_GSYNC.store(1, std::sync::atomic::Ordering::Relaxed);
+        let l = names(&with_xq(1, &block, xq(2048)));
+        assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 24)]);
+        crate::ds4::FORCE_HC_GSYNC.store(2, std::sync::atomic::Ordering::Relaxed);
+        let l = names(&with_xq(1, &block, xq(2048)));
+        assert_eq!(
+            l,
+            [
+                ("ds4_hc_post_pre", (32, 1, 1), 24),
+                ("quantize_q8_1", (16, 1, 1), 4)
+            ]
+        );
+        crate::ds4::FORCE_HC_GSYNC.store(0, std::sync::atomic::Ordering::Relaxed);
+        let l = names(&with_xq(17, &[f(4096, 17, 1)], xq(17 * 2048)));
+        let l: Vec<_> = l.iter().map(|x| x.0).collect();
+        assert_eq!(l.last(), Some(&"quantize_q8_1"));
+        // Refused before any launch: xq too small, not I32, rows not whole q8_1 blocks.
+        let g = Rec::default();
+        let go = |a: &[TensorRef]| run(&g, "test", MMQ_MMA, ops::HC_POST_PRE, &site, a);
+        let e = go(&with_xq(1, &block, xq(2047))).unwrap_err();
+        assert!(e.contains("hc_post_pre xq: 2047 values, need 2048"), "{e}");
+        let e = go(&with_xq(1, &block, f(2048, 1, 1))).unwrap_err();
+        assert!(e.contains("hc_post_pre xq"), "{e}");
+        let mut odd = with_xq(1, &[], xq(2048));
+        odd[0] = f(1000, 4, 1);
+        odd[1] = f(4000, 24, 1);
+        odd[4] = f(1000, 1, 1);
+        odd[5] = f(1000, 1, 1);
+        let e = go(&odd).unwrap_err();
+        assert!(e.contains("multiple of 32 values, got 1000"), "{e}");
+        assert!(g.launches.borrow().is_empty());
+        // The gate and up products read xq: no quantize_q8_1, one grouped launch whose
+        // input pointer is xq's.
+        let g = Rec::default();
+        let (we, ids) = (t(107, [64, 4, 3, 1]), t(types::I32, [2, 1, 1, 1]));
+        let mut p = OpParams::default();
+        p.i[0] = 1;
+        let a = [f(64, 1, 1), ids, xq(32), we, f(4, 2, 1), we, f(4, 2, 1)];
+        run(&g, "test", MMQ_MMA, ops::MATMUL_ID_MULTI, &p, &a).unwrap();
+        let l: Vec<_> = g.launches.borrow().iter().map(|x| x.0).collect();
+        assert_eq!(l, ["mmvq_id_107"]);
+        // Without the flag the same arguments are x, ids and an odd list of pairs.
+        let e = run(
+            &g,
+            "test",
+            MMQ_MMA,
+            ops::MATMUL_ID_MULTI,
+            &OpParams::default(),
+            &a,
+        )
+        .unwrap_err();
+        assert!(e.contains("got 7 tensor arguments"), "{e}");
+        let e = run(&g, "test", MMQ_MMA, ops::MATMUL_ID_MULTI, &p, &a[..2]).unwrap_err();
+        assert!(e.contains("expected x, ids, xq"), "{e}");
     }
 }

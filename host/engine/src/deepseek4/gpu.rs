@@ -86,6 +86,9 @@ struct Work {
     mix: Tensor,
     wts: Tensor,
     x: Tensor,
+    /// x quantised by the MoE's mHC site for its grouped products (one token's worth;
+    /// HC_POST_PRE's and MATMUL_ID_MULTI's xq, see `probe_xq`).
+    xq: Tensor,
     q_res: Tensor,
     /// NORM_MATMUL's normed input, where the backend stores it (see `norm_mm`).
     q_resn: Tensor,
@@ -243,6 +246,10 @@ pub(super) struct GpuPath {
     /// ROUTER takes x and the router's weights (ABI 1.7): the product and the selection
     /// as one op (see `probe_router_mm`).
     router_mm: bool,
+    /// A decode step's MoE site quantises x for the routed experts' gate and up
+    /// products (HC_POST_PRE's xq, ABI 1.10), which then skip their own quantisation
+    /// launch (see `probe_xq`).
+    xq: bool,
     /// q_a's norm inside `wq_b`'s product (NORM_MATMUL, ABI 1.8) where no indexer reads
     /// the normed q_res (opt-in, `MOE_DS4_NORM_MM=1`: see `probe_norm_mm`).
     norm_mm: bool,
@@ -461,6 +468,7 @@ impl GpuPath {
                 .copied()
                 .unwrap_or(1);
         let swiglu_id = probe_swiglu_id(dev);
+        let (multi, hc_fused) = (probe_multi(dev), probe_hc_fused(dev));
         let mut prefetch = Prefetch::from_env()?;
         let pf = match prefetch.any() {
             true if !probe_prefetch(dev) => {
@@ -508,12 +516,13 @@ impl GpuPath {
                 t.upload_i32(&ids)?;
                 t
             },
-            multi: probe_multi(dev),
+            multi,
             swiglu_id,
             shexp_swiglu_id: swiglu_id
                 && std::env::var_os("MOE_DS4_SHEXP_SWIGLU").is_none_or(|v| v != "0"),
             post_combine: probe_post_combine(dev),
-            hc_fused: probe_hc_fused(dev),
+            hc_fused,
+            xq: hc_fused && multi && probe_xq(dev),
             att_rope: probe_att_rope(dev),
             att_sync: probe_att_sync(dev),
             topk_work: probe_topk_work(dev),
@@ -748,6 +757,7 @@ impl GpuPath {
             mix: f(nm * n)?,
             wts: f(nm * n)?,
             x: f(d * n)?,
+            xq: dev.i32(d.div_ceil(2))?,
             q_res: f(p.q_lora * n)?,
             // (one value where the engine never sends NORM_MATMUL)
             q_resn: f(if norm_mm_wanted() { p.q_lora * n } else { 1 })?,
@@ -1084,6 +1094,7 @@ impl GpuPath {
             n,
             (&post, &m.hc_head.0, &self.head, &self.out_norm, true),
             hidden,
+            None,
         )
         .context("output head")?;
         if n_want > 0 {
@@ -1129,6 +1140,7 @@ impl GpuPath {
         n: usize,
         at: (&[TensorRef], &Tensor, &(Tensor, Tensor), &Tensor, bool),
         out: TensorRef,
+        xq: Option<TensorRef>,
     ) -> Result<()> {
         let (post, fnw, sb, norm, head) = at;
         let (p, dev) = (&m.p, &m.dev);
@@ -1140,7 +1152,11 @@ impl GpuPath {
         let here = if head { hc } else { nm };
         let iters = if head { 0 } else { p.hc_iters as i64 };
         let defer = self.hc_defer && !head;
-        let prm = pr(&[p.eps, p.hc_eps], &[iters, head as i64, defer as i64]);
+        let with_xq = xq.is_some() && self.hc_fused;
+        let prm = pr(
+            &[p.eps, p.hc_eps],
+            &[iters, head as i64, defer as i64, with_xq as i64],
+        );
         let mix = v(&w.mix, [here, n, 1, 1]);
         let (scale, base) = (sb.0.r, sb.1.r);
         // The post reads the last site's comb matrix: its Sinkhorn branch joins.
@@ -1151,6 +1167,7 @@ impl GpuPath {
             let sync = v(&w.hc_sync, [n, 1, 1, 1]);
             let mut a = vec![streams, wv(fnw), scale, base, norm.r, out, wts, mix, sync];
             a.extend_from_slice(post);
+            a.extend(xq);
             op(ops::HC_POST_PRE, prm, &a)?;
         } else {
             if let Some((first, rest)) = post.split_first() {
@@ -1200,6 +1217,7 @@ impl GpuPath {
             n,
             (post, &lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm, false),
             x,
+            None,
         )
         .with_context(|| format!("layer {l}: mHC before attention"))?;
         self.attention(m, l, lay, dl, ls, w, n, kind)
@@ -1223,6 +1241,7 @@ impl GpuPath {
             n,
             (post, &lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm, false),
             x,
+            self.moe_xq(w, n),
         )
         .with_context(|| format!("layer {l}: mHC before the MoE"))?;
         self.moe(m, l, lay, dl, w, n)
@@ -1655,6 +1674,12 @@ impl GpuPath {
         mm(wv(&lay.out_b), mid, v(&w.ao, [d, n, 1, 1]))
     }
 
+    /// HC_POST_PRE's and MATMUL_ID_MULTI's xq for a step of `n` tokens: decode steps
+    /// only (the products of more tokens quantise x in another layout).
+    fn moe_xq(&self, w: &Work, n: usize) -> Option<TensorRef> {
+        (self.xq && n == 1).then_some(w.xq.r)
+    }
+
     fn moe(
         &self,
         m: &Deepseek4,
@@ -1729,12 +1754,14 @@ impl GpuPath {
         );
         let ey = v(&w.ey, [d, k * n, 1, 1]);
         if self.multi {
-            // Gate and up on one quantisation of x (one launch for a decode step).
-            op(
-                ops::MATMUL_ID_MULTI,
-                OpParams::default(),
-                &[x, ids, lay.gate_exps.r, eg, lay.up_exps.r, eu],
-            )?;
+            // Gate and up on one quantisation of x (one launch for a decode step), the
+            // one the mHC site made where it made one.
+            let (prm, mut a) = match self.moe_xq(w, n) {
+                Some(xq) => (pr(&[], &[1]), vec![x, ids, xq]),
+                None => (OpParams::default(), vec![x, ids]),
+            };
+            a.extend([lay.gate_exps.r, eg, lay.up_exps.r, eu]);
+            op(ops::MATMUL_ID_MULTI, prm, &a)?;
         } else {
             op(
                 ops::MATMUL_ID,
@@ -1902,6 +1929,29 @@ fn probe_hc_fused(dev: &Arc<Device>) -> bool {
         ];
         dev.op(ops::HC_POST_PRE, pr(&[1e-6, 1e-6], &[2, 0]), &args)
     })
+}
+
+/// Whether the backend's HC_POST_PRE stores x quantised in an xq (ABI 1.10) for
+/// MATMUL_ID_MULTI to read: one tiny call (d = 32, one stream). `MOE_DS4_XQ=0`: the
+/// grouped products quantise x themselves (A/B runs).
+fn probe_xq(dev: &Arc<Device>) -> bool {
+    if std::env::var_os("MOE_DS4_XQ").is_some_and(|v| v == "0") {
+        return false;
+    }
+    probe_op(
+        dev,
+        "a quantising launch in the MoE's grouped products",
+        || {
+            let f = |k, m| filled(dev, k, m);
+            let (s, fnw, scale, base) = (f(32, 1)?, f(32, 3)?, f(3, 1)?, f(3, 1)?);
+            let (norm, out, wts, mix) = (f(32, 1)?, f(32, 1)?, f(3, 1)?, f(3, 1)?);
+            let (sync, xq) = (zeros_i32(dev, 1)?, dev.i32(16)?);
+            let args = [
+                s.r, fnw.r, scale.r, base.r, norm.r, out.r, wts.r, mix.r, sync.r, xq.r,
+            ];
+            dev.op(ops::HC_POST_PRE, pr(&[1e-6, 1e-6], &[2, 0, 0, 1]), &args)
+        },
+    )
 }
 
 /// Whether the backend runs HC_SINKHORN (ABI 1.4): one tiny call (one stream).

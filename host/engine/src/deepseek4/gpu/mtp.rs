@@ -294,6 +294,7 @@ impl GpuPath {
             n,
             (&[], &lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm, false),
             x,
+            None,
         )?;
         let kv = v(&w.kv, [hd, n, 1, 1]);
         dev.op(ops::MATMUL, OpParams::default(), &[wv(&lay.kv), x, kv])?;
@@ -420,7 +421,7 @@ impl GpuPath {
                 self.block(m, l, (&mtp.layer, &mt.layer, ls), w, 1, kind, &mut post)?;
                 let hidden = v(&w.hidden, [p.d, 1, 1, 1]);
                 let head = (&post[..], &*mtp.hc_head.0, &mt.head, &mt.head_norm, true);
-                self.site(m, w, 1, head, hidden)?;
+                self.site(m, w, 1, head, hidden, None)?;
                 dev.op(
                     ops::MATMUL,
                     OpParams::default(),
