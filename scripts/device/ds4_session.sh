@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# One device call for a build's issue-#6 checks and numbers, when machines are scarce: each
+# step below in turn, each under its own time limit, the whole within BUDGET seconds (570,
+# under the device tool's 10 minutes), a short report on stdout and the steps' files under
+# $OUT. Layers: 43 on an H200 (the issue's benchmark), 20 on an H100 (80 GB; the same
+# widths). Steps (STEPS, in this order; default "kernels fixtures bench ab timeline"):
+#   kernels   gpu_kernels --quick (parity, ALL OK or FAILURES; carry .dev/gpu)
+#   fixtures  spec_gpu.sh STEPS=fixtures (the tiny fixtures against the CPU and the oracle)
+#   bench     NOFILE=1 ds4_bench.sh (the table at depths 0, 4K, 32K, 128K)
+#   ab        ds4_ab.sh $AB (default "base base"; e.g. AB="base MOE_DS4_XQ=0 base
+#             MOE_DS4_XQ=0"), depth 0, pp512, tg32, REPS=2
+#   timeline  ds4_timeline.sh, then timeline_layer.py (one decode layer's kernels in order)
+# A step starts only with at least its minimum time left (see `need`), so a slow
+# machine skips the last ones rather than cutting one short. Carry .dev/ds4 (and
+# .dev/gpu for kernels). Built here first: scripts/device/carry_ds4.sh and
+# scripts/device/gpu_kernels.sh --prepare.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export MOE_KERNEL_CACHE=${MOE_KERNEL_CACHE:-/tmp/moe-kernel-cache}
+OUT=${OUT:-/tmp/ds4-session}
+mkdir -p "$OUT"
+t0=$(date +%s)
+budget=${BUDGET:-570}
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "$name"
+date -u +"run: %Y-%m-%d %H:%M:%S UTC"
+layers=43
+case "$name" in *H100*) layers=20 ;; esac
+export LAYERS=${LAYERS:-$layers}
+left() { echo $((budget - $(date +%s) + t0)); }
+# need MIN NAME: true when at least MIN seconds are left (else says the step is skipped).
+need() {
+    if [ "$(left)" -lt "$1" ]; then
+        echo "== $2 skipped: $(left) s left, it needs $1"
+        return 1
+    fi
+    echo "== $2 ($(($(date +%s) - t0)) s in, $(left) s left)"
+}
+for step in ${STEPS:-kernels fixtures bench ab timeline}; do
+    case "$step" in
+        kernels)
+            need 60 kernels || continue
+            OUT="$OUT" timeout "$(( $(left) < 180 ? $(left) : 180 ))" \
+                bash scripts/device/gpu_kernels.sh --quick > /dev/null 2>&1
+            echo "rc=$?"
+            grep -E "FAIL|parity" "$OUT/gpu_kernels.log" | cut -c1-220 | head -20
+            ;;
+        fixtures)
+            need 60 fixtures || continue
+            STEPS=fixtures OUT="$OUT/spec" timeout "$(( $(left) < 200 ? $(left) : 200 ))" \
+                bash scripts/device/spec_gpu.sh 2>&1 | cut -c1-230 | tail -16
+            ;;
+        bench)
+            need 40 bench || continue
+            OUT="$OUT/bench" NOFILE=1 timeout "$(( $(left) < 360 ? $(left) : 360 ))" \
+                bash scripts/device/ds4_bench.sh > "$OUT/bench.log" 2>&1
+            echo "rc=$?"
+            grep -E "^\||^device|tg32" "$OUT/bench.log" | cut -c1-250 | head -14
+            ;;
+        ab)
+            need 40 ab || continue
+            # shellcheck disable=SC2086 # the settings are words
+            OUT="$OUT/ab" DEPTHS=0 PP=512 REPS=2 timeout "$(left)" \
+                bash scripts/device/ds4_ab.sh ${AB:-base base} > "$OUT/ab.log" 2>&1
+            echo "rc=$?"
+            grep -E '^\||: [0-9]+ s' "$OUT/ab.log"
+            ;;
+        timeline)
+            need 60 timeline || continue
+            W=/tmp/ds4-session-tl OUT=/tmp/ds4-session-tlo timeout "$(left)" \
+                bash scripts/device/ds4_timeline.sh > "$OUT/timeline.log" 2>&1
+            echo "rc=$?"
+            grep -E "^graph" "$OUT/timeline.log"
+            python3 scripts/device/timeline_layer.py /tmp/ds4-session-tl/trace.tsv "$LAYERS" 2 \
+                | tee "$OUT/layer.md"
+            ;;
+        *)
+            echo "unknown step '$step' (kernels, fixtures, bench, ab, timeline)" >&2
+            exit 2
+            ;;
+    esac
+done
+echo "== done ($(($(date +%s) - t0)) s)"
