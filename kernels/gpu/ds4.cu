@@ -2407,30 +2407,6 @@ GPU_DEV bool ds4_router_before(float v, int e, float bv, int be) {
     return be < 0 || (e >= 0 && (v > bv || (v == bv && e < be)));
 }
 
-// The router's product and selection for one token (a decode step) in one launch: block
-// b computes logits 2b and 2b + 1 as matvec_f32_wide does, stores them and counts itself
-// in sync[0]; the last block to count (it puts the count back to zero) reads the logits
-// from L2 (up to four a thread), and selects on its first warp: k rounds of "best not yet
-// taken" (lane l holds experts l + 32 i, its taken ones as bits of a register, then a
-// warp arg-max), which is ds4_router's choice in ds4_router's order, with its scores
-// and weights (the same bits). Two launches (the product, then a one-block router)
-// cost ~12 us a MoE site in the 18:37 UTC trace (2026-12-04).
-// 256 threads, each taking the parts of four threads of matvec_f32_wide's 1024
-// (thread t those of t + 256 q, whose warps are w + 8 q: the same warp sums, then the
-// same sum over the 32 in order, so the same bits). With d <= 4096 (one float4 a part)
-// a thread asks for its rows' float4s, and for its expert's bias, before the
-// dependent-launch wait: they are weights, which no kernel writes, and the block is
-// resident beside the mHC site's kernel it waits for (1024-thread blocks with 58
-// registers took whole multiprocessors and started only as that kernel's blocks left).
-// Up to 256 experts the selection's values sit in registers (8 a lane).
-// Needs what matvec_f32_wide needs, n_expert <= 1024. grid = ceil(n_expert / 2),
-// block = DS4_ROUTER_MM_THREADS.
-#define DS4_ROUTER_MM_THREADS 256
-#define DS4_ROUTER_MM_PARTS (1024 / DS4_ROUTER_MM_THREADS)
-
-// The k best experts of sv[0..n) (the key order of ds4_router_before) on one warp, into
-// chosen[0..k) in order; NV = 8 values a lane in registers (n <= 256), 0 from shared
-// memory. The same choice either way.
 // Expert e (bit i of the lane's `taken`) into the lane's best (bv, be) if it is not
 // taken and goes before it.
 GPU_DEV void ds4_router_consider(float v, int e, int i, unsigned int taken, float& bv, int& be) {
@@ -2440,6 +2416,9 @@ GPU_DEV void ds4_router_consider(float v, int e, int i, unsigned int taken, floa
     }
 }
 
+// The k best experts of sv[0..n) (the key order of ds4_router_before) on one warp, into
+// chosen[0..k) in order; NV = 8 values a lane in registers (n <= 256), 0 from shared
+// memory. The same choice either way.
 template <int NV>
 GPU_DEV void ds4_router_pick(const float* sv, int n, int k, int* chosen) {
     const int lane = threadIdx.x & 31;
@@ -2473,6 +2452,27 @@ GPU_DEV void ds4_router_pick(const float* sv, int n, int k, int* chosen) {
         if (lane == 0) chosen[j] = be;
     }
 }
+
+// The router's product and selection for one token (a decode step) in one launch: block
+// b computes logits 2b and 2b + 1 as matvec_f32_wide does, stores them and counts itself
+// in sync[0]; the last block to count (it puts the count back to zero) reads the logits
+// from L2 (up to four a thread), and selects on its first warp: k rounds of "best not yet
+// taken" (lane l holds experts l + 32 i, its taken ones as bits of a register, then a
+// warp arg-max), which is ds4_router's choice in ds4_router's order, with its scores
+// and weights (the same bits). Two launches (the product, then a one-block router)
+// cost ~12 us a MoE site in the 18:37 UTC trace (2026-12-04).
+// 256 threads, each taking the parts of four threads of matvec_f32_wide's 1024
+// (thread t those of t + 256 q, whose warps are w + 8 q: the same warp sums, then the
+// same sum over the 32 in order, so the same bits). With d <= 4096 (one float4 a part)
+// a thread asks for its rows' float4s, and for its expert's bias, before the
+// dependent-launch wait: they are weights, which no kernel writes, and the block is
+// resident beside the mHC site's kernel it waits for (1024-thread blocks with 58
+// registers took whole multiprocessors and started only as that kernel's blocks left).
+// Up to 256 experts the selection's values sit in registers (8 a lane).
+// Needs what matvec_f32_wide needs, n_expert <= 1024. grid = ceil(n_expert / 2),
+// block = DS4_ROUTER_MM_THREADS.
+#define DS4_ROUTER_MM_THREADS 256
+#define DS4_ROUTER_MM_PARTS (1024 / DS4_ROUTER_MM_THREADS)
 
 extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS)
     ds4_router_mm(const float* __restrict__ wr, int d, const float* __restrict__ x,

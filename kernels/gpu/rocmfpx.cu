@@ -59,7 +59,6 @@
 #define RF2_BLOCK_BYTES 10
 #define MOE_MAX_EXPERTS 1024
 
-
 struct __attribute__((aligned(8))) rf_int2 {
     int x, y;
 };

@@ -537,9 +537,8 @@ pub unsafe fn hc_post_pre(
         // (its blocks store xq themselves with gsync; otherwise a launch after it does)
         .p(quant.filter(|_| gsync).map_or(0, |q| q.xq))
         .launch(gpu, "ds4_hc_post_pre", (nb, n, 1), HCF_THREADS as u32)?;
-    match quant {
-        Some(q) if !gsync => quantize_into(gpu, q)?,
-        _ => {}
+    if let Some(q) = quant.filter(|_| !gsync) {
+        quantize_into(gpu, q)?;
     }
     Ok(None)
 }

@@ -1278,7 +1278,7 @@ pub fn matmul_id_multi(
 
 /// MATMUL_ID_MULTI's arguments without xq, and xq (i[0] = 1, ABI 1.10: x's q8_1 blocks
 /// as HC_POST_PRE stored them, the third argument).
-pub fn id_multi_xq(
+fn id_multi_xq(
     args: &[TensorRef],
     p: &OpParams,
 ) -> Result<(Vec<TensorRef>, Option<TensorRef>), String> {
@@ -2113,10 +2113,9 @@ pub fn run(
                 let d = OpParams::default();
                 run(gpu, backend, mmq, ops::MATMUL, &d, &parts.mix)?;
                 run(gpu, backend, mmq, ops::HC_PRE, params, &parts.pre)?;
-                match parts.quant {
-                    Some(q) => crate::ds4::quantize_into(gpu, q),
-                    None => Ok(()),
-                }
+                parts
+                    .quant
+                    .map_or(Ok(()), |q| crate::ds4::quantize_into(gpu, q))
             }
             ops::MATMUL_ID_MULTI => {
                 let (args, xq) = id_multi_xq(args, params)?;
