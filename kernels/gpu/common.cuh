@@ -537,6 +537,18 @@ GPU_DEV unsigned int gpu_load_u32_a2(const unsigned char* p) {
     return (unsigned int)s[0] | ((unsigned int)s[1] << 16);
 }
 
+// Asks L2 for `bytes` (a multiple of 16, from a 16-byte aligned p) of data no kernel of
+// the step writes, so a later load finds it there; one thread's one instruction (the
+// copy engine's bulk prefetch, sm_90 with GPU_BULK). Elsewhere nothing.
+GPU_DEV void gpu_prefetch_l2(const void* p, unsigned int bytes) {
+#if defined(GPU_BULK)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 // ---------------------------------------------------------------------------------
 // hsum[h] = the sum of the 16 quantised values of half h. The mat-vec kernels of type
 // 107 take qs with each half "plane-ordered" (position 4s + r holds value 4r + s, see

@@ -544,6 +544,246 @@ GPU_DEV void ds4_hcf_write_wts(int t, int lane, int hc, int nm, int head_mode, i
     }
 }
 
+// Each lane's v[i] summed over the warp, for i = lane: 32 values a lane in, 31 exchanges
+// (at each step a lane keeps the half of its values its partner does not).
+GPU_DEV float ds4_warp_transpose_sum(float (&v)[32]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const bool hi = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < o; ++i) {
+            const float lo_v = v[i], hi_v = v[i + o];  // (values: the array stays in registers)
+            v[i] = (hi ? hi_v : lo_v) + gpu_shfl_xor(hi ? lo_v : hi_v, o);
+        }
+    }
+    return v[0];
+}
+
+// ---------------------------------------------------------------------------------
+// The routers' parts: ds4_router, ds4_router_mm and the MoE site's routing
+// (ds4_hc_post_pre with wr) share them.
+// A router score: sigmoid (gating 2) or sqrt(softplus) (4) of the logit.
+GPU_DEV float ds4_router_score(float v, int gating) {
+    return gating == 2 ? ds4_sigmoid(v) : sqrtf(v > 20.0f ? v : log1pf(expf(v)));
+}
+
+// The value an expert is selected by: its score (+ its bias b in mode 1), NaN as -inf.
+GPU_DEV float ds4_router_key(float score, float b, int mode) {
+    const float v = mode == 1 ? score + b : score;
+    return v == v ? v : DS4_NEG_INF;
+}
+
+// The weights of the k chosen experts (in choice order) from their scores, written
+// with their ids for token t: one thread. One definition for both routers.
+GPU_DEV void ds4_router_write(const float* sc, const int* chosen, int k, int norm_topk,
+                              float routed_scale, int t, int* __restrict__ ids,
+                              float* __restrict__ wout) {
+    float w[DS4_TOPK_MAX];
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) {
+        w[j] = sc[chosen[j]];
+        sum += w[j];
+    }
+    for (int j = 0; j < k; ++j) {
+        float v = norm_topk ? w[j] / (sum + 1e-20f) : w[j];
+        ids[(long long)t * k + j] = chosen[j];
+        wout[(long long)t * k + j] = v * routed_scale;
+    }
+}
+
+// The hash-table row of token t (mode 2) as chosen[0..k): out-of-range tokens take row
+// 0 and ids are clamped into 0..E, as on the CPU. Threads 0..k-1.
+GPU_DEV void ds4_router_hashed(const int* __restrict__ table, int table_rows,
+                               const int* __restrict__ tokens, int t, int n_expert, int k,
+                               int* chosen) {
+    const int j = threadIdx.x;
+    if (j < k) {
+        const int tok = tokens[t] >= 0 && tokens[t] < table_rows ? tokens[t] : 0;
+        const int e = table[(long long)tok * k + j];
+        chosen[j] = e < 0 ? 0 : (e >= n_expert ? n_expert - 1 : e);
+    }
+}
+
+// Whether expert (v, e) goes before (bv, be) in the router's order: a higher selection
+// value, or the same and a lower index; be < 0 is no expert.
+GPU_DEV bool ds4_router_before(float v, int e, float bv, int be) {
+    return be < 0 || (e >= 0 && (v > bv || (v == bv && e < be)));
+}
+
+// Expert e (bit i of the lane's `taken`) into the lane's best (bv, be) if it is not
+// taken and goes before it.
+GPU_DEV void ds4_router_consider(float v, int e, int i, unsigned int taken, float& bv, int& be) {
+    if (!((taken >> i) & 1u) && ds4_router_before(v, e, bv, be)) {
+        bv = v;
+        be = e;
+    }
+}
+
+// The k best experts of sv[0..n) (the key order of ds4_router_before) on one warp, into
+// chosen[0..k) in order; NV = 8 values a lane in registers (n <= 256), 0 from shared
+// memory. The same choice either way.
+template <int NV>
+GPU_DEV void ds4_router_pick(const float* sv, int n, int k, int* chosen) {
+    const int lane = threadIdx.x & 31;
+    unsigned int taken = 0;  // bit i: expert lane + 32 i
+    float vals[NV > 0 ? NV : 1];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const int e = lane + 32 * i;
+        vals[i] = e < n ? sv[e] : DS4_NEG_INF;
+        if (e >= n) taken |= 1u << i;
+    }
+    for (int j = 0; j < k; ++j) {
+        float bv = DS4_NEG_INF;
+        int be = -1;
+        if (NV > 0) {
+#pragma unroll
+            for (int i = 0; i < NV; ++i) ds4_router_consider(vals[i], lane + 32 * i, i, taken, bv, be);
+        } else {
+            for (int i = 0, e = lane; e < n; ++i, e += 32) ds4_router_consider(sv[e], e, i, taken, bv, be);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = gpu_shfl_xor(bv, o);
+            const int oe = __float_as_int(gpu_shfl_xor(__int_as_float(be), o));
+            if (ds4_router_before(ov, oe, bv, be)) {
+                bv = ov;
+                be = oe;
+            }
+        }
+        if ((be & 31) == lane) taken |= 1u << (be >> 5);
+        if (lane == 0) chosen[j] = be;
+    }
+}
+
+// The MoE site's routing (ds4_hc_post_pre with wr; one token, gsync, C = 128): the
+// router's product and selection inside the site, so the routed experts' products wait
+// for no launch of their own. x = rr norm_w * sum_h pre_h s_h is linear in the streams,
+// so logit_e = sum_i wr[e][i] x[i] = rr sum_h pre_h P[e][h], P[e][h] = sum_i wr[e][i]
+// norm_w[i] s_h[i]: each block adds its columns' part of P before the grid barrier (from
+// the stream values it holds, while pre and rr are not yet known), and block 0 sums the
+// parts after it and selects as ds4_router_mm does. Not the bits of ds4_router_mm (the
+// sums run in another order): a near tie can choose differently.
+struct ds4_hcf_router {
+    const float* wr;    // [ne, d] f32 (null: no routing)
+    const float* bias;  // [ne] (mode 1)
+    float* logits;      // [ne] out
+    int* ids;           // [k] out
+    float* wout;        // [k] out
+    float* part;        // [nb, ne, 4] scratch: the blocks' parts of P
+    int ne, k, gating, norm_topk, mode;
+    float scale;
+};
+#define DS4_HCF_ROUTE_MAX 256  // experts (8 a lane in ds4_router_pick; 2 threads an expert)
+
+// Block b's part of P (see ds4_hcf_router): warp w takes experts w + 16 j, eight at a
+// time; lane l its columns 4l .. 4l + 3 of the block's C = 128, the norm's weights nwr,
+// the streams' values from sv. A warp's 32 sums (8 experts x 4 streams) are added over
+// its lanes in one transposing butterfly: lane i stores expert i / 4's stream i % 4.
+GPU_DEV void ds4_hcf_route_part(const ds4_hcf_router& r, int t, int b, int nb, int lane,
+                                int warp, int hc, int C, int d, gpu_f4 nwr, const float* sv) {
+    float a[4][4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+        const bool on = h < hc;
+        a[h][0] = on ? nwr.x * sv[h * C + 4 * lane] : 0.0f;
+        a[h][1] = on ? nwr.y * sv[h * C + 4 * lane + 1] : 0.0f;
+        a[h][2] = on ? nwr.z * sv[h * C + 4 * lane + 2] : 0.0f;
+        a[h][3] = on ? nwr.w * sv[h * C + 4 * lane + 3] : 0.0f;
+    }
+    float* dst = r.part + ((long long)t * nb + b) * r.ne * 4;
+    for (int e0 = warp; e0 < r.ne; e0 += 8 * DS4_HCF_WARPS) {  // (the same for the warp)
+        gpu_f4 w[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int e = e0 + DS4_HCF_WARPS * j;
+            w[j] = e < r.ne ? *(const gpu_f4*)(r.wr + (long long)e * d + b * C + 4 * lane)
+                            : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+        }
+        float v[32];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 4; ++h)
+                v[4 * j + h] = w[j].x * a[h][0] + w[j].y * a[h][1] + w[j].z * a[h][2] + w[j].w * a[h][3];
+        const float p = ds4_warp_transpose_sum(v);
+        const int e = e0 + DS4_HCF_WARPS * (lane >> 2);
+        if (e < r.ne) dst[e * 4 + (lane & 3)] = p;
+    }
+}
+
+// Block 0 after the barrier: the logits from the blocks' parts (thread e + 256 s adds
+// blocks s, s + 2, .. of expert e; then the two halves in order), scaled by pre and rr,
+// then the scores, keys and the choice as ds4_router_mm makes them. bias_t: thread
+// tid's expert's bias, loaded before the dependent-launch wait.
+GPU_DEV void ds4_hcf_route(const ds4_hcf_router& r, int t, int nb, int tid, int lane, int warp,
+                           int hc, float rr, const float* Wn, float bias_t, gpu_f4* red,
+                           float* sc, float* key, int* chosen) {
+    const int e = tid & (DS4_HCF_ROUTE_MAX - 1), half = tid / DS4_HCF_ROUTE_MAX;
+    gpu_f4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (e < r.ne) {
+        const float* src = r.part + ((long long)t * nb * r.ne + e) * 4;
+        // (16 parts asked for at once: nb <= DS4_HCF_GSYNC_BLOCKS = 64 takes two rounds)
+        for (int j0 = half; j0 < nb; j0 += 32) {
+            gpu_f4 v[16];
+#pragma unroll
+            for (int q = 0; q < 16; ++q) {
+                const int j = j0 + 2 * q;
+                v[q] = j < nb ? gpu_load_l2_f4(src + (long long)j * r.ne * 4)
+                              : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+            }
+#pragma unroll
+            for (int q = 0; q < 16; ++q) {
+                acc.x += v[q].x;
+                acc.y += v[q].y;
+                acc.z += v[q].z;
+                acc.w += v[q].w;
+            }
+        }
+    }
+    red[tid] = acc;
+    __syncthreads();
+    if (tid < r.ne) {
+        const gpu_f4 p = red[tid], q = red[tid + DS4_HCF_ROUTE_MAX];
+        const float ph[4] = {p.x + q.x, p.y + q.y, p.z + q.z, p.w + q.w};
+        float l = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 4; ++h)
+            if (h < hc) l += Wn[h] * ph[h];
+        l *= rr;
+        r.logits[(long long)t * r.ne + tid] = l;
+        sc[tid] = ds4_router_score(l, r.gating);
+        key[tid] = ds4_router_key(sc[tid], bias_t, r.mode);
+    }
+    __syncthreads();
+    if (warp == 0) {
+        ds4_router_pick<8>(key, r.ne, r.k, chosen);
+        gpu_syncwarp();
+        if (lane == 0) ds4_router_write(sc, chosen, r.k, r.norm_topk, r.scale, t, r.ids, r.wout);
+    }
+}
+
+// HCF_STAMPS (benchmark builds only: scripts/device/hc_site_bench.cu): thread 0 of each
+// of the first 64 blocks of token 0 records the global timer and its SM's clock at the
+// end of phase k of ds4_hc_post_pre, to show where a site's time goes.
+#if defined(HCF_STAMPS) && defined(GPU_CUDA)
+#define HCF_NSTAMP 8
+__device__ unsigned long long hcf_stamps[64 * HCF_NSTAMP * 2];
+#define HCF_STAMP(k)                                                                    \
+    do {                                                                                \
+        if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x < 64) {                  \
+            unsigned long long g_, c_;                                                  \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_));                      \
+            asm volatile("mov.u64 %0, %%clock64;" : "=l"(c_));                          \
+            hcf_stamps[(blockIdx.x * HCF_NSTAMP + (k)) * 2] = g_;                       \
+            hcf_stamps[(blockIdx.x * HCF_NSTAMP + (k)) * 2 + 1] = c_;                   \
+        }                                                                               \
+    } while (0)
+#else
+#define HCF_STAMP(k)
+#endif
+
 // ds4_hc_post_pre's end with gsync (see there): every block waits for the token's
 // others, then takes the weights and writes its own columns of x.
 GPU_DEV void ds4_hcf_grid_tail(int t, int b, int nb, int tid, int lane, int warp, int hc, int C,
@@ -552,10 +792,13 @@ GPU_DEV void ds4_hcf_grid_tail(int t, int b, int nb, int tid, int lane, int warp
                                unsigned int* __restrict__ sync, float base_t, float scale_t,
                                float nw1, const float* sv, float* mix, float* M, float* B,
                                float* Wn, float* S, float* __restrict__ wts,
-                               float* __restrict__ out, q8_1_block* __restrict__ xq) {
+                               float* __restrict__ out, q8_1_block* __restrict__ xq,
+                               const ds4_hcf_router& route, float bias_t) {
     gpu_group_barrier(sync + t, (unsigned int)nb);
+    HCF_STAMP(4);
     ds4_hcf_weights(t, nb, tid, lane, warp, hc, nm, pr, head_mode, eps, hc_eps, hd, part, base_t,
                     scale_t, mix, M, B, Wn, S);
+    HCF_STAMP(5);
     // |x|^2 from the Gram matrix (its entries after mix[nm]).
     float x2 = 0.0f;
     for (int q = 0; q < pr - nm - 1; ++q) {
@@ -581,6 +824,13 @@ GPU_DEV void ds4_hcf_grid_tail(int t, int b, int nb, int tid, int lane, int warp
     if (xq && 32 * warp < C && b * C + 32 * warp < d)
         q8_1_store(xo, ((long long)t * d + b * C) / 32 + warp, lane, xq, 1);
     if (b == 0 && warp == 0) ds4_hcf_write_wts(t, lane, hc, nm, head_mode, defer, iters, hc_eps, M, B, S, Wn, wts);
+    if (route.wr && b == 0) {
+        __shared__ gpu_f4 red[2 * DS4_HCF_ROUTE_MAX];
+        __shared__ float sc[DS4_HCF_ROUTE_MAX], key[DS4_HCF_ROUTE_MAX];
+        __shared__ int chosen[DS4_TOPK_MAX];
+        ds4_hcf_route(route, t, nb, tid, lane, warp, hc, rr, Wn, bias_t, red, sc, key, chosen);
+    }
+    HCF_STAMP(6);
 }
 
 // An mHC site's mixes are read once a step, like the products' weights: evict-first in
@@ -599,8 +849,11 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
                     int post_mode, const float* __restrict__ block, const float* __restrict__ y,
                     const float* __restrict__ rw, int k, const float* __restrict__ shared,
                     int defer, int gsync, q8_1_block* __restrict__ xq,
-                    unsigned int* counters) {
-    __shared__ float sv[DS4_HCF_THREADS];
+                    const float* __restrict__ wr, const float* __restrict__ rbias, int n_expert,
+                    int topk, int gating, int norm_topk, float routed_scale, int rmode,
+                    float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wout,
+                    float* rpart, unsigned int* counters) {
+    __shared__ __attribute__((aligned(16))) float sv[DS4_HCF_THREADS];
     __shared__ float sh[32];
     __shared__ float mix[25 + DS4_HCF_PAIRS];
     __shared__ float M[24], B[24], Wn[24], S[3];
@@ -608,6 +861,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     __shared__ unsigned int last, arrived;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
+    HCF_STAMP(0);
     const int hcp = hc <= 1 ? 1 : (hc <= 2 ? 2 : 4), C = DS4_HCF_THREADS / hcp;
     const int nm = head_mode ? hc : 2 * hc + hc * hc, site_nm = 2 * hc + hc * hc;
     const int np = gsync ? hc * (hc + 1) / 2 : 0, pr = nm + 1 + np;  // a part's floats
@@ -639,7 +893,20 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
                                               : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
     }
     const float nw1 = gsync && tid < C && b * C + tid < d ? norm_w[b * C + tid] : 0.0f;
+    // The routing's constants (see ds4_hcf_router): block b's columns of wr asked into L2
+    // (a row's 512 bytes a thread), lane l's norm weights, thread e's expert's bias.
+    const ds4_hcf_router route = {
+        gsync && C == 128 && n_expert <= DS4_HCF_ROUTE_MAX ? wr : nullptr,
+        rbias, logits, ids, wout, rpart, n_expert, topk, gating, norm_topk, rmode, routed_scale};
+    gpu_f4 nwr = {0.0f, 0.0f, 0.0f, 0.0f};
+    float bias_t = 0.0f;
+    if (route.wr) {
+        if (tid < n_expert) gpu_prefetch_l2(wr + (long long)tid * d + b * C, 4 * C);
+        nwr = *(const gpu_f4*)(norm_w + b * C + 4 * lane);
+        if (b == 0 && rmode == 1 && tid < n_expert) bias_t = rbias[tid];
+    }
     gpu_count_launch(counters, KID_DS4_HC_POST_PRE);
+    HCF_STAMP(1);
     float* s = streams + (long long)t * hd;
     const int h = tid / C, i = b * C + tid % C;
     const bool on = h < hc && i < d;
@@ -661,6 +928,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     }
     sv[tid] = nv;
     __syncthreads();
+    HCF_STAMP(2);
     float* mine = part + ((long long)t * nb + b) * pr;
 #pragma unroll
     for (int q = 0; q < DS4_HCF_ROWS; ++q) {
@@ -683,10 +951,12 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     }
     const float ssq = ds4_block_sum(nv * nv, sh, DS4_HCF_THREADS);
     if (tid == 0) mine[nm] = ssq;
+    if (route.wr) ds4_hcf_route_part(route, t, b, nb, lane, warp, hc, C, d, nwr, sv);
+    HCF_STAMP(3);
     if (gsync) {
         ds4_hcf_grid_tail(t, b, nb, tid, lane, warp, hc, C, nm, pr, head_mode, defer, iters, eps,
                           hc_eps, d, hd, part, sync, base_t, scale_t, nw1, sv, mix, M, B, Wn, S,
-                          wts, out, xq);
+                          wts, out, xq, route, bias_t);
         return;
     }
     // Count this block done once its streams and shares are out (the barrier orders
@@ -1875,22 +2145,6 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
 // the tile's rows (hd <= DS4_HEAD_MAX), so each takes at most DS4_ATH_TILE / 2.
 #define DS4_ATH_STAGE (DS4_ATH_TILE / 2)
 
-// Each lane's v[i] summed over the warp, for i = lane: 32 values a lane in, 31 exchanges
-// (at each step a lane keeps the half of its values its partner does not).
-GPU_DEV float ds4_warp_transpose_sum(float (&v)[32]) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const bool hi = (lane & o) != 0;
-#pragma unroll
-        for (int i = 0; i < o; ++i) {
-            const float lo_v = v[i], hi_v = v[i + o];  // (values: the array stays in registers)
-            v[i] = (hi ? hi_v : lo_v) + gpu_shfl_xor(hi ? lo_v : hi_v, o);
-        }
-    }
-    return v[0];
-}
-
 GPU_DEV float ds4_dot4(gpu_f4 a, gpu_f4 b, float acc) {
     return acc + a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
@@ -2314,48 +2568,6 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // ---------------------------------------------------------------------------------
-// A router score: sigmoid (gating 2) or sqrt(softplus) (4) of the logit.
-GPU_DEV float ds4_router_score(float v, int gating) {
-    return gating == 2 ? ds4_sigmoid(v) : sqrtf(v > 20.0f ? v : log1pf(expf(v)));
-}
-
-// The value an expert is selected by: its score (+ its bias b in mode 1), NaN as -inf.
-GPU_DEV float ds4_router_key(float score, float b, int mode) {
-    const float v = mode == 1 ? score + b : score;
-    return v == v ? v : DS4_NEG_INF;
-}
-
-// The weights of the k chosen experts (in choice order) from their scores, written
-// with their ids for token t: one thread. One definition for both routers.
-GPU_DEV void ds4_router_write(const float* sc, const int* chosen, int k, int norm_topk,
-                              float routed_scale, int t, int* __restrict__ ids,
-                              float* __restrict__ wout) {
-    float w[DS4_TOPK_MAX];
-    float sum = 0.0f;
-    for (int j = 0; j < k; ++j) {
-        w[j] = sc[chosen[j]];
-        sum += w[j];
-    }
-    for (int j = 0; j < k; ++j) {
-        float v = norm_topk ? w[j] / (sum + 1e-20f) : w[j];
-        ids[(long long)t * k + j] = chosen[j];
-        wout[(long long)t * k + j] = v * routed_scale;
-    }
-}
-
-// The hash-table row of token t (mode 2) as chosen[0..k): out-of-range tokens take row
-// 0 and ids are clamped into 0..E, as on the CPU. Threads 0..k-1.
-GPU_DEV void ds4_router_hashed(const int* __restrict__ table, int table_rows,
-                               const int* __restrict__ tokens, int t, int n_expert, int k,
-                               int* chosen) {
-    const int j = threadIdx.x;
-    if (j < k) {
-        const int tok = tokens[t] >= 0 && tokens[t] < table_rows ? tokens[t] : 0;
-        const int e = table[(long long)tok * k + j];
-        chosen[j] = e < 0 ? 0 : (e >= n_expert ? n_expert - 1 : e);
-    }
-}
-
 // Router: scores sigmoid (gating 2) or sqrt(softplus) (4); experts from the hash table
 // row of the token (mode 2) or the k best scores (+ bias for selection when mode 1,
 // ties: lower index); weights = the chosen scores, normalised to sum 1 when norm_topk,
@@ -2399,58 +2611,6 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     __syncthreads();
     if (tid == 0) ds4_router_write(sc, chosen, k, norm_topk, routed_scale, t, ids, wout);
-}
-
-// Whether expert (v, e) goes before (bv, be) in the router's order: a higher selection
-// value, or the same and a lower index; be < 0 is no expert.
-GPU_DEV bool ds4_router_before(float v, int e, float bv, int be) {
-    return be < 0 || (e >= 0 && (v > bv || (v == bv && e < be)));
-}
-
-// Expert e (bit i of the lane's `taken`) into the lane's best (bv, be) if it is not
-// taken and goes before it.
-GPU_DEV void ds4_router_consider(float v, int e, int i, unsigned int taken, float& bv, int& be) {
-    if (!((taken >> i) & 1u) && ds4_router_before(v, e, bv, be)) {
-        bv = v;
-        be = e;
-    }
-}
-
-// The k best experts of sv[0..n) (the key order of ds4_router_before) on one warp, into
-// chosen[0..k) in order; NV = 8 values a lane in registers (n <= 256), 0 from shared
-// memory. The same choice either way.
-template <int NV>
-GPU_DEV void ds4_router_pick(const float* sv, int n, int k, int* chosen) {
-    const int lane = threadIdx.x & 31;
-    unsigned int taken = 0;  // bit i: expert lane + 32 i
-    float vals[NV > 0 ? NV : 1];
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-        const int e = lane + 32 * i;
-        vals[i] = e < n ? sv[e] : DS4_NEG_INF;
-        if (e >= n) taken |= 1u << i;
-    }
-    for (int j = 0; j < k; ++j) {
-        float bv = DS4_NEG_INF;
-        int be = -1;
-        if (NV > 0) {
-#pragma unroll
-            for (int i = 0; i < NV; ++i) ds4_router_consider(vals[i], lane + 32 * i, i, taken, bv, be);
-        } else {
-            for (int i = 0, e = lane; e < n; ++i, e += 32) ds4_router_consider(sv[e], e, i, taken, bv, be);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = gpu_shfl_xor(bv, o);
-            const int oe = __float_as_int(gpu_shfl_xor(__int_as_float(be), o));
-            if (ds4_router_before(ov, oe, bv, be)) {
-                bv = ov;
-                be = oe;
-            }
-        }
-        if ((be & 31) == lane) taken |= 1u << (be >> 5);
-        if (lane == 0) chosen[j] = be;
-    }
 }
 
 // The router's product and selection for one token (a decode step) in one launch: block

@@ -202,6 +202,10 @@ pub mod ops {
     /// last, xq (I32, at least d n / 2 values, d a multiple of 32), where the backend
     /// stores out in the quantised form its grouped products read (MATMUL_ID_MULTI's
     /// xq); a backend may also leave it as it was when its products never read it.
+    /// From ABI 1.11, i[4] = 1: then ROUTER with its product (ABI 1.7) of the site's x,
+    /// its nine arguments last (after xq; their x is `out`), its params in f[2] (f[0] of
+    /// ROUTER), i[5], i[6], i[7] (i[0..3] of ROUTER); the backend may sum the logits in
+    /// another order than ROUTER's (near ties may then choose differently).
     pub const HC_POST_PRE: u32 = 32;
     /// The Sinkhorn of the comb matrices HC_PRE / HC_POST_PRE left as logits (ABI 1.4),
     /// in place: i[0] iterations, i[1] = hc, f[1] = eps (HC_PRE's). args: weights (F32

@@ -52,7 +52,8 @@ pub const ABI_MAJOR: u32 = 1;
 /// 9: PREFETCH (`backend::ops` 35).
 /// 10: HC_POST_PRE's xq (i[3]) and MATMUL_ID_MULTI's (i[0]): x quantised once for the
 ///     MoE's grouped products.
-pub const ABI_MINOR: u32 = 10;
+/// 11: HC_POST_PRE's routing (i[4]): ROUTER with its product of the site's x, in the op.
+pub const ABI_MINOR: u32 = 11;
 
 /// Explicit ABI version carried by every root module.
 #[repr(C)]

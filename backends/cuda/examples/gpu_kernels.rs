@@ -2128,6 +2128,150 @@ fn hc_post_pre_gsync(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all
 }
 
+/// HC_POST_PRE's routing (ABI 1.11) against the same site then ROUTER with its product:
+/// one token at V4-Flash's width (d 4096, 4 streams, 256 experts top 6, sqrt-softplus
+/// scores with a selection bias). The site's blocks route themselves (gsync: no router
+/// launch): x the same bits, the logits within 1e-5 of the largest (another summation
+/// order), the same experts, weights within 1e-5. The last-block form runs the router's
+/// own launch after the site: its logits, experts and weights the same bits.
+fn hc_route(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== HC_POST_PRE's routing vs the site, then ROUTER with its product ==");
+    let (d, hc, e, k) = (4096usize, 4usize, 256usize, 6usize);
+    let nm = 2 * hc + hc * hc;
+    let mut v = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| s * rng.f32()).collect() };
+    let streams = v(d * hc, 1.0);
+    let fnw = v(hc * d * nm, 0.02);
+    let (scale, base, block) = (v(3, 1.0), v(nm, 1.0), v(d, 1.0));
+    let norm_w: Vec<f32> = v(d, 0.5).iter().map(|x| 1.0 + x).collect();
+    let wts: Vec<f32> = v(nm, 1.0).iter().map(|x| x.abs()).collect();
+    let (wr, bias) = (v(d * e, 0.05), v(e, 0.01));
+    let b = |x: &[f32]| g.buf(&f32_bytes(x));
+    let (bs, bf, bsc, bb, bn) = (b(&streams), b(&fnw), b(&scale), b(&base), b(&norm_w));
+    let (bo, bw, bm, by, bblk) = (
+        g.zeros(d * 4),
+        b(&wts),
+        g.zeros(nm * 4),
+        g.zeros(4),
+        b(&block),
+    );
+    let (bwr, bbias, blog, bids, brw, btok, brs) = (
+        b(&wr),
+        b(&bias),
+        g.zeros(e * 4),
+        g.zeros(k * 4),
+        g.zeros(k * 4),
+        g.zeros(4),
+        g.zeros(4),
+    );
+    let f = f32_t;
+    let i32t = |buf, n: usize| t(buf, 0, types::I32, 0, [n as u64, 1, 1, 1]);
+    let site_args = || {
+        vec![
+            f(bs, [d, hc, 1]),
+            f(bf, [hc * d, nm, 1]),
+            f(bsc, [3, 1, 1]),
+            f(bb, [nm, 1, 1]),
+            f(bn, [d, 1, 1]),
+            f(bo, [d, 1, 1]),
+            f(bw, [nm, 1, 1]),
+            f(bm, [nm, 1, 1]),
+            i32t(by, 1),
+            f(bblk, [d, 1, 1]),
+        ]
+    };
+    let router_args = [
+        f(blog, [e, 1, 1]),
+        f(bbias, [e, 1, 1]),
+        i32t(btok, 1),
+        i32t(btok, 1),
+        i32t(bids, k),
+        f(brw, [k, 1, 1]),
+        f(bo, [d, 1, 1]),
+        f(bwr, [d, e, 1]),
+        i32t(brs, 1),
+    ];
+    // ROUTER's params: routed scale 1.5; sqrt-softplus, normalised, the bias's selection.
+    let (scale_r, router_i) = (1.5f32, [4i64, 1, 1]);
+    // One site (and its routing): x, logits, ids, weights and (site, router) launches.
+    let run = |force: u8, in_site: bool| {
+        FORCE_HC_GSYNC.store(force, Ordering::Relaxed);
+        into_result((g.be.upload)(bs, 0, f32_bytes(&streams).as_slice().into())).unwrap();
+        into_result((g.be.upload)(bw, 0, f32_bytes(&wts).as_slice().into())).unwrap();
+        let before = g.counters();
+        let mut a = site_args();
+        let mut prm = OpParams::default();
+        prm.f[0] = 1e-6;
+        prm.f[1] = 1e-6;
+        prm.i[0] = 20;
+        if in_site {
+            a.extend(router_args);
+            prm.i[4] = 1;
+            prm.f[2] = scale_r;
+            prm.i[5..8].copy_from_slice(&router_i);
+            g.op_with(ops::HC_POST_PRE, prm, &a);
+        } else {
+            g.op_with(ops::HC_POST_PRE, prm, &a);
+            let mut rp = OpParams::default();
+            rp.f[0] = scale_r;
+            rp.i[..3].copy_from_slice(&router_i);
+            g.op_with(ops::ROUTER, rp, &router_args);
+        }
+        let x = g.read_f32(bo, 0, d);
+        let logits = g.read_f32(blog, 0, e);
+        let ids: Vec<u32> = g.read_f32(bids, 0, k).iter().map(|v| v.to_bits()).collect();
+        let w = g.read_f32(brw, 0, k);
+        let after = g.counters();
+        FORCE_HC_GSYNC.store(0, Ordering::Relaxed);
+        let n = |name: &str| device_launches(&before, &after, name);
+        (
+            x,
+            logits,
+            ids,
+            w,
+            (n("ds4_hc_post_pre"), n("ds4_router_mm")),
+        )
+    };
+    let (x0, l0, i0, w0, base_launches) = run(1, false);
+    let mut all = base_launches == (1, 1);
+    for (form, force, want) in [("gsync", 1u8, (1u64, 0u64)), ("last block", 2, (1, 1))] {
+        let (x1, l1, i1, w1, launches) = run(force, true);
+        let x_same = same_bits(&x0, &x1);
+        let big = l0.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let dl = l0
+            .iter()
+            .zip(&l1)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+            / big;
+        let dw = w0
+            .iter()
+            .zip(&w1)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let exact = same_bits(&l0, &l1) && same_bits(&w0, &w1);
+        // The routing in the site sums in another order; the router's launch is ROUTER.
+        let close = if force == 1 {
+            dl <= 1e-5 && dw <= 1e-5
+        } else {
+            exact
+        };
+        let ok = x_same && close && i0 == i1 && launches == want;
+        all &= ok;
+        println!(
+            "{form:<10}: x bit-identical {x_same}, logits {dl:.2e} of the largest ({big:.3}), experts {i1:?} (ROUTER's {i0:?}), weights {dw:.2e}, launches (site, router) {launches:?} {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"hc_route\",\"case\":\"{form}\",\"logits_rel\":{dl:e},\"weights\":{dw:e},\"same_experts\":{},\"ok\":{ok}}}",
+            i0 == i1
+        ));
+    }
+    for buf in [
+        bs, bf, bsc, bb, bn, bo, bw, bm, by, bblk, bwr, bbias, blog, bids, brw, btok, brs,
+    ] {
+        into_result((g.be.free)(buf)).unwrap();
+    }
+    all
+}
+
 /// HC_POST_PRE's xq (ABI 1.10) read by MATMUL_ID_MULTI: one token at V4-Flash's width
 /// (d 4096, 4 streams, a block's output as the post), in both forms (gsync: the site's
 /// blocks store xq, no quantising launch; the last-block form: one `quantize_q8_1` after
@@ -3123,6 +3267,7 @@ fn main() {
         }
         all_ok &= hc_post_pre_gsync(&g, &mut rng, &mut json);
         all_ok &= hc_xq(&g, &mut rng, &mut json);
+        all_ok &= hc_route(&g, &mut rng, &mut json);
         all_ok &= router_mm(&g, &mut rng, &mut json);
         all_ok &= norm_matmul(&g, &mut rng, &mut json);
         all_ok &= attention_decode(&g, &mut rng, &mut json);

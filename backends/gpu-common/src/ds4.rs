@@ -48,6 +48,11 @@ impl KArgs {
         self.0.push(v.to_bits() as u64);
         self
     }
+    /// `more`'s slots after these.
+    fn extend(mut self, more: KArgs) -> Self {
+        self.0.extend(more.0);
+        self
+    }
     /// # Safety
     /// The slots must match the kernel's parameters and point at valid memory.
     unsafe fn launch(
@@ -404,6 +409,90 @@ pub struct XQuant {
     pub values: u64,
 }
 
+/// HC_POST_PRE's routing (ABI 1.11, i[4] = 1): ROUTER's nine arguments with its
+/// product (x is the site's out) and its params (f[0] from f[2], i[0..3] from i[5..8]).
+pub struct SiteRoute {
+    pub args: [TensorRef; 9],
+    pub params: OpParams,
+}
+
+/// HC_POST_PRE's arguments without the routing's, and the routing (i[4] = 1: ROUTER's
+/// nine arguments come last).
+pub fn hc_route_split<'a>(
+    a: &'a [TensorRef],
+    p: &OpParams,
+) -> Result<(&'a [TensorRef], Option<SiteRoute>), String> {
+    if p.i[4] == 0 {
+        return Ok((a, None));
+    }
+    let n = ops::ROUTER_MM_ARGS;
+    if a.len() < n {
+        return Err(format!(
+            "hc_post_pre: its routing (i[4] = 1) needs ROUTER's {n} arguments last, got {} in all",
+            a.len()
+        ));
+    }
+    let (site, route) = a.split_at(a.len() - n);
+    let mut params = OpParams::default();
+    params.f[0] = p.f[2];
+    params.i[..3].copy_from_slice(&p.i[5..8]);
+    let args = route
+        .try_into()
+        .map_err(|_| "hc_post_pre: routing arguments".to_string())?;
+    Ok((site, Some(SiteRoute { args, params })))
+}
+
+/// Most experts `ds4_hc_post_pre` routes itself (DS4_HCF_ROUTE_MAX).
+const HCF_ROUTE_MAX_EXPERTS: u64 = 256;
+
+/// `ds4_hc_post_pre`'s routing arguments, where the site can route itself: every
+/// argument checked as ROUTER checks them, then scored experts (not the hash table), at
+/// most HCF_ROUTE_MAX_EXPERTS, F32 router weights of whole 128-column blocks and x the
+/// site's out. None: the
+/// caller runs ROUTER after the site. `MOE_GPU_SITE_ROUTE=0` keeps ROUTER (A/B runs).
+fn site_route_kargs(gpu: &impl Gpu, r: &SiteRoute, out: u64) -> Result<Option<KArgs>, String> {
+    router_mm(gpu, &r.params, &r.args)?;
+    let [logits, bias, _, _, ids, w, x, wr, _] = r.args;
+    let (gating, norm_topk, mode) = (r.params.i[0], r.params.i[1], r.params.i[2]);
+    let e = logits.dims[0];
+    // (a block's 128 columns of every row: d a multiple of 128)
+    if mode == 2
+        || e > HCF_ROUTE_MAX_EXPERTS
+        || !wr.dims[0].is_multiple_of(128)
+        || wr.type_id != types::F32
+        || f32p(gpu, &x)? != out
+        || site_route_off()
+    {
+        return Ok(None);
+    }
+    Ok(Some(
+        KArgs::default()
+            .p(gpu.ptr(&wr, 16)?)
+            .p(if mode == 1 { f32p(gpu, &bias)? } else { 0 })
+            .i(e as i32)
+            .i(ids.dims[0] as i32)
+            .i(gating as i32)
+            .i((norm_topk != 0) as i32)
+            .f(r.params.f[0])
+            .i(mode as i32)
+            .p(f32p(gpu, &logits)?)
+            .p(gpu.ptr(&ids, 4)?)
+            .p(f32p(gpu, &w)?),
+    ))
+}
+
+fn site_route_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| env_off("MOE_GPU_SITE_ROUTE"))
+}
+
+/// What HC_POST_PRE ran: one launch (`routed`: the routing inside it, see
+/// [`hc_route_split`]), or nothing yet: the ops it stands for.
+pub enum PostPre {
+    Launched { routed: bool },
+    Parts(Box<PostPreParts>),
+}
+
 /// Launches `quantize_q8_1` of `q.x` into `q.xq` (planes = 1).
 ///
 /// # Safety
@@ -425,7 +514,8 @@ pub unsafe fn hc_post_pre(
     gpu: &impl Gpu,
     p: &OpParams,
     a: &[TensorRef],
-) -> Result<Option<PostPreParts>, String> {
+    route: Option<&SiteRoute>,
+) -> Result<PostPre, String> {
     // i[3] = 1 (ABI 1.10): xq comes last.
     let (a, xq) = match (p.i[3] != 0, a.split_last()) {
         (true, Some((xq, rest))) => (rest, Some(*xq)),
@@ -506,7 +596,7 @@ pub unsafe fn hc_post_pre(
         let view = |t: &TensorRef, dims: [u64; 4]| TensorRef { dims, ..*t };
         let flat = view(&s, [hc * d, n, 1, 1]);
         let mix = view(&mix, [nm, n, 1, 1]);
-        return Ok(Some(PostPreParts {
+        return Ok(PostPre::Parts(Box::new(PostPreParts {
             post: (!post.is_empty()).then(|| {
                 let mut v = vec![s, post[0], view(&wts, [site_nm, n, 1, 1])];
                 v.extend_from_slice(&post[1..]);
@@ -515,15 +605,27 @@ pub unsafe fn hc_post_pre(
             mix: [fnw, flat, mix],
             pre: [s, mix, scale, base, norm_w, out, view(&wts, [nm, n, 1, 1])],
             quant,
-        }));
+        })));
     }
     let hcp = hc.next_power_of_two();
     let nb = d.div_ceil(HCF_THREADS / hcp);
     let gsync = n == 1 && nb <= HCF_GSYNC_BLOCKS.min(gpu.multiprocessors() as u64) && hc_gsync();
     // A block's share: the mixes, the sum of squares, with gsync the Gram entries.
     let share = nm + 1 + if gsync { hc * (hc + 1) / 2 } else { 0 };
-    let part = gpu.scratch((nb * n * share * 4) as usize)?;
-    hc_params(gpu, [s, fnw, scale, base, norm_w, out, wts], d, hc, p, head)?
+    let part_bytes = nb * n * share * 4;
+    // The routing inside the site: gsync blocks of 128 columns (hcp = 4).
+    let routing = match route {
+        Some(r) if gsync && hcp == 4 => site_route_kargs(gpu, r, pout)?,
+        _ => None,
+    };
+    // (with routing, the blocks' parts of the logits after the shares: [nb, E, 4])
+    // (after the shares, 256-byte aligned)
+    let route_at = part_bytes.next_multiple_of(256);
+    let route_bytes = route
+        .filter(|_| routing.is_some())
+        .map_or(0, |r| route_at + nb * r.args[0].dims[0] * 16);
+    let part = gpu.scratch(part_bytes.max(route_bytes) as usize)?;
+    let ka = hc_params(gpu, [s, fnw, scale, base, norm_w, out, wts], d, hc, p, head)?
         .p(part)
         .p(gpu.ptr(&sync, 4)?)
         .i(mode)
@@ -535,12 +637,31 @@ pub unsafe fn hc_post_pre(
         .i((!head && p.i[2] != 0) as i32)
         .i(gsync as i32)
         // (its blocks store xq themselves with gsync; otherwise a launch after it does)
-        .p(quant.filter(|_| gsync).map_or(0, |q| q.xq))
-        .launch(gpu, "ds4_hc_post_pre", (nb, n, 1), HCF_THREADS as u32)?;
+        .p(quant.filter(|_| gsync).map_or(0, |q| q.xq));
+    let routed = routing.is_some();
+    let ka = match routing {
+        Some(r) => ka.extend(r).p(part + route_at),
+        // no routing: wr, bias, experts, k, gating, norm_topk, scale, mode, logits, ids,
+        // weights, parts
+        None => ka
+            .p(0)
+            .p(0)
+            .i(0)
+            .i(0)
+            .i(0)
+            .i(0)
+            .f(0.0)
+            .i(0)
+            .p(0)
+            .p(0)
+            .p(0)
+            .p(0),
+    };
+    ka.launch(gpu, "ds4_hc_post_pre", (nb, n, 1), HCF_THREADS as u32)?;
     if let Some(q) = quant.filter(|_| !gsync) {
         quantize_into(gpu, q)?;
     }
-    Ok(None)
+    Ok(PostPre::Launched { routed })
 }
 
 unsafe fn compress(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {

@@ -2104,18 +2104,31 @@ pub fn run(
                 Ok(())
             }
             ops::HC_POST_PRE => {
-                let Some(parts) = crate::ds4::hc_post_pre(gpu, params, args)? else {
-                    return Ok(()); // one launch
-                };
-                if let Some(post) = &parts.post {
-                    run(gpu, backend, mmq, ops::HC_POST, params, post)?;
+                let (args, route) = crate::ds4::hc_route_split(args, params)?;
+                if let Some(r) = &route {
+                    // (every routing argument checked before the site launches)
+                    crate::ds4::router_mm(gpu, &r.params, &r.args)?;
                 }
-                let d = OpParams::default();
-                run(gpu, backend, mmq, ops::MATMUL, &d, &parts.mix)?;
-                run(gpu, backend, mmq, ops::HC_PRE, params, &parts.pre)?;
-                parts
-                    .quant
-                    .map_or(Ok(()), |q| crate::ds4::quantize_into(gpu, q))
+                let routed = match crate::ds4::hc_post_pre(gpu, params, args, route.as_ref())? {
+                    crate::ds4::PostPre::Launched { routed } => routed,
+                    crate::ds4::PostPre::Parts(parts) => {
+                        if let Some(post) = &parts.post {
+                            run(gpu, backend, mmq, ops::HC_POST, params, post)?;
+                        }
+                        let d = OpParams::default();
+                        run(gpu, backend, mmq, ops::MATMUL, &d, &parts.mix)?;
+                        run(gpu, backend, mmq, ops::HC_PRE, params, &parts.pre)?;
+                        if let Some(q) = parts.quant {
+                            crate::ds4::quantize_into(gpu, q)?;
+                        }
+                        false
+                    }
+                };
+                // The routing the site did not take: ROUTER after it.
+                match route.filter(|_| !routed) {
+                    Some(r) => run(gpu, backend, mmq, ops::ROUTER, &r.params, &r.args),
+                    None => Ok(()),
+                }
             }
             ops::MATMUL_ID_MULTI => {
                 let (args, xq) = id_multi_xq(args, params)?;
@@ -3430,6 +3443,9 @@ mod run_tests {
         assert_eq!(e, "op 99 is not supported by the test backend");
     }
 
+    /// The tests that force `FORCE_HC_GSYNC` (a process-wide switch) take turns.
+    static GSYNC_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// HC_POST_PRE's tensors for d = 4096, 4 streams, n tokens (`head`: the head's pre
     /// only), then `post` inputs.
     fn post_pre_args(n: u64, head: bool, post: &[TensorRef]) -> Vec<TensorRef> {
@@ -3453,6 +3469,7 @@ mod run_tests {
 
     #[test]
     fn hc_post_pre_fuses_decode_steps_and_runs_its_parts_otherwise() {
+        let _one = GSYNC_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let f = |a: u64, b: u64, c: u64| t(types::F32, [a, b, c, 1]);
         let site = OpParams {
             f: [1e-6, 1e-6, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
@@ -3478,13 +3495,13 @@ mod run_tests {
             crate::ds4::FORCE_HC_GSYNC.store(force, std::sync::atomic::Ordering::Relaxed);
             for post in [&[][..], &moe[..1], &moe[..2], &moe[..]] {
                 let (l, sc) = names(&site, &post_pre_args(1, false, post));
-                assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 24)]);
+                assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 36)]);
                 assert_eq!(sc, [32 * share * 4]);
             }
         }
         crate::ds4::FORCE_HC_GSYNC.store(0, std::sync::atomic::Ordering::Relaxed);
         let (l, _) = names(&head, &post_pre_args(1, true, &moe[..1]));
-        assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 24)]);
+        assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 36)]);
         // Longer chunks, and the head's weights for 2 tokens: HC_POST, the mixes (from 16
         // columns on tiles over slices of k, added up after), HC_PRE.
         let (l, _) = names(&site, &post_pre_args(17, false, &[f(4096, 17, 1)]));
@@ -3516,9 +3533,78 @@ mod run_tests {
         assert!(g.launches.borrow().is_empty());
     }
 
+    /// HC_POST_PRE's routing (i[4] = 1, ABI 1.11): blocks that wait for each other
+    /// route in the site's one launch (its parameters as the kernel's signature has
+    /// them); the last-block form, and the hash table's experts, run ROUTER after it;
+    /// too few routing arguments are refused before any launch.
+    #[test]
+    fn hc_post_pre_routes_in_the_site() {
+        let _one = GSYNC_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let (d, e, k) = (4096, 256, 6);
+        let f = |a, b| t(types::F32, [a, b, 1, 1]);
+        let i = |a, b| t(types::I32, [a, b, 1, 1]);
+        let site = |mode: i64| {
+            let mut p = OpParams {
+                f: [1e-6, 1e-6, 1.5, 0.0, 0.0, 0.0, 0.0, 0.0],
+                ..Default::default()
+            };
+            p.i[4] = 1;
+            p.i[5..8].copy_from_slice(&[4, 1, mode]);
+            p
+        };
+        let mut a = post_pre_args(1, false, &[f(d, 1)]);
+        // ROUTER's nine: logits, bias, table, tokens, ids, weights, x (the site's out),
+        // the router's weights, sync words.
+        a.extend([
+            f(e, 1),
+            f(e, 1),
+            i(k, 1),
+            i(1, 1),
+            i(k, 1),
+            f(k, 1),
+            f(d, 1),
+            f(d, e),
+            i(1, 1),
+        ]);
+        let sig = crate::kernels::signatures();
+        let names = |p: &OpParams, a: &[TensorRef]| {
+            let g = Rec::default();
+            run(&g, "test", MMQ_MMA, ops::HC_POST_PRE, p, a).unwrap();
+            let l = g.launches.into_inner();
+            for &(name, _, np) in &l {
+                assert_eq!(sig.get(name), Some(&(np + 1)), "{name}'s parameters");
+            }
+            l.iter().map(|l| (l.0, l.1)).collect::<Vec<_>>()
+        };
+        crate::ds4::FORCE_HC_GSYNC.store(1, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(names(&site(1), &a), [("ds4_hc_post_pre", (32, 1, 1))]);
+        let hashed = names(&site(2), &a);
+        assert_eq!(hashed.len(), 2, "{hashed:?}");
+        assert_eq!(hashed[1].0, "ds4_router_mm");
+        crate::ds4::FORCE_HC_GSYNC.store(2, std::sync::atomic::Ordering::Relaxed);
+        let last_block = names(&site(1), &a);
+        assert_eq!(
+            last_block,
+            [
+                ("ds4_hc_post_pre", (32, 1, 1)),
+                ("ds4_router_mm", (128, 1, 1))
+            ]
+        );
+        crate::ds4::FORCE_HC_GSYNC.store(0, std::sync::atomic::Ordering::Relaxed);
+        let g = Rec::default();
+        let err = run(&g, "test", MMQ_MMA, ops::HC_POST_PRE, &site(1), &a[..8]).unwrap_err();
+        assert!(err.contains("ROUTER's 9 arguments"), "{err}");
+        let mut bad = a.clone();
+        bad[a.len() - 2] = f(d / 2, e);
+        let err = run(&g, "test", MMQ_MMA, ops::HC_POST_PRE, &site(1), &bad).unwrap_err();
+        assert!(err.contains("router: weights"), "{err}");
+        assert!(g.launches.borrow().is_empty());
+    }
+
     /// HC_POST_PRE's xq (i[3] = 1, ABI 1.10) and MATMUL_ID_MULTI reading it (i[0] = 1).
     #[test]
     fn hc_post_pre_quantises_x_for_the_grouped_products() {
+        let _one = GSYNC_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let f = |a: u64, b: u64, c: u64| t(types::F32, [a, b, c, 1]);
         let mut site = OpParams {
             f: [1e-6, 1e-6, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
@@ -3544,13 +3630,13 @@ mod run_tests {
         // longer chunks quantise x (out) after.
         crate::ds4::FORCE_HC_GSYNC.store(1, std::sync::atomic::Ordering::Relaxed);
         let l = names(&with_xq(1, &block, xq(2048)));
-        assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 24)]);
+        assert_eq!(l, [("ds4_hc_post_pre", (32, 1, 1), 36)]);
         crate::ds4::FORCE_HC_GSYNC.store(2, std::sync::atomic::Ordering::Relaxed);
         let l = names(&with_xq(1, &block, xq(2048)));
         assert_eq!(
             l,
             [
-                ("ds4_hc_post_pre", (32, 1, 1), 24),
+                ("ds4_hc_post_pre", (32, 1, 1), 36),
                 ("quantize_q8_1", (16, 1, 1), 4)
             ]
         );

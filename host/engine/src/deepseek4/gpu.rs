@@ -250,6 +250,10 @@ pub(super) struct GpuPath {
     /// products (HC_POST_PRE's xq, ABI 1.10), which then skip their own quantisation
     /// launch (see `probe_xq`).
     xq: bool,
+    /// A decode step's MoE site routes too (HC_POST_PRE's routing, ABI 1.11): the
+    /// router's product and selection in the site's launch, not one of their own
+    /// (opt-in, `MOE_DS4_SITE_ROUTE=1`: see `probe_site_route`).
+    site_route: bool,
     /// q_a's norm inside `wq_b`'s product (NORM_MATMUL, ABI 1.8) where no indexer reads
     /// the normed q_res (opt-in, `MOE_DS4_NORM_MM=1`: see `probe_norm_mm`).
     norm_mm: bool,
@@ -523,6 +527,7 @@ impl GpuPath {
             post_combine: probe_post_combine(dev),
             hc_fused,
             xq: hc_fused && multi && probe_xq(dev),
+            site_route: hc_fused && probe_site_route(dev),
             att_rope: probe_att_rope(dev),
             att_sync: probe_att_sync(dev),
             topk_work: probe_topk_work(dev),
@@ -1095,6 +1100,7 @@ impl GpuPath {
             (&post, &m.hc_head.0, &self.head, &self.out_norm, true),
             hidden,
             None,
+            None,
         )
         .context("output head")?;
         if n_want > 0 {
@@ -1132,7 +1138,9 @@ impl GpuPath {
     /// An mHC site: the post of the block before it (`post`: its inputs as HC_POST takes
     /// them after the streams; none before the first layer), the site's mixes and pre
     /// (the head's: pre only) into `out`. One HC_POST_PRE where the backend has it.
-    /// `at`: (post, the site's mix weights, its scale and base, norm, the head?).
+    /// `at`: (post, the site's mix weights, its scale and base, norm, the head?); `route`:
+    /// ROUTER's arguments and params where the site's op also routes (ABI 1.11).
+    #[allow(clippy::too_many_arguments)]
     fn site(
         &self,
         m: &Deepseek4,
@@ -1141,6 +1149,7 @@ impl GpuPath {
         at: (&[TensorRef], &Tensor, &(Tensor, Tensor), &Tensor, bool),
         out: TensorRef,
         xq: Option<TensorRef>,
+        route: Option<(Vec<TensorRef>, OpParams)>,
     ) -> Result<()> {
         let (post, fnw, sb, norm, head) = at;
         let (p, dev) = (&m.p, &m.dev);
@@ -1153,7 +1162,7 @@ impl GpuPath {
         let iters = if head { 0 } else { p.hc_iters as i64 };
         let defer = self.hc_defer && !head;
         let with_xq = xq.is_some() && self.hc_fused;
-        let prm = pr(
+        let mut prm = pr(
             &[p.eps, p.hc_eps],
             &[iters, head as i64, defer as i64, with_xq as i64],
         );
@@ -1168,6 +1177,13 @@ impl GpuPath {
             let mut a = vec![streams, wv(fnw), scale, base, norm.r, out, wts, mix, sync];
             a.extend_from_slice(post);
             a.extend(xq);
+            if let Some((ra, rp)) = &route {
+                // ROUTER's arguments and params after the site's (ABI 1.11)
+                a.extend_from_slice(ra);
+                prm.i[4] = 1;
+                prm.f[2] = rp.f[0];
+                prm.i[5..8].copy_from_slice(&rp.i[..3]);
+            }
             op(ops::HC_POST_PRE, prm, &a)?;
         } else {
             if let Some((first, rest)) = post.split_first() {
@@ -1183,6 +1199,9 @@ impl GpuPath {
                 prm,
                 &[streams, mix, scale, base, norm.r, out, wh],
             )?;
+            if let Some((ra, rp)) = &route {
+                op(ops::ROUTER, *rp, ra)?;
+            }
         }
         if defer {
             // The comb matrix's Sinkhorn next to the block that follows.
@@ -1218,6 +1237,7 @@ impl GpuPath {
             (post, &lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm, false),
             x,
             None,
+            None,
         )
         .with_context(|| format!("layer {l}: mHC before attention"))?;
         self.attention(m, l, lay, dl, ls, w, n, kind)
@@ -1235,6 +1255,7 @@ impl GpuPath {
             self.prefetch(dev, self.prefetch.qn, n, &q_weights(next))
                 .with_context(|| format!("layer {l}: prefetch"))?;
         }
+        let routed = self.routes_in_site(dl, n);
         self.site(
             m,
             w,
@@ -1242,6 +1263,7 @@ impl GpuPath {
             (post, &lay.hc_ffn.0, &dl.hc_ffn, &dl.ffn_norm, false),
             x,
             self.moe_xq(w, n),
+            routed.then(|| self.router_args(m, lay, dl, w, n)),
         )
         .with_context(|| format!("layer {l}: mHC before the MoE"))?;
         self.moe(m, l, lay, dl, w, n)
@@ -1674,6 +1696,41 @@ impl GpuPath {
         mm(wv(&lay.out_b), mid, v(&w.ao, [d, n, 1, 1]))
     }
 
+    /// Whether the MoE site's op also routes: decode steps of scored layers (not the
+    /// hash table's), with `site_route` and ROUTER's product.
+    fn routes_in_site(&self, dl: &DevLayer, n: usize) -> bool {
+        self.site_route && self.router_mm && n == 1 && dl.tid2eid.is_none()
+    }
+
+    /// ROUTER's arguments (with its product where `router_mm`) and params for `n`
+    /// tokens of x.
+    fn router_args(
+        &self,
+        m: &Deepseek4,
+        lay: &Layer,
+        dl: &DevLayer,
+        w: &Work,
+        n: usize,
+    ) -> (Vec<TensorRef>, OpParams) {
+        let p = &m.p;
+        let (d, k, e) = (p.d, p.n_used, p.n_expert);
+        let rl = v(&w.rl, [e, n, 1, 1]);
+        let (mode, bias, table) = match (&dl.tid2eid, &dl.bias) {
+            (Some(t), _) => (2, rl, t.r),
+            (None, Some(b)) => (1, b.r, w.tokens.r),
+            (None, None) => (0, rl, w.tokens.r),
+        };
+        let gating = if p.gating == GATING_SIGMOID { 2 } else { 4 };
+        let (ids, rw) = (v(&w.rids, [k, n, 1, 1]), v(&w.rw, [k, n, 1, 1]));
+        let mut ra = vec![rl, bias, table, v(&w.tokens, [n, 1, 1, 1]), ids, rw];
+        if self.router_mm {
+            let x = v(&w.x, [d, n, 1, 1]);
+            ra.extend([x, wv(&lay.router), v(&w.router_sync, [n, 1, 1, 1])]);
+        }
+        let prm = pr(&[p.routed_scale], &[gating, p.norm_topk as i64, mode]);
+        (ra, prm)
+    }
+
     /// HC_POST_PRE's and MATMUL_ID_MULTI's xq for a step of `n` tokens: decode steps
     /// only (the products of more tokens quantise x in another layout).
     fn moe_xq(&self, w: &Work, n: usize) -> Option<TensorRef> {
@@ -1730,22 +1787,12 @@ impl GpuPath {
         if !of_x.is_empty() {
             self.mm_multi(dev, x, &of_x)?;
         }
-        let (mode, bias, table) = match (&dl.tid2eid, &dl.bias) {
-            (Some(t), _) => (2, rl, t.r),
-            (None, Some(b)) => (1, b.r, w.tokens.r),
-            (None, None) => (0, rl, w.tokens.r),
-        };
-        let gating = if p.gating == GATING_SIGMOID { 2 } else { 4 };
-        let (ids, rw) = (v(&w.rids, [k, n, 1, 1]), v(&w.rw, [k, n, 1, 1]));
-        let mut ra = vec![rl, bias, table, v(&w.tokens, [n, 1, 1, 1]), ids, rw];
-        if self.router_mm {
-            ra.extend([x, wv(&lay.router), v(&w.router_sync, [n, 1, 1, 1])]);
+        // (the MoE site's op routed where it could)
+        if !self.routes_in_site(dl, n) {
+            let (ra, rp) = self.router_args(m, lay, dl, w, n);
+            op(ops::ROUTER, rp, &ra)?;
         }
-        op(
-            ops::ROUTER,
-            pr(&[p.routed_scale], &[gating, p.norm_topk as i64, mode]),
-            &ra,
-        )?;
+        let (ids, rw) = (v(&w.rids, [k, n, 1, 1]), v(&w.rw, [k, n, 1, 1]));
         let ff = lay.gate_exps.r.dims[1] as usize;
         let (eg, eu, ea) = (
             v(&w.eg, [ff, k * n, 1, 1]),
@@ -1952,6 +1999,42 @@ fn probe_xq(dev: &Arc<Device>) -> bool {
             dev.op(ops::HC_POST_PRE, pr(&[1e-6, 1e-6], &[2, 0, 0, 1]), &args)
         },
     )
+}
+
+/// Whether a decode step's MoE site routes too (HC_POST_PRE's routing, ABI 1.11):
+/// `MOE_DS4_SITE_ROUTE=1` (opt-in until measured on the model) and a backend that takes
+/// the form. One tiny call (d = 4, one stream, two experts): the op must choose an expert
+/// (the backend may route in the site, or run ROUTER after it).
+fn probe_site_route(dev: &Arc<Device>) -> bool {
+    if std::env::var_os("MOE_DS4_SITE_ROUTE").is_none_or(|v| v != "1") {
+        return false;
+    }
+    let mut id = None;
+    let ran = probe_op(dev, "the router's own op after the MoE site", || {
+        let f = |k, m| filled(dev, k, m);
+        let (s, fnw, scale, base) = (f(4, 1)?, f(4, 3)?, f(3, 1)?, f(3, 1)?);
+        let (norm, out, wts, mix) = (f(4, 1)?, f(4, 1)?, f(3, 1)?, f(3, 1)?);
+        let sync = zeros_i32(dev, 1)?;
+        // Expert 1's row is larger where x is positive: filled() gives 0.5s, and pre
+        // keeps x's signs.
+        let wr = dev.f32([4, 2, 1, 1])?;
+        wr.upload_f32(&[0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0])?;
+        let (logits, bias, w) = (f(2, 1)?, f(2, 1)?, f(1, 1)?);
+        let (tokens, rsync) = (zeros_i32(dev, 1)?, zeros_i32(dev, 1)?);
+        let ids = dev.i32(1)?;
+        ids.upload_i32(&[-1])?;
+        let args = [
+            s.r, fnw.r, scale.r, base.r, norm.r, out.r, wts.r, mix.r, sync.r, logits.r, bias.r,
+            tokens.r, tokens.r, ids.r, w.r, out.r, wr.r, rsync.r,
+        ];
+        let mut prm = pr(&[1e-6, 1e-6, 1.0], &[2, 0, 0, 0, 1, 2, 1, 0]);
+        prm.i[4] = 1;
+        dev.op(ops::HC_POST_PRE, prm, &args)?;
+        dev.sync()?;
+        id = Some(ids.download_f32(1)?[0].to_bits());
+        Ok(())
+    });
+    ran && id == Some(1)
 }
 
 /// Whether the backend runs HC_SINKHORN (ABI 1.4): one tiny call (one stream).

@@ -295,6 +295,7 @@ impl GpuPath {
             (&[], &lay.hc_attn.0, &dl.hc_attn, &dl.attn_norm, false),
             x,
             None,
+            None,
         )?;
         let kv = v(&w.kv, [hd, n, 1, 1]);
         dev.op(ops::MATMUL, OpParams::default(), &[wv(&lay.kv), x, kv])?;
@@ -421,7 +422,7 @@ impl GpuPath {
                 self.block(m, l, (&mtp.layer, &mt.layer, ls), w, 1, kind, &mut post)?;
                 let hidden = v(&w.hidden, [p.d, 1, 1, 1]);
                 let head = (&post[..], &*mtp.hc_head.0, &mt.head, &mt.head_norm, true);
-                self.site(m, w, 1, head, hidden, None)?;
+                self.site(m, w, 1, head, hidden, None, None)?;
                 dev.op(
                     ops::MATMUL,
                     OpParams::default(),
