@@ -10,6 +10,8 @@
 #   ab        ds4_ab.sh $AB (default "base base"; e.g. AB="base MOE_DS4_XQ=0 base
 #             MOE_DS4_XQ=0"), depth 0, pp512, tg32, REPS=2
 #   timeline  ds4_timeline.sh, then timeline_layer.py (one decode layer's kernels in order)
+#   site      hc_site_bench.sh (the MoE site after a product, its phases, the router
+#             after it and the routing in the site; not in the default list)
 # A step starts only with at least its minimum time left (see `need`), so a slow
 # machine skips the last ones rather than cutting one short. Carry .dev/ds4 (and
 # .dev/gpu for kernels). Built here first: scripts/device/carry_ds4.sh and
@@ -74,8 +76,14 @@ for step in ${STEPS:-kernels fixtures bench ab timeline}; do
             python3 scripts/device/timeline_layer.py /tmp/ds4-session-tl/trace.tsv "$LAYERS" 2 \
                 | tee "$OUT/layer.md"
             ;;
+        site)
+            need 90 site || continue
+            timeout "$(left)" bash scripts/device/hc_site_bench.sh > "$OUT/site.md" 2>&1
+            echo "rc=$?"
+            grep -E "^\||^routing|^device|^##|phase end|timer" "$OUT/site.md"
+            ;;
         *)
-            echo "unknown step '$step' (kernels, fixtures, bench, ab, timeline)" >&2
+            echo "unknown step '$step' (kernels, fixtures, bench, ab, timeline, site)" >&2
             exit 2
             ;;
     esac

@@ -2027,8 +2027,8 @@ fn probe_site_route(dev: &Arc<Device>) -> bool {
             s.r, fnw.r, scale.r, base.r, norm.r, out.r, wts.r, mix.r, sync.r, logits.r, bias.r,
             tokens.r, tokens.r, ids.r, w.r, out.r, wr.r, rsync.r,
         ];
-        let mut prm = pr(&[1e-6, 1e-6, 1.0], &[2, 0, 0, 0, 1, 2, 1, 0]);
-        prm.i[4] = 1;
+        // i[4] = 1: the routing; i[5..8]: sigmoid scores, normalised, no bias.
+        let prm = pr(&[1e-6, 1e-6, 1.0], &[2, 0, 0, 0, 1, 2, 1, 0]);
         dev.op(ops::HC_POST_PRE, prm, &args)?;
         dev.sync()?;
         id = Some(ids.download_f32(1)?[0].to_bits());
