@@ -2128,6 +2128,98 @@ fn hc_post_pre_gsync(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all
 }
 
+/// One token's mHC site at V4-Flash's width (d 4096, 4 streams) with a block's output
+/// as its post: random inputs, kept on the host to put back between runs (a site
+/// updates its streams and weights in place), and their device buffers.
+struct SiteInputs {
+    d: usize,
+    hc: usize,
+    nm: usize,
+    streams: Vec<f32>,
+    wts: Vec<f32>,
+    /// streams, fn, scale, base, norm, out, weights, mixes, sync word, block output
+    bufs: [u64; 10],
+}
+
+impl SiteInputs {
+    fn new(g: &Gpu, rng: &mut Rng) -> Self {
+        let (d, hc) = (4096usize, 4usize);
+        let nm = 2 * hc + hc * hc;
+        let mut v = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| s * rng.f32()).collect() };
+        let streams = v(d * hc, 1.0);
+        let fnw = v(hc * d * nm, 0.02);
+        let (scale, base, block) = (v(3, 1.0), v(nm, 1.0), v(d, 1.0));
+        let norm_w: Vec<f32> = v(d, 0.5).iter().map(|x| 1.0 + x).collect();
+        let wts: Vec<f32> = v(nm, 1.0).iter().map(|x| x.abs()).collect();
+        let b = |x: &[f32]| g.buf(&f32_bytes(x));
+        let bufs = [
+            b(&streams),
+            b(&fnw),
+            b(&scale),
+            b(&base),
+            b(&norm_w),
+            g.zeros(d * 4),
+            b(&wts),
+            g.zeros(nm * 4),
+            g.zeros(4),
+            b(&block),
+        ];
+        Self {
+            d,
+            hc,
+            nm,
+            streams,
+            wts,
+            bufs,
+        }
+    }
+
+    /// The site's out (x).
+    fn out(&self) -> u64 {
+        self.bufs[5]
+    }
+
+    /// HC_POST_PRE's ten arguments for a width of `dd` (at most d) values.
+    fn args(&self, dd: usize) -> Vec<TensorRef> {
+        let (hc, nm, b) = (self.hc, self.nm, &self.bufs);
+        let f = f32_t;
+        vec![
+            f(b[0], [dd, hc, 1]),
+            f(b[1], [hc * dd, nm, 1]),
+            f(b[2], [3, 1, 1]),
+            f(b[3], [nm, 1, 1]),
+            f(b[4], [dd, 1, 1]),
+            f(b[5], [dd, 1, 1]),
+            f(b[6], [nm, 1, 1]),
+            f(b[7], [nm, 1, 1]),
+            t(b[8], 0, types::I32, 0, [1, 1, 1, 1]),
+            f(b[9], [dd, 1, 1]),
+        ]
+    }
+
+    /// The streams and weights as they were made.
+    fn reset(&self, g: &Gpu) {
+        into_result((g.be.upload)(
+            self.bufs[0],
+            0,
+            f32_bytes(&self.streams).as_slice().into(),
+        ))
+        .unwrap();
+        into_result((g.be.upload)(
+            self.bufs[6],
+            0,
+            f32_bytes(&self.wts).as_slice().into(),
+        ))
+        .unwrap();
+    }
+
+    fn free(&self, g: &Gpu) {
+        for buf in self.bufs {
+            into_result((g.be.free)(buf)).unwrap();
+        }
+    }
+}
+
 /// HC_POST_PRE's routing (ABI 1.11) against the same site then ROUTER with its product:
 /// one token at V4-Flash's width (d 4096, 4 streams, 256 experts top 6, sqrt-softplus
 /// scores with a selection bias). The site's blocks route themselves (gsync: no router
@@ -2136,24 +2228,12 @@ fn hc_post_pre_gsync(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// own launch after the site: its logits, experts and weights the same bits.
 fn hc_route(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== HC_POST_PRE's routing vs the site, then ROUTER with its product ==");
-    let (d, hc, e, k) = (4096usize, 4usize, 256usize, 6usize);
-    let nm = 2 * hc + hc * hc;
+    let site = SiteInputs::new(g, rng);
+    let (d, e, k) = (site.d, 256usize, 6usize);
     let mut v = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| s * rng.f32()).collect() };
-    let streams = v(d * hc, 1.0);
-    let fnw = v(hc * d * nm, 0.02);
-    let (scale, base, block) = (v(3, 1.0), v(nm, 1.0), v(d, 1.0));
-    let norm_w: Vec<f32> = v(d, 0.5).iter().map(|x| 1.0 + x).collect();
-    let wts: Vec<f32> = v(nm, 1.0).iter().map(|x| x.abs()).collect();
     let (wr, bias) = (v(d * e, 0.05), v(e, 0.01));
     let b = |x: &[f32]| g.buf(&f32_bytes(x));
-    let (bs, bf, bsc, bb, bn) = (b(&streams), b(&fnw), b(&scale), b(&base), b(&norm_w));
-    let (bo, bw, bm, by, bblk) = (
-        g.zeros(d * 4),
-        b(&wts),
-        g.zeros(nm * 4),
-        g.zeros(4),
-        b(&block),
-    );
+    let bo = site.out();
     let (bwr, bbias, blog, bids, brw, btok, brs) = (
         b(&wr),
         b(&bias),
@@ -2165,20 +2245,6 @@ fn hc_route(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     );
     let f = f32_t;
     let i32t = |buf, n: usize| t(buf, 0, types::I32, 0, [n as u64, 1, 1, 1]);
-    let site_args = || {
-        vec![
-            f(bs, [d, hc, 1]),
-            f(bf, [hc * d, nm, 1]),
-            f(bsc, [3, 1, 1]),
-            f(bb, [nm, 1, 1]),
-            f(bn, [d, 1, 1]),
-            f(bo, [d, 1, 1]),
-            f(bw, [nm, 1, 1]),
-            f(bm, [nm, 1, 1]),
-            i32t(by, 1),
-            f(bblk, [d, 1, 1]),
-        ]
-    };
     let router_args = [
         f(blog, [e, 1, 1]),
         f(bbias, [e, 1, 1]),
@@ -2195,10 +2261,9 @@ fn hc_route(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     // One site (and its routing): x, logits, ids, weights and (site, router) launches.
     let run = |force: u8, in_site: bool| {
         FORCE_HC_GSYNC.store(force, Ordering::Relaxed);
-        into_result((g.be.upload)(bs, 0, f32_bytes(&streams).as_slice().into())).unwrap();
-        into_result((g.be.upload)(bw, 0, f32_bytes(&wts).as_slice().into())).unwrap();
+        site.reset(g);
         let before = g.counters();
-        let mut a = site_args();
+        let mut a = site.args(d);
         let mut prm = OpParams::default();
         prm.f[0] = 1e-6;
         prm.f[1] = 1e-6;
@@ -2264,11 +2329,10 @@ fn hc_route(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             i0 == i1
         ));
     }
-    for buf in [
-        bs, bf, bsc, bb, bn, bo, bw, bm, by, bblk, bwr, bbias, blog, bids, brw, btok, brs,
-    ] {
+    for buf in [bwr, bbias, blog, bids, brw, btok, brs] {
         into_result((g.be.free)(buf)).unwrap();
     }
+    site.free(g);
     all
 }
 
@@ -2280,38 +2344,11 @@ fn hc_route(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// x themselves. d = 1000 (not whole q8_1 blocks) with xq must fail, naming the width.
 fn hc_xq(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== HC_POST_PRE's xq read by MATMUL_ID_MULTI vs its own quantisation ==");
-    let (d, hc, m, experts, slots) = (4096usize, 4usize, 2048usize, 16usize, 6usize);
-    let nm = 2 * hc + hc * hc;
-    let mut v = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| s * rng.f32()).collect() };
-    let streams = v(d * hc, 1.0);
-    let fnw = v(hc * d * nm, 0.02);
-    let (scale, base, block) = (v(3, 1.0), v(nm, 1.0), v(d, 1.0));
-    let norm_w: Vec<f32> = v(d, 0.5).iter().map(|x| 1.0 + x).collect();
-    let wts: Vec<f32> = v(nm, 1.0).iter().map(|x| x.abs()).collect();
-    let b = |x: &[f32]| g.buf(&f32_bytes(x));
-    let (bs, bf, bsc, bb, bn) = (b(&streams), b(&fnw), b(&scale), b(&base), b(&norm_w));
-    let (bo, bw, bm, by, bblk) = (
-        g.zeros(d * 4),
-        b(&wts),
-        g.zeros(nm * 4),
-        g.zeros(4),
-        b(&block),
-    );
-    let bq = g.zeros(d * 2);
-    let f = f32_t;
+    let inputs = SiteInputs::new(g, rng);
+    let (d, m, experts, slots) = (inputs.d, 2048usize, 16usize, 6usize);
+    let (bo, bq) = (inputs.out(), g.zeros(d * 2));
     let site = |dd: usize, with_xq: bool| {
-        let mut a = vec![
-            f(bs, [dd, hc, 1]),
-            f(bf, [hc * dd, nm, 1]),
-            f(bsc, [3, 1, 1]),
-            f(bb, [nm, 1, 1]),
-            f(bn, [dd, 1, 1]),
-            f(bo, [dd, 1, 1]),
-            f(bw, [nm, 1, 1]),
-            f(bm, [nm, 1, 1]),
-            t(by, 0, types::I32, 0, [1, 1, 1, 1]),
-            f(bblk, [dd, 1, 1]),
-        ];
+        let mut a = inputs.args(dd);
         if with_xq {
             a.push(t(bq, 0, types::I32, 0, [(dd / 2) as u64, 1, 1, 1]));
         }
@@ -2324,8 +2361,7 @@ fn hc_xq(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     // One site from the inputs above: x and the launches of (the site, quantize_q8_1).
     let run_site = |force: u8, with_xq: bool| {
         FORCE_HC_GSYNC.store(force, Ordering::Relaxed);
-        into_result((g.be.upload)(bs, 0, f32_bytes(&streams).as_slice().into())).unwrap();
-        into_result((g.be.upload)(bw, 0, f32_bytes(&wts).as_slice().into())).unwrap();
+        inputs.reset(g);
         let before = g.counters();
         let (prm, a) = site(d, with_xq);
         g.op_with(ops::HC_POST_PRE, prm, &a);
@@ -2395,12 +2431,10 @@ fn hc_xq(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         err.err().map(|e| e.to_string()).unwrap_or_default(),
         if refused { "ok" } else { "FAIL" }
     );
-    for buf in [bs, bf, bsc, bb, bn, bo, bw, bm, by, bblk, bq, bw1, bw2, bi]
-        .into_iter()
-        .chain(outs)
-    {
+    for buf in [bq, bw1, bw2, bi].into_iter().chain(outs) {
         into_result((g.be.free)(buf)).unwrap();
     }
+    inputs.free(g);
     all
 }
 
