@@ -445,6 +445,16 @@ pub fn hc_route_split<'a>(
 /// Most experts `ds4_hc_post_pre` routes itself (DS4_HCF_ROUTE_MAX).
 const HCF_ROUTE_MAX_EXPERTS: u64 = 256;
 
+/// The `ds4_hc_post_pre` limits above by their names in kernels/gpu/ds4.cu (a test
+/// checks the two agree).
+#[cfg(test)]
+pub(crate) const HCF_LIMITS: [(&str, u64); 4] = [
+    ("DS4_HCF_THREADS", HCF_THREADS),
+    ("DS4_HCF_MAX_D", HCF_MAX_D),
+    ("DS4_HCF_GSYNC_BLOCKS", HCF_GSYNC_BLOCKS),
+    ("DS4_HCF_ROUTE_MAX", HCF_ROUTE_MAX_EXPERTS),
+];
+
 /// `ds4_hc_post_pre`'s routing arguments, where the site can route itself: every
 /// argument checked as ROUTER checks them, then scored experts (not the hash table), at
 /// most HCF_ROUTE_MAX_EXPERTS, F32 router weights of whole 128-column blocks and x the

@@ -3540,6 +3540,14 @@ mod run_tests {
     #[test]
     fn hc_post_pre_routes_in_the_site() {
         let _one = GSYNC_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        // The host's limits are the kernel's.
+        let src = include_str!("../../../kernels/gpu/ds4.cu");
+        for (name, v) in crate::ds4::HCF_LIMITS {
+            let line = format!("#define {name} {v}");
+            let ends = |r: &str| r.is_empty() || r.starts_with(' ');
+            let found = src.lines().any(|l| l.strip_prefix(&line).is_some_and(ends));
+            assert!(found, "{line}");
+        }
         let (d, e, k) = (4096, 256, 6);
         let f = |a, b| t(types::F32, [a, b, 1, 1]);
         let i = |a, b| t(types::I32, [a, b, 1, 1]);
