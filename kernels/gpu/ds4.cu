@@ -667,7 +667,6 @@ GPU_DEV void ds4_router_pick(const float* sv, int n, int k, int* chosen) {
 // sums run in another order): a near tie can choose differently.
 struct ds4_hcf_router {
     const float* wr;    // [ne, d] f32 (null: no routing)
-    const float* bias;  // [ne] (mode 1)
     float* logits;      // [ne] out
     int* ids;           // [k] out
     float* wout;        // [k] out
@@ -897,7 +896,7 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     // (a row's 512 bytes a thread), lane l's norm weights, thread e's expert's bias.
     const ds4_hcf_router route = {
         gsync && C == 128 && n_expert <= DS4_HCF_ROUTE_MAX ? wr : nullptr,
-        rbias, logits, ids, wout, rpart, n_expert, topk, gating, norm_topk, rmode, routed_scale};
+        logits, ids, wout, rpart, n_expert, topk, gating, norm_topk, rmode, routed_scale};
     gpu_f4 nwr = {0.0f, 0.0f, 0.0f, 0.0f};
     float bias_t = 0.0f;
     if (route.wr) {

@@ -22,13 +22,6 @@ __global__ void flush_l2(float* p, long long n) {
         p[i] = (float)i;
 }
 
-static float* upload(const std::vector<float>& v) {
-    float* p;
-    CK(cudaMalloc(&p, v.size() * 4));
-    CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-    return p;
-}
-
 struct Case {
     const char* name;
     int pos, ratio, mode, k_sel, cap;

@@ -44,6 +44,20 @@ double graph_us(cudaStream_t st, int reps, F launch) {
     return 1e3 * ms / reps;
 }
 
+// n values from N(mean, sd^2), and a device copy of a vector.
+static std::vector<float> rand_vec(std::mt19937& rng, size_t n, float sd, float mean = 0.0f) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> v(n);
+    for (auto& x : v) x = mean + sd * nd(rng);
+    return v;
+}
+static float* upload(const std::vector<float>& v) {
+    float* p;
+    CK(cudaMalloc(&p, v.size() * 4));
+    CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return p;
+}
+
 // `bytes` of random blocks of weight type `ty`: Q8_0 (8; an f16 scale of ~2^-8 .. 2^-6)
 // or ROCmFP4 (any other; two UE4M3 half scales near 2^-2), codes uniform.
 static std::vector<unsigned char> random_blocks(std::mt19937& rng, int ty, long long bytes) {

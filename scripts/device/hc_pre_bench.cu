@@ -31,20 +31,6 @@ __global__ void sinkhorn_only(const float* m, const float* b, float scale, int i
     if (threadIdx.x < HC * HC) out[threadIdx.x] = W[threadIdx.x];
 }
 
-// n values from N(0, sd^2), and a device copy of a vector.
-static std::vector<float> rand_vec(std::mt19937& rng, size_t n, float sd) {
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> v(n);
-    for (auto& x : v) x = sd * nd(rng);
-    return v;
-}
-static float* upload(const std::vector<float>& v) {
-    float* p;
-    CK(cudaMalloc(&p, v.size() * 4));
-    CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-    return p;
-}
-
 // ds4_hc_pre with its Sinkhorn on the collapsing block (split = 0) and on a second block
 // per token (split = 1, the decode default in site mode) on the same random inputs: n
 // tokens of hc streams of d (site mode: head mode has no Sinkhorn and one block either

@@ -39,20 +39,6 @@ __global__ void __launch_bounds__(HOG_THREADS) hog(const float4* __restrict__ w,
     }
 }
 
-static std::vector<float> rand_vec(std::mt19937& rng, size_t n, float sd, float mean = 0.0f) {
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> v(n);
-    for (auto& x : v) x = mean + sd * nd(rng);
-    return v;
-}
-template <typename T>
-static T* upload(const std::vector<T>& v) {
-    T* p;
-    CK(cudaMalloc(&p, v.size() * sizeof(T)));
-    CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return p;
-}
-
 // A launch with programmatic stream serialisation (the CUDA backend's decode launches).
 template <typename... K, typename... A>
 static void pdl_launch(cudaStream_t st, void (*k)(K...), dim3 grid, int block, A... args) {

@@ -417,8 +417,10 @@ pub struct SiteRoute {
 }
 
 /// HC_POST_PRE's arguments without the routing's, and the routing (i[4] = 1: ROUTER's
-/// nine arguments come last).
+/// nine arguments come last), every routing argument checked as ROUTER with its product
+/// checks them, so that nothing launches before a refusal.
 pub fn hc_route_split<'a>(
+    gpu: &impl Gpu,
     a: &'a [TensorRef],
     p: &OpParams,
 ) -> Result<(&'a [TensorRef], Option<SiteRoute>), String> {
@@ -436,9 +438,10 @@ pub fn hc_route_split<'a>(
     let mut params = OpParams::default();
     params.f[0] = p.f[2];
     params.i[..3].copy_from_slice(&p.i[5..8]);
-    let args = route
+    let args: [TensorRef; 9] = route
         .try_into()
         .map_err(|_| "hc_post_pre: routing arguments".to_string())?;
+    router_mm(gpu, &params, &args)?;
     Ok((site, Some(SiteRoute { args, params })))
 }
 
@@ -455,13 +458,16 @@ pub(crate) const HCF_LIMITS: [(&str, u64); 4] = [
     ("DS4_HCF_ROUTE_MAX", HCF_ROUTE_MAX_EXPERTS),
 ];
 
-/// `ds4_hc_post_pre`'s routing arguments, where the site can route itself: every
-/// argument checked as ROUTER checks them, then scored experts (not the hash table), at
-/// most HCF_ROUTE_MAX_EXPERTS, F32 router weights of whole 128-column blocks and x the
-/// site's out. None: the
-/// caller runs ROUTER after the site. `MOE_GPU_SITE_ROUTE=0` keeps ROUTER (A/B runs).
-fn site_route_kargs(gpu: &impl Gpu, r: &SiteRoute, out: u64) -> Result<Option<KArgs>, String> {
-    router_mm(gpu, &r.params, &r.args)?;
+/// `ds4_hc_post_pre`'s routing arguments (its experts' count last, for the scratch)
+/// where the site can route itself (`r` from [`hc_route_split`]): scored experts (not
+/// the hash table), at most HCF_ROUTE_MAX_EXPERTS, F32 router weights of whole
+/// 128-column blocks and x the site's out. None: the caller runs ROUTER after the site.
+/// `MOE_GPU_SITE_ROUTE=0` keeps ROUTER (A/B runs).
+fn site_route_kargs(
+    gpu: &impl Gpu,
+    r: &SiteRoute,
+    out: u64,
+) -> Result<Option<(KArgs, u64)>, String> {
     let [logits, bias, _, _, ids, w, x, wr, _] = r.args;
     let (gating, norm_topk, mode) = (r.params.i[0], r.params.i[1], r.params.i[2]);
     let e = logits.dims[0];
@@ -475,7 +481,7 @@ fn site_route_kargs(gpu: &impl Gpu, r: &SiteRoute, out: u64) -> Result<Option<KA
     {
         return Ok(None);
     }
-    Ok(Some(
+    Ok(Some((
         KArgs::default()
             .p(gpu.ptr(&wr, 16)?)
             .p(if mode == 1 { f32p(gpu, &bias)? } else { 0 })
@@ -488,7 +494,8 @@ fn site_route_kargs(gpu: &impl Gpu, r: &SiteRoute, out: u64) -> Result<Option<KA
             .p(f32p(gpu, &logits)?)
             .p(gpu.ptr(&ids, 4)?)
             .p(f32p(gpu, &w)?),
-    ))
+        e,
+    )))
 }
 
 fn site_route_off() -> bool {
@@ -628,12 +635,10 @@ pub unsafe fn hc_post_pre(
         Some(r) if gsync && hcp == 4 => site_route_kargs(gpu, r, pout)?,
         _ => None,
     };
-    // (with routing, the blocks' parts of the logits after the shares: [nb, E, 4])
-    // (after the shares, 256-byte aligned)
+    // With routing, the blocks' parts of the logits ([nb, E, 4]) after the shares,
+    // 256-byte aligned.
     let route_at = part_bytes.next_multiple_of(256);
-    let route_bytes = route
-        .filter(|_| routing.is_some())
-        .map_or(0, |r| route_at + nb * r.args[0].dims[0] * 16);
+    let route_bytes = routing.as_ref().map_or(0, |(_, e)| route_at + nb * e * 16);
     let part = gpu.scratch(part_bytes.max(route_bytes) as usize)?;
     let ka = hc_params(gpu, [s, fnw, scale, base, norm_w, out, wts], d, hc, p, head)?
         .p(part)
@@ -650,22 +655,9 @@ pub unsafe fn hc_post_pre(
         .p(quant.filter(|_| gsync).map_or(0, |q| q.xq));
     let routed = routing.is_some();
     let ka = match routing {
-        Some(r) => ka.extend(r).p(part + route_at),
-        // no routing: wr, bias, experts, k, gating, norm_topk, scale, mode, logits, ids,
-        // weights, parts
-        None => ka
-            .p(0)
-            .p(0)
-            .i(0)
-            .i(0)
-            .i(0)
-            .i(0)
-            .f(0.0)
-            .i(0)
-            .p(0)
-            .p(0)
-            .p(0)
-            .p(0),
+        Some((r, _)) => ka.extend(r).p(part + route_at),
+        // No routing: its twelve parameters zero (wr null), whatever their types.
+        None => ka.extend(KArgs(vec![0; 12])),
     };
     ka.launch(gpu, "ds4_hc_post_pre", (nb, n, 1), HCF_THREADS as u32)?;
     if let Some(q) = quant.filter(|_| !gsync) {

@@ -2104,11 +2104,7 @@ pub fn run(
                 Ok(())
             }
             ops::HC_POST_PRE => {
-                let (args, route) = crate::ds4::hc_route_split(args, params)?;
-                if let Some(r) = &route {
-                    // (every routing argument checked before the site launches)
-                    crate::ds4::router_mm(gpu, &r.params, &r.args)?;
-                }
+                let (args, route) = crate::ds4::hc_route_split(gpu, args, params)?;
                 let routed = match crate::ds4::hc_post_pre(gpu, params, args, route.as_ref())? {
                     crate::ds4::PostPre::Launched { routed } => routed,
                     crate::ds4::PostPre::Parts(parts) => {
