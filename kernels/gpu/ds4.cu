@@ -1445,7 +1445,8 @@ GPU_DEV void ds4_index_stage(const float* qt, const float* wt, int ih, int id, f
     const int tail = id - 2 * n_pairs, nq = ih * id;
     // Copied first (the loads of a small unrolled body leave together), then a thread
     // rotates its own pairs in place: the same values as rotating on the way.
-#pragma unroll DS4_IDX_STAGE
+    constexpr int stage = DS4_IDX_STAGE;  // (nvcc does not expand a macro in the pragma)
+#pragma unroll stage
     for (int i = 2 * threadIdx.x; i < nq; i += 512) {
         qs[i] = qt[i];
         qs[i + 1] = qt[i + 1];
