@@ -33,6 +33,7 @@
 #define KID_DS4_TOPK_ROWS_WIDE 57
 #define KID_DS4_ROUTER_MM 59
 #define KID_DS4_INDEX_SCORES_FEW 70
+#define KID_DS4_ATTENTION_GRP 71
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -2551,6 +2552,210 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, DS4_ATD_MIN_BLO
             ((gpu_f4*)(out + (long long)h * hd))[c] = v;
         }
         __syncthreads();  // ws and den_s read before the next head's
+    }
+}
+
+// ds4_attention for one token (a decode step short of the long-context split) with
+// DS4_ATG_HEADS heads a block and the keys split over blocks: the block-a-head kernel
+// had each of 64 blocks read every key from L2 (one shared K=V head of 2 KB a key: 35 MB
+// a CSA layer at position ~540, half its time); here a warp scores each key it loads
+// against the group's four heads, so a key leaves L2 once a group, and the splits give
+// the device more blocks with fewer keys each. The token's keys are shared out over the
+// splits, at least kmin a split. Block (x, z) runs an online softmax per head over split
+// z's keys (DS4_ATG_BATCH a warp at a time, in registers: no staging), merges its warps
+// in shared memory and stores the partial sums as ds4_ath_store_part lays them out;
+// splits past the token's keys store nothing. The
+// group's last block to count itself in sync[x] (a count it puts back to zero) merges
+// the stored splits with the sinks as ds4_attention_merge does, so no launch of its own
+// and no block waits for another. inv_freq / store as ds4_attention. Same sums as
+// ds4_attention up to order. Needs hd % 4 == 0, hd <= DS4_HEAD_MAX, q / kv / ring / rows
+// / out / part 16-byte aligned. grid = (ceil(heads / DS4_ATG_HEADS), 1, splits <=
+// DS4_ATM_MAX_SPLITS), block = 32 * DS4_ATG_WARPS (~200 registers: one block an SM, so
+// the host keeps the grid within the multiprocessors).
+#define DS4_ATG_HEADS 4
+#define DS4_ATG_WARPS 8
+#ifndef DS4_ATG_BATCH
+#define DS4_ATG_BATCH 2  // keys a warp has in flight at once (-D: benchmark builds)
+#endif
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATG_WARPS)
+    ds4_attention_grp(const float* __restrict__ q, const float* __restrict__ kv, float* ring,
+                      const float* __restrict__ rows, const int* __restrict__ sel,
+                      const float* __restrict__ sinks, const int* __restrict__ pos, int heads,
+                      int hd, int window, int ratio, int mode, int k_sel, int cap, float scale,
+                      float* __restrict__ out, int kmin, float* part, unsigned int* sync,
+                      const float* __restrict__ inv_freq, int n_pairs, float eps, float mscale,
+                      int store, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_GRP);
+    constexpr int G = DS4_ATG_HEADS, NW = DS4_ATG_WARPS, B = DS4_ATG_BATCH, J = DS4_ATH_J;
+    __shared__ gpu_f4 wacc[NW][2][DS4_HEAD_MAX / 4];
+    __shared__ float wm[NW][G], wl[NW][G];
+    __shared__ float ws[G][DS4_ATM_MAX_SPLITS];
+    __shared__ float den_s[G];
+    __shared__ unsigned int last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const int g = blockIdx.x, z = blockIdx.z, h0 = g * G, p = pos[0], hd4 = hd / 4;
+    const int nh = heads - h0 < G ? heads - h0 : G, splits = (int)gridDim.z;
+    const long long slots = (long long)heads * splits;
+    if (store && g == 0 && z == 0)
+        for (int i = tid; i < hd; i += 32 * NW) ring[(long long)(p % window) * hd + i] = kv[i];
+    int first, n_win;
+    const int n_keys = ds4_att_keys(p, window, mode, ratio, cap, k_sel, first, n_win);
+    // The token's keys shared out over the splits, at least kmin a split (n_keys >= 1).
+    const int kshare = (n_keys + splits - 1) / splits, kper = kshare > kmin ? kshare : kmin;
+    const int used = (n_keys + kper - 1) / kper;  // splits with keys; later ones store nothing
+    if (z < used) {
+        gpu_f4 qr[G][J], acc[G][J];
+        float m[G], l[G];
+#pragma unroll
+        for (int hh = 0; hh < G; ++hh) {
+            // (heads past the end score head h0's query; they are never stored)
+            const gpu_f4* qh = (const gpu_f4*)(q + (long long)(h0 + (hh < nh ? hh : 0)) * hd);
+            float ss = 0.0f;
+#pragma unroll
+            for (int j = 0; j < J; ++j) {
+                const int c = 32 * j + lane;
+                qr[hh][j] = c < hd4 ? qh[c] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+                acc[hh][j] = gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+                ss = ds4_dot4(qr[hh][j], qr[hh][j], ss);
+            }
+            m[hh] = DS4_NEG_INF;
+            l[hh] = 0.0f;
+            if (inv_freq) {
+                const float r = 1.0f / sqrtf(gpu_warp_sum(ss) / (float)hd + eps);
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                    gpu_f4 v = {qr[hh][j].x * r, qr[hh][j].y * r, qr[hh][j].z * r, qr[hh][j].w * r};
+                    ds4_rotate4(v, 32 * j + lane, hd, n_pairs, inv_freq, (float)p, mscale, 0);
+                    qr[hh][j] = v;
+                }
+            }
+        }
+        const int k_lo = z * kper, k_hi = k_lo + kper < n_keys ? k_lo + kper : n_keys;
+        for (int k0 = k_lo + warp; k0 < k_hi; k0 += B * NW) {
+            const float* key[B];
+            bool any = false;
+#pragma unroll
+            for (int b = 0; b < B; ++b) {
+                const int kk = k0 + b * NW;
+                key[b] = kk < k_hi ? ds4_att_key(kk, n_win, first, p, kv, ring, window, hd, mode,
+                                                 sel, k_sel, 0, rows, cap)
+                                   : nullptr;
+                any |= key[b] != nullptr;
+            }
+            if (!any) continue;  // (the same for the whole warp)
+            gpu_f4 kr[B][J];
+#pragma unroll
+            for (int b = 0; b < B; ++b)
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                    const int c = 32 * j + lane;
+                    kr[b][j] = key[b] && c < hd4 ? ((const gpu_f4*)key[b])[c]
+                                                 : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+                }
+            float s[G][B];
+#pragma unroll
+            for (int hh = 0; hh < G; ++hh)
+#pragma unroll
+                for (int b = 0; b < B; ++b) {
+                    float a = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < J; ++j) a = ds4_dot4(qr[hh][j], kr[b][j], a);
+                    s[hh][b] = a;
+                }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int hh = 0; hh < G; ++hh)
+#pragma unroll
+                    for (int b = 0; b < B; ++b) s[hh][b] += gpu_shfl_xor(s[hh][b], o);
+#pragma unroll
+            for (int hh = 0; hh < G; ++hh) {
+                float mn = m[hh];
+#pragma unroll
+                for (int b = 0; b < B; ++b) {
+                    s[hh][b] = key[b] ? s[hh][b] * scale : DS4_NEG_INF;
+                    mn = fmaxf(mn, s[hh][b]);
+                }
+                // (mn is finite: the batch has a key)
+                const float corr = expf(m[hh] - mn);
+                l[hh] *= corr;
+#pragma unroll
+                for (int j = 0; j < J; ++j)
+                    acc[hh][j] = gpu_f4{acc[hh][j].x * corr, acc[hh][j].y * corr,
+                                        acc[hh][j].z * corr, acc[hh][j].w * corr};
+#pragma unroll
+                for (int b = 0; b < B; ++b) {
+                    const float e = key[b] ? expf(s[hh][b] - mn) : 0.0f;
+                    l[hh] += e;
+#pragma unroll
+                    for (int j = 0; j < J; ++j) ds4_axpy4(acc[hh][j], e, kr[b][j]);
+                }
+                m[hh] = mn;
+            }
+        }
+        // The block's warps merged, two heads at a time: each warp's sums scaled to the
+        // heads' common max (a warp without keys weighs 0), then added in warp order.
+        if (lane == 0)
+#pragma unroll
+            for (int hh = 0; hh < G; ++hh) {
+                wm[warp][hh] = m[hh];
+                wl[warp][hh] = l[hh];
+            }
+        __syncthreads();
+        float mb[G];
+#pragma unroll
+        for (int hh = 0; hh < G; ++hh) {
+            mb[hh] = DS4_NEG_INF;
+            for (int w = 0; w < NW; ++w) mb[hh] = fmaxf(mb[hh], wm[w][hh]);
+        }
+#pragma unroll
+        for (int pr = 0; pr < G / 2; ++pr) {
+#pragma unroll
+            for (int c2 = 0; c2 < 2; ++c2) {
+                const int hh = 2 * pr + c2;
+                const float e = m[hh] == DS4_NEG_INF ? 0.0f : expf(m[hh] - mb[hh]);
+#pragma unroll
+                for (int j = 0; j < J; ++j)
+                    wacc[warp][c2][32 * j + lane] = gpu_f4{acc[hh][j].x * e, acc[hh][j].y * e,
+                                                           acc[hh][j].z * e, acc[hh][j].w * e};
+            }
+            __syncthreads();
+            for (int x = tid; x < 2 * hd4; x += 32 * NW) {
+                const int c2 = x / hd4, c = x - c2 * hd4, h = h0 + 2 * pr + c2;
+                gpu_f4 a = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (int w = 0; w < NW; ++w) ds4_axpy4(a, 1.0f, wacc[w][c2][c]);
+                if (h < heads) ((gpu_f4*)(part + ((long long)h * splits + z) * hd))[c] = a;
+            }
+            if (tid < 2 && h0 + 2 * pr + tid < heads) {
+                const int hh = 2 * pr + tid;
+                float mh = DS4_NEG_INF, lb = 0.0f;  // (mb[hh] again: no register array by tid)
+                for (int w = 0; w < NW; ++w) mh = fmaxf(mh, wm[w][hh]);
+                for (int w = 0; w < NW; ++w)
+                    lb += wm[w][hh] == DS4_NEG_INF ? 0.0f : wl[w][hh] * expf(wm[w][hh] - mh);
+                float* ml = part + slots * hd + 2 * ((long long)(h0 + hh) * splits + z);
+                ml[0] = mh;
+                ml[1] = lb;
+            }
+            __syncthreads();  // (wacc is written again)
+        }
+    }
+    // The group's last block merges its splits: every thread's stores before the count,
+    // the other blocks' seen after it (thread 0's fences, then the barrier).
+    gpu_fence();
+    __syncthreads();
+    if (tid == 0) last = gpu_count_last(sync + g, (unsigned int)splits);
+    __syncthreads();
+    if (!last) return;
+    gpu_fence();
+    if (warp < nh)
+        ds4_atm_weights(part, slots, (long long)(h0 + warp) * splits, hd, used, sinks[h0 + warp],
+                        ws[warp], &den_s[warp]);
+    __syncthreads();
+    for (int x = tid; x < nh * hd4; x += 32 * NW) {
+        const int hh = x / hd4, c = x - hh * hd4, h = h0 + hh;
+        gpu_f4 v = ds4_atm_column(part, (long long)h * splits, hd, used, ws[hh], den_s[hh], c);
+        if (inv_freq) ds4_rotate4(v, c, hd, n_pairs, inv_freq, (float)p, mscale, 1);
+        ((gpu_f4*)(out + (long long)h * hd))[c] = v;
     }
 }
 

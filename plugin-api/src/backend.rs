@@ -138,10 +138,12 @@ pub mod ops {
     /// (like q); hd even. From ABI 1.4 a 9th, inv_freq ([i[2]]): q is first NORM_ROPE'd as (plain
     /// norm, f[1] = eps, i[2] pairs, scale f[2]) and the output inverse-rotated as
     /// NORM_ROPE (no norm, i[2] pairs, scale f[2], inverse) would; q is left as it was.
-    /// From ABI 1.5 a 10th, sync (I32 [ceil(heads / 16)], zero before its first use, kept
-    /// between calls and used by no other op): words a backend may count on to let one
-    /// step's parallel parts wait for each other; an inv_freq of no values before it
-    /// stands for none (no rotary inside).
+    /// From ABI 1.5 a 10th, sync (I32 [ceil(heads / 16)] or more, zero before its first
+    /// use, kept between calls and used by no other op): words a backend may count on to
+    /// let one step's parallel parts wait for each other (the CUDA / HIP backends: with
+    /// ceil(heads / 16) + ceil(heads / 4) a decode step may also count its head groups'
+    /// key splits in the later ones); an inv_freq of no values before it stands for none
+    /// (no rotary inside).
     /// i[3] = 1 hints that the positions are far into a long context (a backend may then
     /// split each token's keys over more parallel work); any value gives the same result
     /// up to summation order.

@@ -20,9 +20,9 @@ use std::sync::atomic::Ordering;
 
 use moe_backend_cuda::{
     ops::{
-        id_nosort, mmq_kernel, FORCE_ATT_DEC, FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC,
-        FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS, FORCE_Q8_DECODE,
-        FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
+        att_sync_words, id_nosort, mmq_kernel, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_FP4_MMA,
+        FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW,
+        FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -2449,9 +2449,11 @@ fn hc_xq(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// once (keys split over blocks, merged in the same launch), without them
 /// `ds4_attention` (a block a head); with the sync words after an inv_freq of no values
 /// (no rotary) and not forced, `ds4_attention_heads` over key splits then
-/// `ds4_attention_merge` (against the reference without rotaries). All within 1e-5 of
-/// the largest reference value; 50 reruns of the one-launch form bit-identical (its
-/// barrier words reused); the token's row stored in the ring. Cases: V4-Flash widths (64 heads x 512, window 128,
+/// `ds4_attention_merge` (against the reference without rotaries); with the grouped form
+/// forced on and no hint, `ds4_attention_grp` once (four heads a block over key splits,
+/// the last block of a group merging; `MOE_GPU_ATT_GRP=1` in the engine). All within
+/// 1e-5 of the largest reference value; 50 reruns of the one-launch and grouped forms
+/// bit-identical (their words reused); the token's row stored in the ring. Cases: V4-Flash widths (64 heads x 512, window 128,
 /// 64 rotated values) at position 520 with every compressed row (258 keys), at 131071
 /// with the indexer's 512 selected (some -1 or past the rows), at 131071 with 1024 rows
 /// of ratio 128, at position 5 (7 keys), and 20 heads x 128 with the window only.
@@ -2588,8 +2590,8 @@ fn attention_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         let (bq, bkv, bring, brows, bsk, binv) =
             (b(&q), b(&kv), b(&ring), b(&rows), b(&sinks), b(&inv));
         let (bsel, bpos, bout) = (i32b(&sel), i32b(&[p as i32]), g.zeros(hd * heads * 4));
-        let groups = heads.div_ceil(16);
-        let bsync = g.zeros(groups * 4);
+        let words = att_sync_words(heads as u64) as usize;
+        let bsync = g.zeros(words * 4);
         let f = f32_t;
         let mut args = vec![
             f(bq, [hd, heads, 1]),
@@ -2609,7 +2611,7 @@ fn attention_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         // The ring as the op leaves it: the token's row at p % window, the rest as given.
         let mut ring_want = ring.clone();
         ring_want[(p % window) * hd..(p % window + 1) * hd].copy_from_slice(&kv);
-        let run = |args: &[TensorRef]| {
+        let run = |args: &[TensorRef], prm: OpParams| {
             into_result((g.be.upload)(bring, 0, f32_bytes(&ring).as_slice().into())).unwrap();
             let before = g.counters();
             g.op_with(ops::SPARSE_ATTENTION, prm, args);
@@ -2621,37 +2623,47 @@ fn attention_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                 out,
                 stored,
                 n("ds4_attention_dec"),
-                n("ds4_attention"),
+                n("ds4_attention") + 100 * n("ds4_attention_grp"),
                 (n("ds4_attention_heads"), n("ds4_attention_merge")),
             )
         };
-        let head = run(&args);
-        args.push(t(bsync, 0, types::I32, 0, [groups as u64, 1, 1, 1]));
+        let head = run(&args, prm);
+        args.push(t(bsync, 0, types::I32, 0, [words as u64, 1, 1, 1]));
         FORCE_ATT_DEC.store(true, Ordering::Relaxed); // (opt-in in the engine)
-        let dec = run(&args);
-        let repeats = (0..50).all(|_| same_bits(&run(&args).0, &dec.0));
+        let dec = run(&args, prm);
+        let repeats = (0..50).all(|_| same_bits(&run(&args, prm).0, &dec.0));
         FORCE_ATT_DEC.store(false, Ordering::Relaxed);
+        // Four heads a block over key splits (no long-context hint; opt-in in the
+        // engine), its counts in the words after the one-launch form's.
+        let mut short = prm;
+        short.i[3] = 0;
+        FORCE_ATT_GRP.store(true, Ordering::Relaxed);
+        let grp = run(&args, short);
+        let grp_repeats = (0..50).all(|_| same_bits(&run(&args, short).0, &grp.0));
+        FORCE_ATT_GRP.store(false, Ordering::Relaxed);
         // Without the rotaries (an inv_freq of no values before the sync words) and not
         // forced: the heads kernel over key splits, then ds4_attention_merge.
         args[8] = t(binv, 0, types::F32, 0, [0, 1, 1, 1]);
-        let split = run(&args);
+        let split = run(&args, prm);
         let (e_dec, e_head) = (rel(&dec.0, &want), rel(&head.0, &want));
-        let e_split = rel(&split.0, &want_plain);
+        let (e_split, e_grp) = (rel(&split.0, &want_plain), rel(&grp.0, &want));
         let launches = (dec.2, dec.3, dec.4) == (1, 0, (0, 0))
             && (head.2, head.3) == (0, 1)
-            && (split.2, split.3, split.4) == (0, 0, (1, 1));
-        let stored = dec.1 && head.1 && split.1;
-        let ok = e_dec.max(e_head).max(e_split) <= 1e-5 && repeats && stored && launches;
+            && (split.2, split.3, split.4) == (0, 0, (1, 1))
+            && (grp.2, grp.3, grp.4) == (0, 100, (0, 0));
+        let stored = dec.1 && head.1 && split.1 && grp.1;
+        let repeats = repeats && grp_repeats;
+        let ok = e_dec.max(e_head).max(e_split).max(e_grp) <= 1e-5 && repeats && stored && launches;
         all &= ok;
         println!(
-            "{name:<34}: {:>4} keys, one launch {e_dec:.2e}, block a head {e_head:.2e}, splits + merge (no rotary) {e_split:.2e}, 50 reruns bit-identical {repeats}, ring stored {}, launches {} {}",
+            "{name:<34}: {:>4} keys, one launch {e_dec:.2e}, block a head {e_head:.2e}, splits + merge (no rotary) {e_split:.2e}, 4 heads a block {e_grp:.2e}, 50 reruns bit-identical {repeats}, ring stored {}, launches {} {}",
             keys.len(),
             stored,
             if launches { "as expected" } else { "WRONG" },
             if ok { "ok" } else { "FAIL" }
         );
         json.push(format!(
-            "{{\"test\":\"attention_decode\",\"case\":\"{name}\",\"keys\":{},\"dec_rel\":{e_dec:e},\"head_rel\":{e_head:e},\"split_rel\":{e_split:e},\"repeats\":{repeats},\"launches\":{launches},\"ok\":{ok}}}",
+            "{{\"test\":\"attention_decode\",\"case\":\"{name}\",\"keys\":{},\"dec_rel\":{e_dec:e},\"head_rel\":{e_head:e},\"split_rel\":{e_split:e},\"grp_rel\":{e_grp:e},\"repeats\":{repeats},\"launches\":{launches},\"ok\":{ok}}}",
             keys.len()
         ));
         for buf in [bq, bkv, bring, brows, bsk, binv, bsel, bpos, bout, bsync] {

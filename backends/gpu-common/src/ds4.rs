@@ -19,6 +19,9 @@ pub const HEAD_MAX: u64 = 512;
 /// `ds4_attention_heads`: heads a block, warps a block (DS4_ATH_HEADS, DS4_ATH_WARPS).
 const ATT_HEADS_PER_BLOCK: u64 = 16;
 const ATT_HEADS_WARPS: u32 = 8;
+/// `ds4_attention_grp`: heads a block, warps a block (DS4_ATG_HEADS, DS4_ATG_WARPS).
+const ATT_GRP_HEADS: u64 = 4;
+const ATT_GRP_WARPS: u32 = 8;
 /// `ds4_attention_merge`'s most splits and threads (DS4_ATM_MAX_SPLITS, DS4_ATM_THREADS).
 const ATT_MAX_SPLITS: u64 = 64;
 const ATT_MERGE_THREADS: u32 = 512;
@@ -1065,6 +1068,53 @@ fn att_dec_splits(max_keys: u64, groups: u64, multiprocessors: u32) -> Option<u6
     (fit >= 1).then(|| att_splits(max_keys).1.min(fit))
 }
 
+/// `MOE_GPU_ATT_GRP=1`: a decode step's attention short of the long-context split as
+/// `ds4_attention_grp` (four heads a block, the keys split over blocks, the group's last
+/// block merging), not `ds4_attention` (a block a head). Opt-in until measured in the
+/// decode graph. Read once; tests may force it (FORCE_ATT_GRP).
+fn att_grp_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    FORCE_ATT_GRP.load(std::sync::atomic::Ordering::Relaxed)
+        || *ON.get_or_init(|| env_force("MOE_GPU_ATT_GRP") == Some(true))
+}
+
+/// Forces `ds4_attention_grp` on for a decode step short of the split (device tests).
+pub static FORCE_ATT_GRP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The fewest keys a split of `ds4_attention_grp` takes (the kernel shares a token's keys
+/// out over the splits): `MOE_GPU_ATT_GRP_KEYS` (A/B runs; read once), else 16, one
+/// batch of two keys for each of a block's eight warps.
+fn att_grp_keys() -> u64 {
+    static KEYS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *KEYS.get_or_init(|| {
+        std::env::var("MOE_GPU_ATT_GRP_KEYS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&k| k > 0)
+            .unwrap_or(16)
+    })
+}
+
+/// Splits of `ds4_attention_grp`: the grid within the multiprocessors (its blocks take
+/// one each; 8 splits of 16 groups where the backend reports no count), and no more
+/// than the most keys need at the fewest a split.
+fn att_grp_splits(max_keys: u64, heads: u64, multiprocessors: u32) -> u64 {
+    let groups = heads.div_ceil(ATT_GRP_HEADS);
+    let fit = match multiprocessors {
+        0 => 8,
+        m => m as u64 / groups,
+    };
+    fit.min(max_keys.div_ceil(att_grp_keys()))
+        .clamp(1, ATT_MAX_SPLITS)
+}
+
+/// SPARSE_ATTENTION's sync words the CUDA / HIP backends use for `heads` heads: one a
+/// group of 16 for `ds4_attention_dec`'s barrier, then one a group of
+/// ATT_GRP_HEADS for `ds4_attention_grp`'s count (given fewer, it is not used).
+pub fn att_sync_words(heads: u64) -> u64 {
+    heads.div_ceil(ATT_HEADS_PER_BLOCK) + heads.div_ceil(ATT_GRP_HEADS)
+}
+
 /// Chunks of at least this many tokens take `ds4_attention_heads` (a block per 16 heads
 /// of a token, the keys staged once for all of them) in one pass; fewer keep a block per
 /// head (16 warps a head while the grid is small), or with the long-context hint the
@@ -1175,6 +1225,15 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
                 );
         }
     }
+    // A decode step short of the split: four heads a block over key splits (opt-in),
+    // where the sync words hold the groups' counts.
+    let f4 = hd.is_multiple_of(4)
+        && [pq, pkv, pr, prows, pout]
+            .iter()
+            .all(|p| p.is_multiple_of(16));
+    let grp = sync
+        .filter(|s| n == 1 && f4 && !split && att_grp_on() && s.numel() >= att_sync_words(heads))
+        .map(|s| (s, att_grp_splits(max_keys, heads, gpu.multiprocessors())));
     if heads_ok && n >= ATT_HEADS_MIN_TOKENS {
         att.i(0).p(0).launch(
             gpu,
@@ -1206,6 +1265,28 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
             .i(store as i32)
             .p(pr)
             .launch(gpu, "ds4_attention_merge", (heads, n, 1), ATT_MERGE_THREADS)?;
+        if store {
+            return Ok(());
+        }
+    } else if let Some((sync, splits)) = grp {
+        expect(&sync, types::I32, "sparse_attention sync")?;
+        let part = gpu.scratch((heads * splits * (hd + 2) * 4) as usize)?;
+        // (its words after ds4_attention_dec's)
+        let counts = gpu.ptr(&sync, 4)? + 4 * grid_heads;
+        att.i(to_i32(att_grp_keys(), "keys a split")?)
+            .p(part)
+            .p(counts)
+            .p(pinv)
+            .i(pairs as i32)
+            .f(p.f[1])
+            .f(p.f[2])
+            .i(store as i32)
+            .launch(
+                gpu,
+                "ds4_attention_grp",
+                (heads.div_ceil(ATT_GRP_HEADS), 1, splits),
+                32 * ATT_GRP_WARPS,
+            )?;
         if store {
             return Ok(());
         }
@@ -1925,6 +2006,48 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("sparse_attention sync"), "{e}");
         FORCE_ATT_DEC.store(false, std::sync::atomic::Ordering::Relaxed);
+        // ds4_attention_grp forced on, a decode step without the hint and the grouped
+        // form's words after the one-launch form's (8 heads: 1 + 2): four heads a block
+        // over key splits (24 keys at most, at least 16 a split: 2), the ring store
+        // inside; with the one-launch form's word alone, or with the hint (the split
+        // form's, which with the rotaries inside is a block a head), not.
+        FORCE_ATT_GRP.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut grp = one.to_vec();
+        grp.extend([f([16, 1, 1, 1]), i([att_sync_words(8), 1, 1, 1])]);
+        let short = prm(&[0.1, 1e-6, 1.0], &[4, 2, 16]);
+        let l = run_on(
+            Rec(Default::default(), 132),
+            ops::SPARSE_ATTENTION,
+            short,
+            &grp,
+        );
+        assert_eq!(
+            l.iter().map(|x| (x.0, x.1, x.2)).collect::<Vec<_>>(),
+            [("ds4_attention_grp", (2, 1, 2), 256)]
+        );
+        let l = run_on(
+            Rec(Default::default(), 132),
+            ops::SPARSE_ATTENTION,
+            short,
+            &dec,
+        );
+        assert_eq!((l[0].0, l.len()), ("ds4_attention", 1));
+        let l = run_on(
+            Rec(Default::default(), 132),
+            ops::SPARSE_ATTENTION,
+            dec_prm,
+            &grp,
+        );
+        assert_eq!((l[0].0, l.len()), ("ds4_attention", 1));
+        FORCE_ATT_GRP.store(false, std::sync::atomic::Ordering::Relaxed);
+        // Its splits: within the multiprocessors (8 where none is reported), and no more
+        // than the most keys need at 16 a split.
+        assert_eq!(att_grp_splits(128 + 512, 64, 132), 8);
+        assert_eq!(att_grp_splits(128 + 512, 64, 0), 8);
+        assert_eq!(att_grp_splits(24, 64, 132), 2);
+        assert_eq!(att_grp_splits(7, 64, 132), 1);
+        assert_eq!(att_grp_splits(128 + 512, 1024, 132), 1);
+        assert_eq!(att_sync_words(64), 4 + 16);
         // Not forced (nor MOE_GPU_ATT_DEC=1): the heads kernel + merge.
         let l = run_on(
             Rec(Default::default(), 132),
