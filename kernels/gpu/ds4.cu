@@ -901,7 +901,9 @@ extern "C" __global__ void __launch_bounds__(DS4_HCF_THREADS)
     gpu_f4 nwr = {0.0f, 0.0f, 0.0f, 0.0f};
     float bias_t = 0.0f;
     if (route.wr) {
+#if !defined(HCF_ROUTE_NO_PREFETCH)
         if (tid < n_expert) gpu_prefetch_l2(wr + (long long)tid * d + b * C, 4 * C);
+#endif
         nwr = *(const gpu_f4*)(norm_w + b * C + 4 * lane);
         if (b == 0 && rmode == 1 && tid < n_expert) bias_t = rbias[tid];
     }

@@ -255,14 +255,17 @@ fn pdl_graph_only() -> bool {
 /// `MOE_GPU_HCF_SUM=batch` has the fused mHC site ask for all of a warp's shares of the
 /// mixes at once before summing them (the same sums in the same order); and
 /// `MOE_GPU_POLICY=imm` names the weights' evict-first L2 policy as an immediate in
-/// their loads (the same hint; see `GPU_POLICY_IMM` in kernels/gpu/common.cuh).
+/// their loads (the same hint; see `GPU_POLICY_IMM` in kernels/gpu/common.cuh);
+/// `MOE_GPU_HCF_ROUTE_PREFETCH=0` has the MoE site's routing (`MOE_DS4_SITE_ROUTE=1`)
+/// read its router rows without asking L2 for them before the dependent-launch wait
+/// (the same values).
 ///
 /// The last seven are on by default since 2026-12-05 (H200, with `MOE_GPU_PDL_EARLY=graph`:
 /// depth-0 decode 182.8 / 183.1 / 179.0 tok/s against 173.5 / 176.1 / 171.6 in the same
 /// runs, prefill ~1% lower, the fixtures' digits unchanged); `=0` turns each off (A/B runs).
 fn ab_defines(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
     // (variable, the value that switches it on, the define, on when the variable is unset)
-    const SWITCHES: [(&str, &str, &str, bool); 13] = [
+    const SWITCHES: [(&str, &str, &str, bool); 14] = [
         ("MOE_GPU_PLAIN_I2F", "1", "-DGPU_PLAIN_I2F=1", false),
         ("MOE_GPU_MMQ_NARROW", "0", "-DMMQ_NARROW_OFF=1", false),
         (
@@ -281,6 +284,12 @@ fn ab_defines(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
         ("MOE_GPU_FP4_LOOP", "lean", "-DFP4_LOOP_LEAN=1", true),
         ("MOE_GPU_HCF_SUM", "batch", "-DHCF_SUM_BATCH=1", true),
         ("MOE_GPU_POLICY", "imm", "-DGPU_POLICY_IMM=1", true),
+        (
+            "MOE_GPU_HCF_ROUTE_PREFETCH",
+            "0",
+            "-DHCF_ROUTE_NO_PREFETCH=1",
+            false,
+        ),
     ];
     let mut d: Vec<&str> = SWITCHES
         .iter()
