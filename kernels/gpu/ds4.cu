@@ -2476,6 +2476,22 @@ GPU_DEV void ds4_rotate4(gpu_f4& v, int c, int hd, int n_pairs, const float* __r
         ds4_rotate(v.z, v.w, p, inv_freq[(i + 2 - tail) / 2], mscale, inverse);
 }
 
+// A head's query held as float4 columns 32 j + lane of a warp: RMS-normed (plain, eps)
+// and rotated on its trailing 2 n_pairs values (ds4_norm_rope's (1, n_pairs, 0)).
+GPU_DEV void ds4_att_q_rope(gpu_f4 (&qr)[DS4_ATH_J], int hd, int n_pairs, const float* inv_freq,
+                            float p, float mscale, float eps, int lane) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DS4_ATH_J; ++j) ss = ds4_dot4(qr[j], qr[j], ss);
+    const float r = 1.0f / sqrtf(gpu_warp_sum(ss) / (float)hd + eps);
+#pragma unroll
+    for (int j = 0; j < DS4_ATH_J; ++j) {
+        gpu_f4 v = {qr[j].x * r, qr[j].y * r, qr[j].z * r, qr[j].w * r};
+        ds4_rotate4(v, 32 * j + lane, hd, n_pairs, inv_freq, p, mscale, 0);
+        qr[j] = v;
+    }
+}
+
 // ds4_attention_heads over key splits for one token (a decode step) in one launch, with
 // ds4_attention's rotaries inside (inv_freq set: q RMS-normed (plain, eps) and rotated
 // on its trailing 2 n_pairs values, the output inverse-rotated) and the splits merged
@@ -2514,21 +2530,10 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, DS4_ATD_MIN_BLO
         for (int i = threadIdx.x; i < hd; i += blockDim.x) ring[(long long)(p % window) * hd + i] = kv[i];
     gpu_f4 qr[DS4_ATH_HPW][DS4_ATH_J], acc[DS4_ATH_HPW][DS4_ATH_J];
     ds4_ath_load_q(q, heads, hd, h0, qr, acc);
-    if (inv_freq) {
+    if (inv_freq)
 #pragma unroll
-        for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
-            float ss = 0.0f;
-#pragma unroll
-            for (int j = 0; j < DS4_ATH_J; ++j) ss = ds4_dot4(qr[hh][j], qr[hh][j], ss);
-            const float r = 1.0f / sqrtf(gpu_warp_sum(ss) / (float)hd + eps);
-#pragma unroll
-            for (int j = 0; j < DS4_ATH_J; ++j) {
-                gpu_f4 v = {qr[hh][j].x * r, qr[hh][j].y * r, qr[hh][j].z * r, qr[hh][j].w * r};
-                ds4_rotate4(v, 32 * j + lane, hd, n_pairs, inv_freq, (float)p, mscale, 0);
-                qr[hh][j] = v;
-            }
-        }
-    }
+        for (int hh = 0; hh < DS4_ATH_HPW; ++hh)
+            ds4_att_q_rope(qr[hh], hd, n_pairs, inv_freq, (float)p, mscale, eps, lane);
     int first, n_win, k_begin, k_end;
     ds4_ath_range(p, window, mode, ratio, cap, k_sel, kper, first, n_win, k_begin, k_end);
     const bool head_ok = h0 + lane / DS4_ATH_TILE < heads;
@@ -2612,25 +2617,15 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATG_WARPS)
         for (int hh = 0; hh < G; ++hh) {
             // (heads past the end score head h0's query; they are never stored)
             const gpu_f4* qh = (const gpu_f4*)(q + (long long)(h0 + (hh < nh ? hh : 0)) * hd);
-            float ss = 0.0f;
 #pragma unroll
             for (int j = 0; j < J; ++j) {
                 const int c = 32 * j + lane;
                 qr[hh][j] = c < hd4 ? qh[c] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
                 acc[hh][j] = gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
-                ss = ds4_dot4(qr[hh][j], qr[hh][j], ss);
             }
             m[hh] = DS4_NEG_INF;
             l[hh] = 0.0f;
-            if (inv_freq) {
-                const float r = 1.0f / sqrtf(gpu_warp_sum(ss) / (float)hd + eps);
-#pragma unroll
-                for (int j = 0; j < J; ++j) {
-                    gpu_f4 v = {qr[hh][j].x * r, qr[hh][j].y * r, qr[hh][j].z * r, qr[hh][j].w * r};
-                    ds4_rotate4(v, 32 * j + lane, hd, n_pairs, inv_freq, (float)p, mscale, 0);
-                    qr[hh][j] = v;
-                }
-            }
+            if (inv_freq) ds4_att_q_rope(qr[hh], hd, n_pairs, inv_freq, (float)p, mscale, eps, lane);
         }
         const int k_lo = z * kper, k_hi = k_lo + kper < n_keys ? k_lo + kper : n_keys;
         for (int k0 = k_lo + warp; k0 < k_hi; k0 += B * NW) {

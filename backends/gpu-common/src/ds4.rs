@@ -1183,11 +1183,11 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     // aligned. A chunk of 16 tokens or more: one pass over each token's keys; fewer (a
     // decode step), with the long-context hint (i[3] = 1): the keys split over blocks,
     // then ds4_attention_merge.
-    let aligned = hd.is_multiple_of(4)
+    let f4 = hd.is_multiple_of(4)
         && [pq, pkv, pr, prows, pout]
             .iter()
-            .all(|p| p.is_multiple_of(16))
-        && !att_heads_off();
+            .all(|p| p.is_multiple_of(16));
+    let aligned = f4 && !att_heads_off();
     let heads_ok = pinv == 0 && aligned;
     let grid_heads = heads.div_ceil(ATT_HEADS_PER_BLOCK);
     // One token: its row goes into the ring from the last kernel (its slot is outside
@@ -1204,33 +1204,34 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     // The split form (a decode step far into a long context) in one launch where the
     // backend can keep the whole grid resident.
     let split = att_split(p.i[3] == 1);
-    if let (Some(sync), true) = (sync, n == 1 && aligned && split && att_dec_on()) {
-        if let Some(splits) = att_dec_splits(max_keys, grid_heads, gpu.multiprocessors()) {
-            holds(&sync, types::I32, grid_heads, "sparse_attention sync")?;
-            let part = gpu.scratch((heads * splits * (hd + 2) * 4) as usize)?;
-            return att
-                .i(to_i32(ATT_SPLIT_MIN_KEYS, "keys a split")?)
-                .p(part)
-                .p(gpu.ptr(&sync, 4)?)
+    // The one-launch forms' arguments after att's: keys a split, the partial sums (one
+    // token's splits of every head), their sync words, the rotary and the store.
+    let one_launch = |att: KArgs, keys: u64, splits: u64, words: u64| {
+        Ok::<_, String>(
+            att.i(to_i32(keys, "keys a split")?)
+                .p(gpu.scratch((heads * splits * (hd + 2) * 4) as usize)?)
+                .p(words)
                 .p(pinv)
                 .i(pairs as i32)
                 .f(p.f[1])
                 .f(p.f[2])
-                .i(store as i32)
-                .launch(
-                    gpu,
-                    "ds4_attention_dec",
-                    (grid_heads, 1, splits),
-                    32 * ATT_HEADS_WARPS,
-                );
+                .i(store as i32),
+        )
+    };
+    if let (Some(sync), true) = (sync, n == 1 && aligned && split && att_dec_on()) {
+        if let Some(splits) = att_dec_splits(max_keys, grid_heads, gpu.multiprocessors()) {
+            holds(&sync, types::I32, grid_heads, "sparse_attention sync")?;
+            let words = gpu.ptr(&sync, 4)?;
+            return one_launch(att, ATT_SPLIT_MIN_KEYS, splits, words)?.launch(
+                gpu,
+                "ds4_attention_dec",
+                (grid_heads, 1, splits),
+                32 * ATT_HEADS_WARPS,
+            );
         }
     }
     // A decode step short of the split: four heads a block over key splits (opt-in),
     // where the sync words hold the groups' counts.
-    let f4 = hd.is_multiple_of(4)
-        && [pq, pkv, pr, prows, pout]
-            .iter()
-            .all(|p| p.is_multiple_of(16));
     let grp = sync
         .filter(|s| n == 1 && f4 && !split && att_grp_on() && s.numel() >= att_sync_words(heads))
         .map(|s| (s, att_grp_splits(max_keys, heads, gpu.multiprocessors())));
@@ -1270,23 +1271,14 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         }
     } else if let Some((sync, splits)) = grp {
         expect(&sync, types::I32, "sparse_attention sync")?;
-        let part = gpu.scratch((heads * splits * (hd + 2) * 4) as usize)?;
         // (its words after ds4_attention_dec's)
-        let counts = gpu.ptr(&sync, 4)? + 4 * grid_heads;
-        att.i(to_i32(att_grp_keys(), "keys a split")?)
-            .p(part)
-            .p(counts)
-            .p(pinv)
-            .i(pairs as i32)
-            .f(p.f[1])
-            .f(p.f[2])
-            .i(store as i32)
-            .launch(
-                gpu,
-                "ds4_attention_grp",
-                (heads.div_ceil(ATT_GRP_HEADS), 1, splits),
-                32 * ATT_GRP_WARPS,
-            )?;
+        let words = gpu.ptr(&sync, 4)? + 4 * grid_heads;
+        one_launch(att, att_grp_keys(), splits, words)?.launch(
+            gpu,
+            "ds4_attention_grp",
+            (heads.div_ceil(ATT_GRP_HEADS), 1, splits),
+            32 * ATT_GRP_WARPS,
+        )?;
         if store {
             return Ok(());
         }
@@ -2015,30 +2007,15 @@ mod tests {
         let mut grp = one.to_vec();
         grp.extend([f([16, 1, 1, 1]), i([att_sync_words(8), 1, 1, 1])]);
         let short = prm(&[0.1, 1e-6, 1.0], &[4, 2, 16]);
-        let l = run_on(
-            Rec(Default::default(), 132),
-            ops::SPARSE_ATTENTION,
-            short,
-            &grp,
-        );
-        assert_eq!(
-            l.iter().map(|x| (x.0, x.1, x.2)).collect::<Vec<_>>(),
-            [("ds4_attention_grp", (2, 1, 2), 256)]
-        );
-        let l = run_on(
-            Rec(Default::default(), 132),
-            ops::SPARSE_ATTENTION,
-            short,
-            &dec,
-        );
-        assert_eq!((l[0].0, l.len()), ("ds4_attention", 1));
-        let l = run_on(
-            Rec(Default::default(), 132),
-            ops::SPARSE_ATTENTION,
-            dec_prm,
-            &grp,
-        );
-        assert_eq!((l[0].0, l.len()), ("ds4_attention", 1));
+        let on_132 = |p: OpParams, a: &[TensorRef]| {
+            run_on(Rec(Default::default(), 132), ops::SPARSE_ATTENTION, p, a)
+                .iter()
+                .map(|x| (x.0, x.1, x.2))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(on_132(short, &grp), [("ds4_attention_grp", (2, 1, 2), 256)]);
+        assert_eq!(on_132(short, &dec)[0].0, "ds4_attention");
+        assert_eq!(on_132(dec_prm, &grp)[0].0, "ds4_attention");
         FORCE_ATT_GRP.store(false, std::sync::atomic::Ordering::Relaxed);
         // Its splits: within the multiprocessors (8 where none is reported), and no more
         // than the most keys need at 16 a split.
