@@ -141,13 +141,19 @@ pub mod ops {
     /// From ABI 1.5 a 10th, sync (I32 [ceil(heads / 16)] or more, zero before its first
     /// use, kept between calls and used by no other op): words a backend may count on to
     /// let one step's parallel parts wait for each other (the CUDA / HIP backends: with
-    /// ceil(heads / 16) + ceil(heads / 4) a decode step may also count its head groups'
-    /// key splits in the later ones); an inv_freq of no values before it stands for none
+    /// `sparse_attention_sync_words` a decode step may also count its head groups' key
+    /// splits in the later ones); an inv_freq of no values before it stands for none
     /// (no rotary inside).
     /// i[3] = 1 hints that the positions are far into a long context (a backend may then
     /// split each token's keys over more parallel work); any value gives the same result
     /// up to summation order.
     pub const SPARSE_ATTENTION: u32 = 22;
+    /// SPARSE_ATTENTION's sync words for `heads` heads that the CUDA / HIP backends use:
+    /// ceil(heads / 16) for the one-launch split form, then ceil(heads / 4) for the
+    /// grouped decode form's counts.
+    pub const fn sparse_attention_sync_words(heads: u64) -> u64 {
+        heads.div_ceil(16) + heads.div_ceil(4)
+    }
     /// Router: scores sigmoid (i[0] = 2) or sqrt(softplus) (4); experts = the k best
     /// (i[2] = 0), the k best of score + bias (1) or the token's hash-table row (2);
     /// weights = scores, normalised when i[1] = 1, times f[0]. args: logits (F32 [E, n]),

@@ -20,9 +20,9 @@ use std::sync::atomic::Ordering;
 
 use moe_backend_cuda::{
     ops::{
-        att_sync_words, id_nosort, mmq_kernel, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_FP4_MMA,
-        FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW,
-        FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
+        id_nosort, mmq_kernel, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_FP4_MMA, FORCE_FP4_REGS,
+        FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS,
+        FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -2590,7 +2590,7 @@ fn attention_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         let (bq, bkv, bring, brows, bsk, binv) =
             (b(&q), b(&kv), b(&ring), b(&rows), b(&sinks), b(&inv));
         let (bsel, bpos, bout) = (i32b(&sel), i32b(&[p as i32]), g.zeros(hd * heads * 4));
-        let words = att_sync_words(heads as u64) as usize;
+        let words = ops::sparse_attention_sync_words(heads as u64) as usize;
         let bsync = g.zeros(words * 4);
         let f = f32_t;
         let mut args = vec![

@@ -1108,13 +1108,6 @@ fn att_grp_splits(max_keys: u64, heads: u64, multiprocessors: u32) -> u64 {
         .clamp(1, ATT_MAX_SPLITS)
 }
 
-/// SPARSE_ATTENTION's sync words the CUDA / HIP backends use for `heads` heads: one a
-/// group of 16 for `ds4_attention_dec`'s barrier, then one a group of
-/// ATT_GRP_HEADS for `ds4_attention_grp`'s count (given fewer, it is not used).
-pub fn att_sync_words(heads: u64) -> u64 {
-    heads.div_ceil(ATT_HEADS_PER_BLOCK) + heads.div_ceil(ATT_GRP_HEADS)
-}
-
 /// Chunks of at least this many tokens take `ds4_attention_heads` (a block per 16 heads
 /// of a token, the keys staged once for all of them) in one pass; fewer keep a block per
 /// head (16 warps a head while the grid is small), or with the long-context hint the
@@ -1233,7 +1226,13 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     // A decode step short of the split: four heads a block over key splits (opt-in),
     // where the sync words hold the groups' counts.
     let grp = sync
-        .filter(|s| n == 1 && f4 && !split && att_grp_on() && s.numel() >= att_sync_words(heads))
+        .filter(|s| {
+            n == 1
+                && f4
+                && !split
+                && att_grp_on()
+                && s.numel() >= ops::sparse_attention_sync_words(heads)
+        })
         .map(|s| (s, att_grp_splits(max_keys, heads, gpu.multiprocessors())));
     if heads_ok && n >= ATT_HEADS_MIN_TOKENS {
         att.i(0).p(0).launch(
@@ -2005,7 +2004,10 @@ mod tests {
         // form's, which with the rotaries inside is a block a head), not.
         FORCE_ATT_GRP.store(true, std::sync::atomic::Ordering::Relaxed);
         let mut grp = one.to_vec();
-        grp.extend([f([16, 1, 1, 1]), i([att_sync_words(8), 1, 1, 1])]);
+        grp.extend([
+            f([16, 1, 1, 1]),
+            i([ops::sparse_attention_sync_words(8), 1, 1, 1]),
+        ]);
         let short = prm(&[0.1, 1e-6, 1.0], &[4, 2, 16]);
         let on_132 = |p: OpParams, a: &[TensorRef]| {
             run_on(Rec(Default::default(), 132), ops::SPARSE_ATTENTION, p, a)
@@ -2024,7 +2026,12 @@ mod tests {
         assert_eq!(att_grp_splits(24, 64, 132), 2);
         assert_eq!(att_grp_splits(7, 64, 132), 1);
         assert_eq!(att_grp_splits(128 + 512, 1024, 132), 1);
-        assert_eq!(att_sync_words(64), 4 + 16);
+        // The op's words: a word a head group of each form (ds4_attention_dec's, then
+        // ds4_attention_grp's).
+        assert_eq!(
+            ops::sparse_attention_sync_words(64),
+            64u64.div_ceil(ATT_HEADS_PER_BLOCK) + 64u64.div_ceil(ATT_GRP_HEADS)
+        );
         // Not forced (nor MOE_GPU_ATT_DEC=1): the heads kernel + merge.
         let l = run_on(
             Rec(Default::default(), 132),

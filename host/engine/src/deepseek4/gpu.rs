@@ -756,7 +756,10 @@ impl GpuPath {
             want: dev.i32(n)?,
             streams: f(d * hc * n)?,
             hc_sync: zeros_i32(dev, n)?,
-            att_sync: zeros_i32(dev, att_sync_words(p.n_head))?,
+            att_sync: zeros_i32(
+                dev,
+                ops::sparse_attention_sync_words(p.n_head as u64) as usize,
+            )?,
             router_sync: zeros_i32(dev, n)?,
             topk_work: zeros_i32(dev, ops::TOPK_ROWS_WORK_WORDS as usize)?,
             mix: f(nm * n)?,
@@ -1623,9 +1626,17 @@ impl GpuPath {
         let scale = (hd as f32).powf(-0.5);
         let long = kind.long as i64;
         // The words the op's one-launch decode form waits on, where the backend takes them.
-        let sync = self
-            .att_sync
-            .then(|| v(&w.att_sync, [att_sync_words(nh), 1, 1, 1]));
+        let sync = self.att_sync.then(|| {
+            v(
+                &w.att_sync,
+                [
+                    ops::sparse_attention_sync_words(nh as u64) as usize,
+                    1,
+                    1,
+                    1,
+                ],
+            )
+        });
         if att_rope {
             // q's norm + rotary and the output's inverse rotary in the attention op.
             a.push(inv.r);
@@ -2193,13 +2204,6 @@ fn probe_norm_mm(dev: &Arc<Device>) -> bool {
 
 /// Whether the backend's SPARSE_ATTENTION takes sync words after an inv_freq of no
 /// values (ABI 1.5; its one-launch decode form's blocks wait on them): one tiny call.
-/// SPARSE_ATTENTION's sync words for `heads` heads: ceil(heads / 16) for a backend's
-/// one-launch split form, then ceil(heads / 4) that the CUDA / HIP backends' grouped
-/// decode form counts in (`ops::SPARSE_ATTENTION`).
-fn att_sync_words(heads: usize) -> usize {
-    heads.div_ceil(16) + heads.div_ceil(4)
-}
-
 fn probe_att_sync(dev: &Arc<Device>) -> bool {
     probe_op(dev, "SPARSE_ATTENTION's sync words", || {
         let f = |k| filled(dev, k, 1);
