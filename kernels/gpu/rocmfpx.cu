@@ -2206,21 +2206,28 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
 
 // The grouped forms' block (pairs and ids as matvec_dense_rows_id): block row y is pair
 // p, with expert ids[p]'s rows and the source's column p (per_pair) or p / n_slots; ids
-// outside 0..E give zeros. grid = (ceil(m / (rows NT / L)), pairs).
+// outside 0..E give zeros. grid = (ceil(m / (rows NT / L)), pairs). The block's
+// dependent-launch wait (and launch count, kid) is here: with `fixed` (the ids never
+// change: MATMUL_ID's i[0], the output projection's groups and the shared expert's one
+// id) after its rows are asked for, as the plain kernel's, so the weights stream under
+// the previous kernel; else first, as the ids may be its output. A pair's zeros are
+// written after the wait either way (the previous kernel may still read `out`).
 template <typename SRC>
 GPU_DEV void fp4_runs_q8_pair(const unsigned char* __restrict__ w, long long expert_bytes,
                               long long row_bytes, int k, int m, int n_experts, const SRC& src,
                               int per_pair, int n_slots, const int* __restrict__ ids,
-                              float* __restrict__ out, int rows, unsigned int* counters,
-                              fp4_q8_smem& sm) {
+                              float* __restrict__ out, int rows, bool fixed,
+                              unsigned int* counters, int kid, fp4_q8_smem& sm) {
     const int p = blockIdx.y;
+    const bool early = fixed && ids[p] >= 0 && ids[p] < n_experts;
+    if (!early) gpu_count_launch(counters, kid);
     float* o = out + (long long)p * m;
     const unsigned char* we = fp4_pair_weights(w, expert_bytes, n_experts, ids, o, m,
                                                rows * (int)blockDim.x / fp4_runs_lanes(k));
     if (!we) return;
     const SRC col = src.column((long long)(per_pair ? p : p / n_slots) * k);
-    if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, col, o, false, counters, 0, sm);
-    else fp4_runs_q8<1>(we, row_bytes, k, m, col, o, false, counters, 0, sm);
+    if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, col, o, early, counters, kid, sm);
+    else fp4_runs_q8<1>(we, row_bytes, k, m, col, o, early, counters, kid, sm);
 }
 
 // The grouped form of matvec_fp4_runs_q8 (see fp4_runs_q8_pair).
@@ -2229,11 +2236,10 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
                           long long row_bytes, int k, int m, int n_experts,
                           const float* __restrict__ x, int per_pair, int n_slots,
                           const int* __restrict__ ids, float* __restrict__ out, int rows,
-                          unsigned int* counters) {
+                          int fixed, unsigned int* counters) {
     __shared__ fp4_q8_smem sm;
-    gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_ID);
     fp4_runs_q8_pair(w, expert_bytes, row_bytes, k, m, n_experts, fp4_src_x{x}, per_pair, n_slots,
-                     ids, out, rows, counters, sm);
+                     ids, out, rows, fixed != 0, counters, KID_MATVEC_FP4_RUNS_Q8_ID, sm);
 }
 
 // The grouped form on the clamped SwiGLU of gate g and up u (fp4_src_swiglu, the same
@@ -2246,11 +2252,11 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
                                  const float* __restrict__ g, const float* __restrict__ u,
                                  float lim, int per_pair, int n_slots,
                                  const int* __restrict__ ids, float* __restrict__ out, int rows,
-                                 unsigned int* counters) {
+                                 int fixed, unsigned int* counters) {
     __shared__ fp4_q8_smem sm;
-    gpu_count_launch(counters, KID_MATVEC_FP4_RUNS_Q8_ID_SWIGLU);
     fp4_runs_q8_pair(w, expert_bytes, row_bytes, k, m, n_experts, fp4_src_swiglu{g, u, lim},
-                     per_pair, n_slots, ids, out, rows, counters, sm);
+                     per_pair, n_slots, ids, out, rows, fixed != 0, counters,
+                     KID_MATVEC_FP4_RUNS_Q8_ID_SWIGLU, sm);
 }
 
 // ---------------------------------------------------------------------------------

@@ -84,7 +84,10 @@ pub mod ops {
     pub const ADD: u32 = 8;
     /// Grouped (MoE) product: pair p = token * slots + slot multiplies expert ids[p].
     /// args: w ([k, m, experts]), x (F32 [k, tokens] or [k, pairs]), ids (I32
-    /// [slots, tokens], -1 = none: zeros), out (F32 [m, pairs]).
+    /// [slots, tokens], -1 = none: zeros), out (F32 [m, pairs]). From ABI 1.12, i[0] = 1:
+    /// the ids are fixed (uploaded before the model runs, written by no op), so the
+    /// backend may read them, and start on their experts' weights, before the ops queued
+    /// ahead of this one have finished; 0: they may be an earlier op's output.
     pub const MATMUL_ID: u32 = 9;
 
     // DeepSeek-V4 glue (ABI 1.1). Positions come from an I32 tensor `pos` ([n], the
@@ -197,6 +200,7 @@ pub mod ops {
     /// expert, id 0), the SwiGLU computed where the backend can fuse it. args: w ([k, m,
     /// experts]), gate, up (F32 [k, pairs]), ids, out (F32 [m, pairs]), act (F32 [k,
     /// pairs]: the backend may store the SwiGLU values there, or leave it as it was).
+    /// From ABI 1.12, i[0] = 1: fixed ids, as MATMUL_ID's i[0].
     pub const SWIGLU_MATMUL_ID: u32 = 31;
     /// mHC post, then the next site's mixes and mHC pre, as one op (ABI 1.4): HC_POST
     /// (when post inputs are given), mixes = MATMUL(fn, streams as [hc d, n]), then

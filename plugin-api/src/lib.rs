@@ -53,7 +53,9 @@ pub const ABI_MAJOR: u32 = 1;
 /// 10: HC_POST_PRE's xq (i[3]) and MATMUL_ID_MULTI's (i[0]): x quantised once for the
 ///     MoE's grouped products.
 /// 11: HC_POST_PRE's routing (i[4]): ROUTER with its product of the site's x, in the op.
-pub const ABI_MINOR: u32 = 11;
+/// 12: MATMUL_ID's and SWIGLU_MATMUL_ID's fixed ids (i[0]): their weights may stream
+///     before the ops ahead of them finish.
+pub const ABI_MINOR: u32 = 12;
 
 /// Explicit ABI version carried by every root module.
 #[repr(C)]

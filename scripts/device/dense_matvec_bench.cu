@@ -618,7 +618,7 @@ void grouped_wo_a(const Shape& s, unsigned char* wbase, long long stride, int co
             snprintf(nm, sizeof nm, "matvec_fp4_runs_q8_id R=%d, %d threads", R, nt);
             timed(nm, [&](unsigned char* w) {
                 matvec_fp4_runs_q8_id<<<dim3((s.m + per_block - 1) / per_block, G), nt>>>(
-                    w, stride, row_bytes, s.k, s.m, G, x8, 1, G, ids, out8, R, nullptr);
+                    w, stride, row_bytes, s.k, s.m, G, x8, 1, G, ids, out8, R, 0, nullptr);
             });
         }
     if (s.k % 1024 == 0)

@@ -16,7 +16,7 @@
 
 use std::time::Instant;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use moe_backend_cuda::{
     ops::{
@@ -211,10 +211,14 @@ fn ref_values(w: &[f64], m: usize, k: usize, act: &[Vec<BlockQ8_1>]) -> Vec<f64>
     })
 }
 
+/// MATMUL_ID's i[0] in [`run_dense_id`]: the ids marked fixed (ABI 1.12; the runs
+/// kernel then asks for its rows before its dependent-launch wait).
+static FIXED_IDS: AtomicBool = AtomicBool::new(false);
+
 /// One MATMUL_ID of dense weights `w` (type `ty`, dequantised values `wv`, [k, m,
 /// experts]) on the columns `x` with `ids` (`slots` per token, `n_tok` tokens; one
 /// column per token, or per pair when `x` has one for each), the output first filled
-/// with NaN. Returns the launch counters from before it, the routed pairs' outputs, their
+/// with NaN; the ids marked fixed as [`FIXED_IDS`] says. Returns the launch counters from before it, the routed pairs' outputs, their
 /// reference rows (`act`: each column's q8_1 blocks) and whether every masked pair came
 /// out as exact zeros.
 #[allow(clippy::too_many_arguments)]
@@ -242,8 +246,11 @@ fn run_dense_id(
     );
     let bo = g.buf(&f32_bytes(&vec![f32::NAN; m * pairs]));
     let before = g.counters();
-    g.op(
+    let mut fixed = OpParams::default();
+    fixed.i[0] = FIXED_IDS.load(Ordering::Relaxed) as i64;
+    g.op_with(
         OP_MATMUL_ID,
+        fixed,
         &id_args(
             [bw, bx, bi, bo],
             (ty, 0),
@@ -1102,6 +1109,25 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             ran(&before, want),
             want,
         );
+        // With the ids marked fixed (the rows asked for before the wait; the masked
+        // slot's block waits first): the same bits, the masked slot zeros.
+        if want == "matvec_fp4_runs_q8_id" {
+            FIXED_IDS.store(true, Ordering::Relaxed);
+            let (before, gf, _, zeros) =
+                run_dense_id(g, ty, (&w, &wv), &x, &act, &ids, [k, m, experts, slots, 1]);
+            FIXED_IDS.store(false, Ordering::Relaxed);
+            let e = if zeros && same_bits(&gf, &gr) {
+                rel(&gf, &wr)
+            } else {
+                f64::INFINITY
+            };
+            report(
+                format!("{name} id {k} x {m}, {slots} slots, fixed ids"),
+                e,
+                ran(&before, want),
+                want,
+            );
+        }
         // Its register path (see the dense case above): the same bits.
         if want == "matvec_fp4_runs_q8_id" {
             FORCE_FP4_REGS.store(true, Ordering::Relaxed);
@@ -1590,9 +1616,9 @@ fn t(buffer: u64, offset: u64, type_id: u32, variant: u64, dims: [u64; 4]) -> Te
 }
 
 /// One SWIGLU_MATMUL_ID of one token against SWIGLU then MATMUL_ID, on weights `w` of
-/// `ty` ([k, m, experts]) and `ids` (a slot each): whether the outputs are the same bits,
-/// and the device launches of each kernel in `names` the fused op took. Gate and up are
-/// scaled so the clamp at 7 cuts some of them.
+/// `ty` ([k, m, experts]) and `ids` (a slot each; marked fixed with `fixed`, i[0]):
+/// whether the outputs are the same bits, and the device launches of each kernel in
+/// `names` the fused op took. Gate and up are scaled so the clamp at 7 cuts some of them.
 #[allow(clippy::too_many_arguments)]
 fn swiglu_id_case(
     g: &Gpu,
@@ -1602,6 +1628,7 @@ fn swiglu_id_case(
     [k, m, experts]: [usize; 3],
     ids: &[i32],
     names: &[&str],
+    fixed: bool,
 ) -> (bool, Vec<u64>) {
     let slots = ids.len();
     let gate: Vec<f32> = (0..k * slots).map(|_| 12.0 * rng.f32()).collect();
@@ -1623,9 +1650,11 @@ fn swiglu_id_case(
     g.op(OP_MATMUL_ID, &id_args([bw, act1, bi, out1], ty, shape));
     let [wr, _, ir, or] = id_args([bw, act2, bi, out2], ty, shape);
     let before = g.counters();
+    let mut fused = lim;
+    fused.i[0] = fixed as i64;
     g.op_with(
         ops::SWIGLU_MATMUL_ID,
-        lim,
+        fused,
         &[wr, f(bg), f(bu), ir, or, f(act2)],
     );
     let after = g.counters();
@@ -1652,8 +1681,16 @@ fn swiglu_id(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     let w = random_weights(rng, experts * m, k);
     let ids = [5, -1, 9, 0, 15, 2];
     let names = ["quantize_q8_1_swiglu", "ds4_swiglu", "mmvq_id_107"];
-    let (same, launches) =
-        swiglu_id_case(g, rng, &w, (107, FP2_AFFINE), [k, m, experts], &ids, &names);
+    let (same, launches) = swiglu_id_case(
+        g,
+        rng,
+        &w,
+        (107, FP2_AFFINE),
+        [k, m, experts],
+        &ids,
+        &names,
+        false,
+    );
     let ok = same && launches == [1, 0, 1];
     println!(
         "affine {k} x {m}, {} slots, clamp 7: bit-identical {same}, launches (fused quantise, swiglu, grouped) {launches:?} {}",
@@ -1685,16 +1722,21 @@ fn swiglu_id_fp4(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         let (k, m) = (2048usize, 4096usize);
         let (w, _) = random_dense(rng, 100, experts * m, k);
         let names = ["matvec_fp4_runs_q8_id_swiglu", "ds4_swiglu"];
-        let (same, launches) = swiglu_id_case(g, rng, &w, (100, 0), [k, m, experts], &ids, &names);
-        let ok = same && launches == want;
-        all &= ok;
-        println!(
-            "ROCmFP4 {k} x {m}, {name}: bit-identical {same}, launches (fused runs, swiglu) {launches:?} {}",
-            if ok { "ok" } else { "FAIL" }
-        );
-        json.push(format!(
-            "{{\"test\":\"swiglu_id_fp4\",\"case\":\"{name}\",\"bit_identical\":{same},\"ok\":{ok}}}"
-        ));
+        // Marked fixed (i[0], ABI 1.12: the rows asked for before the wait): the same.
+        for fixed in [false, true] {
+            let (same, launches) =
+                swiglu_id_case(g, rng, &w, (100, 0), [k, m, experts], &ids, &names, fixed);
+            let ok = same && launches == want;
+            all &= ok;
+            let how = if fixed { ", fixed ids" } else { "" };
+            println!(
+                "ROCmFP4 {k} x {m}, {name}{how}: bit-identical {same}, launches (fused runs, swiglu) {launches:?} {}",
+                if ok { "ok" } else { "FAIL" }
+            );
+            json.push(format!(
+                "{{\"test\":\"swiglu_id_fp4\",\"case\":\"{name}{how}\",\"bit_identical\":{same},\"ok\":{ok}}}"
+            ));
+        }
     }
     FORCE_FP4_MMA.store(0, Ordering::Relaxed);
     all

@@ -1485,6 +1485,9 @@ unsafe fn transpose12(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
 /// expert's down, one "expert"; `act` is not written). One pair takes the plain
 /// product's plan, more the grouped one's. None where it does not apply (other types,
 /// more tokens, unaligned, a matrix-unit plan): the caller runs SWIGLU, then MATMUL_ID.
+/// `fixed`: the ids never change (i[0], ABI 1.12), so the kernel asks for its rows
+/// before waiting for the previous kernel.
+#[allow(clippy::too_many_arguments)]
 pub fn swiglu_matmul_id_runs(
     gpu: &impl Gpu,
     w: &TensorRef,
@@ -1493,6 +1496,7 @@ pub fn swiglu_matmul_id_runs(
     ids: &TensorRef,
     out: &TensorRef,
     lim: f32,
+    fixed: bool,
 ) -> Option<Result<(), String>> {
     if w.type_id != crate::ops::TYPE_ROCMFP4 {
         return None;
@@ -1513,7 +1517,9 @@ pub fn swiglu_matmul_id_runs(
     .filter(|p| !p.mma && n_tok == 1 && pu.is_multiple_of(16))?;
     let row_bytes = dense_row_bytes(w.type_id, k)?;
     // SAFETY: as in `run`; every tensor's range is checked below.
-    Some(unsafe { swiglu_matmul_id_runs_inner(gpu, plan, row_bytes, [w, g, u, ids, out], lim) })
+    Some(unsafe {
+        swiglu_matmul_id_runs_inner(gpu, plan, row_bytes, [w, g, u, ids, out], lim, fixed)
+    })
 }
 
 unsafe fn swiglu_matmul_id_runs_inner(
@@ -1522,6 +1528,7 @@ unsafe fn swiglu_matmul_id_runs_inner(
     row_bytes: Result<u64, String>,
     [w, g, u, ids, out]: [&TensorRef; 5],
     lim: f32,
+    fixed: bool,
 ) -> Result<(), String> {
     let row_bytes = row_bytes?;
     let (k, m, experts) = (w.dims[0], w.dims[1], w.dims[2] * w.dims[3]);
@@ -1548,6 +1555,7 @@ unsafe fn swiglu_matmul_id_runs_inner(
         .p(pi)
         .p(po)
         .i(plan.rows as i32)
+        .i(fixed as i32)
         .launch_smem(
             gpu,
             "matvec_fp4_runs_q8_id_swiglu",
@@ -1561,19 +1569,22 @@ unsafe fn swiglu_matmul_id_runs_inner(
 /// ROCmFP4): ROCmFP4 in whole runs on `matvec_fp4_runs_q8_id` where
 /// [`crate::ops::fp4_runs_id`] takes it, Q8_0 / ROCmFP4 with 256 rows or more on
 /// `matvec_dense_rows_id` (a 128-thread block on 2-4 rows of a pair), the rest on
-/// `matvec_dense_id` (warps per (row, pair)).
+/// `matvec_dense_id` (warps per (row, pair)). `fixed`: the ids never change (MATMUL_ID's
+/// i[0], ABI 1.12), so the runs kernel asks for its rows before waiting for the
+/// previous kernel (the others read the ids after it either way).
 /// None when the weights are not a dense type.
-pub fn matmul_id_dense(gpu: &impl Gpu, a: &[TensorRef]) -> Option<Result<(), String>> {
+pub fn matmul_id_dense(gpu: &impl Gpu, a: &[TensorRef], fixed: bool) -> Option<Result<(), String>> {
     let w = a.first()?;
     let row_bytes = dense_row_bytes(w.type_id, w.dims[0])?;
     // SAFETY: as in `run`.
-    Some(unsafe { matmul_id_dense_inner(gpu, a, row_bytes) })
+    Some(unsafe { matmul_id_dense_inner(gpu, a, row_bytes, fixed) })
 }
 
 unsafe fn matmul_id_dense_inner(
     gpu: &impl Gpu,
     a: &[TensorRef],
     row_bytes: Result<u64, String>,
+    fixed: bool,
 ) -> Result<(), String> {
     let row_bytes = row_bytes?;
     let [w, x, ids, out] = args(a, "matmul_id")?;
@@ -1606,13 +1617,16 @@ unsafe fn matmul_id_dense_inner(
     // run, k whole runs).
     if let Some(plan) = runs {
         let per_block = crate::ops::fp4_runs_rows_per_block(k, plan);
-        return common(px, false)?.i(plan.rows as i32).launch_smem(
-            gpu,
-            plan.kernel(true),
-            (m.div_ceil(per_block), pairs, 1),
-            plan.threads as u32,
-            crate::ops::fp4_runs_smem(gpu, k, plan, row_bytes),
-        );
+        return common(px, false)?
+            .i(plan.rows as i32)
+            .i(fixed as i32)
+            .launch_smem(
+                gpu,
+                plan.kernel(true),
+                (m.div_ceil(per_block), pairs, 1),
+                plan.threads as u32,
+                crate::ops::fp4_runs_smem(gpu, k, plan, row_bytes),
+            );
     }
     // One column per pair: the decode mat-vec layout where it applies (x + col * k stays
     // 16-byte aligned: k is whole 32-value blocks for those types); with
@@ -2117,16 +2131,17 @@ mod tests {
         matmul_id_dense(
             &g,
             &[w, f([64, 3, 1, 1]), i([2, 3, 1, 1]), f([10, 6, 1, 1])],
+            false,
         )
         .unwrap()
         .unwrap();
         let (name, grid, _, np) = g.0.borrow()[0];
         assert_eq!((name, grid), ("matvec_dense_id", (2, 6, 1)));
         assert_eq!(Some(&(np + 1)), signatures().get(name));
-        assert!(matmul_id_dense(&g, &[TensorRef { type_id: 107, ..w }]).is_none());
+        assert!(matmul_id_dense(&g, &[TensorRef { type_id: 107, ..w }], false).is_none());
         // The launch a grouped product makes, its parameters checked against the kernel.
         let grouped = |a: [TensorRef; 4]| {
-            matmul_id_dense(&g, &a).unwrap().unwrap();
+            matmul_id_dense(&g, &a, false).unwrap().unwrap();
             let (name, grid, block, np) = *g.0.borrow().last().unwrap();
             assert_eq!(Some(&(np + 1)), signatures().get(name));
             (name, grid, block)

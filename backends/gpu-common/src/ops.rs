@@ -1828,7 +1828,7 @@ pub fn run(
         op
     };
     if op == OP_MATMUL_ID && !id_takes_mmq(args, mmq) {
-        if let Some(r) = crate::ds4::matmul_id_dense(gpu, args) {
+        if let Some(r) = crate::ds4::matmul_id_dense(gpu, args, params.i[0] == 1) {
             return r;
         }
     }
@@ -2026,7 +2026,9 @@ pub fn run(
                 // so the sums stay those of the two ops)
                 if fused.is_none() && !id_takes_mmq(&[*w, *g, *ids, *out], mmq) {
                     let lim = params.f.first().copied().unwrap_or(0.0);
-                    if let Some(r) = crate::ds4::swiglu_matmul_id_runs(gpu, w, g, u, ids, out, lim)
+                    let fixed = params.i[0] == 1;
+                    if let Some(r) =
+                        crate::ds4::swiglu_matmul_id_runs(gpu, w, g, u, ids, out, lim, fixed)
                     {
                         return r;
                     }
@@ -3421,7 +3423,7 @@ mod run_tests {
                 ("mmvq_id_107", 14),
                 ("ds4_swiglu", 5),
                 ("matvec_dense_rows_id", 13),
-                ("matvec_fp4_runs_q8_id_swiglu", 14),
+                ("matvec_fp4_runs_q8_id_swiglu", 15),
             ]
         );
         // Refused: an up of another shape, or not F32.

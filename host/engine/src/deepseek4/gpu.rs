@@ -216,6 +216,10 @@ pub(super) struct GpuPath {
     /// group g as "expert" g; its first element (0) is the shared expert's one id in
     /// [`GpuPath::shexp_down`].
     group_ids: Tensor,
+    /// Those two products mark `group_ids` fixed (i[0] = 1, ABI 1.12: uploaded here,
+    /// never written), so a backend may stream their weights before the ops ahead of
+    /// them finish (`MOE_DS4_FIXED_IDS=0`: unmarked; A/B runs).
+    fixed_ids: i64,
     /// The backend runs MATMUL_MULTI and MATMUL_ID_MULTI (ABI 1.2; probed with the
     /// first): one op for the products of one input.
     multi: bool,
@@ -520,6 +524,7 @@ impl GpuPath {
                 t.upload_i32(&ids)?;
                 t
             },
+            fixed_ids: i64::from(std::env::var_os("MOE_DS4_FIXED_IDS").is_none_or(|v| v != "0")),
             multi,
             swiglu_id,
             shexp_swiglu_id: swiglu_id
@@ -1408,7 +1413,11 @@ impl GpuPath {
         if self.shexp_swiglu_id && n == 1 && dn.type_id == TYPE_ROCMFP4 {
             let one = v(&self.group_ids, [1, 1, 1, 1]);
             let args = [dn, sg, su, one, sy, sa];
-            return on.op(ops::SWIGLU_MATMUL_ID, pr(&[clamp], &[]), &args);
+            return on.op(
+                ops::SWIGLU_MATMUL_ID,
+                pr(&[clamp], &[self.fixed_ids]),
+                &args,
+            );
         }
         on.op(ops::SWIGLU, pr(&[clamp], &[]), &[sg, su, sa])?;
         on.op(ops::MATMUL, OpParams::default(), &[dn, sa, sy])
@@ -1675,7 +1684,7 @@ impl GpuPath {
             };
             op(
                 ops::MATMUL_ID,
-                OpParams::default(),
+                pr(&[], &[self.fixed_ids]),
                 &[
                     groups,
                     v(&w.att, [gw, g_n, 1, 1]),
