@@ -1253,35 +1253,10 @@ GPU_DEV void dense_rows_any(const unsigned char* __restrict__ w, long long row_b
     }
 }
 
-// ROWS_PREFETCH (a compile option, `MOE_GPU_ROWS_PREFETCH=1`; A/B runs): a rows block
-// asks L2 for its rows [r0, r0 + rows) before its dependent-launch wait (weights: no
-// kernel writes them), so their bytes stream under the previous kernel, beside which
-// the 128-thread blocks start, and the loads after the wait find them there. 16 KB a
-// request (the bulk prefetch's chunk in l2_prefetch); the range is widened to 16-byte
-// ends (within the same 16 bytes, so the same pages). Elsewhere nothing.
-GPU_DEV void rows_prefetch_l2(const unsigned char* w, long long row_bytes, int r0, int rows,
-                              int m) {
-#if defined(ROWS_PREFETCH) && defined(GPU_BULK)
-    const int n = m - r0 < rows ? m - r0 : rows;
-    if (n <= 0) return;
-    const unsigned long long a = (unsigned long long)(w + (long long)r0 * row_bytes);
-    const unsigned long long lo = a & ~15ull, hi = (a + (unsigned long long)n * row_bytes + 15ull) & ~15ull;
-    for (unsigned long long c = lo + 16384ull * threadIdx.x; c < hi; c += 16384ull * blockDim.x)
-        gpu_prefetch_l2((const void*)c, (unsigned int)(hi - c < 16384ull ? hi - c : 16384ull));
-#else
-    (void)w;
-    (void)row_bytes;
-    (void)r0;
-    (void)rows;
-    (void)m;
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(128)
     matvec_dense_rows(const unsigned char* __restrict__ w, long long row_bytes, int ty, int k,
                       int m, const float* __restrict__ x, float* __restrict__ out, int rows,
                       unsigned int* counters) {
-    rows_prefetch_l2(w, row_bytes, blockIdx.x * rows, rows, m);
     gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS);
     dense_rows_any(w, row_bytes, ty, k, m, x, out, rows, blockIdx.x);
 }
@@ -1324,9 +1299,8 @@ GPU_DEV dense_part dense_multi_part(const dense_multi& p) {
 extern "C" __global__ void __launch_bounds__(128)
     matvec_dense_rows_multi(dense_multi p, long long row_bytes, int ty, int k,
                             const float* __restrict__ x, unsigned int* counters) {
-    const dense_part d = dense_multi_part(p);
-    rows_prefetch_l2(d.w, row_bytes, d.blk * d.rows, d.rows, d.m);
     gpu_count_launch(counters, KID_MATVEC_DENSE_ROWS_MULTI);
+    const dense_part d = dense_multi_part(p);
     dense_rows_any(d.w, row_bytes, ty, k, d.m, x, d.out, d.rows, d.blk);
 }
 

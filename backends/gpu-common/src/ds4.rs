@@ -1617,16 +1617,16 @@ unsafe fn matmul_id_dense_inner(
     // run, k whole runs).
     if let Some(plan) = runs {
         let per_block = crate::ops::fp4_runs_rows_per_block(k, plan);
-        return common(px, false)?
-            .i(plan.rows as i32)
-            .i(fixed as i32)
-            .launch_smem(
-                gpu,
-                plan.kernel(true),
-                (m.div_ceil(per_block), pairs, 1),
-                plan.threads as u32,
-                crate::ops::fp4_runs_smem(gpu, k, plan, row_bytes),
-            );
+        let args = common(px, false)?.i(plan.rows as i32);
+        // (the matrix-unit form takes no `fixed`: it reads its ids first either way)
+        let args = if plan.mma { args } else { args.i(fixed as i32) };
+        return args.launch_smem(
+            gpu,
+            plan.kernel(true),
+            (m.div_ceil(per_block), pairs, 1),
+            plan.threads as u32,
+            crate::ops::fp4_runs_smem(gpu, k, plan, row_bytes),
+        );
     }
     // One column per pair: the decode mat-vec layout where it applies (x + col * k stays
     // 16-byte aligned: k is whole 32-value blocks for those types); with
