@@ -2165,6 +2165,13 @@ mod tests {
             grouped([w, f([4096, 8, 1, 1]), i([8, 1, 1, 1]), f([1024, 8, 1, 1])]),
             ("matvec_fp4_runs_q8_id", (16, 8, 1), 512)
         );
+        // The matrix-unit form takes the same arguments but `fixed` (the host leaves it
+        // out there; its counters pointer once read the flag).
+        let sig = signatures();
+        assert_eq!(
+            sig.get("matvec_fp4_runs_q8_id").copied(),
+            sig.get("matvec_fp4_mma_id").map(|n| n + 1)
+        );
         // Two tokens (a prefill that does not take MMQ): f32 activations, the rows kernel.
         assert_eq!(
             grouped([w, f([4096, 16, 1, 1]), i([8, 2, 1, 1]), f([1024, 16, 1, 1])]),
