@@ -1109,42 +1109,30 @@ fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             ran(&before, want),
             want,
         );
-        // With the ids marked fixed (the rows asked for before the wait; the masked
-        // slot's block waits first): the same bits, the masked slot zeros.
+        // Variants that must give the same bits, the masked slot zeros: the ids marked
+        // fixed (the rows asked for before the wait; the masked slot's block waits
+        // first) and the register path (see the dense case above).
         if want == "matvec_fp4_runs_q8_id" {
-            FIXED_IDS.store(true, Ordering::Relaxed);
-            let (before, gf, _, zeros) =
-                run_dense_id(g, ty, (&w, &wv), &x, &act, &ids, [k, m, experts, slots, 1]);
-            FIXED_IDS.store(false, Ordering::Relaxed);
-            let e = if zeros && same_bits(&gf, &gr) {
-                rel(&gf, &wr)
-            } else {
-                f64::INFINITY
-            };
-            report(
-                format!("{name} id {k} x {m}, {slots} slots, fixed ids"),
-                e,
-                ran(&before, want),
-                want,
-            );
-        }
-        // Its register path (see the dense case above): the same bits.
-        if want == "matvec_fp4_runs_q8_id" {
-            FORCE_FP4_REGS.store(true, Ordering::Relaxed);
-            let (_, gm, _, zeros) =
-                run_dense_id(g, ty, (&w, &wv), &x, &act, &ids, [k, m, experts, slots, 1]);
-            FORCE_FP4_REGS.store(false, Ordering::Relaxed);
-            let e = if zeros && same_bits(&gm, &gr) {
-                rel(&gm, &wr)
-            } else {
-                f64::INFINITY
-            };
-            report(
-                format!("{name} id {k} x {m}, {slots} slots, register path"),
-                e,
-                true,
-                want,
-            );
+            for (flag, how) in [
+                (&FIXED_IDS, "fixed ids"),
+                (&FORCE_FP4_REGS, "register path"),
+            ] {
+                flag.store(true, Ordering::Relaxed);
+                let (before, gv, _, zeros) =
+                    run_dense_id(g, ty, (&w, &wv), &x, &act, &ids, [k, m, experts, slots, 1]);
+                flag.store(false, Ordering::Relaxed);
+                let e = if zeros && same_bits(&gv, &gr) {
+                    rel(&gv, &wr)
+                } else {
+                    f64::INFINITY
+                };
+                report(
+                    format!("{name} id {k} x {m}, {slots} slots, {how}"),
+                    e,
+                    ran(&before, want),
+                    want,
+                );
+            }
         }
         // Its matrix-unit form: zeros for the masked slot, the runs kernel's bits.
         if want == "matvec_fp4_runs_q8_id" {
