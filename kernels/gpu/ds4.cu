@@ -1976,6 +1976,14 @@ GPU_DEV int ds4_att_keys(int p, int window, int mode, int ratio, int cap, int k_
     return n_win + n_comp;
 }
 
+// One token's K=V row into its ring slot by one block (store = 1 of the attention kernels,
+// in place of a ds4_window_store launch). The slot holds position p - window, which no
+// query of the launch reads (the window is p - window + 1 .. p, and p itself comes from kv).
+GPU_DEV void ds4_att_ring_store(const float* __restrict__ kv, float* ring, int p, int window,
+                                int hd) {
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) ring[(long long)(p % window) * hd + i] = kv[i];
+}
+
 // ---------------------------------------------------------------------------------
 // Attention with a sink logit, K = V (one shared head), for head h of token t: the
 // window (positions pos-window+1 .. pos; older than this chunk from the ring at
@@ -2005,13 +2013,7 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
     const int h = blockIdx.x, t = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int p0 = pos[0], p = pos[t];
-    if (store && h == 0 && t == 0) {
-        // One token (store = 1 needs n = 1): its row goes to its ring slot here, not in a
-        // ds4_window_store launch. The slot holds position p - window, which no query of
-        // this launch reads (the window is p - window + 1 .. p, and p itself comes from kv).
-        for (int i = threadIdx.x; i < hd; i += blockDim.x)
-            ring[(long long)(p % window) * hd + i] = kv[i];
-    }
+    if (store && h == 0 && t == 0) ds4_att_ring_store(kv, ring, p, window, hd);
     const float* qh = q + ((long long)t * heads + h) * hd;
     float qr[DS4_HEAD_MAX / 32], acc[DS4_HEAD_MAX / 32];
 #pragma unroll
@@ -2526,8 +2528,7 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, DS4_ATD_MIN_BLO
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = blockIdx.x, z = blockIdx.z;
     const int h0 = g * DS4_ATH_HEADS + warp * DS4_ATH_HPW, p = pos[0], hd4 = hd / 4;
     const int splits = (int)gridDim.z;
-    if (store && g == 0 && z == 0)
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) ring[(long long)(p % window) * hd + i] = kv[i];
+    if (store && g == 0 && z == 0) ds4_att_ring_store(kv, ring, p, window, hd);
     gpu_f4 qr[DS4_ATH_HPW][DS4_ATH_J], acc[DS4_ATH_HPW][DS4_ATH_J];
     ds4_ath_load_q(q, heads, hd, h0, qr, acc);
     if (inv_freq)
@@ -2603,8 +2604,7 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATG_WARPS)
     const int g = blockIdx.x, z = blockIdx.z, h0 = g * G, p = pos[0], hd4 = hd / 4;
     const int nh = heads - h0 < G ? heads - h0 : G, splits = (int)gridDim.z;
     const long long slots = (long long)heads * splits;
-    if (store && g == 0 && z == 0)
-        for (int i = tid; i < hd; i += 32 * NW) ring[(long long)(p % window) * hd + i] = kv[i];
+    if (store && g == 0 && z == 0) ds4_att_ring_store(kv, ring, p, window, hd);
     int first, n_win;
     const int n_keys = ds4_att_keys(p, window, mode, ratio, cap, k_sel, first, n_win);
     // The token's keys shared out over the splits, at least kmin a split (n_keys >= 1).

@@ -1087,9 +1087,7 @@ pub static FORCE_ATT_GRP: std::sync::atomic::AtomicBool = std::sync::atomic::Ato
 fn att_grp_keys() -> u64 {
     static KEYS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *KEYS.get_or_init(|| {
-        std::env::var("MOE_GPU_ATT_GRP_KEYS")
-            .ok()
-            .and_then(|v| v.parse().ok())
+        crate::ops::env_num("MOE_GPU_ATT_GRP_KEYS")
             .filter(|&k| k > 0)
             .unwrap_or(16)
     })
@@ -1485,9 +1483,8 @@ unsafe fn transpose12(gpu: &impl Gpu, a: &[TensorRef]) -> Result<(), String> {
 /// expert's down, one "expert"; `act` is not written). One pair takes the plain
 /// product's plan, more the grouped one's. None where it does not apply (other types,
 /// more tokens, unaligned, a matrix-unit plan): the caller runs SWIGLU, then MATMUL_ID.
-/// `fixed`: the ids never change (i[0], ABI 1.12), so the kernel asks for its rows
-/// before waiting for the previous kernel.
-#[allow(clippy::too_many_arguments)]
+/// The op's params: f[0] the clamp `lim`; i[0] = 1 fixed ids (ABI 1.12), so the kernel
+/// asks for its rows before waiting for the previous kernel.
 pub fn swiglu_matmul_id_runs(
     gpu: &impl Gpu,
     w: &TensorRef,
@@ -1495,9 +1492,9 @@ pub fn swiglu_matmul_id_runs(
     u: &TensorRef,
     ids: &TensorRef,
     out: &TensorRef,
-    lim: f32,
-    fixed: bool,
+    params: &OpParams,
 ) -> Option<Result<(), String>> {
+    let (lim, fixed) = (params.f[0], params.i[0] == 1);
     if w.type_id != crate::ops::TYPE_ROCMFP4 {
         return None;
     }

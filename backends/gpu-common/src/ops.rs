@@ -444,7 +444,7 @@ pub fn f32_tiles(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> Option<(u64
 
 /// The variable `name` parsed as a number, if set and valid (callers keep it in a
 /// OnceLock: read once).
-fn env_num<T: std::str::FromStr>(name: &str) -> Option<T> {
+pub(crate) fn env_num<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
@@ -2025,10 +2025,8 @@ pub fn run(
                 // (where MATMUL_ID would take the MMQ tiles, SWIGLU then MATMUL_ID run,
                 // so the sums stay those of the two ops)
                 if fused.is_none() && !id_takes_mmq(&[*w, *g, *ids, *out], mmq) {
-                    let lim = params.f.first().copied().unwrap_or(0.0);
-                    let fixed = params.i[0] == 1;
                     if let Some(r) =
-                        crate::ds4::swiglu_matmul_id_runs(gpu, w, g, u, ids, out, lim, fixed)
+                        crate::ds4::swiglu_matmul_id_runs(gpu, w, g, u, ids, out, params)
                     {
                         return r;
                     }
