@@ -34,6 +34,7 @@
 #define KID_DS4_ROUTER_MM 59
 #define KID_DS4_INDEX_SCORES_FEW 70
 #define KID_DS4_ATTENTION_GRP 71
+#define KID_DS4_ATTENTION_HEADS4 72
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -547,17 +548,21 @@ GPU_DEV void ds4_hcf_write_wts(int t, int lane, int hc, int nm, int head_mode, i
 
 // Each lane's v[i] summed over the warp, for i = lane: 32 values a lane in, 31 exchanges
 // (at each step a lane keeps the half of its values its partner does not).
-GPU_DEV float ds4_warp_transpose_sum(float (&v)[32]) {
-    const int lane = threadIdx.x & 31;
+// (A step a template instance: every index a constant, so the array stays in registers
+// even where the compiler would not unroll a nested loop of the caller's size.)
+template <int O>
+GPU_DEV void ds4_warp_transpose_step(float (&v)[32], int lane) {
+    const bool hi = (lane & O) != 0;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const bool hi = (lane & o) != 0;
-#pragma unroll
-        for (int i = 0; i < o; ++i) {
-            const float lo_v = v[i], hi_v = v[i + o];  // (values: the array stays in registers)
-            v[i] = (hi ? hi_v : lo_v) + gpu_shfl_xor(hi ? lo_v : hi_v, o);
-        }
+    for (int i = 0; i < O; ++i) {
+        const float lo_v = v[i], hi_v = v[i + O];
+        v[i] = (hi ? hi_v : lo_v) + gpu_shfl_xor(hi ? lo_v : hi_v, O);
     }
+    if constexpr (O > 1) ds4_warp_transpose_step<O / 2>(v, lane);
+}
+
+GPU_DEV float ds4_warp_transpose_sum(float (&v)[32]) {
+    ds4_warp_transpose_step<16>(v, threadIdx.x & 31);
     return v[0];
 }
 
@@ -2146,50 +2151,133 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
 #define DS4_ATH_HEADS (DS4_ATH_WARPS * DS4_ATH_HPW)
 #define DS4_ATH_TILE 16  // DS4_ATH_HPW * DS4_ATH_TILE = 32: one logit a lane
 #define DS4_ATH_J (DS4_HEAD_MAX / 128)
+// ds4_attention_heads4 (a prefill chunk's form, opt-in): four heads a warp, so each
+// staged key float4 read from shared memory feeds 16 FMAs, not 8 (the two-head loop
+// reads shared memory twice as fast as the FMA units consume it), and tiles of 8 keys.
+#define DS4_ATH4_HPW 4
 // A tile's rows a staging thread takes: rpp = blockDim / (hd / 4) >= 2 threads share
-// the tile's rows (hd <= DS4_HEAD_MAX), so each takes at most DS4_ATH_TILE / 2.
-#define DS4_ATH_STAGE (DS4_ATH_TILE / 2)
+// the tile's rows (hd <= DS4_HEAD_MAX), so each takes at most a tile's half.
 
 GPU_DEV float ds4_dot4(gpu_f4 a, gpu_f4 b, float acc) {
     return acc + a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
+// One staged tile (nt <= 32 / HPW keys in ks, kok[kk]: key kk is one) for a warp's HPW
+// heads (queries qr): the logits, the online softmax's new max and sum in m and l for
+// this lane's head (lane / (32 / HPW)), and the tile's values weighed into acc. Called by
+// every warp of the block between the tile's staging barriers.
+template <int HPW>
+GPU_DEV void ds4_ath_tile(const gpu_f4 (&qr)[HPW][DS4_ATH_J], gpu_f4 (&acc)[HPW][DS4_ATH_J],
+                          float& m, float& l, const gpu_f4 (*ks)[DS4_HEAD_MAX / 4],
+                          const int* kok, float (*se)[32], int nt, int hd4, bool head_ok,
+                          float scale) {
+    constexpr int TILE = 32 / HPW;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int mk = lane % TILE;
+    // A tile of null keys only (a selection's unused -1 entries, at its end while
+    // fewer rows than k are visible) changes nothing: skip its arithmetic.
+    int any = 0;
+    for (int kk = 0; kk < nt; ++kk) any |= kok[kk];
+    if (!any) return;  // the same for the whole block
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) v[i] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < TILE; ++kk) {
+        if (kk < nt) {  // the same for the whole block
+#pragma unroll
+            for (int j = 0; j < DS4_ATH_J; ++j) {
+                // (the tile's columns past hd are never written)
+                const gpu_f4 k4 = 32 * j + lane < hd4 ? ks[kk][32 * j + lane] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int hh = 0; hh < HPW; ++hh)
+                    v[hh * TILE + kk] =
+                        ds4_dot4(qr[hh][j], k4, v[hh * TILE + kk]);
+            }
+        }
+    }
+    const bool ok = head_ok && mk < nt && kok[mk < nt ? mk : 0];
+    const float dot = ds4_warp_transpose_sum(v);  // (every lane takes part)
+    const float g = ok ? dot * scale : DS4_NEG_INF;
+    float mt = g;
+#pragma unroll
+    for (int o = TILE / 2; o > 0; o >>= 1) mt = fmaxf(mt, gpu_shfl_xor(mt, o));
+    const float mn = fmaxf(m, mt);
+    // Nothing valid yet for this head: no change (and no inf - inf).
+    const float corr = mn == DS4_NEG_INF ? 1.0f : expf(m - mn);
+    float e = ok ? expf(g - mn) : 0.0f;
+    se[warp][lane] = e;
+#pragma unroll
+    for (int o = TILE / 2; o > 0; o >>= 1) e += gpu_shfl_xor(e, o);
+    l = l * corr + e;
+    m = mn;
+    gpu_syncwarp();
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh) {
+        const float c = gpu_shfl(corr, hh * TILE);
+#pragma unroll
+        for (int j = 0; j < DS4_ATH_J; ++j) {
+            acc[hh][j].x *= c;
+            acc[hh][j].y *= c;
+            acc[hh][j].z *= c;
+            acc[hh][j].w *= c;
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < TILE; ++kk) {
+        if (kk < nt) {
+#pragma unroll
+            for (int j = 0; j < DS4_ATH_J; ++j) {
+                const gpu_f4 k4 = 32 * j + lane < hd4 ? ks[kk][32 * j + lane] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int hh = 0; hh < HPW; ++hh) {
+                    const float w = se[warp][hh * TILE + kk];
+                    acc[hh][j].x += w * k4.x;
+                    acc[hh][j].y += w * k4.y;
+                    acc[hh][j].z += w * k4.z;
+                    acc[hh][j].w += w * k4.w;
+                }
+            }
+        }
+    }
+    gpu_syncwarp();  // se read before the next tile's writes
+}
+
 // ds4_attention_heads' online softmax over keys k_begin .. k_end of token t for a warp's
-// DS4_ATH_HPW heads (queries qr): DS4_ATH_TILE keys at a time staged in ks by the whole
-// block, then scored and folded into acc, and into m and l for this lane's head (lane /
-// 16). Every thread of the block calls it with the same key range.
-GPU_DEV void ds4_ath_keys(const gpu_f4 (&qr)[DS4_ATH_HPW][DS4_ATH_J],
-                          gpu_f4 (&acc)[DS4_ATH_HPW][DS4_ATH_J], float& m, float& l,
+// HPW heads: 32 / HPW keys at a time staged in ks by the whole block, then
+// ds4_ath_tile. Every thread of the block calls it with the same key range.
+template <int HPW>
+GPU_DEV void ds4_ath_keys(const gpu_f4 (&qr)[HPW][DS4_ATH_J], gpu_f4 (&acc)[HPW][DS4_ATH_J],
+                          float& m, float& l,
                           gpu_f4 (*ks)[DS4_HEAD_MAX / 4], int* kok, float (*se)[32], int t, int p0,
                           int hd, int hd4, int first, int n_win, const float* __restrict__ kv,
                           const float* ring, int window, int mode,
                           const int* __restrict__ sel, int k_sel, const float* __restrict__ rows,
                           int cap, int k_begin, int k_end, bool head_ok, float scale) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int mk = lane % DS4_ATH_TILE;
+    constexpr int TILE = 32 / HPW, STAGE = TILE / 2;
     // Thread -> (first tile row, float4 column) of the staging loop.
     const int rpp = (int)blockDim.x / hd4, r0 = (int)threadIdx.x / hd4, c0 = (int)threadIdx.x % hd4;
-    for (int k0 = k_begin; k0 < k_end; k0 += DS4_ATH_TILE) {
-        const int nt = k_end - k0 < DS4_ATH_TILE ? k_end - k0 : DS4_ATH_TILE;
+    for (int k0 = k_begin; k0 < k_end; k0 += TILE) {
+        const int nt = k_end - k0 < TILE ? k_end - k0 : TILE;
         __syncthreads();  // the last tile read by every warp
         // All of a thread's rows of the tile are looked up, then loaded, at once: one
         // round trip for the selection and one for the keys, not one of each a row (long
         // context: the rows are mostly not in L2).
         if (r0 < rpp) {
-            const float* key[DS4_ATH_STAGE];
+            const float* key[STAGE];
 #pragma unroll
-            for (int i = 0; i < DS4_ATH_STAGE; ++i) {
+            for (int i = 0; i < STAGE; ++i) {
                 const int kk = r0 + i * rpp;
                 key[i] = kk < nt ? ds4_att_key(k0 + kk, n_win, first, p0, kv, ring, window, hd,
                                                mode, sel, k_sel, t, rows, cap)
                                  : nullptr;
             }
-            gpu_f4 kr[DS4_ATH_STAGE];
+            gpu_f4 kr[STAGE];
 #pragma unroll
-            for (int i = 0; i < DS4_ATH_STAGE; ++i)
+            for (int i = 0; i < STAGE; ++i)
                 kr[i] = key[i] ? ((const gpu_f4*)key[i])[c0] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int i = 0; i < DS4_ATH_STAGE; ++i) {
+            for (int i = 0; i < STAGE; ++i) {
                 const int kk = r0 + i * rpp;
                 if (kk < nt) {
                     ks[kk][c0] = kr[i];
@@ -2198,84 +2286,94 @@ GPU_DEV void ds4_ath_keys(const gpu_f4 (&qr)[DS4_ATH_HPW][DS4_ATH_J],
             }
         }
         __syncthreads();
-        // A tile of null keys only (a selection's unused -1 entries, at its end while
-        // fewer rows than k are visible) changes nothing: skip its arithmetic.
-        int any = 0;
-        for (int kk = 0; kk < nt; ++kk) any |= kok[kk];
-        if (!any) continue;  // the same for the whole block
-        float v[32];
-#pragma unroll
-        for (int i = 0; i < 32; ++i) v[i] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < DS4_ATH_TILE; ++kk) {
-            if (kk < nt) {  // the same for the whole block
-#pragma unroll
-                for (int j = 0; j < DS4_ATH_J; ++j) {
-                    // (the tile's columns past hd are never written)
-                    const gpu_f4 k4 = 32 * j + lane < hd4 ? ks[kk][32 * j + lane] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int hh = 0; hh < DS4_ATH_HPW; ++hh)
-                        v[hh * DS4_ATH_TILE + kk] =
-                            ds4_dot4(qr[hh][j], k4, v[hh * DS4_ATH_TILE + kk]);
-                }
-            }
-        }
-        const bool ok = head_ok && mk < nt && kok[mk < nt ? mk : 0];
-        const float dot = ds4_warp_transpose_sum(v);  // (every lane takes part)
-        const float g = ok ? dot * scale : DS4_NEG_INF;
-        float mt = g;
-#pragma unroll
-        for (int o = DS4_ATH_TILE / 2; o > 0; o >>= 1) mt = fmaxf(mt, gpu_shfl_xor(mt, o));
-        const float mn = fmaxf(m, mt);
-        // Nothing valid yet for this head: no change (and no inf - inf).
-        const float corr = mn == DS4_NEG_INF ? 1.0f : expf(m - mn);
-        float e = ok ? expf(g - mn) : 0.0f;
-        se[warp][lane] = e;
-#pragma unroll
-        for (int o = DS4_ATH_TILE / 2; o > 0; o >>= 1) e += gpu_shfl_xor(e, o);
-        l = l * corr + e;
-        m = mn;
-        gpu_syncwarp();
-#pragma unroll
-        for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
-            const float c = gpu_shfl(corr, hh * DS4_ATH_TILE);
-#pragma unroll
-            for (int j = 0; j < DS4_ATH_J; ++j) {
-                acc[hh][j].x *= c;
-                acc[hh][j].y *= c;
-                acc[hh][j].z *= c;
-                acc[hh][j].w *= c;
-            }
-        }
-#pragma unroll
-        for (int kk = 0; kk < DS4_ATH_TILE; ++kk) {
-            if (kk < nt) {
-#pragma unroll
-                for (int j = 0; j < DS4_ATH_J; ++j) {
-                    const gpu_f4 k4 = 32 * j + lane < hd4 ? ks[kk][32 * j + lane] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
-                        const float w = se[warp][hh * DS4_ATH_TILE + kk];
-                        acc[hh][j].x += w * k4.x;
-                        acc[hh][j].y += w * k4.y;
-                        acc[hh][j].z += w * k4.z;
-                        acc[hh][j].w += w * k4.w;
-                    }
-                }
-            }
-        }
-        gpu_syncwarp();  // se read before the next tile's writes
+        ds4_ath_tile<HPW>(qr, acc, m, l, ks, kok, se, nt, hd4, head_ok, scale);
     }
 }
 
-// A warp's DS4_ATH_HPW heads h0 .. of one token's queries q ([heads][hd]) into qr, lane
+// ds4_ath_keys with the staging a pipeline (ds4_attention_heads4): a thread holds the
+// next tile's key values in registers and the selection entries of the tile after it,
+// so while the warps score the staged tile, the next tile's rows are on their way (a
+// long context's rows mostly come from memory, and the plain loop waits a round trip
+// for every tile with nothing else to run). The same tiles, values and order as
+// ds4_ath_keys: the same bits.
+template <int HPW>
+GPU_DEV void ds4_ath_keys_pipe(const gpu_f4 (&qr)[HPW][DS4_ATH_J], gpu_f4 (&acc)[HPW][DS4_ATH_J],
+                               float& m, float& l, gpu_f4 (*ks)[DS4_HEAD_MAX / 4], int* kok,
+                               float (*se)[32], int t, int p0, int hd, int hd4, int first,
+                               int n_win, const float* __restrict__ kv, const float* ring,
+                               int window, int mode, const int* __restrict__ sel, int k_sel,
+                               const float* __restrict__ rows, int cap, int k_begin, int k_end,
+                               bool head_ok, float scale) {
+    constexpr int TILE = 32 / HPW, STAGE = TILE / 2;
+    const int rpp = (int)blockDim.x / hd4, r0 = (int)threadIdx.x / hd4, c0 = (int)threadIdx.x % hd4;
+    const bool stager = r0 < rpp;
+    const int* tsel = sel + (long long)t * k_sel;
+    // The selection entry of key a (mode 2, past the window; else unused).
+    auto sel_of = [&](int a) { return mode == 2 && a >= n_win && a < k_end ? tsel[a - n_win] : 0; };
+    // Key a's row (null: past the range, or a selection entry outside the rows), as
+    // ds4_att_key finds it, with its selection entry r given.
+    auto row_of = [&](int a, int r) -> const float* {
+        if (a >= k_end) return nullptr;
+        if (a < n_win) {
+            const int qp = first + a;
+            return qp >= p0 ? kv + (long long)(qp - p0) * hd : ring + (long long)(qp % window) * hd;
+        }
+        const int rr = mode == 2 ? r : a - n_win;
+        return rr < 0 || rr >= cap ? nullptr : rows + (long long)rr * hd;
+    };
+    int sv[STAGE];     // selection entries of the tile after the next
+    gpu_f4 kr[STAGE];  // the next tile's values
+    unsigned int okr = 0;  // bit i: the next tile's row i is a key
+    if (stager) {
+#pragma unroll
+        for (int i = 0; i < STAGE; ++i) sv[i] = sel_of(k_begin + r0 + i * rpp);
+#pragma unroll
+        for (int i = 0; i < STAGE; ++i) {
+            const float* key = row_of(k_begin + r0 + i * rpp, sv[i]);
+            kr[i] = key ? ((const gpu_f4*)key)[c0] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+            okr |= key ? 1u << i : 0u;
+        }
+#pragma unroll
+        for (int i = 0; i < STAGE; ++i) sv[i] = sel_of(k_begin + TILE + r0 + i * rpp);
+    }
+    for (int k0 = k_begin; k0 < k_end; k0 += TILE) {
+        const int nt = k_end - k0 < TILE ? k_end - k0 : TILE;
+        __syncthreads();  // the last tile read by every warp
+        if (stager) {
+#pragma unroll
+            for (int i = 0; i < STAGE; ++i) {
+                const int kk = r0 + i * rpp;
+                if (kk < nt) {
+                    ks[kk][c0] = kr[i];
+                    if (c0 == 0) kok[kk] = (okr >> i) & 1u;
+                }
+            }
+        }
+        __syncthreads();
+        if (stager && k0 + TILE < k_end) {
+            // The next tile's rows asked for now, used after this tile's arithmetic.
+            okr = 0;
+#pragma unroll
+            for (int i = 0; i < STAGE; ++i) {
+                const float* key = row_of(k0 + TILE + r0 + i * rpp, sv[i]);
+                kr[i] = key ? ((const gpu_f4*)key)[c0] : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+                okr |= key ? 1u << i : 0u;
+            }
+#pragma unroll
+            for (int i = 0; i < STAGE; ++i) sv[i] = sel_of(k0 + 2 * TILE + r0 + i * rpp);
+        }
+        ds4_ath_tile<HPW>(qr, acc, m, l, ks, kok, se, nt, hd4, head_ok, scale);
+    }
+}
+
+// A warp's HPW heads h0 .. of one token's queries q ([heads][hd]) into qr, lane
 // holding float4s 32 j + lane (zeros past hd and heads), and acc zeroed.
+template <int HPW>
 GPU_DEV void ds4_ath_load_q(const float* __restrict__ q, int heads, int hd, int h0,
-                            gpu_f4 (&qr)[DS4_ATH_HPW][DS4_ATH_J],
-                            gpu_f4 (&acc)[DS4_ATH_HPW][DS4_ATH_J]) {
+                            gpu_f4 (&qr)[HPW][DS4_ATH_J], gpu_f4 (&acc)[HPW][DS4_ATH_J]) {
     const int lane = threadIdx.x & 31, hd4 = hd / 4;
 #pragma unroll
-    for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
+    for (int hh = 0; hh < HPW; ++hh) {
         const gpu_f4* qh = (const gpu_f4*)(q + (long long)(h0 + hh) * hd);
 #pragma unroll
         for (int j = 0; j < DS4_ATH_J; ++j) {
@@ -2292,11 +2390,12 @@ GPU_DEV void ds4_ath_load_q(const float* __restrict__ q, int heads, int hd, int 
 // serves every position), so a short context spreads its few keys over the first splits
 // rather than leaving them all to split 0.
 GPU_DEV void ds4_ath_range(int p, int window, int mode, int ratio, int cap, int k_sel, int kper,
-                           int& first, int& n_win, int& k_begin, int& k_end) {
+                           int& first, int& n_win, int& k_begin, int& k_end,
+                           int tile = DS4_ATH_TILE) {
     const int n_keys = ds4_att_keys(p, window, mode, ratio, cap, k_sel, first, n_win);
     int share = (n_keys + (int)gridDim.z - 1) / (int)gridDim.z;
-    share = (share > kper ? share : kper) + DS4_ATH_TILE - 1;
-    share -= share % DS4_ATH_TILE;
+    share = (share > kper ? share : kper) + tile - 1;
+    share -= share % tile;
     k_begin = kper > 0 ? (int)blockIdx.z * share : 0;
     k_end = kper > 0 && k_begin + share < n_keys ? k_begin + share : n_keys;
 }
@@ -2318,33 +2417,38 @@ GPU_DEV void ds4_ath_store_part(float* part, long long slots, long long slot, in
         if (32 * j + lane < hd / 4) pa[32 * j + lane] = acc[j];
 }
 
-extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
-    ds4_attention_heads(const float* __restrict__ q, const float* __restrict__ kv,
-                        const float* __restrict__ ring, const float* __restrict__ rows,
-                        const int* __restrict__ sel, const float* __restrict__ sinks,
-                        const int* __restrict__ pos, int heads, int hd, int window, int ratio,
-                        int mode, int k_sel, int cap, float scale, float* __restrict__ out,
-                        int kper, float* __restrict__ part, unsigned int* counters) {
-    gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS);
-    __shared__ gpu_f4 ks[DS4_ATH_TILE][DS4_HEAD_MAX / 4];
-    __shared__ int kok[DS4_ATH_TILE];
+// ds4_attention_heads' body for HPW heads a warp (8 warps: 8 HPW heads a block).
+template <int HPW>
+GPU_DEV void ds4_attention_heads_body(const float* __restrict__ q, const float* __restrict__ kv,
+                                      const float* __restrict__ ring, const float* __restrict__ rows,
+                                      const int* __restrict__ sel, const float* __restrict__ sinks,
+                                      const int* __restrict__ pos, int heads, int hd, int window,
+                                      int ratio, int mode, int k_sel, int cap, float scale,
+                                      float* __restrict__ out, int kper, float* __restrict__ part) {
+    constexpr int TILE = 32 / HPW;
+    __shared__ gpu_f4 ks[TILE][DS4_HEAD_MAX / 4];
+    __shared__ int kok[TILE];
     __shared__ float se[DS4_ATH_WARPS][32];
     const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int h0 = blockIdx.x * DS4_ATH_HEADS + warp * DS4_ATH_HPW;
+    const int h0 = blockIdx.x * (DS4_ATH_WARPS * HPW) + warp * HPW;
     const int p0 = pos[0], p = pos[t], hd4 = hd / 4;
-    gpu_f4 qr[DS4_ATH_HPW][DS4_ATH_J], acc[DS4_ATH_HPW][DS4_ATH_J];
-    ds4_ath_load_q(q + (long long)t * heads * hd, heads, hd, h0, qr, acc);
+    gpu_f4 qr[HPW][DS4_ATH_J], acc[HPW][DS4_ATH_J];
+    ds4_ath_load_q<HPW>(q + (long long)t * heads * hd, heads, hd, h0, qr, acc);
     int first, n_win, k_begin, k_end;
-    ds4_ath_range(p, window, mode, ratio, cap, k_sel, kper, first, n_win, k_begin, k_end);
-    // This lane's head (lane / 16) of the warp: its running max and sum.
-    const bool head_ok = h0 + lane / DS4_ATH_TILE < heads;
+    ds4_ath_range(p, window, mode, ratio, cap, k_sel, kper, first, n_win, k_begin, k_end, TILE);
+    // This lane's head (lane / TILE) of the warp: its running max and sum.
+    const bool head_ok = h0 + lane / TILE < heads;
     float m = DS4_NEG_INF, l = 0.0f;
-    ds4_ath_keys(qr, acc, m, l, ks, kok, se, t, p0, hd, hd4, first, n_win, kv, ring, window, mode,
-                 sel, k_sel, rows, cap, k_begin, k_end, head_ok, scale);
+    if constexpr (HPW == DS4_ATH4_HPW)
+        ds4_ath_keys_pipe<HPW>(qr, acc, m, l, ks, kok, se, t, p0, hd, hd4, first, n_win, kv, ring,
+                               window, mode, sel, k_sel, rows, cap, k_begin, k_end, head_ok, scale);
+    else
+        ds4_ath_keys<HPW>(qr, acc, m, l, ks, kok, se, t, p0, hd, hd4, first, n_win, kv, ring,
+                          window, mode, sel, k_sel, rows, cap, k_begin, k_end, head_ok, scale);
 #pragma unroll
-    for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {
+    for (int hh = 0; hh < HPW; ++hh) {
         const int h = h0 + hh;
-        const float mf = gpu_shfl(m, hh * DS4_ATH_TILE), lf = gpu_shfl(l, hh * DS4_ATH_TILE);
+        const float mf = gpu_shfl(m, hh * TILE), lf = gpu_shfl(l, hh * TILE);
         if (h >= heads) continue;  // the same for the whole warp
         if (part) {
             ds4_ath_store_part(part, (long long)gridDim.y * heads * gridDim.z,
@@ -2363,6 +2467,32 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
                               acc[hh][j].z * f / den, acc[hh][j].w * f / den};
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
+    ds4_attention_heads(const float* __restrict__ q, const float* __restrict__ kv,
+                        const float* __restrict__ ring, const float* __restrict__ rows,
+                        const int* __restrict__ sel, const float* __restrict__ sinks,
+                        const int* __restrict__ pos, int heads, int hd, int window, int ratio,
+                        int mode, int k_sel, int cap, float scale, float* __restrict__ out,
+                        int kper, float* __restrict__ part, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS);
+    ds4_attention_heads_body<DS4_ATH_HPW>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window,
+                                          ratio, mode, k_sel, cap, scale, out, kper, part);
+}
+
+// The same with four heads a warp (32 a block; DS4_ATH4_HPW): ~170 registers, one block
+// an SM. grid = (ceil(heads / 32), n, splits).
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 1)
+    ds4_attention_heads4(const float* __restrict__ q, const float* __restrict__ kv,
+                         const float* __restrict__ ring, const float* __restrict__ rows,
+                         const int* __restrict__ sel, const float* __restrict__ sinks,
+                         const int* __restrict__ pos, int heads, int hd, int window, int ratio,
+                         int mode, int k_sel, int cap, float scale, float* __restrict__ out,
+                         int kper, float* __restrict__ part, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS4);
+    ds4_attention_heads_body<DS4_ATH4_HPW>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window,
+                                           ratio, mode, k_sel, cap, scale, out, kper, part);
 }
 
 // Merging one head's splits (slots slot0 .. slot0 + splits - 1 of `slots`, as
@@ -2530,7 +2660,7 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, DS4_ATD_MIN_BLO
     const int splits = (int)gridDim.z;
     if (store && g == 0 && z == 0) ds4_att_ring_store(kv, ring, p, window, hd);
     gpu_f4 qr[DS4_ATH_HPW][DS4_ATH_J], acc[DS4_ATH_HPW][DS4_ATH_J];
-    ds4_ath_load_q(q, heads, hd, h0, qr, acc);
+    ds4_ath_load_q<DS4_ATH_HPW>(q, heads, hd, h0, qr, acc);
     if (inv_freq)
 #pragma unroll
         for (int hh = 0; hh < DS4_ATH_HPW; ++hh)
@@ -2539,8 +2669,8 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, DS4_ATD_MIN_BLO
     ds4_ath_range(p, window, mode, ratio, cap, k_sel, kper, first, n_win, k_begin, k_end);
     const bool head_ok = h0 + lane / DS4_ATH_TILE < heads;
     float m = DS4_NEG_INF, l = 0.0f;
-    ds4_ath_keys(qr, acc, m, l, ks, kok, se, 0, p, hd, hd4, first, n_win, kv, ring, window, mode,
-                 sel, k_sel, rows, cap, k_begin, k_end, head_ok, scale);
+    ds4_ath_keys<DS4_ATH_HPW>(qr, acc, m, l, ks, kok, se, 0, p, hd, hd4, first, n_win, kv, ring,
+                              window, mode, sel, k_sel, rows, cap, k_begin, k_end, head_ok, scale);
     const long long slots = (long long)heads * splits;
 #pragma unroll
     for (int hh = 0; hh < DS4_ATH_HPW; ++hh) {

@@ -13,6 +13,10 @@
 #             TL_SET=VAR=VALUE[,VAR=VALUE...] applies to this step only
 #   site      hc_site_bench.sh (the MoE site after a product, its phases, the router
 #             after it and the routing in the site; not in the default list)
+#   profile   ds4_bench.sh PROFILE=1: per-kernel GPU time of a decode step and of a
+#             prefill pass (serve's chunk: 2048 tokens, 1024 from 32768) at each depth
+#             of PROFILE_DEPTHS (default "0 32768 131072"), on one stream
+#             (MOE_DS4_BRANCHES=0 unless set; not in the default list)
 # A step starts only with at least its minimum time left (see `need`), so a slow
 # machine skips the last ones rather than cutting one short. Carry .dev/ds4 (and
 # .dev/gpu for kernels). Built here first: scripts/device/carry_ds4.sh and
@@ -85,8 +89,23 @@ for step in ${STEPS:-kernels fixtures bench ab timeline}; do
             echo "rc=$?"
             grep -E "^\||^routing|^device|^##|phase end|timer" "$OUT/site.md"
             ;;
+        profile)
+            for d in ${PROFILE_DEPTHS:-0 32768 131072}; do
+                need 60 "profile at depth $d" || break
+                pp=2048
+                [ "$d" -lt 32768 ] || pp=1024
+                # (one stream: no kernel timed while a side stream's shares the device)
+                MOE_DS4_BRANCHES=${MOE_DS4_BRANCHES:-0} OUT="$OUT/profile$d" NOFILE=1 PROFILE=1 \
+                    PROFILE_ONLY=1 PROFILE_AT="$d" PP=$pp \
+                    timeout "$(( $(left) < 150 ? $(left) : 150 ))" \
+                    bash scripts/device/ds4_bench.sh > "$OUT/profile$d.log" 2>&1
+                echo "rc=$?"
+                # (rows under 0.5% of the time left out)
+                grep -E "^pp|^\|" "$OUT/profile$d.log" | grep -vE "\| 0\.[0-4]%" | head -40
+            done
+            ;;
         *)
-            echo "unknown step '$step' (kernels, fixtures, bench, ab, timeline, site)" >&2
+            echo "unknown step '$step' (kernels, fixtures, bench, ab, timeline, site, profile)" >&2
             exit 2
             ;;
     esac

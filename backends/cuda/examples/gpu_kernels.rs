@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use moe_backend_cuda::{
     ops::{
-        id_nosort, mmq_kernel, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_FP4_MMA, FORCE_FP4_REGS,
-        FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS,
-        FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
+        id_nosort, mmq_kernel, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4, FORCE_FP4_MMA,
+        FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW,
+        FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -2703,6 +2703,179 @@ fn attention_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all
 }
 
+/// SPARSE_ATTENTION for a prefill chunk (no rotaries: the heads kernels) against an f64
+/// reference: each token's window (older positions from the ring, the chunk's own from
+/// kv), then the compressed rows (all visible ones, or its selection with unused -1s and
+/// entries past the rows), softmax with the sink. `ds4_attention_heads` (two heads a
+/// warp) and `ds4_attention_heads4` (four a warp, its staging a pipeline), each within
+/// 1e-5 of the largest value, the latter the same bits over 20 reruns.
+fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== SPARSE_ATTENTION, a prefill chunk, vs f64 reference ==");
+    let mut all = true;
+    // (name, heads, hd, window, n, p0, mode, ratio, cap, k_sel)
+    for (name, heads, hd, window, n, p0, mode, ratio, cap, k_sel) in [
+        (
+            "64 x 512, 40 tokens at 300, 72 selected",
+            64usize,
+            512usize,
+            128usize,
+            40usize,
+            300usize,
+            2i64,
+            4usize,
+            200usize,
+            72usize,
+        ),
+        (
+            "64 x 512, 24 tokens at 700, ratio 4",
+            64,
+            512,
+            128,
+            24,
+            700,
+            1,
+            4,
+            150,
+            0,
+        ),
+        (
+            "40 x 256, 33 tokens at 0, window only",
+            40,
+            256,
+            16,
+            33,
+            0,
+            0,
+            4,
+            1,
+            0,
+        ),
+    ] {
+        let mut v = |k: usize| -> Vec<f32> { (0..k).map(|_| rng.f32()).collect() };
+        let (q, kv, ring, rows, sinks) = (
+            v(hd * heads * n),
+            v(hd * n),
+            v(hd * window),
+            v(hd * cap),
+            v(heads),
+        );
+        let sel: Vec<i32> = (0..(k_sel * n).max(1))
+            .map(|j| match j % 37 {
+                5 => -1,
+                11 => (cap + 2) as i32, // past the rows: skipped
+                _ => rng.below(cap as u64) as i32,
+            })
+            .collect();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut want = vec![0f64; hd * heads * n];
+        for t in 0..n {
+            let p = p0 + t;
+            let mut keys: Vec<&[f32]> = (p.saturating_sub(window - 1)..=p)
+                .map(|qp| {
+                    if qp >= p0 {
+                        &kv[(qp - p0) * hd..(qp - p0 + 1) * hd]
+                    } else {
+                        &ring[(qp % window) * hd..(qp % window + 1) * hd]
+                    }
+                })
+                .collect();
+            match mode {
+                1 => keys
+                    .extend((0..((p + 1) / ratio).min(cap)).map(|r| &rows[r * hd..(r + 1) * hd])),
+                2 => keys.extend(
+                    sel[t * k_sel..(t + 1) * k_sel]
+                        .iter()
+                        .filter(|&&r| r >= 0 && (r as usize) < cap)
+                        .map(|&r| &rows[r as usize * hd..(r as usize + 1) * hd]),
+                ),
+                _ => {}
+            }
+            for h in 0..heads {
+                let qh = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                let lg: Vec<f64> = keys
+                    .iter()
+                    .map(|k| {
+                        scale as f64
+                            * qh.iter()
+                                .zip(*k)
+                                .map(|(&a, &b)| a as f64 * b as f64)
+                                .sum::<f64>()
+                    })
+                    .collect();
+                let mx = lg.iter().fold(sinks[h] as f64, |m, &x| m.max(x));
+                let den =
+                    (sinks[h] as f64 - mx).exp() + lg.iter().map(|x| (x - mx).exp()).sum::<f64>();
+                let o = &mut want[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                for (k, x) in keys.iter().zip(&lg) {
+                    let e = (x - mx).exp() / den;
+                    for (oi, &ki) in o.iter_mut().zip(*k) {
+                        *oi += e * ki as f64;
+                    }
+                }
+            }
+        }
+        let b = |x: &[f32]| g.buf(&f32_bytes(x));
+        let i32b = |x: &[i32]| g.buf(&x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        let pos: Vec<i32> = (0..n).map(|t| (p0 + t) as i32).collect();
+        let (bq, bkv, bring, brows, bsk) = (b(&q), b(&kv), b(&ring), b(&rows), b(&sinks));
+        let (bsel, bpos, bout) = (i32b(&sel), i32b(&pos), g.zeros(hd * heads * n * 4));
+        let f = f32_t;
+        let args = [
+            f(bq, [hd, heads, n]),
+            f(bkv, [hd, n, 1]),
+            f(bring, [hd, window, 1]),
+            f(brows, [hd, cap, 1]),
+            t(
+                bsel,
+                0,
+                types::I32,
+                0,
+                [k_sel.max(1) as u64, n as u64, 1, 1],
+            ),
+            f(bsk, [heads, 1, 1]),
+            t(bpos, 0, types::I32, 0, [n as u64, 1, 1, 1]),
+            f(bout, [hd, heads, n]),
+        ];
+        let mut prm = OpParams::default();
+        prm.f[0] = scale;
+        prm.i[..2].copy_from_slice(&[ratio as i64, mode]);
+        // (the window store after the kernel changes the ring: it goes back each run)
+        let run = || {
+            into_result((g.be.upload)(bring, 0, f32_bytes(&ring).as_slice().into())).unwrap();
+            let before = g.counters();
+            g.op_with(ops::SPARSE_ATTENTION, prm, &args);
+            let after = g.counters();
+            let k = |name: &str| device_launches(&before, &after, name);
+            (
+                g.read_f32(bout, 0, hd * heads * n),
+                k("ds4_attention_heads"),
+                k("ds4_attention_heads4"),
+            )
+        };
+        let two = run();
+        FORCE_ATT_HPW4.store(true, Ordering::Relaxed);
+        let four = run();
+        let repeats = (0..20).all(|_| same_bits(&run().0, &four.0));
+        FORCE_ATT_HPW4.store(false, Ordering::Relaxed);
+        let (e2, e4) = (rel(&two.0, &want), rel(&four.0, &want));
+        let launches = (two.1, two.2, four.1, four.2) == (1, 0, 0, 1);
+        let ok = e2.max(e4) <= 1e-5 && repeats && launches;
+        all &= ok;
+        println!(
+            "{name:<42}: two heads a warp {e2:.2e}, four heads a warp (pipelined) {e4:.2e}, 20 reruns bit-identical {repeats}, launches {} {}",
+            if launches { "as expected" } else { "WRONG" },
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"attention_prefill\",\"case\":\"{name}\",\"hpw2_rel\":{e2:e},\"hpw4_rel\":{e4:e},\"repeats\":{repeats},\"launches\":{launches},\"ok\":{ok}}}"
+        ));
+        for buf in [bq, bkv, bring, brows, bsk, bsel, bpos, bout] {
+            into_result((g.be.free)(buf)).unwrap();
+        }
+    }
+    all
+}
+
 /// TOPK_ROWS (DeepSeek-V4's indexer selection) against its definition: the k best
 /// visible rows (ties: lower index), as the rows above the k-th score in index order then
 /// the rows equal to it in index order; all visible rows and -1s when no more than k are
@@ -3351,6 +3524,7 @@ fn main() {
         all_ok &= router_mm(&g, &mut rng, &mut json);
         all_ok &= norm_matmul(&g, &mut rng, &mut json);
         all_ok &= attention_decode(&g, &mut rng, &mut json);
+        all_ok &= attention_prefill(&g, &mut rng, &mut json);
         all_ok &= topk_rows(&g, &mut rng, &mut json);
         all_ok &= index_scores(&g, &mut rng, &mut json);
         all_ok &= dense_mmq(&g, &mut rng, dev.cc, &mut json);

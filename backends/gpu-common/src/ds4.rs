@@ -19,6 +19,8 @@ pub const HEAD_MAX: u64 = 512;
 /// `ds4_attention_heads`: heads a block, warps a block (DS4_ATH_HEADS, DS4_ATH_WARPS).
 const ATT_HEADS_PER_BLOCK: u64 = 16;
 const ATT_HEADS_WARPS: u32 = 8;
+/// `ds4_attention_heads4`: heads a block (8 warps x DS4_ATH4_HPW).
+const ATT_HEADS4_PER_BLOCK: u64 = 32;
 /// `ds4_attention_grp`: heads a block, warps a block (DS4_ATG_HEADS, DS4_ATG_WARPS).
 const ATT_GRP_HEADS: u64 = 4;
 const ATT_GRP_WARPS: u32 = 8;
@@ -1016,6 +1018,29 @@ fn att_heads_off() -> bool {
     *OFF.get_or_init(|| env_off("MOE_GPU_ATT_HEADS"))
 }
 
+/// The heads kernel a prefill chunk takes and its heads a block: `ds4_attention_heads`
+/// (two heads a warp), or with four `ds4_attention_heads4` (four a warp: each key value
+/// read from shared memory feeds twice the FMAs).
+fn att_heads_prefill(four: bool) -> (&'static str, u64) {
+    if four {
+        ("ds4_attention_heads4", ATT_HEADS4_PER_BLOCK)
+    } else {
+        ("ds4_attention_heads", ATT_HEADS_PER_BLOCK)
+    }
+}
+
+/// `MOE_GPU_ATT_HPW=4`: prefill chunks take `ds4_attention_heads4` (opt-in until
+/// measured; read once); tests may force it (FORCE_ATT_HPW4).
+fn att_hpw4_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    FORCE_ATT_HPW4.load(std::sync::atomic::Ordering::Relaxed)
+        || *ON.get_or_init(|| std::env::var("MOE_GPU_ATT_HPW").is_ok_and(|v| v.trim() == "4"))
+}
+
+/// Forces `ds4_attention_heads4` for prefill chunks (device tests).
+pub static FORCE_ATT_HPW4: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Whether a decode step's attention runs as `ds4_attention_heads` over key splits +
 /// `ds4_attention_merge`, not `ds4_attention` (a block a head): with the op's
 /// long-context hint, or as `MOE_GPU_ATT_SPLIT=0|1` says (A/B runs; read once).
@@ -1233,10 +1258,11 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
         })
         .map(|s| (s, att_grp_splits(max_keys, heads, gpu.multiprocessors())));
     if heads_ok && n >= ATT_HEADS_MIN_TOKENS {
+        let (name, per_block) = att_heads_prefill(att_hpw4_on());
         att.i(0).p(0).launch(
             gpu,
-            "ds4_attention_heads",
-            (grid_heads, n, 1),
+            name,
+            (heads.div_ceil(per_block), n, 1),
             32 * ATT_HEADS_WARPS,
         )?;
     } else if let Some((kper, splits)) = (heads_ok && split)
@@ -2066,6 +2092,11 @@ mod tests {
         assert_eq!(att_splits(128 + 512), (16, 40));
         assert_eq!(att_splits(128 + 1028), (16, 64));
         assert_eq!(att_splits(128 + 262_144), (16, 64));
+        // Four heads a warp (MOE_GPU_ATT_HPW=4): 32 heads a block, the same arguments.
+        assert_eq!(att_heads_prefill(true), ("ds4_attention_heads4", 32));
+        assert_eq!(att_heads_prefill(false), ("ds4_attention_heads", 16));
+        let sig = crate::kernels::signatures();
+        assert_eq!(sig["ds4_attention_heads4"], sig["ds4_attention_heads"]);
         // A prefill chunk of 16 tokens or more: a block per 16 heads of a token (40 heads:
         // 3), the ring store after; with inv_freq still a block per head.
         let chunk = att_for(40, 20);

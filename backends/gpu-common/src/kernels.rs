@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 72] = [
+pub const KERNELS: [&str; 73] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -82,6 +82,7 @@ pub const KERNELS: [&str; 72] = [
     "matvec_dense_cols_multi",
     "ds4_index_scores_few",
     "ds4_attention_grp",
+    "ds4_attention_heads4",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();
