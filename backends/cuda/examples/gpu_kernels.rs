@@ -3283,6 +3283,8 @@ fn main() {
     // --grouped: the MoE products' parity alone (grouped, MATMUL_ID_MULTI, SWIGLU_MATMUL_ID),
     // for quick runs under each MOE_GPU_ID_* setting.
     let grouped_only = std::env::args().any(|a| a == "--grouped");
+    // --attention: SPARSE_ATTENTION's parity alone (decode steps and a prefill chunk).
+    let attention_only = std::env::args().any(|a| a == "--attention");
     let ref_ok = check_reference(&mut Rng(0x0123_4567_89ab_cdef));
     let be = moe_backend_cuda::table();
     let devs = match into_result((be.devices)()) {
@@ -3341,6 +3343,15 @@ fn main() {
     let mut all_ok = ref_ok;
 
     // ---------------------------------------------------------------- parity
+    if attention_only {
+        all_ok &= attention_decode(&g, &mut rng, &mut json);
+        all_ok &= attention_prefill(&g, &mut rng, &mut json);
+        println!(
+            "\nparity (attention only): {}",
+            if all_ok { "ALL OK" } else { "FAILURES" }
+        );
+        return;
+    }
     if !bench_only {
         if !grouped_only {
             all_ok &= mmvq_parity(&g, &mut rng, dev.cc, &mut json);
