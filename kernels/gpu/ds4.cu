@@ -2481,8 +2481,8 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 2)
                                           ratio, mode, k_sel, cap, scale, out, kper, part);
 }
 
-// The same with four heads a warp (32 a block; DS4_ATH4_HPW): ~170 registers, one block
-// an SM. grid = (ceil(heads / 32), n, splits).
+// The same with four heads a warp (32 a block; DS4_ATH4_HPW) and its staging a pipeline:
+// ~230 registers, one block an SM. grid = (ceil(heads / 32), n, splits).
 extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 1)
     ds4_attention_heads4(const float* __restrict__ q, const float* __restrict__ kv,
                          const float* __restrict__ ring, const float* __restrict__ rows,

@@ -2472,6 +2472,23 @@ fn hc_xq(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all
 }
 
+/// One head's attention in f64 into `o` (zeroed): softmax over `keys` (K = V) of the
+/// scaled logits of `q` with the sink's logit, the values weighed.
+fn attend_f64(q: &[f64], keys: &[&[f32]], sink: f32, scale: f32, o: &mut [f64]) {
+    let lg: Vec<f64> = keys
+        .iter()
+        .map(|k| scale as f64 * q.iter().zip(*k).map(|(a, &b)| a * b as f64).sum::<f64>())
+        .collect();
+    let mx = lg.iter().fold(sink as f64, |m, &x| m.max(x));
+    let den = (sink as f64 - mx).exp() + lg.iter().map(|x| (x - mx).exp()).sum::<f64>();
+    for (k, x) in keys.iter().zip(&lg) {
+        let e = (x - mx).exp() / den;
+        for (oi, &ki) in o.iter_mut().zip(*k) {
+            *oi += e * ki as f64;
+        }
+    }
+}
+
 /// One decode step's SPARSE_ATTENTION (DeepSeek-V4's, one shared K=V head, sink logits,
 /// q's norm + rotary and the output's inverse rotary inside) against an f64 reference
 /// written from the op's definition: with the sync words (ABI 1.5) and the one-launch
@@ -2592,22 +2609,8 @@ fn attention_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                 if rope {
                     rot(&mut qn, false);
                 }
-                let lg: Vec<f64> = keys
-                    .iter()
-                    .map(|k| {
-                        scale as f64 * qn.iter().zip(*k).map(|(a, &b)| a * b as f64).sum::<f64>()
-                    })
-                    .collect();
-                let mx = lg.iter().fold(sinks[h] as f64, |m, &x| m.max(x));
-                let den =
-                    (sinks[h] as f64 - mx).exp() + lg.iter().map(|x| (x - mx).exp()).sum::<f64>();
                 let o = &mut want[h * hd..(h + 1) * hd];
-                for (k, x) in keys.iter().zip(&lg) {
-                    let e = (x - mx).exp() / den;
-                    for (oi, &ki) in o.iter_mut().zip(*k) {
-                        *oi += e * ki as f64;
-                    }
-                }
+                attend_f64(&qn, &keys, sinks[h], scale, o);
                 if rope {
                     rot(o, true);
                 }
@@ -2792,26 +2795,9 @@ fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             }
             for h in 0..heads {
                 let qh = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                let lg: Vec<f64> = keys
-                    .iter()
-                    .map(|k| {
-                        scale as f64
-                            * qh.iter()
-                                .zip(*k)
-                                .map(|(&a, &b)| a as f64 * b as f64)
-                                .sum::<f64>()
-                    })
-                    .collect();
-                let mx = lg.iter().fold(sinks[h] as f64, |m, &x| m.max(x));
-                let den =
-                    (sinks[h] as f64 - mx).exp() + lg.iter().map(|x| (x - mx).exp()).sum::<f64>();
+                let qf: Vec<f64> = qh.iter().map(|&x| x as f64).collect();
                 let o = &mut want[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                for (k, x) in keys.iter().zip(&lg) {
-                    let e = (x - mx).exp() / den;
-                    for (oi, &ki) in o.iter_mut().zip(*k) {
-                        *oi += e * ki as f64;
-                    }
-                }
+                attend_f64(&qf, &keys, sinks[h], scale, o);
             }
         }
         let b = |x: &[f32]| g.buf(&f32_bytes(x));
