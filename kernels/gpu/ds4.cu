@@ -1952,17 +1952,25 @@ extern "C" __global__ void __launch_bounds__(DS4_TOPKW_THREADS)
 // ---------------------------------------------------------------------------------
 // Key kk of token t's keys in ds4_attention: the window's (position first + kk: this
 // chunk's from kv, older ones from the ring at q % window), then the compressed rows
-// (all visible, or the indexer's selection: null for a selected index outside them).
-GPU_DEV const float* ds4_att_key(int kk, int n_win, int first, int p0, const float* kv,
-                                 const float* ring, int window, int hd, int mode,
-                                 const int* sel, int k_sel, int t, const float* rows, int cap) {
+// (all visible, or the indexer's selection: null for a selected index outside them),
+// the selection's entry r for key kk given (mode 2; unused otherwise).
+GPU_DEV const float* ds4_att_key_sel(int kk, int r, int n_win, int first, int p0,
+                                     const float* kv, const float* ring, int window, int hd,
+                                     int mode, const float* rows, int cap) {
     if (kk < n_win) {
         const int qp = first + kk;
         return qp >= p0 ? kv + (long long)(qp - p0) * hd : ring + (long long)(qp % window) * hd;
     }
-    const int j = kk - n_win;
-    const int r = mode == 2 ? sel[(long long)t * k_sel + j] : j;
-    return r < 0 || r >= cap ? nullptr : rows + (long long)r * hd;
+    const int rr = mode == 2 ? r : kk - n_win;
+    return rr < 0 || rr >= cap ? nullptr : rows + (long long)rr * hd;
+}
+
+// The same with token t's selection entry read here (mode 2, past the window).
+GPU_DEV const float* ds4_att_key(int kk, int n_win, int first, int p0, const float* kv,
+                                 const float* ring, int window, int hd, int mode,
+                                 const int* sel, int k_sel, int t, const float* rows, int cap) {
+    const int r = mode == 2 && kk >= n_win ? sel[(long long)t * k_sel + kk - n_win] : 0;
+    return ds4_att_key_sel(kk, r, n_win, first, p0, kv, ring, window, hd, mode, rows, cap);
 }
 
 // How many keys position p attends to: the window's n_win (from position `first`), then
@@ -2151,12 +2159,9 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
 #define DS4_ATH_HEADS (DS4_ATH_WARPS * DS4_ATH_HPW)
 #define DS4_ATH_TILE 16  // DS4_ATH_HPW * DS4_ATH_TILE = 32: one logit a lane
 #define DS4_ATH_J (DS4_HEAD_MAX / 128)
-// ds4_attention_heads4 (a prefill chunk's form, opt-in): four heads a warp, so each
-// staged key float4 read from shared memory feeds 16 FMAs, not 8 (the two-head loop
-// reads shared memory twice as fast as the FMA units consume it), and tiles of 8 keys.
+// ds4_attention_heads4 (a prefill chunk's form, opt-in): four heads a warp (each staged
+// key float4 feeds 16 FMAs, not 8), tiles of 8 keys, and the staging a pipeline.
 #define DS4_ATH4_HPW 4
-// A tile's rows a staging thread takes: rpp = blockDim / (hd / 4) >= 2 threads share
-// the tile's rows (hd <= DS4_HEAD_MAX), so each takes at most a tile's half.
 
 GPU_DEV float ds4_dot4(gpu_f4 a, gpu_f4 b, float acc) {
     return acc + a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
@@ -2254,6 +2259,8 @@ GPU_DEV void ds4_ath_keys(const gpu_f4 (&qr)[HPW][DS4_ATH_J], gpu_f4 (&acc)[HPW]
                           const float* ring, int window, int mode,
                           const int* __restrict__ sel, int k_sel, const float* __restrict__ rows,
                           int cap, int k_begin, int k_end, bool head_ok, float scale) {
+    // STAGE: a tile's rows a staging thread takes (rpp = blockDim / (hd / 4) >= 2 threads
+    // share the rows, hd <= DS4_HEAD_MAX).
     constexpr int TILE = 32 / HPW, STAGE = TILE / 2;
     // Thread -> (first tile row, float4 column) of the staging loop.
     const int rpp = (int)blockDim.x / hd4, r0 = (int)threadIdx.x / hd4, c0 = (int)threadIdx.x % hd4;
@@ -2304,22 +2311,17 @@ GPU_DEV void ds4_ath_keys_pipe(const gpu_f4 (&qr)[HPW][DS4_ATH_J], gpu_f4 (&acc)
                                int window, int mode, const int* __restrict__ sel, int k_sel,
                                const float* __restrict__ rows, int cap, int k_begin, int k_end,
                                bool head_ok, float scale) {
-    constexpr int TILE = 32 / HPW, STAGE = TILE / 2;
+    constexpr int TILE = 32 / HPW, STAGE = TILE / 2;  // (as ds4_ath_keys)
     const int rpp = (int)blockDim.x / hd4, r0 = (int)threadIdx.x / hd4, c0 = (int)threadIdx.x % hd4;
     const bool stager = r0 < rpp;
     const int* tsel = sel + (long long)t * k_sel;
     // The selection entry of key a (mode 2, past the window; else unused).
     auto sel_of = [&](int a) { return mode == 2 && a >= n_win && a < k_end ? tsel[a - n_win] : 0; };
-    // Key a's row (null: past the range, or a selection entry outside the rows), as
-    // ds4_att_key finds it, with its selection entry r given.
+    // Key a's row (null: past the range, or a selection entry outside the rows), its
+    // selection entry r given.
     auto row_of = [&](int a, int r) -> const float* {
-        if (a >= k_end) return nullptr;
-        if (a < n_win) {
-            const int qp = first + a;
-            return qp >= p0 ? kv + (long long)(qp - p0) * hd : ring + (long long)(qp % window) * hd;
-        }
-        const int rr = mode == 2 ? r : a - n_win;
-        return rr < 0 || rr >= cap ? nullptr : rows + (long long)rr * hd;
+        return a < k_end ? ds4_att_key_sel(a, r, n_win, first, p0, kv, ring, window, hd, mode, rows, cap)
+                         : nullptr;
     };
     int sv[STAGE];     // selection entries of the tile after the next
     gpu_f4 kr[STAGE];  // the next tile's values

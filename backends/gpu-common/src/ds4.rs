@@ -1019,8 +1019,8 @@ fn att_heads_off() -> bool {
 }
 
 /// The heads kernel a prefill chunk takes and its heads a block: `ds4_attention_heads`
-/// (two heads a warp), or with four `ds4_attention_heads4` (four a warp: each key value
-/// read from shared memory feeds twice the FMAs).
+/// (two heads a warp), or with four `ds4_attention_heads4` (four a warp, its key
+/// staging a pipeline).
 fn att_heads_prefill(four: bool) -> (&'static str, u64) {
     if four {
         ("ds4_attention_heads4", ATT_HEADS4_PER_BLOCK)
