@@ -26,6 +26,9 @@
 struct __attribute__((aligned(16))) gpu_f4 {
     float x, y, z, w;
 };
+struct __attribute__((aligned(8))) gpu_f2 {
+    float x, y;
+};
 struct __attribute__((aligned(16))) gpu_u4 {
     unsigned int x, y, z, w;
 };
@@ -463,6 +466,23 @@ GPU_DEV unsigned int gpu_smem_addr(const void* p) {
     unsigned int a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
+}
+#endif
+
+// Asynchronous 16-byte copies from global to shared memory (cp.async, CUDA sm_80+):
+// dst as gpu_smem_addr gives it; with on = false 16 zero bytes (src unread). Copies
+// land in groups: gpu_cp_commit closes one, gpu_cp_wait<N> waits until at most N of
+// this thread's groups are in flight (a __syncthreads then shows every thread's).
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define GPU_CP_ASYNC 1
+GPU_DEV void gpu_cp_async16(unsigned int dst, const void* src, bool on) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(on ? 16 : 0)
+                 : "memory");
+}
+GPU_DEV void gpu_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+GPU_DEV void gpu_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 #endif
 

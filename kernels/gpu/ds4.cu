@@ -35,6 +35,7 @@
 #define KID_DS4_INDEX_SCORES_FEW 70
 #define KID_DS4_ATTENTION_GRP 71
 #define KID_DS4_ATTENTION_HEADS4 72
+#define KID_DS4_ATTENTION_TC 73
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -2495,6 +2496,265 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 1)
     gpu_count_launch(counters, KID_DS4_ATTENTION_HEADS4);
     ds4_attention_heads_body<DS4_ATH4_HPW>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window,
                                            ratio, mode, k_sel, cap, scale, out, kper, part);
+}
+
+// ---------------------------------------------------------------------------------
+// ds4_attention_heads on the tensor cores (ds4_attention_tc; CUDA sm_80+, a prefill
+// chunk): a block serves DS4_ATC_HEADS heads of one token, its queries kept in shared
+// memory for the whole pass, and takes the token's keys DS4_ATC_KEYS at a time (the
+// next tile's rows on their way by cp.async while this one is scored). Both products
+// of a tile run as m16n8k8 TF32 mma, each pair of f32 values as three TF32 products
+// (ds4_tf32_split: about f32's accuracy, as ds4_index_scores_mm_tc): the logits
+// S = Q K^T (16 heads x 8 keys a warp), then O += P V (V = K; 16 heads x hd / 2
+// columns a warp, its 32 C fragments in registers for the whole pass). Warp w keeps
+// head group w % 4 in both products (its rows' running max and its correction stay
+// in registers); w / 4 is its half of a tile's keys for S and its half of the
+// columns for O. The two key halves' maxima meet in shared memory, and each warp's
+// sum over its half of the keys is added to the other's at the end (both scale with
+// the same running max). The same online softmax with the sink as the heads kernels,
+// in another summation order.
+// Needs hd % 16 == 0, hd <= DS4_HEAD_MAX, q / kv / ring / rows 16-byte aligned, and
+// ds4_atc_smem(hd) bytes of dynamic shared memory; kper = 0 (part unused).
+// grid = (ceil(heads / DS4_ATC_HEADS), n), block = 32 * DS4_ATC_WARPS.
+#define DS4_ATC_HEADS 64
+#define DS4_ATC_KEYS 16
+#define DS4_ATC_WARPS 8
+#define DS4_ATC_PLD (DS4_ATC_KEYS + 4)  // a P row's stride: the A fragments' loads hit 32 banks
+#if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
+// Shared memory (floats; the row stride hd + 4 puts a fragment's 8 rows x 4 columns on
+// 32 banks): Q [64][ld], K [2][16][ld], P [64][PLD], the tile maxima [2][64], the sums
+// [2][64], then the keys' flags [2][16] (ints).
+struct ds4_atc_smem_t {
+    float *qs, *ks, *ps, *xm, *xl;
+    int* kok;
+};
+GPU_DEV ds4_atc_smem_t ds4_atc_carve(float* base, int ld) {
+    ds4_atc_smem_t s;
+    s.qs = base;
+    s.ks = s.qs + DS4_ATC_HEADS * ld;
+    s.ps = s.ks + 2 * DS4_ATC_KEYS * ld;
+    s.xm = s.ps + DS4_ATC_HEADS * DS4_ATC_PLD;
+    s.xl = s.xm + 2 * DS4_ATC_HEADS;
+    s.kok = (int*)(s.xl + 2 * DS4_ATC_HEADS);
+    return s;
+}
+
+// A thread's share of a key tile: elements threadIdx.x + 256 i (i < DS4_ATC_PER), each
+// a float4 of key (element / (hd / 4)).
+#define DS4_ATC_PER (DS4_ATC_KEYS * DS4_HEAD_MAX / 4 / (32 * DS4_ATC_WARPS))
+
+// The selection entries of a thread's keys in the tile at k0 (mode 2, past the window;
+// else unused), all asked for at once: loaded a tile ahead, so that staging a tile
+// waits for no round trip of its own.
+GPU_DEV void ds4_atc_sel(int (&sv)[DS4_ATC_PER], int k0, int hd4, int n_keys, int n_win,
+                         int mode, const int* tsel) {
+#pragma unroll
+    for (int i = 0; i < DS4_ATC_PER; ++i) {
+        const int e = threadIdx.x + 32 * DS4_ATC_WARPS * i, a = k0 + e / hd4;
+        sv[i] = mode == 2 && e < DS4_ATC_KEYS * hd4 && a >= n_win && a < n_keys ? tsel[a - n_win] : 0;
+    }
+}
+
+// Keys k0 .. k0 + 15 of the token into K buffer b, their selection entries sv given:
+// every thread's share by cp.async, zeros (and flag 0) past the keys and for selection
+// entries outside the rows; one commit group.
+GPU_DEV void ds4_atc_stage(const ds4_atc_smem_t& s, int ld, int b, int k0, const int (&sv)[DS4_ATC_PER],
+                           int n_keys, int p0, int hd, int first, int n_win, const float* kv,
+                           const float* ring, int window, int mode, const float* rows, int cap) {
+    const int hd4 = hd / 4;
+    float* kb = s.ks + b * DS4_ATC_KEYS * ld;
+#pragma unroll
+    for (int i = 0; i < DS4_ATC_PER; ++i) {
+        const int e = threadIdx.x + 32 * DS4_ATC_WARPS * i;
+        if (e >= DS4_ATC_KEYS * hd4) break;  // (hd < DS4_HEAD_MAX)
+        const int kk = e / hd4, c4 = e % hd4, a = k0 + kk;
+        const float* key = a < n_keys ? ds4_att_key_sel(a, sv[i], n_win, first, p0, kv, ring,
+                                                        window, hd, mode, rows, cap)
+                                      : nullptr;
+        gpu_cp_async16(gpu_smem_addr(kb + kk * ld + 4 * c4), key ? key + 4 * c4 : kv, key != nullptr);
+        if (c4 == 0) s.kok[b * DS4_ATC_KEYS + kk] = key != nullptr;
+    }
+    gpu_cp_commit();
+}
+
+// The three TF32 products of a (split) and b += into d: the small terms into ds, the
+// main one into dm (two chains, so consecutive k steps overlap).
+GPU_DEV void ds4_mma3(float* dm, float* ds, const unsigned int (&ah)[4], const unsigned int (&al)[4],
+                      unsigned int bh0, unsigned int bh1, unsigned int bl0, unsigned int bl1) {
+    ds4_mma_tf32(ds, ah, bl0, bl1);
+    ds4_mma_tf32(ds, al, bh0, bh1);
+    ds4_mma_tf32(dm, ah, bh0, bh1);
+}
+
+// A fragment (16 x 8, rows r0 and r0 + 8 at stride ld, columns k + c and k + c + 4) as
+// TF32 hi and lo parts.
+GPU_DEV void ds4_atc_afrag(const float* a, int ld, int k, unsigned int (&hi)[4], unsigned int (&lo)[4]) {
+    const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+    ds4_tf32_split(a[g * ld + k + c], hi[0], lo[0]);
+    ds4_tf32_split(a[(g + 8) * ld + k + c], hi[1], lo[1]);
+    ds4_tf32_split(a[g * ld + k + c + 4], hi[2], lo[2]);
+    ds4_tf32_split(a[(g + 8) * ld + k + c + 4], hi[3], lo[3]);
+}
+#endif
+
+// Dynamic shared memory ds4_attention_tc takes for head width hd (the host computes the
+// same: ds4::att_tc_smem).
+#define DS4_ATC_SMEM(hd) \
+    (4 * ((DS4_ATC_HEADS + 2 * DS4_ATC_KEYS) * ((hd) + 4) + DS4_ATC_HEADS * DS4_ATC_PLD + 4 * DS4_ATC_HEADS + 2 * DS4_ATC_KEYS))
+
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
+    ds4_attention_tc(const float* __restrict__ q, const float* __restrict__ kv,
+                     const float* __restrict__ ring, const float* __restrict__ rows,
+                     const int* __restrict__ sel, const float* __restrict__ sinks,
+                     const int* __restrict__ pos, int heads, int hd, int window, int ratio,
+                     int mode, int k_sel, int cap, float scale, float* __restrict__ out,
+                     int kper, float* __restrict__ part, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_TC);
+#if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
+    (void)kper;
+    (void)part;
+    extern __shared__ __attribute__((aligned(16))) float ds4_atc_dyn[];
+    const int ld = hd + 4;
+    const ds4_atc_smem_t s = ds4_atc_carve(ds4_atc_dyn, ld);
+    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3, hg = warp & 3, half = warp >> 2;
+    const int h0 = blockIdx.x * DS4_ATC_HEADS, hd4 = hd / 4, p0 = pos[0];
+    int first, n_win;
+    const int n_keys = ds4_att_keys(pos[t], window, mode, ratio, cap, k_sel, first, n_win);
+    const int tiles = (n_keys + DS4_ATC_KEYS - 1) / DS4_ATC_KEYS;
+    // The first tile's rows on their way while the queries are staged, and the second
+    // tile's selection entries.
+    const int* tsel = sel + (long long)t * k_sel;
+    int sv[DS4_ATC_PER];
+    ds4_atc_sel(sv, 0, hd4, n_keys, n_win, mode, tsel);
+    ds4_atc_stage(s, ld, 0, 0, sv, n_keys, p0, hd, first, n_win, kv, ring, window, mode, rows, cap);
+    ds4_atc_sel(sv, DS4_ATC_KEYS, hd4, n_keys, n_win, mode, tsel);
+    for (int e = threadIdx.x; e < DS4_ATC_HEADS * hd4; e += blockDim.x) {
+        const int hh = e / hd4, c4 = e % hd4;
+        *(gpu_f4*)(s.qs + hh * ld + 4 * c4) =
+            h0 + hh < heads ? ((const gpu_f4*)(q + ((long long)t * heads + h0 + hh) * hd))[c4]
+                            : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
+    // This warp's rows (heads 16 hg + g and + 8 of the block): their running max, sum
+    // over this warp's half of the keys, and the O fragments of its half of the columns.
+    const int cols = hd / 2, cb = half * cols;
+    float mr[2] = {DS4_NEG_INF, DS4_NEG_INF}, lr[2] = {0.0f, 0.0f};
+    float o[DS4_HEAD_MAX / 16][4];
+#pragma unroll
+    for (int j = 0; j < DS4_HEAD_MAX / 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    const float* qa = s.qs + 16 * hg * ld;
+    for (int it = 0; it < tiles; ++it) {
+        const int b = it & 1, k0 = it * DS4_ATC_KEYS;
+        gpu_cp_wait<0>();
+        __syncthreads();  // tile it in every thread's view; tile it - 1 done with by all
+        if (it + 1 < tiles) {
+            ds4_atc_stage(s, ld, b ^ 1, k0 + DS4_ATC_KEYS, sv, n_keys, p0, hd, first, n_win, kv,
+                          ring, window, mode, rows, cap);
+            ds4_atc_sel(sv, k0 + 2 * DS4_ATC_KEYS, hd4, n_keys, n_win, mode, tsel);
+        }
+        const int* kok = s.kok + b * DS4_ATC_KEYS;
+        int any = 0;
+#pragma unroll
+        for (int kk = 0; kk < DS4_ATC_KEYS; ++kk) any |= kok[kk];
+        if (!any) continue;  // only null keys (the same for the whole block)
+        const float* kb = s.ks + b * DS4_ATC_KEYS * ld;
+        // S: heads 16 hg .. x keys 8 half .. of the tile.
+        float sm[2][4] = {}, ss[2][4] = {};
+        const float* kr = kb + (8 * half + g) * ld;
+        for (int k0 = 0; k0 < hd; k0 += 16) {  // (hd % 16 == 0: two k steps, two chains)
+#pragma unroll
+            for (int z = 0; z < 2; ++z) {
+                const int k = k0 + 8 * z;
+                unsigned int ah[4], al[4], bh0, bl0, bh1, bl1;
+                ds4_atc_afrag(qa, ld, k, ah, al);
+                ds4_tf32_split(kr[k + c], bh0, bl0);
+                ds4_tf32_split(kr[k + c + 4], bh1, bl1);
+                ds4_mma3(sm[z], ss[z], ah, al, bh0, bh1, bl0, bl1);
+            }
+        }
+        // Logits of keys 8 half + 2c, + 1 for rows g (x[0], x[1]) and g + 8 (x[2], x[3]).
+        float x[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int kk = 8 * half + 2 * c + (i & 1);
+            const float dot = (ss[0][i] + ss[1][i]) + (sm[0][i] + sm[1][i]);
+            x[i] = k0 + kk < n_keys && kok[kk] ? dot * scale : DS4_NEG_INF;
+        }
+        float mx[2] = {fmaxf(x[0], x[1]), fmaxf(x[2], x[3])};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], gpu_shfl_xor(mx[r], 1));
+            mx[r] = fmaxf(mx[r], gpu_shfl_xor(mx[r], 2));
+            if (c == 0) s.xm[half * DS4_ATC_HEADS + 16 * hg + g + 8 * r] = mx[r];
+        }
+        __syncthreads();  // both halves' maxima
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = 16 * hg + g + 8 * r;
+            const float mn = fmaxf(mr[r], fmaxf(s.xm[row], s.xm[DS4_ATC_HEADS + row]));
+            // Nothing valid yet for this row: no change (and no inf - inf).
+            corr[r] = mn == DS4_NEG_INF ? 1.0f : expf(mr[r] - mn);
+            const float e0 = x[2 * r] == DS4_NEG_INF ? 0.0f : expf(x[2 * r] - mn);
+            const float e1 = x[2 * r + 1] == DS4_NEG_INF ? 0.0f : expf(x[2 * r + 1] - mn);
+            *(gpu_f2*)(s.ps + row * DS4_ATC_PLD + 8 * half + 2 * c) = gpu_f2{e0, e1};
+            float e = e0 + e1;
+            e += gpu_shfl_xor(e, 1);
+            e += gpu_shfl_xor(e, 2);
+            lr[r] = lr[r] * corr[r] + e;
+            mr[r] = mn;
+        }
+#pragma unroll
+        for (int j = 0; j < DS4_HEAD_MAX / 16; ++j) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+        __syncthreads();  // P of the whole tile
+        // O: rows 16 hg .. x columns cb .. cb + cols of P V.
+        const float* pa = s.ps + 16 * hg * DS4_ATC_PLD;
+#pragma unroll
+        for (int k = 0; k < DS4_ATC_KEYS; k += 8) {
+            unsigned int ah[4], al[4];
+            ds4_atc_afrag(pa, DS4_ATC_PLD, k, ah, al);
+            const float* v0 = kb + (k + c) * ld + cb + g;
+            const float* v1 = v0 + 4 * ld;
+#pragma unroll
+            for (int j = 0; j < DS4_HEAD_MAX / 16; ++j) {
+                if (8 * j < cols) {  // the same for the whole block
+                    unsigned int bh0, bl0, bh1, bl1;
+                    ds4_tf32_split(v0[8 * j], bh0, bl0);
+                    ds4_tf32_split(v1[8 * j], bh1, bl1);
+                    ds4_mma_tf32(o[j], ah, bl0, bl1);
+                    ds4_mma_tf32(o[j], al, bh0, bh1);
+                    ds4_mma_tf32(o[j], ah, bh0, bh1);
+                }
+            }
+        }
+    }
+    // The other half's sums (its keys), then the sink and the output.
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+        if (c == 0) s.xl[half * DS4_ATC_HEADS + 16 * hg + g + 8 * r] = lr[r];
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = 16 * hg + g + 8 * r, h = h0 + row;
+        if (h >= heads) continue;
+        const float l = s.xl[row] + s.xl[DS4_ATC_HEADS + row];
+        const float sink = sinks[h], mx = fmaxf(sink, mr[r]);
+        const float f = expf(mr[r] - mx), den = expf(sink - mx) + l * f;
+        float* orow = out + ((long long)t * heads + h) * hd + cb;
+#pragma unroll
+        for (int j = 0; j < DS4_HEAD_MAX / 16; ++j)
+            if (8 * j < cols)
+                *(gpu_f2*)(orow + 8 * j + 2 * c) =
+                    gpu_f2{o[j][2 * r] * f / den, o[j][2 * r + 1] * f / den};
+    }
+#else
+    __builtin_trap();  // the host launches it only where the tensor cores run it
+#endif
 }
 
 // Merging one head's splits (slots slot0 .. slot0 + splits - 1 of `slots`, as

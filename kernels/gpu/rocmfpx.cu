@@ -3258,8 +3258,7 @@ GPU_DEV void mmw_lut_fill(mmw_cols& sm) {
 template <int BYTES>
 GPU_DEV void mmw_copy_s(unsigned int dst, const void* src, bool on) {
     if (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(on ? 16 : 0)
-                     : "memory");
+        gpu_cp_async16(dst, src, on);
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(on ? 8 : 0)
                      : "memory");
@@ -3268,10 +3267,10 @@ template <int BYTES>
 GPU_DEV void mmw_copy(void* dst, const void* src, bool on) {
     mmw_copy_s<BYTES>(gpu_smem_addr(dst), src, on);
 }
-GPU_DEV void mmw_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+GPU_DEV void mmw_commit() { gpu_cp_commit(); }
 template <int N>
 GPU_DEV void mmw_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+    gpu_cp_wait<N>();
 }
 GPU_DEV void mmw_mma(float* d, unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
                      unsigned int b0, unsigned int b1) {

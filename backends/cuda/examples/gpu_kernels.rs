@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use moe_backend_cuda::{
     ops::{
-        id_nosort, mmq_kernel, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4, FORCE_FP4_MMA,
-        FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW,
-        FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
+        id_nosort, mmq_kernel, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4, FORCE_ATT_TC,
+        FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW,
+        FORCE_MMW_NARROW, FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -2710,8 +2710,9 @@ fn attention_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// reference: each token's window (older positions from the ring, the chunk's own from
 /// kv), then the compressed rows (all visible ones, or its selection with unused -1s and
 /// entries past the rows), softmax with the sink. `ds4_attention_heads` (two heads a
-/// warp) and `ds4_attention_heads4` (four a warp, its staging a pipeline), each within
-/// 1e-5 of the largest value, the latter the same bits over 20 reruns.
+/// warp), `ds4_attention_heads4` (four a warp, its staging a pipeline) and
+/// `ds4_attention_tc` (the tensor cores, three TF32 products a pair), each within 1e-5
+/// of the largest value, the latter two the same bits over 20 reruns.
 fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== SPARSE_ATTENTION, a prefill chunk, vs f64 reference ==");
     let mut all = true;
@@ -2740,6 +2741,18 @@ fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             4,
             150,
             0,
+        ),
+        (
+            "64 x 512, 20 tokens at 131000, 512 of 32768 rows",
+            64,
+            512,
+            128,
+            20,
+            131000,
+            2,
+            4,
+            32768,
+            512,
         ),
         (
             "40 x 256, 33 tokens at 0, window only",
@@ -2834,8 +2847,11 @@ fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             let k = |name: &str| device_launches(&before, &after, name);
             (
                 g.read_f32(bout, 0, hd * heads * n),
-                k("ds4_attention_heads"),
-                k("ds4_attention_heads4"),
+                [
+                    k("ds4_attention_heads"),
+                    k("ds4_attention_heads4"),
+                    k("ds4_attention_tc"),
+                ],
             )
         };
         let two = run();
@@ -2843,17 +2859,23 @@ fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         let four = run();
         let repeats = (0..20).all(|_| same_bits(&run().0, &four.0));
         FORCE_ATT_HPW4.store(false, Ordering::Relaxed);
-        let (e2, e4) = (rel(&two.0, &want), rel(&four.0, &want));
-        let launches = (two.1, two.2, four.1, four.2) == (1, 0, 0, 1);
-        let ok = e2.max(e4) <= 1e-5 && repeats && launches;
+        FORCE_ATT_TC.store(true, Ordering::Relaxed);
+        let tc = run();
+        let tc_repeats = (0..20).all(|_| same_bits(&run().0, &tc.0));
+        FORCE_ATT_TC.store(false, Ordering::Relaxed);
+        let (e2, e4, etc) = (rel(&two.0, &want), rel(&four.0, &want), rel(&tc.0, &want));
+        let launches = (two.1, four.1, tc.1) == ([1, 0, 0], [0, 1, 0], [0, 0, 1]);
+        let ok = e2.max(e4).max(etc) <= 1e-5 && repeats && tc_repeats && launches;
         all &= ok;
         println!(
-            "{name:<42}: two heads a warp {e2:.2e}, four heads a warp (pipelined) {e4:.2e}, 20 reruns bit-identical {repeats}, launches {} {}",
+            "{name:<50}: two heads a warp {e2:.2e}, four {e4:.2e}, tensor cores {etc:.2e}, 20 reruns bit-identical {}, launches {} {}",
+            repeats && tc_repeats,
             if launches { "as expected" } else { "WRONG" },
             if ok { "ok" } else { "FAIL" }
         );
         json.push(format!(
-            "{{\"test\":\"attention_prefill\",\"case\":\"{name}\",\"hpw2_rel\":{e2:e},\"hpw4_rel\":{e4:e},\"repeats\":{repeats},\"launches\":{launches},\"ok\":{ok}}}"
+            "{{\"test\":\"attention_prefill\",\"case\":\"{name}\",\"hpw2_rel\":{e2:e},\"hpw4_rel\":{e4:e},\"tc_rel\":{etc:e},\"repeats\":{},\"launches\":{launches},\"ok\":{ok}}}",
+            repeats && tc_repeats
         ));
         for buf in [bq, bkv, bring, brows, bsk, bsel, bpos, bout] {
             into_result((g.be.free)(buf)).unwrap();

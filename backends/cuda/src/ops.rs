@@ -14,7 +14,9 @@ use std::{
 };
 
 use cudarc::driver::{result as cu, sys};
-pub use moe_gpu_common::ds4::{FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4, FORCE_HC_GSYNC};
+pub use moe_gpu_common::ds4::{
+    FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4, FORCE_ATT_TC, FORCE_HC_GSYNC,
+};
 use moe_gpu_common::ops::{self as plan, bytes_of, check_placement, Launch};
 pub use moe_gpu_common::ops::{
     id_nosort, FORCE_FP4_MMA, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
@@ -203,6 +205,10 @@ impl plan::Gpu for Stream<'_> {
             true => room.min(plan::mmw_smem(plan::TYPE_ROCMFP4, 16)),
             false => room,
         }
+    }
+
+    fn attention_tc_smem(&self) -> u32 {
+        self.module.att_tc_smem
     }
 
     fn bf16_streamed_rows(&self) -> u32 {

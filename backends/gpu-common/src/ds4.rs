@@ -21,6 +21,12 @@ const ATT_HEADS_PER_BLOCK: u64 = 16;
 const ATT_HEADS_WARPS: u32 = 8;
 /// `ds4_attention_heads4`: heads a block (8 warps x DS4_ATH4_HPW).
 const ATT_HEADS4_PER_BLOCK: u64 = 32;
+/// `ds4_attention_tc`: heads a block, keys a tile, threads a block, a P row's stride
+/// (DS4_ATC_HEADS, DS4_ATC_KEYS, DS4_ATC_WARPS, DS4_ATC_PLD).
+const ATT_TC_HEADS: u64 = 64;
+const ATT_TC_KEYS: u64 = 16;
+const ATT_TC_THREADS: u32 = 256;
+const ATT_TC_PLD: u64 = ATT_TC_KEYS + 4;
 /// `ds4_attention_grp`: heads a block, warps a block (DS4_ATG_HEADS, DS4_ATG_WARPS).
 const ATT_GRP_HEADS: u64 = 4;
 const ATT_GRP_WARPS: u32 = 8;
@@ -1037,6 +1043,30 @@ fn att_hpw4_on() -> bool {
         || *ON.get_or_init(|| std::env::var("MOE_GPU_ATT_HPW").is_ok_and(|v| v.trim() == "4"))
 }
 
+/// Dynamic shared memory `ds4_attention_tc` takes for head width `hd` (DS4_ATC_SMEM):
+/// the queries and two key tiles at row stride hd + 4, P, the rows' maxima and sums,
+/// the keys' flags.
+fn att_tc_smem(hd: u64) -> u64 {
+    4 * ((ATT_TC_HEADS + 2 * ATT_TC_KEYS) * (hd + 4)
+        + ATT_TC_HEADS * ATT_TC_PLD
+        + 4 * ATT_TC_HEADS
+        + 2 * ATT_TC_KEYS)
+}
+
+/// Whether a prefill chunk's attention runs on the tensor cores (`ds4_attention_tc`):
+/// `MOE_GPU_ATT_TC=1` (opt-in until measured; read once) or FORCE_ATT_TC, head width a
+/// multiple of 16, and the backend gives the kernel its shared memory.
+fn att_tc(gpu: &impl Gpu, hd: u64) -> Option<u32> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = FORCE_ATT_TC.load(std::sync::atomic::Ordering::Relaxed)
+        || *ON.get_or_init(|| env_force("MOE_GPU_ATT_TC") == Some(true));
+    let smem = att_tc_smem(hd);
+    (on && hd.is_multiple_of(16) && smem <= gpu.attention_tc_smem() as u64).then_some(smem as u32)
+}
+
+/// Forces `ds4_attention_tc` for prefill chunks where it runs (device tests).
+pub static FORCE_ATT_TC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Forces `ds4_attention_heads4` for prefill chunks (device tests).
 pub static FORCE_ATT_HPW4: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
@@ -1257,7 +1287,16 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
                 && s.numel() >= ops::sparse_attention_sync_words(heads)
         })
         .map(|s| (s, att_grp_splits(max_keys, heads, gpu.multiprocessors())));
-    if heads_ok && n >= ATT_HEADS_MIN_TOKENS {
+    let tc = att_tc(gpu, hd).filter(|_| heads_ok && n >= ATT_HEADS_MIN_TOKENS);
+    if let Some(smem) = tc {
+        att.i(0).p(0).launch_smem(
+            gpu,
+            "ds4_attention_tc",
+            (heads.div_ceil(ATT_TC_HEADS), n, 1),
+            ATT_TC_THREADS,
+            smem,
+        )?;
+    } else if heads_ok && n >= ATT_HEADS_MIN_TOKENS {
         let (name, per_block) = att_heads_prefill(att_hpw4_on());
         att.i(0).p(0).launch(
             gpu,

@@ -1478,6 +1478,11 @@ pub trait Gpu {
     fn bf16_streamed(&self) -> u32 {
         0
     }
+    /// Bytes of dynamic shared memory `ds4_attention_tc` (a prefill chunk's attention on
+    /// the tensor cores: CUDA sm_80+) may take; 0 where it does not run.
+    fn attention_tc_smem(&self) -> u32 {
+        0
+    }
     /// Rows a warp of the streamed bf16 tiles takes: 16 (`mmw_dense` / `mmw_id`, 256
     /// threads) or 32 (`mmw_dense_m2` / `mmw_id_m2`, 128 threads: each activation
     /// fragment feeds two products).
