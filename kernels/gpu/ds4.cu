@@ -1062,6 +1062,15 @@ GPU_DEV void ds4_tf32_split(float x, unsigned int& hi, unsigned int& lo) {
     lo = ds4_tf32(x - __int_as_float((int)hi));
 }
 
+// x as hi + lo truncated to TF32 (the low 13 bits cleared): three instructions, where
+// cvt.rna compiles to several on sm_90 (the attention's logits loop: 19 instructions an
+// mma with it, 8 with this). hi is within 2^-10 of x and lo within 2^-10 of the rest, so
+// hi + lo is within 2^-20 of x, toward zero (cvt.rna's split: ~2^-22).
+GPU_DEV void ds4_tf32_split_t(float x, unsigned int& hi, unsigned int& lo) {
+    hi = (unsigned int)__float_as_int(x) & 0xffffe000u;
+    lo = (unsigned int)__float_as_int(x - __int_as_float((int)hi)) & 0xffffe000u;
+}
+
 GPU_DEV void ds4_mma_tf32(float* d, const unsigned int (&a)[4], unsigned int b0, unsigned int b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
@@ -2504,38 +2513,37 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 1)
 // memory for the whole pass, and takes the token's keys DS4_ATC_KEYS at a time (the
 // next tile's rows on their way by cp.async while this one is scored). Both products
 // of a tile run as m16n8k8 TF32 mma, each pair of f32 values as three TF32 products
-// (ds4_tf32_split: about f32's accuracy, as ds4_index_scores_mm_tc): the logits
-// S = Q K^T (16 heads x 8 keys a warp), then O += P V (V = K; 16 heads x hd / 2
-// columns a warp, its 32 C fragments in registers for the whole pass). Warp w keeps
-// head group w % 4 in both products (its rows' running max and its correction stay
-// in registers); w / 4 is its half of a tile's keys for S and its half of the
-// columns for O. The two key halves' maxima meet in shared memory, and each warp's
-// sum over its half of the keys is added to the other's at the end (both scale with
-// the same running max). The same online softmax with the sink as the heads kernels,
-// in another summation order.
-// Needs hd % 16 == 0, hd <= DS4_HEAD_MAX, q / kv / ring / rows 16-byte aligned, and
-// ds4_atc_smem(hd) bytes of dynamic shared memory; kper = 0 (part unused).
+// (hi hi + hi lo + lo hi, ds4_tf32_split_t: about f32's accuracy). Warp w takes head
+// group w % 4 (16 heads) and half w / 4 of the head width: the logits S = Q K^T of all
+// 16 keys over its half of the dims, added to the other half's through shared memory
+// (both warps of a group then hold the same logits, maxima and weights), then
+// O += P V (V = K) for its half of the output columns, P straight from the logits'
+// registers (the C fragment of S is the A fragment of P V with k taken as keys 2c,
+// 2c + 1 of each 8: any order of k gives the same products, and V's rows then sit on
+// 32 banks). A tile's P V goes into fresh accumulators, added to O after the running
+// max's correction in f32 FMAs. The same online softmax with the sink as the heads
+// kernels, in another summation order.
+// Needs hd % 16 == 0, hd <= DS4_HEAD_MAX, q / kv / ring / rows / out 16-byte aligned,
+// and DS4_ATC_SMEM(hd) bytes of dynamic shared memory; kper = 0 (part unused).
 // grid = (ceil(heads / DS4_ATC_HEADS), n), block = 32 * DS4_ATC_WARPS.
 #define DS4_ATC_HEADS 64
 #define DS4_ATC_KEYS 16
 #define DS4_ATC_WARPS 8
-#define DS4_ATC_PLD (DS4_ATC_KEYS + 4)  // a P row's stride: the A fragments' loads hit 32 banks
 #if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
 // Shared memory (floats; the row stride hd + 4 puts a fragment's 8 rows x 4 columns on
-// 32 banks): Q [64][ld], K [2][16][ld], P [64][PLD], the tile maxima [2][64], the sums
-// [2][64], then the keys' flags [2][16] (ints).
+// 32 banks): Q [64][ld], K [2][16][ld], the warps' partial logits [2][8][32] float4s,
+// then the keys' flags [2][16] (ints).
 struct ds4_atc_smem_t {
-    float *qs, *ks, *ps, *xm, *xl;
+    float *qs, *ks;
+    gpu_f4* xs;
     int* kok;
 };
 GPU_DEV ds4_atc_smem_t ds4_atc_carve(float* base, int ld) {
     ds4_atc_smem_t s;
     s.qs = base;
     s.ks = s.qs + DS4_ATC_HEADS * ld;
-    s.ps = s.ks + 2 * DS4_ATC_KEYS * ld;
-    s.xm = s.ps + DS4_ATC_HEADS * DS4_ATC_PLD;
-    s.xl = s.xm + 2 * DS4_ATC_HEADS;
-    s.kok = (int*)(s.xl + 2 * DS4_ATC_HEADS);
+    s.xs = (gpu_f4*)(s.ks + 2 * DS4_ATC_KEYS * ld);
+    s.kok = (int*)(s.xs + 2 * DS4_ATC_WARPS * 32);
     return s;
 }
 
@@ -2577,44 +2585,33 @@ GPU_DEV void ds4_atc_stage(const ds4_atc_smem_t& s, int ld, int b, int k0, const
     gpu_cp_commit();
 }
 
-// The three TF32 products of a (split) and b += into d: the small terms into ds, the
-// main one into dm (two chains, so consecutive k steps overlap).
-GPU_DEV void ds4_mma3(float* dm, float* ds, const unsigned int (&ah)[4], const unsigned int (&al)[4],
+// The three TF32 products of a (hi, lo) and b (hi b0 b1, lo b0 b1) into d: the small
+// terms first.
+GPU_DEV void ds4_mma3(float* d, const unsigned int (&ah)[4], const unsigned int (&al)[4],
                       unsigned int bh0, unsigned int bh1, unsigned int bl0, unsigned int bl1) {
-    ds4_mma_tf32(ds, ah, bl0, bl1);
-    ds4_mma_tf32(ds, al, bh0, bh1);
-    ds4_mma_tf32(dm, ah, bh0, bh1);
-}
-
-// A fragment (16 x 8, rows r0 and r0 + 8 at stride ld, columns k + c and k + c + 4) as
-// TF32 hi and lo parts.
-GPU_DEV void ds4_atc_afrag(const float* a, int ld, int k, unsigned int (&hi)[4], unsigned int (&lo)[4]) {
-    const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
-    ds4_tf32_split(a[g * ld + k + c], hi[0], lo[0]);
-    ds4_tf32_split(a[(g + 8) * ld + k + c], hi[1], lo[1]);
-    ds4_tf32_split(a[g * ld + k + c + 4], hi[2], lo[2]);
-    ds4_tf32_split(a[(g + 8) * ld + k + c + 4], hi[3], lo[3]);
+    ds4_mma_tf32(d, ah, bl0, bl1);
+    ds4_mma_tf32(d, al, bh0, bh1);
+    ds4_mma_tf32(d, ah, bh0, bh1);
 }
 #endif
 
-// Dynamic shared memory ds4_attention_tc takes for head width hd (the host computes the
-// same: ds4::att_tc_smem).
+// Dynamic shared memory ds4_attention_tc takes for head width hd (the host's
+// ds4::att_tc_smem computes the same).
 #define DS4_ATC_SMEM(hd) \
-    (4 * ((DS4_ATC_HEADS + 2 * DS4_ATC_KEYS) * ((hd) + 4) + DS4_ATC_HEADS * DS4_ATC_PLD + 4 * DS4_ATC_HEADS + 2 * DS4_ATC_KEYS))
+    (4 * ((DS4_ATC_HEADS + 2 * DS4_ATC_KEYS) * ((hd) + 4) + 2 * DS4_ATC_WARPS * 32 * 4 + 2 * DS4_ATC_KEYS))
 
-extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
-    ds4_attention_tc(const float* __restrict__ q, const float* __restrict__ kv,
-                     const float* __restrict__ ring, const float* __restrict__ rows,
-                     const int* __restrict__ sel, const float* __restrict__ sinks,
-                     const int* __restrict__ pos, int heads, int hd, int window, int ratio,
-                     int mode, int k_sel, int cap, float scale, float* __restrict__ out,
-                     int kper, float* __restrict__ part, unsigned int* counters) {
-    gpu_count_launch(counters, KID_DS4_ATTENTION_TC);
 #if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
-    (void)kper;
-    (void)part;
+// ds4_attention_tc's body for head width HD (0: hd as given; V4-Flash's 512 has its own
+// copy, whose shared-memory offsets are constants).
+template <int HD>
+GPU_DEV void ds4_atc_body(const float* __restrict__ q, const float* __restrict__ kv,
+                          const float* __restrict__ ring, const float* __restrict__ rows,
+                          const int* __restrict__ sel, const float* __restrict__ sinks,
+                          const int* __restrict__ pos, int heads, int hd_arg, int window,
+                          int ratio, int mode, int k_sel, int cap, float scale,
+                          float* __restrict__ out) {
     extern __shared__ __attribute__((aligned(16))) float ds4_atc_dyn[];
-    const int ld = hd + 4;
+    const int hd = HD ? HD : hd_arg, ld = hd + 4;
     const ds4_atc_smem_t s = ds4_atc_carve(ds4_atc_dyn, ld);
     const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3, hg = warp & 3, half = warp >> 2;
@@ -2635,14 +2632,14 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
             h0 + hh < heads ? ((const gpu_f4*)(q + ((long long)t * heads + h0 + hh) * hd))[c4]
                             : gpu_f4{0.0f, 0.0f, 0.0f, 0.0f};
     }
-    // This warp's rows (heads 16 hg + g and + 8 of the block): their running max, sum
-    // over this warp's half of the keys, and the O fragments of its half of the columns.
+    // This warp's rows (heads 16 hg + g and + 8 of the block): their running max and
+    // sum, and the O fragments of its half of the columns (cb ..).
     const int cols = hd / 2, cb = half * cols;
     float mr[2] = {DS4_NEG_INF, DS4_NEG_INF}, lr[2] = {0.0f, 0.0f};
     float o[DS4_HEAD_MAX / 16][4];
 #pragma unroll
     for (int j = 0; j < DS4_HEAD_MAX / 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    const float* qa = s.qs + 16 * hg * ld;
+    const float* qa = s.qs + 16 * hg * ld + cb;
     for (int it = 0; it < tiles; ++it) {
         const int b = it & 1, k0 = it * DS4_ATC_KEYS;
         gpu_cp_wait<0>();
@@ -2658,93 +2655,101 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
         for (int kk = 0; kk < DS4_ATC_KEYS; ++kk) any |= kok[kk];
         if (!any) continue;  // only null keys (the same for the whole block)
         const float* kb = s.ks + b * DS4_ATC_KEYS * ld;
-        // S: heads 16 hg .. x keys 8 half .. of the tile.
-        float sm[2][4] = {}, ss[2][4] = {};
-        const float* kr = kb + (8 * half + g) * ld;
-        for (int k0 = 0; k0 < hd; k0 += 16) {  // (hd % 16 == 0: two k steps, two chains)
+        // S over dims cb .. cb + cols: keys 8 kt .. + 7 in C fragment kt, its small
+        // terms in two more chains (three chains of hd / 16 mma, not one of 3 hd / 16).
+        float sm[2][4] = {}, sa[2][4] = {}, sb[2][4] = {};
+        for (int d = 0; d < cols; d += 8) {
+            unsigned int ah[4], al[4];
+            ds4_tf32_split_t(qa[g * ld + d + c], ah[0], al[0]);
+            ds4_tf32_split_t(qa[(g + 8) * ld + d + c], ah[1], al[1]);
+            ds4_tf32_split_t(qa[g * ld + d + c + 4], ah[2], al[2]);
+            ds4_tf32_split_t(qa[(g + 8) * ld + d + c + 4], ah[3], al[3]);
 #pragma unroll
-            for (int z = 0; z < 2; ++z) {
-                const int k = k0 + 8 * z;
-                unsigned int ah[4], al[4], bh0, bl0, bh1, bl1;
-                ds4_atc_afrag(qa, ld, k, ah, al);
-                ds4_tf32_split(kr[k + c], bh0, bl0);
-                ds4_tf32_split(kr[k + c + 4], bh1, bl1);
-                ds4_mma3(sm[z], ss[z], ah, al, bh0, bh1, bl0, bl1);
+            for (int kt = 0; kt < 2; ++kt) {
+                const float* kr = kb + (8 * kt + g) * ld + cb + d;
+                unsigned int bh0, bl0, bh1, bl1;
+                ds4_tf32_split_t(kr[c], bh0, bl0);
+                ds4_tf32_split_t(kr[c + 4], bh1, bl1);
+                ds4_mma_tf32(sa[kt], ah, bl0, bl1);
+                ds4_mma_tf32(sb[kt], al, bh0, bh1);
+                ds4_mma_tf32(sm[kt], ah, bh0, bh1);
             }
         }
-        // Logits of keys 8 half + 2c, + 1 for rows g (x[0], x[1]) and g + 8 (x[2], x[3]).
-        float x[4];
+        // Element e = 4 kt + i: row g + 8 (i / 2), key 8 kt + 2c + i % 2. This half's
+        // sums to shared memory, the other half's back, added half 0's first.
+        float x[8];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int kk = 8 * half + 2 * c + (i & 1);
-            const float dot = (ss[0][i] + ss[1][i]) + (sm[0][i] + sm[1][i]);
-            x[i] = k0 + kk < n_keys && kok[kk] ? dot * scale : DS4_NEG_INF;
+        for (int e = 0; e < 8; ++e) x[e] = sm[e >> 2][e & 3] + (sa[e >> 2][e & 3] + sb[e >> 2][e & 3]);
+        s.xs[warp * 32 + lane] = gpu_f4{x[0], x[1], x[2], x[3]};
+        s.xs[(DS4_ATC_WARPS + warp) * 32 + lane] = gpu_f4{x[4], x[5], x[6], x[7]};
+        __syncthreads();  // both halves' sums
+        const gpu_f4 y0 = s.xs[(warp ^ 4) * 32 + lane], y1 = s.xs[(DS4_ATC_WARPS + (warp ^ 4)) * 32 + lane];
+        const float y[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
+        float mx[2] = {DS4_NEG_INF, DS4_NEG_INF};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int kk = 8 * (e >> 2) + 2 * c + (e & 1);
+            const float dot = half == 0 ? x[e] + y[e] : y[e] + x[e];
+            x[e] = k0 + kk < n_keys && kok[kk] ? dot * scale : DS4_NEG_INF;
+            mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], x[e]);
         }
-        float mx[2] = {fmaxf(x[0], x[1]), fmaxf(x[2], x[3])};
+        float corr[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             mx[r] = fmaxf(mx[r], gpu_shfl_xor(mx[r], 1));
             mx[r] = fmaxf(mx[r], gpu_shfl_xor(mx[r], 2));
-            if (c == 0) s.xm[half * DS4_ATC_HEADS + 16 * hg + g + 8 * r] = mx[r];
-        }
-        __syncthreads();  // both halves' maxima
-        float corr[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = 16 * hg + g + 8 * r;
-            const float mn = fmaxf(mr[r], fmaxf(s.xm[row], s.xm[DS4_ATC_HEADS + row]));
+            const float mn = fmaxf(mr[r], mx[r]);
             // Nothing valid yet for this row: no change (and no inf - inf).
             corr[r] = mn == DS4_NEG_INF ? 1.0f : expf(mr[r] - mn);
-            const float e0 = x[2 * r] == DS4_NEG_INF ? 0.0f : expf(x[2 * r] - mn);
-            const float e1 = x[2 * r + 1] == DS4_NEG_INF ? 0.0f : expf(x[2 * r + 1] - mn);
-            *(gpu_f2*)(s.ps + row * DS4_ATC_PLD + 8 * half + 2 * c) = gpu_f2{e0, e1};
-            float e = e0 + e1;
-            e += gpu_shfl_xor(e, 1);
-            e += gpu_shfl_xor(e, 2);
-            lr[r] = lr[r] * corr[r] + e;
+            float sum = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                if (((e >> 1) & 1) != r) continue;
+                x[e] = x[e] == DS4_NEG_INF ? 0.0f : expf(x[e] - mn);  // now P
+                sum += x[e];
+            }
+            sum += gpu_shfl_xor(sum, 1);
+            sum += gpu_shfl_xor(sum, 2);
+            lr[r] = lr[r] * corr[r] + sum;
             mr[r] = mn;
         }
+        // P's A fragments: k-step kt, a0 / a1 = rows g / g + 8 at key 2c, a2 / a3 at 2c + 1.
+        unsigned int ph[2][4], pl[2][4];
+#pragma unroll
+        for (int kt = 0; kt < 2; ++kt) {
+            ds4_tf32_split_t(x[4 * kt], ph[kt][0], pl[kt][0]);
+            ds4_tf32_split_t(x[4 * kt + 2], ph[kt][1], pl[kt][1]);
+            ds4_tf32_split_t(x[4 * kt + 1], ph[kt][2], pl[kt][2]);
+            ds4_tf32_split_t(x[4 * kt + 3], ph[kt][3], pl[kt][3]);
+        }
+        // O: rows 16 hg .. x columns cb .. of P V; B fragment b0 / b1 = V rows 8 kt + 2c,
+        // + 1 at column 8 j + g.
+        const float* v0 = kb + 2 * c * ld + cb + g;
 #pragma unroll
         for (int j = 0; j < DS4_HEAD_MAX / 16; ++j) {
-            o[j][0] *= corr[0];
-            o[j][1] *= corr[0];
-            o[j][2] *= corr[1];
-            o[j][3] *= corr[1];
-        }
-        __syncthreads();  // P of the whole tile
-        // O: rows 16 hg .. x columns cb .. cb + cols of P V.
-        const float* pa = s.ps + 16 * hg * DS4_ATC_PLD;
+            if (8 * j < cols) {  // the same for the whole block
+                float dj[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int k = 0; k < DS4_ATC_KEYS; k += 8) {
-            unsigned int ah[4], al[4];
-            ds4_atc_afrag(pa, DS4_ATC_PLD, k, ah, al);
-            const float* v0 = kb + (k + c) * ld + cb + g;
-            const float* v1 = v0 + 4 * ld;
-#pragma unroll
-            for (int j = 0; j < DS4_HEAD_MAX / 16; ++j) {
-                if (8 * j < cols) {  // the same for the whole block
+                for (int kt = 0; kt < 2; ++kt) {
                     unsigned int bh0, bl0, bh1, bl1;
-                    ds4_tf32_split(v0[8 * j], bh0, bl0);
-                    ds4_tf32_split(v1[8 * j], bh1, bl1);
-                    ds4_mma_tf32(o[j], ah, bl0, bl1);
-                    ds4_mma_tf32(o[j], al, bh0, bh1);
-                    ds4_mma_tf32(o[j], ah, bh0, bh1);
+                    ds4_tf32_split_t(v0[8 * kt * ld + 8 * j], bh0, bl0);
+                    ds4_tf32_split_t(v0[(8 * kt + 1) * ld + 8 * j], bh1, bl1);
+                    ds4_mma3(dj, ph[kt], pl[kt], bh0, bh1, bl0, bl1);
                 }
+                o[j][0] = fmaf(o[j][0], corr[0], dj[0]);
+                o[j][1] = fmaf(o[j][1], corr[0], dj[1]);
+                o[j][2] = fmaf(o[j][2], corr[1], dj[2]);
+                o[j][3] = fmaf(o[j][3], corr[1], dj[3]);
             }
         }
     }
-    // The other half's sums (its keys), then the sink and the output.
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-        if (c == 0) s.xl[half * DS4_ATC_HEADS + 16 * hg + g + 8 * r] = lr[r];
-    __syncthreads();
+    // The sink, then the output.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int row = 16 * hg + g + 8 * r, h = h0 + row;
+        const int h = h0 + 16 * hg + g + 8 * r;
         if (h >= heads) continue;
-        const float l = s.xl[row] + s.xl[DS4_ATC_HEADS + row];
         const float sink = sinks[h], mx = fmaxf(sink, mr[r]);
-        const float f = expf(mr[r] - mx), den = expf(sink - mx) + l * f;
+        const float f = expf(mr[r] - mx), den = expf(sink - mx) + lr[r] * f;
         float* orow = out + ((long long)t * heads + h) * hd + cb;
 #pragma unroll
         for (int j = 0; j < DS4_HEAD_MAX / 16; ++j)
@@ -2752,6 +2757,26 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
                 *(gpu_f2*)(orow + 8 * j + 2 * c) =
                     gpu_f2{o[j][2 * r] * f / den, o[j][2 * r + 1] * f / den};
     }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
+    ds4_attention_tc(const float* __restrict__ q, const float* __restrict__ kv,
+                     const float* __restrict__ ring, const float* __restrict__ rows,
+                     const int* __restrict__ sel, const float* __restrict__ sinks,
+                     const int* __restrict__ pos, int heads, int hd, int window, int ratio,
+                     int mode, int k_sel, int cap, float scale, float* __restrict__ out,
+                     int kper, float* __restrict__ part, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_TC);
+    (void)kper;
+    (void)part;
+#if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
+    if (hd == DS4_HEAD_MAX)
+        ds4_atc_body<DS4_HEAD_MAX>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio,
+                                   mode, k_sel, cap, scale, out);
+    else
+        ds4_atc_body<0>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio, mode, k_sel,
+                        cap, scale, out);
 #else
     __builtin_trap();  // the host launches it only where the tensor cores run it
 #endif

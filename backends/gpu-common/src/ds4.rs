@@ -21,12 +21,11 @@ const ATT_HEADS_PER_BLOCK: u64 = 16;
 const ATT_HEADS_WARPS: u32 = 8;
 /// `ds4_attention_heads4`: heads a block (8 warps x DS4_ATH4_HPW).
 const ATT_HEADS4_PER_BLOCK: u64 = 32;
-/// `ds4_attention_tc`: heads a block, keys a tile, threads a block, a P row's stride
-/// (DS4_ATC_HEADS, DS4_ATC_KEYS, DS4_ATC_WARPS, DS4_ATC_PLD).
+/// `ds4_attention_tc`: heads a block, keys a tile, threads a block (DS4_ATC_HEADS,
+/// DS4_ATC_KEYS, 32 * DS4_ATC_WARPS).
 const ATT_TC_HEADS: u64 = 64;
 const ATT_TC_KEYS: u64 = 16;
 const ATT_TC_THREADS: u32 = 256;
-const ATT_TC_PLD: u64 = ATT_TC_KEYS + 4;
 /// `ds4_attention_grp`: heads a block, warps a block (DS4_ATG_HEADS, DS4_ATG_WARPS).
 const ATT_GRP_HEADS: u64 = 4;
 const ATT_GRP_WARPS: u32 = 8;
@@ -1044,13 +1043,10 @@ fn att_hpw4_on() -> bool {
 }
 
 /// Dynamic shared memory `ds4_attention_tc` takes for head width `hd` (DS4_ATC_SMEM):
-/// the queries and two key tiles at row stride hd + 4, P, the rows' maxima and sums,
-/// the keys' flags.
+/// the queries and two key tiles at row stride hd + 4, the warps' partial logits (8
+/// floats a thread), the keys' flags.
 fn att_tc_smem(hd: u64) -> u64 {
-    4 * ((ATT_TC_HEADS + 2 * ATT_TC_KEYS) * (hd + 4)
-        + ATT_TC_HEADS * ATT_TC_PLD
-        + 4 * ATT_TC_HEADS
-        + 2 * ATT_TC_KEYS)
+    4 * ((ATT_TC_HEADS + 2 * ATT_TC_KEYS) * (hd + 4) + 8 * ATT_TC_THREADS as u64 + 2 * ATT_TC_KEYS)
 }
 
 /// Whether a prefill chunk's attention runs on the tensor cores (`ds4_attention_tc`):
