@@ -2775,7 +2775,8 @@ fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             v(hd * cap),
             v(heads),
         );
-        let sel: Vec<i32> = (0..(k_sel * n).max(1))
+        // (one entry a token where none is selected: the op's [k, n] shape needs k >= 1)
+        let sel: Vec<i32> = (0..k_sel.max(1) * n)
             .map(|j| match j % 37 {
                 5 => -1,
                 11 => (cap + 2) as i32, // past the rows: skipped
@@ -2854,15 +2855,16 @@ fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                 ],
             )
         };
+        FORCE_ATT_TC.store(2, Ordering::Relaxed);
         let two = run();
         FORCE_ATT_HPW4.store(true, Ordering::Relaxed);
         let four = run();
         let repeats = (0..20).all(|_| same_bits(&run().0, &four.0));
         FORCE_ATT_HPW4.store(false, Ordering::Relaxed);
-        FORCE_ATT_TC.store(true, Ordering::Relaxed);
+        FORCE_ATT_TC.store(1, Ordering::Relaxed);
         let tc = run();
         let tc_repeats = (0..20).all(|_| same_bits(&run().0, &tc.0));
-        FORCE_ATT_TC.store(false, Ordering::Relaxed);
+        FORCE_ATT_TC.store(0, Ordering::Relaxed);
         let (e2, e4, etc) = (rel(&two.0, &want), rel(&four.0, &want), rel(&tc.0, &want));
         let launches = (two.1, four.1, tc.1) == ([1, 0, 0], [0, 1, 0], [0, 0, 1]);
         let ok = e2.max(e4).max(etc) <= 1e-5 && repeats && tc_repeats && launches;

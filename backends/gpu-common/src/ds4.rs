@@ -1034,8 +1034,9 @@ fn att_heads_prefill(four: bool) -> (&'static str, u64) {
     }
 }
 
-/// `MOE_GPU_ATT_HPW=4`: prefill chunks take `ds4_attention_heads4` (opt-in until
-/// measured; read once); tests may force it (FORCE_ATT_HPW4).
+/// `MOE_GPU_ATT_HPW=4`: prefill chunks off the tensor cores take `ds4_attention_heads4`
+/// (opt-in: +2.5% prefill at 32K on an H100, 2026-12-07; read once); tests may force it
+/// (FORCE_ATT_HPW4).
 fn att_hpw4_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     FORCE_ATT_HPW4.load(std::sync::atomic::Ordering::Relaxed)
@@ -1050,18 +1051,22 @@ fn att_tc_smem(hd: u64) -> u64 {
 }
 
 /// Whether a prefill chunk's attention runs on the tensor cores (`ds4_attention_tc`):
-/// `MOE_GPU_ATT_TC=1` (opt-in until measured; read once) or FORCE_ATT_TC, head width a
-/// multiple of 16, and the backend gives the kernel its shared memory.
+/// by default (`MOE_GPU_ATT_TC=0` keeps the heads kernels; read once; FORCE_ATT_TC
+/// overrides), where the head width is a multiple of 16 and the backend gives the
+/// kernel its shared memory. With the dynamic shared memory to launch it with.
 fn att_tc(gpu: &impl Gpu, hd: u64) -> Option<u32> {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = FORCE_ATT_TC.load(std::sync::atomic::Ordering::Relaxed)
-        || *ON.get_or_init(|| env_force("MOE_GPU_ATT_TC") == Some(true));
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = match FORCE_ATT_TC.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => !*OFF.get_or_init(|| env_off("MOE_GPU_ATT_TC")),
+        forced => forced == 1,
+    };
     let smem = att_tc_smem(hd);
     (on && hd.is_multiple_of(16) && smem <= gpu.attention_tc_smem() as u64).then_some(smem as u32)
 }
 
-/// Forces `ds4_attention_tc` for prefill chunks where it runs (device tests).
-pub static FORCE_ATT_TC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// `ds4_attention_tc` for prefill chunks in device tests: 0 as configured, 1 on where
+/// it runs, 2 off.
+pub static FORCE_ATT_TC: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Forces `ds4_attention_heads4` for prefill chunks (device tests).
 pub static FORCE_ATT_HPW4: std::sync::atomic::AtomicBool =
@@ -1730,9 +1735,11 @@ mod tests {
     /// One recorded launch: (kernel, grid, block, parameter count).
     type Launched = (&'static str, (u32, u32, u32), u32, usize);
 
-    /// Records launches; reports `.1` multiprocessors (0: unknown, as the trait's default).
+    /// Records launches; reports `.1` multiprocessors (0: unknown, as the trait's default)
+    /// and `.2` bytes of shared memory for `ds4_attention_tc` (0: it does not run), and
+    /// records each launch's dynamic shared memory in `.3`.
     #[derive(Default)]
-    struct Rec(RefCell<Vec<Launched>>, u32);
+    struct Rec(RefCell<Vec<Launched>>, u32, u32, RefCell<Vec<u32>>);
 
     impl Gpu for Rec {
         fn ptr(&self, _t: &TensorRef, _align: u64) -> Result<u64, String> {
@@ -1747,8 +1754,20 @@ mod tests {
                 .push((l.name, l.grid, l.block, params.len()));
             Ok(())
         }
+        unsafe fn launch_smem(
+            &self,
+            l: Launch,
+            smem: u32,
+            params: &[*mut c_void],
+        ) -> Result<(), String> {
+            self.3.borrow_mut().push(smem);
+            self.launch(l, params)
+        }
         fn multiprocessors(&self) -> u32 {
             self.1
+        }
+        fn attention_tc_smem(&self) -> u32 {
+            self.2
         }
     }
 
@@ -1950,7 +1969,7 @@ mod tests {
         let topk = |cap: u64, n: u64, sms: u32| {
             let a = [f([cap, n, 1, 1]), i([n, 1, 1, 1]), i([512, n, 1, 1]), words];
             let l = run_on(
-                Rec(Default::default(), sms),
+                Rec(Default::default(), sms, 0, Default::default()),
                 ops::TOPK_ROWS,
                 prm(&[], &[4]),
                 &a,
@@ -2026,7 +2045,7 @@ mod tests {
         dec.extend([f([16, 1, 1, 1]), i([1, 1, 1, 1])]);
         let dec_prm = prm(&[0.1, 1e-6, 1.0], &[4, 2, 16, 1]);
         let l = run_on(
-            Rec(Default::default(), 132),
+            Rec(Default::default(), 132, 0, Default::default()),
             ops::SPARSE_ATTENTION,
             dec_prm,
             &dec,
@@ -2039,7 +2058,7 @@ mod tests {
         let mut plain = one.to_vec();
         plain.extend([f([0, 1, 1, 1]), i([1, 1, 1, 1])]);
         let l = run_on(
-            Rec(Default::default(), 132),
+            Rec(Default::default(), 132, 0, Default::default()),
             ops::SPARSE_ATTENTION,
             prm(&[0.1], &[4, 2, 0, 1]),
             &plain,
@@ -2047,7 +2066,7 @@ mod tests {
         assert_eq!((l[0].0, l.len()), ("ds4_attention_dec", 1));
         // Without the long-context hint: a block a head.
         let l = run_on(
-            Rec(Default::default(), 132),
+            Rec(Default::default(), 132, 0, Default::default()),
             ops::SPARSE_ATTENTION,
             prm(&[0.1], &[4, 2]),
             &plain,
@@ -2060,7 +2079,7 @@ mod tests {
         let mut wide = att_for(40, 1).to_vec();
         wide.extend([f([16, 1, 1, 1]), i([2, 1, 1, 1])]);
         let e = run(
-            &Rec(Default::default(), 132),
+            &Rec(Default::default(), 132, 0, Default::default()),
             ops::SPARSE_ATTENTION,
             &dec_prm,
             &wide,
@@ -2082,10 +2101,15 @@ mod tests {
         ]);
         let short = prm(&[0.1, 1e-6, 1.0], &[4, 2, 16]);
         let on_132 = |p: OpParams, a: &[TensorRef]| {
-            run_on(Rec(Default::default(), 132), ops::SPARSE_ATTENTION, p, a)
-                .iter()
-                .map(|x| (x.0, x.1, x.2))
-                .collect::<Vec<_>>()
+            run_on(
+                Rec(Default::default(), 132, 0, Default::default()),
+                ops::SPARSE_ATTENTION,
+                p,
+                a,
+            )
+            .iter()
+            .map(|x| (x.0, x.1, x.2))
+            .collect::<Vec<_>>()
         };
         assert_eq!(on_132(short, &grp), [("ds4_attention_grp", (2, 1, 2), 256)]);
         assert_eq!(on_132(short, &dec)[0].0, "ds4_attention");
@@ -2106,7 +2130,7 @@ mod tests {
         );
         // Not forced (nor MOE_GPU_ATT_DEC=1): the heads kernel + merge.
         let l = run_on(
-            Rec(Default::default(), 132),
+            Rec(Default::default(), 132, 0, Default::default()),
             ops::SPARSE_ATTENTION,
             prm(&[0.1], &[4, 2, 0, 1]),
             &plain,
@@ -2143,6 +2167,25 @@ mod tests {
                 ("ds4_window_store", (1, 16, 1), 256),
             ]
         );
+        // Where the backend gives ds4_attention_tc its shared memory (queries, two key
+        // tiles at stride d + 4, 2048 floats of partial logits, 32 flags): a block per 64
+        // heads of a token, that much dynamic shared memory; a byte less, the heads kernel.
+        let tc_smem = 4 * (96 * (d as u32 + 4) + 2048 + 32);
+        assert_eq!(att_tc_smem(512), 206_464);
+        let g = Rec(Default::default(), 132, tc_smem, Default::default());
+        run(&g, ops::SPARSE_ATTENTION, &prm(&[0.1], &[4, 2]), &chunk)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (g.0.borrow()[0].0, g.0.borrow()[0].1, g.3.borrow()[0]),
+            ("ds4_attention_tc", (1, 20, 1), tc_smem)
+        );
+        assert_eq!(sig["ds4_attention_tc"], sig["ds4_attention_heads"]);
+        let g = Rec(Default::default(), 132, tc_smem - 1, Default::default());
+        run(&g, ops::SPARSE_ATTENTION, &prm(&[0.1], &[4, 2]), &chunk)
+            .unwrap()
+            .unwrap();
+        assert_eq!(g.0.borrow()[0].0, "ds4_attention_heads");
         let mut roped = chunk.to_vec();
         roped.push(f([16, 1, 1, 1]));
         let l = run_ok(
