@@ -1079,6 +1079,14 @@ GPU_DEV void ds4_mma_tf32(float* d, const unsigned int (&a)[4], unsigned int b0,
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The operands' TF32 split: rounding (cvt.rna), or with IXM_SPLIT_TRUNC (an A/B
+// option) truncating, as ds4_attention_tc's.
+#if defined(IXM_SPLIT_TRUNC)
+#define DS4_IXM_SPLIT ds4_tf32_split_t
+#else
+#define DS4_IXM_SPLIT ds4_tf32_split
+#endif
+
 // One staged chunk (DS4_IXM_K dims) of the warp's 32 x 64 products. Fragments (g =
 // lane / 4, c = lane % 4): A (16 x 8, row-major) a0 = (g, c), a1 = (g + 8, c), a2 = (g,
 // c + 4), a3 = (g + 8, c + 4); B (8 x 8) b0 = (c, g), b1 = (c + 4, g); C (16 x 8) d0 / d1
@@ -1093,17 +1101,17 @@ GPU_DEV void ds4_ixm_tc_chunk(const float (*As)[DS4_IXM_LD], const float (*Bs)[D
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
             const int m = mb + 16 * mt + g;
-            ds4_tf32_split(As[k + c][m], ah[mt][0], al[mt][0]);
-            ds4_tf32_split(As[k + c][m + 8], ah[mt][1], al[mt][1]);
-            ds4_tf32_split(As[k + c + 4][m], ah[mt][2], al[mt][2]);
-            ds4_tf32_split(As[k + c + 4][m + 8], ah[mt][3], al[mt][3]);
+            DS4_IXM_SPLIT(As[k + c][m], ah[mt][0], al[mt][0]);
+            DS4_IXM_SPLIT(As[k + c][m + 8], ah[mt][1], al[mt][1]);
+            DS4_IXM_SPLIT(As[k + c + 4][m], ah[mt][2], al[mt][2]);
+            DS4_IXM_SPLIT(As[k + c + 4][m + 8], ah[mt][3], al[mt][3]);
         }
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
             const int n = nb + 8 * nt + g;
             unsigned int bh0, bl0, bh1, bl1;
-            ds4_tf32_split(Bs[k + c][n], bh0, bl0);
-            ds4_tf32_split(Bs[k + c + 4][n], bh1, bl1);
+            DS4_IXM_SPLIT(Bs[k + c][n], bh0, bl0);
+            DS4_IXM_SPLIT(Bs[k + c + 4][n], bh1, bl1);
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
                 float* d = &acc[4 * mt + nt / 2][4 * (nt & 1)];

@@ -260,14 +260,17 @@ fn pdl_graph_only() -> bool {
 /// their loads (the same hint; see `GPU_POLICY_IMM` in kernels/gpu/common.cuh);
 /// `MOE_GPU_HCF_ROUTE_PREFETCH=0` has the MoE site's routing (`MOE_DS4_SITE_ROUTE=1`)
 /// read its router rows without asking L2 for them before the dependent-launch wait
-/// (the same values).
+/// (the same values); `MOE_GPU_IDX_SPLIT=trunc` has the indexer's tensor-core scores
+/// split their f32 operands into TF32 parts by truncation (three instructions, as
+/// `ds4_attention_tc` does) instead of `cvt.rna` (within 2^-20 of each value instead of
+/// 2^-22: other bits, so possibly other rows at the top-k's ties).
 ///
 /// The seven from `MOE_GPU_MMW_ISSUE` to `MOE_GPU_POLICY` are on by default since 2026-12-05 (H200, with `MOE_GPU_PDL_EARLY=graph`:
 /// depth-0 decode 182.8 / 183.1 / 179.0 tok/s against 173.5 / 176.1 / 171.6 in the same
 /// runs, prefill ~1% lower, the fixtures' digits unchanged); `=0` turns each off (A/B runs).
 fn ab_defines(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
     // (variable, the value that switches it on, the define, on when the variable is unset)
-    const SWITCHES: [(&str, &str, &str, bool); 14] = [
+    const SWITCHES: [(&str, &str, &str, bool); 15] = [
         ("MOE_GPU_PLAIN_I2F", "1", "-DGPU_PLAIN_I2F=1", false),
         ("MOE_GPU_MMQ_NARROW", "0", "-DMMQ_NARROW_OFF=1", false),
         (
@@ -292,6 +295,7 @@ fn ab_defines(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
             "-DHCF_ROUTE_NO_PREFETCH=1",
             false,
         ),
+        ("MOE_GPU_IDX_SPLIT", "trunc", "-DIXM_SPLIT_TRUNC=1", false),
     ];
     let mut d: Vec<&str> = SWITCHES
         .iter()
