@@ -3267,11 +3267,6 @@ template <int BYTES>
 GPU_DEV void mmw_copy(void* dst, const void* src, bool on) {
     mmw_copy_s<BYTES>(gpu_smem_addr(dst), src, on);
 }
-GPU_DEV void mmw_commit() { gpu_cp_commit(); }
-template <int N>
-GPU_DEV void mmw_wait() {
-    gpu_cp_wait<N>();
-}
 GPU_DEV void mmw_mma(float* d, unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
                      unsigned int b0, unsigned int b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
@@ -3484,13 +3479,13 @@ static __device__ __attribute__((noinline)) void mmw_tile(unsigned char* smem, c
 #pragma unroll
     for (int s = 0; s < MMW_STAGES - 1; ++s) {
         if (s < stages) issue(s);
-        mmw_commit();  // (empty groups keep the count: stage s is always group s)
+        gpu_cp_commit();  // (empty groups keep the count: stage s is always group s)
     }
     for (int s = 0; s < stages; ++s) {
-        mmw_wait<MMW_STAGES - 2>();  // this thread's copies of stage s are in
+        gpu_cp_wait<MMW_STAGES - 2>();  // this thread's copies of stage s are in
         __syncthreads();             // everyone's are, and stage s - 1's buffer is free
         if (s + MMW_STAGES - 1 < stages) issue(s + MMW_STAGES - 1);
-        mmw_commit();
+        gpu_cp_commit();
         const unsigned char* st = smem + (s % MMW_STAGES) * SB;
         const unsigned char* rows = st + wr * WRB;
         const unsigned int* as_ = (const unsigned int*)(st + AOFF);
@@ -3500,7 +3495,7 @@ static __device__ __attribute__((noinline)) void mmw_tile(unsigned char* smem, c
         mmw_block<TY, MT, NT, 2>(rows, as_, lane, aff, lut, acc);
         mmw_block<TY, MT, NT, 3>(rows, as_, lane, aff, lut, acc);
     }
-    mmw_wait<0>();  // (only empty groups are left; none outlives the tile)
+    gpu_cp_wait<0>();  // (only empty groups are left; none outlives the tile)
 #pragma unroll
     for (int i = 0; i < NE; ++i) {
         const int gr = r0 + wr + mma_row<MT, NT>(i, lane), oc = ocol[mma_col<MT, NT>(i, lane)];

@@ -1288,8 +1288,9 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
                 && s.numel() >= ops::sparse_attention_sync_words(heads)
         })
         .map(|s| (s, att_grp_splits(max_keys, heads, gpu.multiprocessors())));
-    let tc = att_tc(gpu, hd).filter(|_| heads_ok && n >= ATT_HEADS_MIN_TOKENS);
-    if let Some(smem) = tc {
+    // A chunk of 16 tokens or more: one pass over each token's keys.
+    let chunk = heads_ok && n >= ATT_HEADS_MIN_TOKENS;
+    if let Some(smem) = chunk.then(|| att_tc(gpu, hd)).flatten() {
         att.i(0).p(0).launch_smem(
             gpu,
             "ds4_attention_tc",
@@ -1297,7 +1298,7 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
             ATT_TC_THREADS,
             smem,
         )?;
-    } else if heads_ok && n >= ATT_HEADS_MIN_TOKENS {
+    } else if chunk {
         let (name, per_block) = att_heads_prefill(att_hpw4_on());
         att.i(0).p(0).launch(
             gpu,
@@ -1741,6 +1742,14 @@ mod tests {
     #[derive(Default)]
     struct Rec(RefCell<Vec<Launched>>, u32, u32, RefCell<Vec<u32>>);
 
+    impl Rec {
+        /// A recorder reporting `sms` multiprocessors and `tc_smem` bytes for
+        /// `ds4_attention_tc`.
+        fn on(sms: u32, tc_smem: u32) -> Rec {
+            Rec(Default::default(), sms, tc_smem, Default::default())
+        }
+    }
+
     impl Gpu for Rec {
         fn ptr(&self, _t: &TensorRef, _align: u64) -> Result<u64, String> {
             Ok(0x10000)
@@ -1968,12 +1977,7 @@ mod tests {
         let words = i([ops::TOPK_ROWS_WORK_WORDS, 1, 1, 1]);
         let topk = |cap: u64, n: u64, sms: u32| {
             let a = [f([cap, n, 1, 1]), i([n, 1, 1, 1]), i([512, n, 1, 1]), words];
-            let l = run_on(
-                Rec(Default::default(), sms, 0, Default::default()),
-                ops::TOPK_ROWS,
-                prm(&[], &[4]),
-                &a,
-            );
+            let l = run_on(Rec::on(sms, 0), ops::TOPK_ROWS, prm(&[], &[4]), &a);
             (l[0].0, l[0].1 .0)
         };
         assert_eq!(topk(40000, 1, 132), ("ds4_topk_rows_wide", 64));
@@ -2044,12 +2048,7 @@ mod tests {
         let mut dec = one.to_vec();
         dec.extend([f([16, 1, 1, 1]), i([1, 1, 1, 1])]);
         let dec_prm = prm(&[0.1, 1e-6, 1.0], &[4, 2, 16, 1]);
-        let l = run_on(
-            Rec(Default::default(), 132, 0, Default::default()),
-            ops::SPARSE_ATTENTION,
-            dec_prm,
-            &dec,
-        );
+        let l = run_on(Rec::on(132, 0), ops::SPARSE_ATTENTION, dec_prm, &dec);
         assert_eq!(
             l.iter().map(|x| (x.0, x.1, x.2)).collect::<Vec<_>>(),
             [("ds4_attention_dec", (1, 1, 2), 256)]
@@ -2058,7 +2057,7 @@ mod tests {
         let mut plain = one.to_vec();
         plain.extend([f([0, 1, 1, 1]), i([1, 1, 1, 1])]);
         let l = run_on(
-            Rec(Default::default(), 132, 0, Default::default()),
+            Rec::on(132, 0),
             ops::SPARSE_ATTENTION,
             prm(&[0.1], &[4, 2, 0, 1]),
             &plain,
@@ -2066,7 +2065,7 @@ mod tests {
         assert_eq!((l[0].0, l.len()), ("ds4_attention_dec", 1));
         // Without the long-context hint: a block a head.
         let l = run_on(
-            Rec(Default::default(), 132, 0, Default::default()),
+            Rec::on(132, 0),
             ops::SPARSE_ATTENTION,
             prm(&[0.1], &[4, 2]),
             &plain,
@@ -2078,14 +2077,9 @@ mod tests {
         // A sync tensor with fewer words than head groups is refused.
         let mut wide = att_for(40, 1).to_vec();
         wide.extend([f([16, 1, 1, 1]), i([2, 1, 1, 1])]);
-        let e = run(
-            &Rec(Default::default(), 132, 0, Default::default()),
-            ops::SPARSE_ATTENTION,
-            &dec_prm,
-            &wide,
-        )
-        .unwrap()
-        .unwrap_err();
+        let e = run(&Rec::on(132, 0), ops::SPARSE_ATTENTION, &dec_prm, &wide)
+            .unwrap()
+            .unwrap_err();
         assert!(e.contains("sparse_attention sync"), "{e}");
         FORCE_ATT_DEC.store(false, std::sync::atomic::Ordering::Relaxed);
         // ds4_attention_grp forced on, a decode step without the hint and the grouped
@@ -2101,15 +2095,10 @@ mod tests {
         ]);
         let short = prm(&[0.1, 1e-6, 1.0], &[4, 2, 16]);
         let on_132 = |p: OpParams, a: &[TensorRef]| {
-            run_on(
-                Rec(Default::default(), 132, 0, Default::default()),
-                ops::SPARSE_ATTENTION,
-                p,
-                a,
-            )
-            .iter()
-            .map(|x| (x.0, x.1, x.2))
-            .collect::<Vec<_>>()
+            run_on(Rec::on(132, 0), ops::SPARSE_ATTENTION, p, a)
+                .iter()
+                .map(|x| (x.0, x.1, x.2))
+                .collect::<Vec<_>>()
         };
         assert_eq!(on_132(short, &grp), [("ds4_attention_grp", (2, 1, 2), 256)]);
         assert_eq!(on_132(short, &dec)[0].0, "ds4_attention");
@@ -2130,7 +2119,7 @@ mod tests {
         );
         // Not forced (nor MOE_GPU_ATT_DEC=1): the heads kernel + merge.
         let l = run_on(
-            Rec(Default::default(), 132, 0, Default::default()),
+            Rec::on(132, 0),
             ops::SPARSE_ATTENTION,
             prm(&[0.1], &[4, 2, 0, 1]),
             &plain,
@@ -2172,7 +2161,7 @@ mod tests {
         // heads of a token, that much dynamic shared memory; a byte less, the heads kernel.
         let tc_smem = 4 * (96 * (d as u32 + 4) + 2048 + 32);
         assert_eq!(att_tc_smem(512), 206_464);
-        let g = Rec(Default::default(), 132, tc_smem, Default::default());
+        let g = Rec::on(132, tc_smem);
         run(&g, ops::SPARSE_ATTENTION, &prm(&[0.1], &[4, 2]), &chunk)
             .unwrap()
             .unwrap();
@@ -2181,7 +2170,7 @@ mod tests {
             ("ds4_attention_tc", (1, 20, 1), tc_smem)
         );
         assert_eq!(sig["ds4_attention_tc"], sig["ds4_attention_heads"]);
-        let g = Rec(Default::default(), 132, tc_smem - 1, Default::default());
+        let g = Rec::on(132, tc_smem - 1);
         run(&g, ops::SPARSE_ATTENTION, &prm(&[0.1], &[4, 2]), &chunk)
             .unwrap()
             .unwrap();
