@@ -36,6 +36,7 @@
 #define KID_DS4_ATTENTION_GRP 71
 #define KID_DS4_ATTENTION_HEADS4 72
 #define KID_DS4_ATTENTION_TC 73
+#define KID_DS4_INDEX_SCORES_MM_TCS 74
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -1142,6 +1143,52 @@ GPU_DEV void ds4_ixm_store(const float* red, int per, int tpb, int t0, int n,
     }
 }
 
+#if defined(DS4_IXM_TC)
+// The tensor-core tiles' end: relu(dot) * sm * w_h over the thread's 4 queries, then
+// over the warp's 8 query lanes (g): per column, the warp's 32 heads of one token. The
+// warps of a token (ih / 32 of them, in query order) then add up through red ([warp %
+// 4][row], free for the block's use), and the scores of the tile's rows r0.. are
+// stored. One definition for both tensor-core kernels: the same sums in the same order.
+GPU_DEV void ds4_ixm_tc_end(const float (&acc)[8][8], float* red, int m0, int ih, int n,
+                            const float* __restrict__ wproj, float sm, float ws,
+                            const int* __restrict__ pos, int ratio, int cap, int r0,
+                            float* __restrict__ scores) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int mb = 32 * (warp & 3), nb = 64 * (warp >> 2);
+    const int tw = (m0 + mb) / ih;  // the warp's token
+    float wq[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int m = m0 + mb + 16 * (e >> 1) + g + 8 * (e & 1);
+        wq[e] = tw < n ? wproj[(long long)tw * ih + m % ih] * ws : 0.0f;
+    }
+    float colsum[16];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            float v = 0.0f;
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf)
+                    v += fmaxf(acc[4 * mt + nt / 2][4 * (nt & 1) + 2 * hf + j], 0.0f) * sm *
+                         wq[2 * mt + hf];
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) v += gpu_shfl_xor(v, o);
+            colsum[2 * nt + j] = v;
+        }
+    if (g == 0)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                red[(warp & 3) * DS4_IXM_N + nb + 8 * nt + 2 * c + j] = colsum[2 * nt + j];
+    __syncthreads();
+    ds4_ixm_store(red, ih / 32, DS4_IXM_M / ih, m0 / ih, n, pos, ratio, cap, r0, scores);
+}
+#endif
+
 template <bool TC>
 GPU_DEV void ds4_index_scores_mm_body(const float* __restrict__ q, const float* __restrict__ wproj,
                                       const float* __restrict__ rows, const int* __restrict__ pos,
@@ -1214,44 +1261,8 @@ GPU_DEV void ds4_index_scores_mm_body(const float* __restrict__ q, const float* 
     }
 #if defined(DS4_IXM_TC)
     if (use_tc) {
-        // relu(dot) * sm * w_h over the thread's 4 queries, then over the warp's 8 query
-        // lanes (g): per column, the warp's 32 heads of one token. The warps of a token
-        // (ih / 32 of them, in query order) then add up in shared memory.
-        const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
-        const int mb = 32 * (warp & 3), nb = 64 * (warp >> 2);
-        const int tw = (m0 + mb) / ih;  // the warp's token
-        float wq[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int m = m0 + mb + 16 * (e >> 1) + g + 8 * (e & 1);
-            wq[e] = tw < n ? wproj[(long long)tw * ih + m % ih] * ws : 0.0f;
-        }
-        float colsum[16];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                float v = 0.0f;
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                    for (int hf = 0; hf < 2; ++hf)
-                        v += fmaxf(acc[4 * mt + nt / 2][4 * (nt & 1) + 2 * hf + j], 0.0f) * sm *
-                             wq[2 * mt + hf];
-#pragma unroll
-                for (int o = 4; o < 32; o <<= 1) v += gpu_shfl_xor(v, o);
-                colsum[2 * nt + j] = v;
-            }
-        __syncthreads();  // As is free: the warps' column sums go there, [warp % 4][row]
-        float* red = &As[0][0];
-        if (g == 0)
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    red[(warp & 3) * DS4_IXM_N + nb + 8 * nt + 2 * c + j] = colsum[2 * nt + j];
-        __syncthreads();
-        ds4_ixm_store(red, ih / 32, tpb, t0, n, pos, ratio, cap, r0, scores);
+        __syncthreads();  // As is free: the warps' column sums go there
+        ds4_ixm_tc_end(acc, &As[0][0], m0, ih, n, wproj, sm, ws, pos, ratio, cap, r0, scores);
         return;
     }
 #endif
@@ -1296,6 +1307,167 @@ extern "C" __global__ void __launch_bounds__(256)
                            float* __restrict__ scores, int n, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM_TC);
     ds4_index_scores_mm_body<true>(q, wproj, rows, pos, ih, id, ratio, cap, sm, ws, scores, n);
+}
+
+// ---------------------------------------------------------------------------------
+// The indexer's scores for a prefill chunk, its rows streamed past resident queries
+// (ds4_index_scores_mm_tcs; CUDA sm_80+, where the host gives it DS4_IXS_SMEM(id) bytes
+// of dynamic shared memory; it traps elsewhere). ds4_index_scores_mm_tc loads each
+// 32-dim chunk of a tile synchronously on one block an SM, so its tensor cores wait for
+// every load (~30% of their TF32 rate at 128K). Here a block keeps its 128 queries, all
+// id dims, in shared memory and takes DS4_IXS_TILES row tiles of 128 in turn, each in
+// 32-dim chunks by cp.async, the next chunk in flight while this one is multiplied; two
+// blocks an SM; fragments by ldmatrix; the TF32 split in integer instructions
+// (ds4_tf32_rna: cvt.rna's rounding). Every dot product takes the same mma in the same
+// order as in ds4_index_scores_mm_tc, and the end is ds4_ixm_tc_end: the same bits.
+// Needs ih % 32 == 0, 128 % ih == 0, id % 32 == 0, q and rows 16-byte aligned.
+// grid = (ceil(row tiles / DS4_IXS_TILES), ceil(n ih / 128)), block 256.
+#define DS4_IXS_TILES 16
+#define DS4_IXS_LDB (DS4_IXM_K + 4)  // a staged row chunk's stride (conflict-free ldmatrix)
+// Queries [128][id + 4], two row chunks [128][DS4_IXS_LDB], the warps' sums [4][128]
+// (the host's ds4::idx_tcs_smem computes the same).
+#define DS4_IXS_SMEM(id) \
+    (4 * (DS4_IXM_M * ((id) + 4) + 2 * DS4_IXM_N * DS4_IXS_LDB + 4 * DS4_IXM_N))
+
+#if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
+// cvt.rna.tf32.f32 (to nearest, ties away from zero) as two integer instructions: half
+// a TF32 unit added to the magnitude's bits, the 13 low bits cleared (a carry moves the
+// exponent up as rounding does). Finite x.
+GPU_DEV unsigned int ds4_tf32_rna(float x) {
+    return ((unsigned int)__float_as_int(x) + 0x1000u) & 0xffffe000u;
+}
+
+GPU_DEV void ds4_tf32_split_rna(float x, unsigned int& hi, unsigned int& lo) {
+    hi = ds4_tf32_rna(x);
+    lo = ds4_tf32_rna(x - __int_as_float((int)hi));
+}
+
+GPU_DEV void ds4_ldsm4(unsigned int addr, unsigned int& d0, unsigned int& d1, unsigned int& d2,
+                       unsigned int& d3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
+                 : "r"(addr)
+                 : "memory");
+}
+
+// One staged chunk (DS4_IXM_K dims from k0 of the queries; the rows' chunk at Bs) of
+// the warp's 32 x 64 products, as ds4_ixm_tc_chunk. ldmatrix on 32-bit values: matrix i
+// comes from lanes 8 i .. 8 i + 7's row addresses, and lane l gets row l / 4, value
+// l % 4 of it: for A, matrices (rows +0 / +8) x (k +0 / +4) are a0 .. a3; for B,
+// matrices (tile nt / nt + 1) x (k +0 / +4) are b0, b1 of tile nt, then of nt + 1.
+GPU_DEV void ds4_ixs_chunk(unsigned int a_addr, unsigned int b_addr, int lda, float (&acc)[8][8]) {
+#pragma unroll
+    for (int k = 0; k < DS4_IXM_K; k += 8) {
+        unsigned int ah[2][4], al[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            unsigned int a[4];
+            ds4_ldsm4(a_addr + 4 * (16 * mt * lda + k), a[0], a[1], a[2], a[3]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ds4_tf32_split_rna(__int_as_float((int)a[e]), ah[mt][e], al[mt][e]);
+        }
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+            unsigned int b[4];
+            ds4_ldsm4(b_addr + 4 * (16 * np * DS4_IXS_LDB + k), b[0], b[1], b[2], b[3]);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int nt = 2 * np + h;
+                unsigned int bh0, bl0, bh1, bl1;
+                ds4_tf32_split_rna(__int_as_float((int)b[2 * h]), bh0, bl0);
+                ds4_tf32_split_rna(__int_as_float((int)b[2 * h + 1]), bh1, bl1);
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    float* d = &acc[4 * mt + nt / 2][4 * (nt & 1)];
+                    // The small terms first.
+                    ds4_mma_tf32(d, ah[mt], bl0, bl1);
+                    ds4_mma_tf32(d, al[mt], bh0, bh1);
+                    ds4_mma_tf32(d, ah[mt], bh0, bh1);
+                }
+            }
+        }
+    }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    ds4_index_scores_mm_tcs(const float* __restrict__ q, const float* __restrict__ wproj,
+                            const float* __restrict__ rows, const int* __restrict__ pos, int ih,
+                            int id, int ratio, int cap, float sm, float ws,
+                            float* __restrict__ scores, int n, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM_TCS);
+#if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
+    extern __shared__ __attribute__((aligned(16))) float ds4_ixs_dyn[];
+    const int lda = id + 4, nk = id / DS4_IXM_K;
+    float* As = ds4_ixs_dyn;                          // [128][lda]
+    float* Bs = As + DS4_IXM_M * lda;                 // [2][128][DS4_IXS_LDB]
+    float* red = Bs + 2 * DS4_IXM_N * DS4_IXS_LDB;   // [4][128]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int m0 = blockIdx.y * DS4_IXM_M, mq = n * ih;
+    const int t0 = m0 / ih, tpb = DS4_IXM_M / ih;
+    // The block's last token sees the most rows (positions rise through a chunk).
+    const int t_last = t0 + tpb - 1 < n ? t0 + tpb - 1 : n - 1;
+    int vis_last = (pos[t_last] + 1) / ratio;
+    if (vis_last > cap) vis_last = cap;
+    const int tile0 = blockIdx.x * DS4_IXS_TILES;
+    int tiles = (vis_last + DS4_IXM_N - 1) / DS4_IXM_N - tile0;
+    if (tiles > DS4_IXS_TILES) tiles = DS4_IXS_TILES;
+    if (tiles <= 0) return;  // the same for the whole block
+    // The queries (zeros past the chunk's), then each (tile, chunk) in turn: the rows of
+    // tile tile0 + it / nk, dims 32 (it % nk).., zeros past the visible ones.
+    for (int e = tid; e < DS4_IXM_M * (id / 4); e += 256) {
+        const int row = e / (id / 4), c4 = 4 * (e % (id / 4)), m = m0 + row;
+        const bool on = m < mq;
+        gpu_cp_async16(gpu_smem_addr(As + row * lda + c4), on ? q + (long long)m * id + c4 : q, on);
+    }
+    auto stage = [&](int it) {
+        const int r0 = (tile0 + it / nk) * DS4_IXM_N, k0 = DS4_IXM_K * (it % nk);
+        float* dst = Bs + (it & 1) * DS4_IXM_N * DS4_IXS_LDB;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int e = tid + 256 * u, row = e >> 3, k4 = 4 * (e & 7), r = r0 + row;
+            const bool on = r < vis_last;
+            gpu_cp_async16(gpu_smem_addr(dst + row * DS4_IXS_LDB + k4),
+                           on ? rows + (long long)r * id + k0 + k4 : rows, on);
+        }
+    };
+    stage(0);
+    gpu_cp_commit();
+    // This lane's ldmatrix rows: lane group lg = lane / 8 gives matrix lg's row lane % 8.
+    const int lr = lane & 7, lg = lane >> 3;
+    const int mb = 32 * (warp & 3), nb = 64 * (warp >> 2);
+    const unsigned int a_row = gpu_smem_addr(As + (mb + lr + 8 * (lg & 1)) * lda + 4 * (lg >> 1));
+    const int b_off = (nb + lr + 8 * (lg >> 1)) * DS4_IXS_LDB + 4 * (lg & 1);
+    // A warp whose 32 queries all lie past the chunk's keeps its zeros; warp-uniform.
+    const bool active = m0 + mb < mq;
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+    const int total = tiles * nk;
+    for (int it = 0; it < total; ++it) {
+        if (it + 1 < total) stage(it + 1);  // (into the buffer chunk it - 1 was read from)
+        gpu_cp_commit();
+        gpu_cp_wait<1>();  // this thread's copies of chunk it (and the queries) landed
+        __syncthreads();   // and every thread's
+        const int kc = it % nk;
+        if (active)
+            ds4_ixs_chunk(a_row + 4 * DS4_IXM_K * kc,
+                          gpu_smem_addr(Bs + (it & 1) * DS4_IXM_N * DS4_IXS_LDB + b_off), lda, acc);
+        if (kc == nk - 1) {
+            ds4_ixm_tc_end(acc, red, m0, ih, n, wproj, sm, ws, pos, ratio, cap,
+                           (tile0 + it / nk) * DS4_IXM_N, scores);
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+        }
+        __syncthreads();  // chunk it's buffer (and red) read by every thread
+    }
+#else
+    __builtin_trap();  // the host launches it only where the tensor cores run it
+#endif
 }
 
 // ---------------------------------------------------------------------------------

@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use moe_backend_cuda::{
     ops::{
         id_nosort, mmq_kernel, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4, FORCE_ATT_TC,
-        FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW,
-        FORCE_MMW_NARROW, FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
+        FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_IDX_TCS, FORCE_MMB, FORCE_MMQ_DP4A,
+        FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE,
+        OP_MATMUL_ID,
     },
     rt,
 };
@@ -3004,35 +3005,39 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 }
 
 /// INDEX_SCORES against an f64 reference of its definition: score[t][r] = sum_h
-/// relu(q_th . row_r) * f[0] * (w_th * f[1]) over the rows visible to t. A prefill
-/// chunk (the tiled `ds4_index_scores_mm(_tc)`: 41 tokens, 64 heads x 128, a partial last
-/// query tile and a partly visible row tile), a decode token over a cache of 4000 rows
+/// relu(q_th . row_r) * f[0] * (w_th * f[1]) over the rows visible to t. Prefill chunks
+/// (the tiled kernels: on the tensor cores `ds4_index_scores_mm_tcs`, unless
+/// `MOE_GPU_IDX_TCS=0` (then `ds4_index_scores_mm_tc`) or `MOE_GPU_IDX_TC=0` (then
+/// `ds4_index_scores_mm`)): 41 tokens, 64 heads x 128, a partial last query tile and a
+/// partly visible row tile; 16 tokens over ~2100 rows (two blocks of 16 row tiles, the
+/// second partial); 600 tokens from position 0 (each sees its own number of rows, tiles
+/// past a block's tokens skipped). Where the streamed kernel runs, each chunk again on
+/// `ds4_index_scores_mm_tc`: the same bits. A decode token over a cache of 4000 rows
 /// (3000 visible: `ds4_index_scores_few`, four rows a block, or with
 /// `MOE_GPU_IDX_FEW=0` the row-a-lane `ds4_index_scores`), two over 20000 (5000 and
 /// 12000 visible) and, with the engine's bound of 6144 rows, one token over 20000 (520
 /// visible) and three (~6000 visible) on `ds4_index_scores_few`.
 /// Limit: 1e-5 of the largest score. Expects the default kernel choice
-/// (`MOE_GPU_IDX_GROUPS` unset; the prefill case on the tensor cores,
-/// `ds4_index_scores_mm_tc`, unless `MOE_GPU_IDX_TC=0`; the decode tokens over 20000
-/// cached rows the same tiled kernel, half of its 128-query tile empty, unless
+/// (`MOE_GPU_IDX_GROUPS` unset; the decode tokens over 20000 cached rows the tiled
+/// `ds4_index_scores_mm_tc`, half of its 128-query tile empty, unless
 /// `MOE_GPU_IDX_MM=0` or `MOE_GPU_IDX_TC=0`: then a row a lane).
 fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== INDEX_SCORES vs f64 reference ==");
     let mut ok = true;
-    let mm = if std::env::var("MOE_GPU_IDX_TC").as_deref() == Ok("0") {
+    let tc_off = std::env::var("MOE_GPU_IDX_TC").as_deref() == Ok("0");
+    let mm = if tc_off {
         "ds4_index_scores_mm"
     } else {
         "ds4_index_scores_mm_tc"
     };
+    // Prefill chunks stream their rows past resident queries unless MOE_GPU_IDX_TCS=0.
+    let tcs = !tc_off && std::env::var("MOE_GPU_IDX_TCS").as_deref() != Ok("0");
     // The decode cases' 20000 cached rows take the tiled kernel on the tensor cores
     // (IDX_MM_DECODE_MIN_ROWS), unless MOE_GPU_IDX_MM=0 or MOE_GPU_IDX_TC=0.
     let mm_env = std::env::var("MOE_GPU_IDX_MM");
-    let one = match (
-        mm_env.as_deref(),
-        std::env::var("MOE_GPU_IDX_TC").as_deref(),
-    ) {
+    let one = match (mm_env.as_deref(), tc_off) {
         (Ok("1"), _) => mm,
-        (Ok("0"), _) | (_, Ok("0")) => "ds4_index_scores",
+        (Ok("0"), _) | (_, true) => "ds4_index_scores",
         _ => mm,
     };
     // Decode steps whose tokens see at most 6144 rows (the cache's size, or the engine's
@@ -3046,19 +3051,36 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         "ds4_index_scores"
     };
     let bounded = if few_on { "ds4_index_scores_few" } else { one };
+    let chunk = match (mm_env.as_deref(), tcs) {
+        (Ok("0"), _) => "ds4_index_scores",
+        (_, true) => "ds4_index_scores_mm_tcs",
+        _ => mm,
+    };
+    for (n, cap, p0) in [
+        (41usize, 3000usize, 9000usize),
+        (16, 2500, 4 * 2100),
+        (600, 3000, 0),
+    ] {
+        let seed = rng.next();
+        let (case_ok, got) = index_scores_case(g, seed, json, (n, cap, p0, 0), chunk);
+        ok &= case_ok;
+        if chunk == "ds4_index_scores_mm_tcs" {
+            FORCE_IDX_TCS.store(2, Ordering::Relaxed);
+            let (tc_ok, tc) = index_scores_case(g, seed, json, (n, cap, p0, 0), mm);
+            FORCE_IDX_TCS.store(0, Ordering::Relaxed);
+            let same = same_bits(&got, &tc);
+            println!(
+                "  {n} tokens: ds4_index_scores_mm_tcs and ds4_index_scores_mm_tc the same bits: {same} {}",
+                if same { "ok" } else { "FAIL" }
+            );
+            json.push(format!(
+                "{{\"test\":\"index_scores_tcs_bits\",\"tokens\":{n},\"ok\":{same}}}"
+            ));
+            ok &= tc_ok && same;
+        }
+    }
     for (n, cap, p0, bound, kernel) in [
-        (
-            41usize,
-            3000usize,
-            9000usize,
-            0usize,
-            if mm_env.as_deref() == Ok("0") {
-                "ds4_index_scores"
-            } else {
-                mm
-            },
-        ),
-        (1, 4000, 4 * 3000, 0, small),
+        (1usize, 4000usize, 4 * 3000, 0usize, small),
         (1, 20000, 4 * 5000, 0, one),
         (1, 20000, 4 * 12000, 0, one),
         // A served context's cache, the engine's bound: ~520 rows (a step just past the
@@ -3066,18 +3088,21 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         (1, 20000, 4 * 520 + 3, 6144, bounded),
         (3, 20000, 4 * 6000, 6144, bounded),
     ] {
-        ok &= index_scores_case(g, rng, json, (n, cap, p0, bound), kernel);
+        ok &= index_scores_case(g, rng.next(), json, (n, cap, p0, bound), kernel).0;
     }
     ok
 }
 
+/// One INDEX_SCORES case on inputs drawn from `seed` (so a second run can repeat them):
+/// whether it held, and the scores.
 fn index_scores_case(
     g: &Gpu,
-    rng: &mut Rng,
+    seed: u64,
     json: &mut Vec<String>,
     (n, cap, p0, bound): (usize, usize, usize, usize),
     kernel: &str,
-) -> bool {
+) -> (bool, Vec<f32>) {
+    let rng = &mut Rng(seed);
     let (ih, id, ratio) = (64usize, 128usize, 4usize);
     let (sm, ws) = (0.088f32, 0.125f32);
     let q: Vec<f32> = (0..n * ih * id).map(|_| rng.f32()).collect();
@@ -3146,7 +3171,7 @@ fn index_scores_case(
     for b in [bq, bw, br, bp, bo] {
         into_result((g.be.free)(b)).unwrap();
     }
-    ok
+    (ok, got)
 }
 
 /// MATMUL_ID's tensors on buffers [w, x, ids, out]: weights of (type, variant) [k, m,
@@ -3293,7 +3318,8 @@ fn main() {
     // --grouped: the MoE products' parity alone (grouped, MATMUL_ID_MULTI, SWIGLU_MATMUL_ID),
     // for quick runs under each MOE_GPU_ID_* setting.
     let grouped_only = std::env::args().any(|a| a == "--grouped");
-    // --attention: SPARSE_ATTENTION's parity alone (decode steps and a prefill chunk).
+    // --attention: SPARSE_ATTENTION's and INDEX_SCORES' parity alone (decode steps and
+    // prefill chunks).
     let attention_only = std::env::args().any(|a| a == "--attention");
     let ref_ok = check_reference(&mut Rng(0x0123_4567_89ab_cdef));
     let be = moe_backend_cuda::table();
@@ -3356,6 +3382,7 @@ fn main() {
     if attention_only {
         all_ok &= attention_decode(&g, &mut rng, &mut json);
         all_ok &= attention_prefill(&g, &mut rng, &mut json);
+        all_ok &= index_scores(&g, &mut rng, &mut json);
         println!(
             "\nparity (attention only): {}",
             if all_ok { "ALL OK" } else { "FAILURES" }

@@ -119,8 +119,9 @@ pub struct Module {
     pub l2_prefetch: bool,
     /// Dynamic shared memory the streamed bf16 tiles may take (0: none; sm_80 on).
     pub mmw_smem: u32,
-    /// Dynamic shared memory `ds4_attention_tc` may take (0: none; sm_80 on).
-    pub att_tc_smem: u32,
+    /// Dynamic shared memory the DS4 tensor-core prefill kernels (`ds4_attention_tc`,
+    /// `ds4_index_scores_mm_tcs`) may take (0: none; sm_80 on).
+    pub ds4_tc_smem: u32,
 }
 
 /// The streamed bf16 tiles, whose stages live in dynamic shared memory (mmw_tile in
@@ -350,10 +351,14 @@ impl Module {
                 false => 0,
             };
             // (mma.sync on bf16 and cp.async: sm_80 on)
-            let (mmw_smem, att_tc_smem) = match dev.cc.0 >= 8 {
+            let (mmw_smem, ds4_tc_smem) = match dev.cc.0 >= 8 {
                 true => (
                     smem_room(dev, &funcs, &MMW_KERNELS),
-                    smem_room(dev, &funcs, &["ds4_attention_tc"]),
+                    smem_room(
+                        dev,
+                        &funcs,
+                        &["ds4_attention_tc", "ds4_index_scores_mm_tcs"],
+                    ),
                 ),
                 false => (0, 0),
             };
@@ -366,7 +371,7 @@ impl Module {
                 // (the kernel's bulk prefetch is compiled where GPU_BULK is: sm_90 on)
                 l2_prefetch: dev.cc.0 >= 9,
                 mmw_smem,
-                att_tc_smem,
+                ds4_tc_smem,
             })
         }
     }

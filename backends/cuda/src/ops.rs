@@ -15,7 +15,7 @@ use std::{
 
 use cudarc::driver::{result as cu, sys};
 pub use moe_gpu_common::ds4::{
-    FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4, FORCE_ATT_TC, FORCE_HC_GSYNC,
+    FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4, FORCE_ATT_TC, FORCE_HC_GSYNC, FORCE_IDX_TCS,
 };
 use moe_gpu_common::ops::{self as plan, bytes_of, check_placement, Launch};
 pub use moe_gpu_common::ops::{
@@ -207,8 +207,8 @@ impl plan::Gpu for Stream<'_> {
         }
     }
 
-    fn attention_tc_smem(&self) -> u32 {
-        self.module.att_tc_smem
+    fn ds4_tc_smem(&self) -> u32 {
+        self.module.ds4_tc_smem
     }
 
     fn bf16_streamed_rows(&self) -> u32 {

@@ -857,7 +857,21 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         && pq.is_multiple_of(16)
         && prows.is_multiple_of(16)
     {
-        return base.i(to_i32(n, "tokens")?).launch(
+        let mm = base.i(to_i32(n, "tokens")?);
+        if let Some(smem) = idx_tcs(gpu, n, ih, id) {
+            return mm.launch_smem(
+                gpu,
+                "ds4_index_scores_mm_tcs",
+                (
+                    cap.div_ceil(128).div_ceil(IDX_TCS_TILES),
+                    (n * ih).div_ceil(128),
+                    1,
+                ),
+                256,
+                smem,
+            );
+        }
+        return mm.launch(
             gpu,
             idx_mm_kernel(),
             (cap.div_ceil(128), (n * ih).div_ceil(128), 1),
@@ -921,6 +935,41 @@ fn idx_mm_kernel() -> &'static str {
         "ds4_index_scores_mm_tc"
     }
 }
+
+/// Row tiles of 128 a `ds4_index_scores_mm_tcs` block takes (DS4_IXS_TILES).
+const IDX_TCS_TILES: u64 = 16;
+
+/// Dynamic shared memory `ds4_index_scores_mm_tcs` takes for index width `id`
+/// (DS4_IXS_SMEM): the queries at row stride id + 4, two 32-dim row chunks at stride 36,
+/// the warps' sums.
+fn idx_tcs_smem(id: u64) -> u64 {
+    4 * (128 * (id + 4) + 2 * 128 * 36 + 4 * 128)
+}
+
+/// Whether a prefill chunk of `n` tokens (`ih` heads x `id`) scores through
+/// `ds4_index_scores_mm_tcs` (the rows streamed past resident queries; the same bits as
+/// `ds4_index_scores_mm_tc`): by default wherever that tensor-core kernel would run a
+/// chunk and the backend gives the kernel its shared memory (`MOE_GPU_IDX_TCS=0` keeps
+/// `ds4_index_scores_mm_tc`; read once; FORCE_IDX_TCS overrides). Decode steps keep the
+/// tiled kernel. With the dynamic shared memory to launch it with.
+fn idx_tcs(gpu: &impl Gpu, n: u64, ih: u64, id: u64) -> Option<u32> {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = match FORCE_IDX_TCS.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => !*OFF.get_or_init(|| env_off("MOE_GPU_IDX_TCS")),
+        forced => forced == 1,
+    };
+    let smem = idx_tcs_smem(id);
+    (on && n >= IDX_MM_MIN_TOKENS
+        && ih.is_multiple_of(32)
+        && id.is_multiple_of(32)
+        && idx_mm_kernel().ends_with("_tc")
+        && smem <= gpu.ds4_tc_smem() as u64)
+        .then_some(smem as u32)
+}
+
+/// `ds4_index_scores_mm_tcs` for prefill chunks in device tests: 0 as configured, 1 on
+/// where it runs, 2 off.
+pub static FORCE_IDX_TCS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Head groups of a decode step's `ds4_index_scores` (its warps' split of the heads;
 /// 256 / groups rows a block): `MOE_GPU_IDX_GROUPS` (4 or 8, for A/B runs; read once),
@@ -1061,7 +1110,7 @@ fn att_tc(gpu: &impl Gpu, hd: u64) -> Option<u32> {
         forced => forced == 1,
     };
     let smem = att_tc_smem(hd);
-    (on && hd.is_multiple_of(16) && smem <= gpu.attention_tc_smem() as u64).then_some(smem as u32)
+    (on && hd.is_multiple_of(16) && smem <= gpu.ds4_tc_smem() as u64).then_some(smem as u32)
 }
 
 /// `ds4_attention_tc` for prefill chunks in device tests: 0 as configured, 1 on where
@@ -1775,7 +1824,7 @@ mod tests {
         fn multiprocessors(&self) -> u32 {
             self.1
         }
-        fn attention_tc_smem(&self) -> u32 {
+        fn ds4_tc_smem(&self) -> u32 {
             self.2
         }
     }
@@ -1927,6 +1976,25 @@ mod tests {
         ];
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &mm_args);
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (3, 10, 1)));
+        // Given the tensor-core kernels' shared memory, a chunk streams its rows past
+        // resident queries: 16 row tiles a block, 106,496 bytes at 128 dims.
+        let g = Rec::on(132, 227 * 1024);
+        run(&g, ops::INDEX_SCORES, &prm(&[0.1, 0.5], &[4]), &mm_args)
+            .expect("an op of this module")
+            .unwrap();
+        let l = g.0.borrow();
+        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tcs", (1, 10, 1)));
+        assert_eq!(g.3.borrow()[..], [106_496]);
+        assert_eq!(idx_tcs_smem(128), 106_496);
+        drop(l);
+        // Too little room: the tiled kernel.
+        let l = run_on(
+            Rec::on(132, 100_000),
+            ops::INDEX_SCORES,
+            prm(&[0.1, 0.5], &[4]),
+            &mm_args,
+        );
+        assert_eq!(l[0].0, "ds4_index_scores_mm_tc");
         // A decode token over 6145+ cached rows and no bound: the tiled product; with
         // the engine's bound (i[2]) four rows a block, at most two blocks an SM.
         let mut dec = [
@@ -1938,6 +2006,14 @@ mod tests {
         ];
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &dec);
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (63, 1, 1)));
+        // (a decode step keeps it with the room for the streamed kernel too)
+        let l = run_on(
+            Rec::on(132, 227 * 1024),
+            ops::INDEX_SCORES,
+            prm(&[0.1, 0.5], &[4]),
+            &dec,
+        );
+        assert_eq!(l[0].0, "ds4_index_scores_mm_tc");
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4, 0, 520]), &dec);
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_few", (130, 1, 1)));
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4, 0, 6144]), &dec);

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 74] = [
+pub const KERNELS: [&str; 75] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -84,6 +84,7 @@ pub const KERNELS: [&str; 74] = [
     "ds4_attention_grp",
     "ds4_attention_heads4",
     "ds4_attention_tc",
+    "ds4_index_scores_mm_tcs",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

@@ -1478,9 +1478,10 @@ pub trait Gpu {
     fn bf16_streamed(&self) -> u32 {
         0
     }
-    /// Bytes of dynamic shared memory `ds4_attention_tc` (a prefill chunk's attention on
-    /// the tensor cores: CUDA sm_80+) may take; 0 where it does not run.
-    fn attention_tc_smem(&self) -> u32 {
+    /// Bytes of dynamic shared memory the DS4 tensor-core prefill kernels may take
+    /// (`ds4_attention_tc`, a chunk's attention, and `ds4_index_scores_mm_tcs`, its
+    /// indexer's scores: CUDA sm_80+); 0 where they do not run.
+    fn ds4_tc_smem(&self) -> u32 {
         0
     }
     /// Rows a warp of the streamed bf16 tiles takes: 16 (`mmw_dense` / `mmw_id`, 256
