@@ -185,6 +185,20 @@ unsafe fn smem_room(
     room
 }
 
+/// Asks the driver to give kernel `name` the largest shared-memory carveout (a hint):
+/// `ds4_index_scores_mm_tcs` runs two blocks an SM only with nearly all of it.
+unsafe fn prefer_shared(funcs: &HashMap<&'static str, Raw<sys::CUfunction>>, name: &str) {
+    use sys::CUfunction_attribute as FA;
+    if let Some(f) = funcs.get(name) {
+        // (a hint: a driver that declines it runs one block an SM, as before)
+        let _ = sys::cuFuncSetAttribute(
+            f.0,
+            FA::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            100,
+        );
+    }
+}
+
 /// Programmatic dependent launch from compute capability 9.0: a kernel's launch and
 /// block scheduling overlap its predecessor's tail (every kernel waits for the
 /// predecessor's completion first thing: `gpu_grid_wait` in kernels/gpu/common.cuh).
@@ -352,14 +366,14 @@ impl Module {
             };
             // (mma.sync on bf16 and cp.async: sm_80 on)
             let (mmw_smem, ds4_tc_smem) = match dev.cc.0 >= 8 {
-                true => (
-                    smem_room(dev, &funcs, &MMW_KERNELS),
+                true => (smem_room(dev, &funcs, &MMW_KERNELS), {
+                    prefer_shared(&funcs, "ds4_index_scores_mm_tcs");
                     smem_room(
                         dev,
                         &funcs,
                         &["ds4_attention_tc", "ds4_index_scores_mm_tcs"],
-                    ),
-                ),
+                    )
+                }),
                 false => (0, 0),
             };
             Ok(Module {
