@@ -3079,6 +3079,9 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             ok &= tc_ok && same;
         }
     }
+    if tcs {
+        ok &= index_scores_tcs_timing(g, rng, json);
+    }
     for (n, cap, p0, bound, kernel) in [
         (1usize, 4000usize, 4 * 3000, 0usize, small),
         (1, 20000, 4 * 5000, 0, one),
@@ -3091,6 +3094,67 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         ok &= index_scores_case(g, rng.next(), json, (n, cap, p0, bound), kernel).0;
     }
     ok
+}
+
+/// A 128K prefill chunk's scores (1024 tokens x 64 heads x 128 over 32768 rows, each
+/// token seeing ~32500) on `ds4_index_scores_mm_tcs` and on `ds4_index_scores_mm_tc`:
+/// the same bits, and each kernel's time (CUDA events, 5 runs after a warm-up) with
+/// its rate in f32 TFLOP/s (2 flops a product). Too large for the f64 reference; the
+/// cases above check the values.
+fn index_scores_tcs_timing(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    let (n, ih, id, cap, ratio) = (1024usize, 64usize, 128usize, 32768usize, 4usize);
+    let p0 = ratio * cap - n - 2000;
+    let q: Vec<f32> = (0..n * ih * id).map(|_| rng.f32()).collect();
+    let w: Vec<f32> = (0..n * ih).map(|_| rng.f32()).collect();
+    let rows: Vec<f32> = (0..cap * id).map(|_| rng.f32()).collect();
+    let pos: Vec<u8> = (0..n)
+        .flat_map(|t| ((p0 + t) as i32).to_le_bytes())
+        .collect();
+    let (bq, bw, br, bp, bo) = (
+        g.buf(&f32_bytes(&q)),
+        g.buf(&f32_bytes(&w)),
+        g.buf(&f32_bytes(&rows)),
+        g.buf(&pos),
+        g.zeros(cap * n * 4),
+    );
+    let mut prm = OpParams::default();
+    prm.f[0] = 0.088;
+    prm.f[1] = 0.125;
+    prm.i[0] = ratio as i64;
+    let args = [
+        t(bq, 0, types::F32, 0, [id as u64, ih as u64, n as u64, 1]),
+        t(bw, 0, types::F32, 0, [ih as u64, n as u64, 1, 1]),
+        t(br, 0, types::F32, 0, [id as u64, cap as u64, 1, 1]),
+        t(bp, 0, types::I32, 0, [n as u64, 1, 1, 1]),
+        t(bo, 0, types::F32, 0, [cap as u64, n as u64, 1, 1]),
+    ];
+    let run = |force: u8| {
+        FORCE_IDX_TCS.store(force, Ordering::Relaxed);
+        let ms = g.time(5, || g.op_with(ops::INDEX_SCORES, prm, &args));
+        FORCE_IDX_TCS.store(0, Ordering::Relaxed);
+        (ms, g.read_f32(bo, 0, cap * n))
+    };
+    let (ms_s, tcs) = run(1);
+    let (ms_t, tc) = run(2);
+    let same = same_bits(&tcs, &tc);
+    let flops: f64 = (0..n)
+        .map(|t| (((p0 + t + 1) / ratio).min(cap) * ih * id * 2) as f64)
+        .sum();
+    let rate = |ms: f64| flops / (ms * 1e-3) / 1e12;
+    println!(
+        "  128K chunk ({n} tokens, {cap} rows): ds4_index_scores_mm_tcs {ms_s:.2} ms ({:.1} TFLOP/s), ds4_index_scores_mm_tc {ms_t:.2} ms ({:.1}), {:.2}x, the same bits: {same} {}",
+        rate(ms_s),
+        rate(ms_t),
+        ms_t / ms_s,
+        if same { "ok" } else { "FAIL" }
+    );
+    json.push(format!(
+        "{{\"test\":\"index_scores_tcs_128k\",\"tcs_ms\":{ms_s},\"tc_ms\":{ms_t},\"same_bits\":{same},\"ok\":{same}}}"
+    ));
+    for b in [bq, bw, br, bp, bo] {
+        into_result((g.be.free)(b)).unwrap();
+    }
+    same
 }
 
 /// One INDEX_SCORES case on inputs drawn from `seed` (so a second run can repeat them):
