@@ -1080,6 +1080,15 @@ GPU_DEV void ds4_mma_tf32(float* d, const unsigned int (&a)[4], unsigned int b0,
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The three TF32 products of a (hi, lo) and b (hi b0 b1, lo b0 b1) into d: the small
+// terms first.
+GPU_DEV void ds4_mma3(float* d, const unsigned int (&ah)[4], const unsigned int (&al)[4],
+                      unsigned int bh0, unsigned int bh1, unsigned int bl0, unsigned int bl1) {
+    ds4_mma_tf32(d, ah, bl0, bl1);
+    ds4_mma_tf32(d, al, bh0, bh1);
+    ds4_mma_tf32(d, ah, bh0, bh1);
+}
+
 // The operands' TF32 split: rounding (cvt.rna), or with IXM_SPLIT_TRUNC (an A/B
 // option) truncating, as ds4_attention_tc's.
 #if defined(IXM_SPLIT_TRUNC)
@@ -1114,13 +1123,8 @@ GPU_DEV void ds4_ixm_tc_chunk(const float (*As)[DS4_IXM_LD], const float (*Bs)[D
             DS4_IXM_SPLIT(Bs[k + c][n], bh0, bl0);
             DS4_IXM_SPLIT(Bs[k + c + 4][n], bh1, bl1);
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                float* d = &acc[4 * mt + nt / 2][4 * (nt & 1)];
-                // The small terms first.
-                ds4_mma_tf32(d, ah[mt], bl0, bl1);
-                ds4_mma_tf32(d, al[mt], bh0, bh1);
-                ds4_mma_tf32(d, ah[mt], bh0, bh1);
-            }
+            for (int mt = 0; mt < 2; ++mt)
+                ds4_mma3(&acc[4 * mt + nt / 2][4 * (nt & 1)], ah[mt], al[mt], bh0, bh1, bl0, bl1);
         }
     }
 }
@@ -1377,13 +1381,8 @@ GPU_DEV void ds4_ixs_chunk(unsigned int a_addr, unsigned int b_addr, int lda, fl
                 ds4_tf32_split_rna(__int_as_float((int)b[2 * h]), bh0, bl0);
                 ds4_tf32_split_rna(__int_as_float((int)b[2 * h + 1]), bh1, bl1);
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                    float* d = &acc[4 * mt + nt / 2][4 * (nt & 1)];
-                    // The small terms first.
-                    ds4_mma_tf32(d, ah[mt], bl0, bl1);
-                    ds4_mma_tf32(d, al[mt], bh0, bh1);
-                    ds4_mma_tf32(d, ah[mt], bh0, bh1);
-                }
+                for (int mt = 0; mt < 2; ++mt)
+                    ds4_mma3(&acc[4 * mt + nt / 2][4 * (nt & 1)], ah[mt], al[mt], bh0, bh1, bl0, bl1);
             }
         }
     }
@@ -2765,14 +2764,6 @@ GPU_DEV void ds4_atc_stage(const ds4_atc_smem_t& s, int ld, int b, int k0, const
     gpu_cp_commit();
 }
 
-// The three TF32 products of a (hi, lo) and b (hi b0 b1, lo b0 b1) into d: the small
-// terms first.
-GPU_DEV void ds4_mma3(float* d, const unsigned int (&ah)[4], const unsigned int (&al)[4],
-                      unsigned int bh0, unsigned int bh1, unsigned int bl0, unsigned int bl1) {
-    ds4_mma_tf32(d, ah, bl0, bl1);
-    ds4_mma_tf32(d, al, bh0, bh1);
-    ds4_mma_tf32(d, ah, bh0, bh1);
-}
 #endif
 
 // Dynamic shared memory ds4_attention_tc takes for head width hd (the host's
