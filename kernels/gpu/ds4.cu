@@ -1314,19 +1314,19 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // ---------------------------------------------------------------------------------
-// The indexer's scores for a prefill chunk, its rows streamed past resident queries
+// The indexer's scores with the rows streamed past resident queries
 // (ds4_index_scores_mm_tcs; CUDA sm_80+, where the host gives it DS4_IXS_SMEM(id) bytes
 // of dynamic shared memory; it traps elsewhere). ds4_index_scores_mm_tc loads each
-// 32-dim chunk of a tile synchronously on one block an SM, so its tensor cores wait for
-// every load (~30% of their TF32 rate at 128K). Here a block keeps its 128 queries, all
-// id dims, in shared memory and takes DS4_IXS_TILES row tiles of 128 in turn, each in
-// 32-dim chunks by cp.async, the next chunk in flight while this one is multiplied; two
-// blocks an SM; fragments by ldmatrix; the TF32 split in integer instructions
-// (ds4_tf32_rna: cvt.rna's rounding). Every dot product takes the same mma in the same
-// order as in ds4_index_scores_mm_tc, and the end is ds4_ixm_tc_end: the same bits.
-// Needs ih % 32 == 0, 128 % ih == 0, id % 32 == 0, q and rows 16-byte aligned.
-// grid = (ceil(row tiles / DS4_IXS_TILES), ceil(n ih / 128)), block 256.
-#define DS4_IXS_TILES 16
+// 32-dim chunk of a tile synchronously, so its tensor cores wait for every load (~30% of
+// their TF32 rate in a 128K prefill chunk; a 128K decode step's ~22 us a layer against
+// ~4 for its 16 MB of rows). Here a block keeps its 128 queries, all id dims, in shared
+// memory and takes `per_block` row tiles of 128 in turn (16 for a prefill chunk, 1 for a
+// decode step), each in 32-dim chunks by cp.async, the next chunk in flight while this
+// one is multiplied; two blocks an SM; fragments by ldmatrix; the TF32 split in integer
+// instructions (ds4_tf32_rna: cvt.rna's rounding). Every dot product takes the same mma
+// in the same order as in ds4_index_scores_mm_tc, and the end is ds4_ixm_tc_end: the
+// same bits. Needs ih % 32 == 0, 128 % ih == 0, id % 32 == 0, q and rows 16-byte
+// aligned. grid = (ceil(row tiles / per_block), ceil(n ih / 128)), block 256.
 #define DS4_IXS_LDB (DS4_IXM_K + 4)  // a staged row chunk's stride (conflict-free ldmatrix)
 // Queries [128][id + 4], two row chunks [128][DS4_IXS_LDB], the warps' sums [4][128]
 // (the host's ds4::idx_tcs_smem computes the same).
@@ -1393,7 +1393,8 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     ds4_index_scores_mm_tcs(const float* __restrict__ q, const float* __restrict__ wproj,
                             const float* __restrict__ rows, const int* __restrict__ pos, int ih,
                             int id, int ratio, int cap, float sm, float ws,
-                            float* __restrict__ scores, int n, unsigned int* counters) {
+                            float* __restrict__ scores, int n, int per_block,
+                            unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM_TCS);
 #if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
     extern __shared__ __attribute__((aligned(16))) float ds4_ixs_dyn[];
@@ -1408,9 +1409,9 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     const int t_last = t0 + tpb - 1 < n ? t0 + tpb - 1 : n - 1;
     int vis_last = (pos[t_last] + 1) / ratio;
     if (vis_last > cap) vis_last = cap;
-    const int tile0 = blockIdx.x * DS4_IXS_TILES;
+    const int tile0 = blockIdx.x * per_block;
     int tiles = (vis_last + DS4_IXM_N - 1) / DS4_IXM_N - tile0;
-    if (tiles > DS4_IXS_TILES) tiles = DS4_IXS_TILES;
+    if (tiles > per_block) tiles = per_block;
     if (tiles <= 0) return;  // the same for the whole block
     // The queries (zeros past the chunk's), then each (tile, chunk) in turn: the rows of
     // tile tile0 + it / nk, dims 32 (it % nk).., zeros past the visible ones.

@@ -3050,23 +3050,38 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     } else {
         "ds4_index_scores"
     };
-    let bounded = if few_on { "ds4_index_scores_few" } else { one };
     let chunk = match (mm_env.as_deref(), tcs) {
         (Ok("0"), _) => "ds4_index_scores",
         (_, true) => "ds4_index_scores_mm_tcs",
         _ => mm,
     };
-    for (n, cap, p0) in [
-        (41usize, 3000usize, 9000usize),
-        (16, 2500, 4 * 2100),
-        (600, 3000, 0),
+    // The decode steps the tiled kernel takes: the streamed one with MOE_GPU_IDX_TCS=1.
+    let (one, small) = match tcs {
+        true => (
+            if one == mm { chunk } else { one },
+            if small == mm { chunk } else { small },
+        ),
+        false => (one, small),
+    };
+    let bounded = if few_on { "ds4_index_scores_few" } else { one };
+    for (n, cap, p0, bound, kernel) in [
+        (41usize, 3000usize, 9000usize, 0usize, chunk),
+        (16, 2500, 4 * 2100, 0, chunk),
+        (600, 3000, 0, 0, chunk),
+        (1, 4000, 4 * 3000, 0, small),
+        (1, 20000, 4 * 5000, 0, one),
+        (1, 20000, 4 * 12000, 0, one),
+        // A served context's cache, the engine's bound: ~520 rows (a step just past the
+        // top-k), and three tokens near the bound (the blocks stride over the rows).
+        (1, 20000, 4 * 520 + 3, 6144, bounded),
+        (3, 20000, 4 * 6000, 6144, bounded),
     ] {
         let seed = rng.next();
-        let (case_ok, got) = index_scores_case(g, seed, json, (n, cap, p0, 0), chunk);
+        let (case_ok, got) = index_scores_case(g, seed, json, (n, cap, p0, bound), kernel);
         ok &= case_ok;
-        if chunk == "ds4_index_scores_mm_tcs" {
+        if kernel == "ds4_index_scores_mm_tcs" {
             FORCE_IDX_TCS.store(2, Ordering::Relaxed);
-            let (tc_ok, tc) = index_scores_case(g, seed, json, (n, cap, p0, 0), mm);
+            let (tc_ok, tc) = index_scores_case(g, seed, json, (n, cap, p0, bound), mm);
             FORCE_IDX_TCS.store(0, Ordering::Relaxed);
             let same = same_bits(&got, &tc);
             println!(
@@ -3080,29 +3095,20 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         }
     }
     if tcs {
-        ok &= index_scores_tcs_timing(g, rng, json);
-    }
-    for (n, cap, p0, bound, kernel) in [
-        (1usize, 4000usize, 4 * 3000, 0usize, small),
-        (1, 20000, 4 * 5000, 0, one),
-        (1, 20000, 4 * 12000, 0, one),
-        // A served context's cache, the engine's bound: ~520 rows (a step just past the
-        // top-k), and three tokens near the bound (the blocks stride over the rows).
-        (1, 20000, 4 * 520 + 3, 6144, bounded),
-        (3, 20000, 4 * 6000, 6144, bounded),
-    ] {
-        ok &= index_scores_case(g, rng.next(), json, (n, cap, p0, bound), kernel).0;
+        // A 128K prefill chunk and a 128K decode step.
+        ok &= index_scores_tcs_timing(g, rng, json, 1024);
+        ok &= index_scores_tcs_timing(g, rng, json, 1);
     }
     ok
 }
 
-/// A 128K prefill chunk's scores (1024 tokens x 64 heads x 128 over 32768 rows, each
-/// token seeing ~32500) on `ds4_index_scores_mm_tcs` and on `ds4_index_scores_mm_tc`:
-/// the same bits, and each kernel's time (CUDA events, 5 runs after a warm-up) with
-/// its rate in f32 TFLOP/s (2 flops a product). Too large for the f64 reference; the
-/// cases above check the values.
-fn index_scores_tcs_timing(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
-    let (n, ih, id, cap, ratio) = (1024usize, 64usize, 128usize, 32768usize, 4usize);
+/// `n` tokens' scores at 128K (64 heads x 128 over 32768 rows, each token seeing
+/// ~32500: a prefill chunk of 1024 or a decode step) on `ds4_index_scores_mm_tcs` and
+/// on `ds4_index_scores_mm_tc`: the same bits, and each kernel's time (CUDA events, 5
+/// runs after a warm-up) with its rate in f32 TFLOP/s (2 flops a product) and in GB/s
+/// of rows read. Too large for the f64 reference; the cases above check the values.
+fn index_scores_tcs_timing(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>, n: usize) -> bool {
+    let (ih, id, cap, ratio) = (64usize, 128usize, 32768usize, 4usize);
     let p0 = ratio * cap - n - 2000;
     let q: Vec<f32> = (0..n * ih * id).map(|_| rng.f32()).collect();
     let w: Vec<f32> = (0..n * ih).map(|_| rng.f32()).collect();
@@ -3141,15 +3147,21 @@ fn index_scores_tcs_timing(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bo
         .map(|t| (((p0 + t + 1) / ratio).min(cap) * ih * id * 2) as f64)
         .sum();
     let rate = |ms: f64| flops / (ms * 1e-3) / 1e12;
+    // (the rows each kernel reads at least once: those the last token sees)
+    let gbs = |ms: f64| (((p0 + n) / ratio).min(cap) * id * 4) as f64 / (ms * 1e-3) / 1e9;
     println!(
-        "  128K chunk ({n} tokens, {cap} rows): ds4_index_scores_mm_tcs {ms_s:.2} ms ({:.1} TFLOP/s), ds4_index_scores_mm_tc {ms_t:.2} ms ({:.1}), {:.2}x, the same bits: {same} {}",
+        "  128K, {n} tokens over {cap} rows: ds4_index_scores_mm_tcs {:.1} us ({:.1} TFLOP/s, {:.0} GB/s of rows), ds4_index_scores_mm_tc {:.1} us ({:.1}, {:.0}), {:.2}x, the same bits: {same} {}",
+        1e3 * ms_s,
         rate(ms_s),
+        gbs(ms_s),
+        1e3 * ms_t,
         rate(ms_t),
+        gbs(ms_t),
         ms_t / ms_s,
         if same { "ok" } else { "FAIL" }
     );
     json.push(format!(
-        "{{\"test\":\"index_scores_tcs_128k\",\"tcs_ms\":{ms_s},\"tc_ms\":{ms_t},\"same_bits\":{same},\"ok\":{same}}}"
+        "{{\"test\":\"index_scores_tcs_128k\",\"tokens\":{n},\"tcs_ms\":{ms_s},\"tc_ms\":{ms_t},\"same_bits\":{same},\"ok\":{same}}}"
     ));
     for b in [bq, bw, br, bp, bo] {
         into_result((g.be.free)(b)).unwrap();

@@ -858,12 +858,13 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         && prows.is_multiple_of(16)
     {
         let mm = base.i(to_i32(n, "tokens")?);
-        if let Some(smem) = idx_tcs(gpu, n, ih, id) {
-            return mm.launch_smem(
+        if let Some(smem) = idx_tcs(gpu, ih, id) {
+            let per_block = idx_tcs_tiles(n);
+            return mm.i(per_block as i32).launch_smem(
                 gpu,
                 "ds4_index_scores_mm_tcs",
                 (
-                    cap.div_ceil(128).div_ceil(IDX_TCS_TILES),
+                    cap.div_ceil(128).div_ceil(per_block),
                     (n * ih).div_ceil(128),
                     1,
                 ),
@@ -936,8 +937,17 @@ fn idx_mm_kernel() -> &'static str {
     }
 }
 
-/// Row tiles of 128 a `ds4_index_scores_mm_tcs` block takes (DS4_IXS_TILES).
-const IDX_TCS_TILES: u64 = 16;
+/// Row tiles of 128 a `ds4_index_scores_mm_tcs` block takes for `n` tokens: 16 in a
+/// prefill chunk (its many query tiles fill the device; each block's queries load
+/// once for 2048 rows), 1 in a decode step (its one query tile: a block a row tile, as
+/// many blocks as the device holds at 128K).
+fn idx_tcs_tiles(n: u64) -> u64 {
+    if n >= IDX_MM_MIN_TOKENS {
+        16
+    } else {
+        1
+    }
+}
 
 /// Dynamic shared memory `ds4_index_scores_mm_tcs` takes for index width `id`
 /// (DS4_IXS_SMEM): the queries at row stride id + 4, two 32-dim row chunks at stride 36,
@@ -946,21 +956,22 @@ fn idx_tcs_smem(id: u64) -> u64 {
     4 * (128 * (id + 4) + 2 * 128 * 36 + 4 * 128)
 }
 
-/// Whether a prefill chunk of `n` tokens (`ih` heads x `id`) scores through
-/// `ds4_index_scores_mm_tcs` (the rows streamed past resident queries; the same bits as
-/// `ds4_index_scores_mm_tc`): by default wherever that tensor-core kernel would run a
-/// chunk and the backend gives the kernel its shared memory (`MOE_GPU_IDX_TCS=0` keeps
-/// `ds4_index_scores_mm_tc`; read once; FORCE_IDX_TCS overrides). Decode steps keep the
-/// tiled kernel. With the dynamic shared memory to launch it with.
-fn idx_tcs(gpu: &impl Gpu, n: u64, ih: u64, id: u64) -> Option<u32> {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+/// Whether the tiled scores of `ih` heads x `id` (a prefill chunk, or a decode step over
+/// a long context) run as `ds4_index_scores_mm_tcs` (the rows streamed past resident
+/// queries; the same bits as `ds4_index_scores_mm_tc`): with `MOE_GPU_IDX_TCS=1`
+/// (opt-in until it has run on a GPU; read once; FORCE_IDX_TCS overrides), wherever
+/// that tensor-core kernel would run and the backend gives the kernel its shared
+/// memory. With the dynamic shared memory to launch it with.
+fn idx_tcs(gpu: &impl Gpu, ih: u64, id: u64) -> Option<u32> {
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let on = match FORCE_IDX_TCS.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => !*OFF.get_or_init(|| env_off("MOE_GPU_IDX_TCS")),
+        0 => MODE
+            .get_or_init(|| env_force("MOE_GPU_IDX_TCS"))
+            .unwrap_or(false),
         forced => forced == 1,
     };
     let smem = idx_tcs_smem(id);
-    (on && n >= IDX_MM_MIN_TOKENS
-        && ih.is_multiple_of(32)
+    (on && ih.is_multiple_of(32)
         && id.is_multiple_of(32)
         && idx_mm_kernel().ends_with("_tc")
         && smem <= gpu.ds4_tc_smem() as u64)
@@ -1976,8 +1987,10 @@ mod tests {
         ];
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &mm_args);
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (3, 10, 1)));
-        // Given the tensor-core kernels' shared memory, a chunk streams its rows past
-        // resident queries: 16 row tiles a block, 106,496 bytes at 128 dims.
+        // With the streamed kernel on (opt-in) and the tensor-core kernels' shared
+        // memory, a chunk streams its rows past resident queries: 16 row tiles a block,
+        // 106,496 bytes at 128 dims.
+        FORCE_IDX_TCS.store(1, std::sync::atomic::Ordering::Relaxed);
         let g = Rec::on(132, 227 * 1024);
         run(&g, ops::INDEX_SCORES, &prm(&[0.1, 0.5], &[4]), &mm_args)
             .expect("an op of this module")
@@ -1995,6 +2008,15 @@ mod tests {
             &mm_args,
         );
         assert_eq!(l[0].0, "ds4_index_scores_mm_tc");
+        FORCE_IDX_TCS.store(0, std::sync::atomic::Ordering::Relaxed);
+        // Off (the default): the tiled kernel, room or not.
+        let l = run_on(
+            Rec::on(132, 227 * 1024),
+            ops::INDEX_SCORES,
+            prm(&[0.1, 0.5], &[4]),
+            &mm_args,
+        );
+        assert_eq!(l[0].0, "ds4_index_scores_mm_tc");
         // A decode token over 6145+ cached rows and no bound: the tiled product; with
         // the engine's bound (i[2]) four rows a block, at most two blocks an SM.
         let mut dec = [
@@ -2006,14 +2028,16 @@ mod tests {
         ];
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &dec);
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (63, 1, 1)));
-        // (a decode step keeps it with the room for the streamed kernel too)
+        // With the streamed kernel on and its room: a block a row tile.
+        FORCE_IDX_TCS.store(1, std::sync::atomic::Ordering::Relaxed);
         let l = run_on(
             Rec::on(132, 227 * 1024),
             ops::INDEX_SCORES,
             prm(&[0.1, 0.5], &[4]),
             &dec,
         );
-        assert_eq!(l[0].0, "ds4_index_scores_mm_tc");
+        FORCE_IDX_TCS.store(0, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tcs", (63, 1, 1)));
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4, 0, 520]), &dec);
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_few", (130, 1, 1)));
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4, 0, 6144]), &dec);
