@@ -5,6 +5,9 @@
 # $OUT. Layers: 43 on an H200 (the issue's benchmark), 20 on an H100 (80 GB; the same
 # widths). Steps (STEPS, in this order; default "kernels fixtures bench ab timeline"):
 #   kernels   gpu_kernels --quick (parity, ALL OK or FAILURES; carry .dev/gpu)
+#   attention gpu_kernels --attention (SPARSE_ATTENTION's and INDEX_SCORES' cases alone,
+#             with MOE_GPU_IDX_TCS=1 the streamed index kernel's bit checks and 128K
+#             timings; not in the default list)
 #   fixtures  spec_gpu.sh STEPS=fixtures (the tiny fixtures against the CPU and the oracle)
 #   bench     NOFILE=1 ds4_bench.sh (the table at depths 0, 4K, 32K, 128K)
 #   ab        ds4_ab.sh $AB (default "base base"; e.g. AB="base MOE_DS4_XQ=0 base
@@ -51,6 +54,13 @@ for step in ${STEPS:-kernels fixtures bench ab timeline}; do
                 bash scripts/device/gpu_kernels.sh --quick > /dev/null 2>&1
             echo "rc=$?"
             grep -E "FAIL|parity" "$OUT/gpu_kernels.log" | cut -c1-220 | head -20
+            ;;
+        attention)
+            need 60 attention || continue
+            OUT="$OUT" timeout "$(( $(left) < 200 ? $(left) : 200 ))" \
+                bash scripts/device/gpu_kernels.sh --attention > /dev/null 2>&1
+            echo "rc=$?"
+            grep -E "FAIL|parity|128K|same bits|launches" "$OUT/gpu_kernels.log" | cut -c1-230 | head -40
             ;;
         fixtures)
             need 60 fixtures || continue
@@ -105,7 +115,7 @@ for step in ${STEPS:-kernels fixtures bench ab timeline}; do
             done
             ;;
         *)
-            echo "unknown step '$step' (kernels, fixtures, bench, ab, timeline, site, profile)" >&2
+            echo "unknown step '$step' (kernels, attention, fixtures, bench, ab, timeline, site, profile)" >&2
             exit 2
             ;;
     esac
