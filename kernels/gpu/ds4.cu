@@ -1323,10 +1323,11 @@ extern "C" __global__ void __launch_bounds__(256)
 // memory and takes `per_block` row tiles of 128 in turn (16 for a prefill chunk, 1 for a
 // decode step), each in 32-dim chunks by cp.async, the next chunk in flight while this
 // one is multiplied; two blocks an SM; fragments by ldmatrix; the TF32 split in integer
-// instructions (ds4_tf32_rna: cvt.rna's rounding). Every dot product takes the same mma
-// in the same order as in ds4_index_scores_mm_tc, and the end is ds4_ixm_tc_end: the
-// same bits. Needs ih % 32 == 0, 128 % ih == 0, id % 32 == 0, q and rows 16-byte
-// aligned. grid = (ceil(row tiles / per_block), ceil(n ih / 128)), block 256.
+// instructions (DS4_IXS_SPLIT: cvt.rna's rounding, or the tiled kernel's truncation
+// with IXM_SPLIT_TRUNC). Every dot product takes the same mma in the same order as in
+// ds4_index_scores_mm_tc, and the end is ds4_ixm_tc_end: the same bits. Needs ih % 32
+// == 0, 128 % ih == 0, id % 32 == 0, q and rows 16-byte aligned.
+// grid = (ceil(row tiles / per_block), ceil(n ih / 128)), block 256.
 #define DS4_IXS_LDB (DS4_IXM_K + 4)  // a staged row chunk's stride (conflict-free ldmatrix)
 // Queries [128][id + 4], two row chunks [128][DS4_IXS_LDB], the warps' sums [4][128]
 // (the host's ds4::idx_tcs_smem computes the same).
@@ -1336,7 +1337,8 @@ extern "C" __global__ void __launch_bounds__(256)
 #if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
 // cvt.rna.tf32.f32 (to nearest, ties away from zero) as two integer instructions: half
 // a TF32 unit added to the magnitude's bits, the 13 low bits cleared (a carry moves the
-// exponent up as rounding does). Finite x.
+// exponent up as rounding does). Finite x (a NaN may come out as an infinity or a zero,
+// where cvt.rna keeps it: the indexer's queries and rows are finite).
 GPU_DEV unsigned int ds4_tf32_rna(float x) {
     return ((unsigned int)__float_as_int(x) + 0x1000u) & 0xffffe000u;
 }
@@ -1345,6 +1347,14 @@ GPU_DEV void ds4_tf32_split_rna(float x, unsigned int& hi, unsigned int& lo) {
     hi = ds4_tf32_rna(x);
     lo = ds4_tf32_rna(x - __int_as_float((int)hi));
 }
+
+// The streamed kernel's split: the tiled kernel's rounding, or its truncation with
+// IXM_SPLIT_TRUNC, so that the two give the same bits either way.
+#if defined(IXM_SPLIT_TRUNC)
+#define DS4_IXS_SPLIT ds4_tf32_split_t
+#else
+#define DS4_IXS_SPLIT ds4_tf32_split_rna
+#endif
 
 GPU_DEV void ds4_ldsm4(unsigned int addr, unsigned int& d0, unsigned int& d1, unsigned int& d2,
                        unsigned int& d3) {
@@ -1368,7 +1378,7 @@ GPU_DEV void ds4_ixs_chunk(unsigned int a_addr, unsigned int b_addr, int lda, fl
             unsigned int a[4];
             ds4_ldsm4(a_addr + 4 * (16 * mt * lda + k), a[0], a[1], a[2], a[3]);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) ds4_tf32_split_rna(__int_as_float((int)a[e]), ah[mt][e], al[mt][e]);
+            for (int e = 0; e < 4; ++e) DS4_IXS_SPLIT(__int_as_float((int)a[e]), ah[mt][e], al[mt][e]);
         }
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
@@ -1378,8 +1388,8 @@ GPU_DEV void ds4_ixs_chunk(unsigned int a_addr, unsigned int b_addr, int lda, fl
             for (int h = 0; h < 2; ++h) {
                 const int nt = 2 * np + h;
                 unsigned int bh0, bl0, bh1, bl1;
-                ds4_tf32_split_rna(__int_as_float((int)b[2 * h]), bh0, bl0);
-                ds4_tf32_split_rna(__int_as_float((int)b[2 * h + 1]), bh1, bl1);
+                DS4_IXS_SPLIT(__int_as_float((int)b[2 * h]), bh0, bl0);
+                DS4_IXS_SPLIT(__int_as_float((int)b[2 * h + 1]), bh1, bl1);
 #pragma unroll
                 for (int mt = 0; mt < 2; ++mt)
                     ds4_mma3(&acc[4 * mt + nt / 2][4 * (nt & 1)], ah[mt], al[mt], bh0, bh1, bl0, bl1);
