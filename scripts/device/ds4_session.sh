@@ -48,19 +48,14 @@ need() {
 }
 for step in ${STEPS:-kernels fixtures bench ab timeline}; do
     case "$step" in
-        kernels)
-            need 60 kernels || continue
-            OUT="$OUT" timeout "$(( $(left) < 180 ? $(left) : 180 ))" \
-                bash scripts/device/gpu_kernels.sh --quick > /dev/null 2>&1
+        kernels | attention)
+            need 60 "$step" || continue
+            flag=--quick pat="FAIL|parity" cap=180
+            [ "$step" = kernels ] || flag=--attention pat="FAIL|parity|128K|same bits|launches" cap=200
+            OUT="$OUT" timeout "$(( $(left) < cap ? $(left) : cap ))" \
+                bash scripts/device/gpu_kernels.sh "$flag" > /dev/null 2>&1
             echo "rc=$?"
-            grep -E "FAIL|parity" "$OUT/gpu_kernels.log" | cut -c1-220 | head -20
-            ;;
-        attention)
-            need 60 attention || continue
-            OUT="$OUT" timeout "$(( $(left) < 200 ? $(left) : 200 ))" \
-                bash scripts/device/gpu_kernels.sh --attention > /dev/null 2>&1
-            echo "rc=$?"
-            grep -E "FAIL|parity|128K|same bits|launches" "$OUT/gpu_kernels.log" | cut -c1-230 | head -40
+            grep -E "$pat" "$OUT/gpu_kernels.log" | cut -c1-230 | head -40
             ;;
         fixtures)
             need 60 fixtures || continue
