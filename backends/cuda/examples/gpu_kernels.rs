@@ -3127,13 +3127,7 @@ fn index_scores_tcs_timing(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>, n: us
     prm.f[0] = 0.088;
     prm.f[1] = 0.125;
     prm.i[0] = ratio as i64;
-    let args = [
-        t(bq, 0, types::F32, 0, [id as u64, ih as u64, n as u64, 1]),
-        t(bw, 0, types::F32, 0, [ih as u64, n as u64, 1, 1]),
-        t(br, 0, types::F32, 0, [id as u64, cap as u64, 1, 1]),
-        t(bp, 0, types::I32, 0, [n as u64, 1, 1, 1]),
-        t(bo, 0, types::F32, 0, [cap as u64, n as u64, 1, 1]),
-    ];
+    let args = index_args([bq, bw, br, bp, bo], [id, ih, n, cap]);
     let run = |force: u8| {
         FORCE_IDX_TCS.store(force, Ordering::Relaxed);
         let ms = g.time(5, || g.op_with(ops::INDEX_SCORES, prm, &args));
@@ -3167,6 +3161,19 @@ fn index_scores_tcs_timing(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>, n: us
         into_result((g.be.free)(b)).unwrap();
     }
     same
+}
+
+/// INDEX_SCORES' tensors on buffers [queries, head weights, rows, positions, scores] for
+/// `n` tokens of `ih` heads x `id` over `cap` rows; shape = [id, ih, n, cap].
+fn index_args(b: [u64; 5], shape: [usize; 4]) -> [TensorRef; 5] {
+    let [id, ih, n, cap] = shape.map(|v| v as u64);
+    [
+        t(b[0], 0, types::F32, 0, [id, ih, n, 1]),
+        t(b[1], 0, types::F32, 0, [ih, n, 1, 1]),
+        t(b[2], 0, types::F32, 0, [id, cap, 1, 1]),
+        t(b[3], 0, types::I32, 0, [n, 1, 1, 1]),
+        t(b[4], 0, types::F32, 0, [cap, n, 1, 1]),
+    ]
 }
 
 /// One INDEX_SCORES case on inputs drawn from `seed` (so a second run can repeat them):
@@ -3206,13 +3213,7 @@ fn index_scores_case(
     g.op_with(
         ops::INDEX_SCORES,
         prm,
-        &[
-            t(bq, 0, types::F32, 0, [id as u64, ih as u64, n as u64, 1]),
-            t(bw, 0, types::F32, 0, [ih as u64, n as u64, 1, 1]),
-            t(br, 0, types::F32, 0, [id as u64, cap as u64, 1, 1]),
-            t(bp, 0, types::I32, 0, [n as u64, 1, 1, 1]),
-            t(bo, 0, types::F32, 0, [cap as u64, n as u64, 1, 1]),
-        ],
+        &index_args([bq, bw, br, bp, bo], [id, ih, n, cap]),
     );
     let ran = device_launches(&before, &g.counters(), kernel);
     let got = g.read_f32(bo, 0, cap * n);

@@ -366,14 +366,14 @@ impl Module {
             };
             // (mma.sync on bf16 and cp.async: sm_80 on)
             let (mmw_smem, ds4_tc_smem) = match dev.cc.0 >= 8 {
-                true => (smem_room(dev, &funcs, &MMW_KERNELS), {
+                true => {
                     prefer_shared(&funcs, "ds4_index_scores_mm_tcs");
-                    smem_room(
-                        dev,
-                        &funcs,
-                        &["ds4_attention_tc", "ds4_index_scores_mm_tcs"],
+                    let ds4_tc = ["ds4_attention_tc", "ds4_index_scores_mm_tcs"];
+                    (
+                        smem_room(dev, &funcs, &MMW_KERNELS),
+                        smem_room(dev, &funcs, &ds4_tc),
                     )
-                }),
+                }
                 false => (0, 0),
             };
             Ok(Module {

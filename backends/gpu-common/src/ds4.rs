@@ -308,6 +308,20 @@ fn env_force(name: &str) -> Option<bool> {
     }
 }
 
+/// A kernel switch that device tests can force: `force` 1 on, 2 off, 0 as `name` says
+/// (env_force, read once into `mode`), else `default`.
+fn forced_switch(
+    force: &std::sync::atomic::AtomicU8,
+    mode: &std::sync::OnceLock<Option<bool>>,
+    name: &str,
+    default: bool,
+) -> bool {
+    match force.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => mode.get_or_init(|| env_force(name)).unwrap_or(default),
+        forced => forced == 1,
+    }
+}
+
 /// `MOE_GPU_HC_FAST=0`: mHC pre's general path (read once).
 fn hc_fast_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -964,12 +978,7 @@ fn idx_tcs_smem(id: u64) -> u64 {
 /// memory. With the dynamic shared memory to launch it with.
 fn idx_tcs(gpu: &impl Gpu, ih: u64, id: u64) -> Option<u32> {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let on = match FORCE_IDX_TCS.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => MODE
-            .get_or_init(|| env_force("MOE_GPU_IDX_TCS"))
-            .unwrap_or(false),
-        forced => forced == 1,
-    };
+    let on = forced_switch(&FORCE_IDX_TCS, &MODE, "MOE_GPU_IDX_TCS", false);
     let smem = idx_tcs_smem(id);
     (on && ih.is_multiple_of(32)
         && id.is_multiple_of(32)
@@ -1115,11 +1124,8 @@ fn att_tc_smem(hd: u64) -> u64 {
 /// overrides), where the head width is a multiple of 16 and the backend gives the
 /// kernel its shared memory. With the dynamic shared memory to launch it with.
 fn att_tc(gpu: &impl Gpu, hd: u64) -> Option<u32> {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = match FORCE_ATT_TC.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => !*OFF.get_or_init(|| env_off("MOE_GPU_ATT_TC")),
-        forced => forced == 1,
-    };
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let on = forced_switch(&FORCE_ATT_TC, &MODE, "MOE_GPU_ATT_TC", true);
     let smem = att_tc_smem(hd);
     (on && hd.is_multiple_of(16) && smem <= gpu.ds4_tc_smem() as u64).then_some(smem as u32)
 }
