@@ -467,6 +467,19 @@ GPU_DEV unsigned int gpu_smem_addr(const void* p) {
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
+
+// ldmatrix.x4 (sm_75 on) at shared address addr (gpu_smem_addr): matrix i of 8 x 8 b16
+// values from lanes 8 i .. 8 i + 7's row addresses; lane l gets row l / 4, 32-bit word
+// l % 4 of each, in d_i.
+#if __CUDA_ARCH__ >= 750
+GPU_DEV void gpu_ldsm4(unsigned int addr, unsigned int& d0, unsigned int& d1, unsigned int& d2,
+                       unsigned int& d3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
+                 : "r"(addr)
+                 : "memory");
+}
+#endif
 #endif
 
 // Asynchronous 16-byte copies from global to shared memory (cp.async, CUDA sm_80+):

@@ -1356,14 +1356,6 @@ GPU_DEV void ds4_tf32_split_rna(float x, unsigned int& hi, unsigned int& lo) {
 #define DS4_IXS_SPLIT ds4_tf32_split_rna
 #endif
 
-GPU_DEV void ds4_ldsm4(unsigned int addr, unsigned int& d0, unsigned int& d1, unsigned int& d2,
-                       unsigned int& d3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
-                 : "r"(addr)
-                 : "memory");
-}
-
 // One staged chunk (DS4_IXM_K dims from k0 of the queries; the rows' chunk at Bs) of
 // the warp's 32 x 64 products, as ds4_ixm_tc_chunk. ldmatrix on 32-bit values: matrix i
 // comes from lanes 8 i .. 8 i + 7's row addresses, and lane l gets row l / 4, value
@@ -1376,14 +1368,14 @@ GPU_DEV void ds4_ixs_chunk(unsigned int a_addr, unsigned int b_addr, int lda, fl
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
             unsigned int a[4];
-            ds4_ldsm4(a_addr + 4 * (16 * mt * lda + k), a[0], a[1], a[2], a[3]);
+            gpu_ldsm4(a_addr + 4 * (16 * mt * lda + k), a[0], a[1], a[2], a[3]);
 #pragma unroll
             for (int e = 0; e < 4; ++e) DS4_IXS_SPLIT(__int_as_float((int)a[e]), ah[mt][e], al[mt][e]);
         }
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
             unsigned int b[4];
-            ds4_ldsm4(b_addr + 4 * (16 * np * DS4_IXS_LDB + k), b[0], b[1], b[2], b[3]);
+            gpu_ldsm4(b_addr + 4 * (16 * np * DS4_IXS_LDB + k), b[0], b[1], b[2], b[3]);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int nt = 2 * np + h;

@@ -3276,18 +3276,10 @@ GPU_DEV void mmw_mma(float* d, unsigned int a0, unsigned int a1, unsigned int a2
 }
 
 // MMW_LDSM (a compile option, for A/B runs): the B fragments of two column tiles by one
-// ldmatrix.x4 (the same words as the scalar loads): matrix i of lane group i = l / 8 is
-// columns 8 (nt + i / 2) .. + 7 by k values 8 (i % 2) .. + 7 of the k16 step, lane l
-// giving its row's address, and d_i comes back as b0 / b1 of tile nt, then of nt + 1.
-#if defined(MMW_LDSM)
-GPU_DEV void mmw_ldsm4(const unsigned int* p, unsigned int& d0, unsigned int& d1, unsigned int& d2,
-                       unsigned int& d3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
-                 : "r"(gpu_smem_addr(p))
-                 : "memory");
-}
-#endif
+// ldmatrix.x4 (gpu_ldsm4; the same words as the scalar loads): matrix i of lane group i =
+// l / 8 is columns 8 (nt + i / 2) .. + 7 by k values 8 (i % 2) .. + 7 of the k16 step,
+// lane l giving its row's address, and d_i comes back as b0 / b1 of tile nt, then of
+// nt + 1.
 
 // Code word h of a staged 107 block at p (rows are 8-byte aligned, blocks 10 bytes:
 // odd blocks start mid-word).
@@ -3382,7 +3374,7 @@ GPU_DEV void mmw_block(const unsigned char* rows, const unsigned int* as_, int l
 #pragma unroll
         for (int nt = 0; nt < NT; nt += 2) {
             unsigned int b[4];
-            mmw_ldsm4(cl + nt * 8 * MMW_ALD, b[0], b[1], b[2], b[3]);
+            gpu_ldsm4(gpu_smem_addr(cl + nt * 8 * MMW_ALD), b[0], b[1], b[2], b[3]);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 float* d = acc + (mt * NT + nt) * 4;
