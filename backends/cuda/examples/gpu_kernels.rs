@@ -5,6 +5,7 @@
 //! rlib's event timing. Prints a table and, at the end, one JSON line.
 //!
 //!   cargo run --release -p moe-backend-cuda --example gpu_kernels [-- --quick | --bench | --grouped]
+//!   ... --example gpu_kernels -- --compile sm_90   (the kernel cache alone, no device)
 //!
 //! The CPU reference is the q8 dot product written out from the spec
 //! (../shared/spec/rocmfpx.md): per 16-weight half, d * (A * sum c*q - B * sum q) with
@@ -3384,6 +3385,27 @@ fn check_reference(rng: &mut Rng) -> bool {
 }
 
 fn main() {
+    // --compile ARCH: NVRTC's image for ARCH into the kernel cache and nothing else (no
+    // device needed), so that a device call finds the cache filled here.
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--compile") {
+        let arch = args.get(i + 1).map_or("sm_90", String::as_str);
+        let t0 = Instant::now();
+        match moe_backend_cuda::kernels::compile(arch) {
+            Ok((img, cached)) => println!(
+                "kernels for {arch}: {} bytes, {} in {:.1} s (cache dir {})",
+                img.len(),
+                if cached { "from the cache" } else { "compiled" },
+                t0.elapsed().as_secs_f64(),
+                moe_backend_cuda::kernels::cache_dir().display()
+            ),
+            Err(e) => {
+                eprintln!("compiling the kernels for {arch}: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     if std::env::var_os("MOE_GPU_MMB").is_none() {
         // Before any backend call (the backend reads it once): the MMQ cases run the int8
         // tiles, as they expect; `mmw_check` forces the streamed ones itself.
