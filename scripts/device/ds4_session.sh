@@ -23,7 +23,8 @@
 # A step starts only with at least its minimum time left (see `need`), so a slow
 # machine skips the last ones rather than cutting one short. Carry .dev/ds4 (and
 # .dev/gpu for kernels). Built here first: scripts/device/carry_ds4.sh and
-# scripts/device/gpu_kernels.sh --prepare.
+# scripts/device/gpu_kernels.sh --prepare; scripts/device/kernel_cache.sh then fills
+# .dev/kc (carry it, MOE_KERNEL_CACHE=$PWD/.dev/kc: no NVRTC compile on the device).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export MOE_KERNEL_CACHE=${MOE_KERNEL_CACHE:-/tmp/moe-kernel-cache}
