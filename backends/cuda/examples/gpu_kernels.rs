@@ -3007,8 +3007,8 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 
 /// INDEX_SCORES against an f64 reference of its definition: score[t][r] = sum_h
 /// relu(q_th . row_r) * f[0] * (w_th * f[1]) over the rows visible to t. Prefill chunks
-/// (the tiled kernels: on the tensor cores `ds4_index_scores_mm_tc`, or with
-/// `MOE_GPU_IDX_TCS=1` `ds4_index_scores_mm_tcs`; with `MOE_GPU_IDX_TC=0`
+/// (the tiled kernels: on the tensor cores `ds4_index_scores_mm_tcs`, or with
+/// `MOE_GPU_IDX_TCS=0` `ds4_index_scores_mm_tc`; with `MOE_GPU_IDX_TC=0`
 /// `ds4_index_scores_mm`): 41 tokens, 64 heads x 128, a partial last query tile and a
 /// partly visible row tile; 16 tokens over ~2100 rows (two blocks of 16 row tiles, the
 /// second partial); 600 tokens from position 0 (each sees its own number of rows, tiles
@@ -3031,8 +3031,8 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     } else {
         "ds4_index_scores_mm_tc"
     };
-    // Prefill chunks stream their rows past resident queries with MOE_GPU_IDX_TCS=1.
-    let tcs = !tc_off && std::env::var("MOE_GPU_IDX_TCS").as_deref() == Ok("1");
+    // Prefill chunks stream their rows past resident queries unless MOE_GPU_IDX_TCS=0.
+    let tcs = !tc_off && std::env::var("MOE_GPU_IDX_TCS").as_deref() != Ok("0");
     // The decode cases' 20000 cached rows take the tiled kernel on the tensor cores
     // (IDX_MM_DECODE_MIN_ROWS), unless MOE_GPU_IDX_MM=0 or MOE_GPU_IDX_TC=0.
     let mm_env = std::env::var("MOE_GPU_IDX_MM");
@@ -3056,7 +3056,7 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         (_, true) => "ds4_index_scores_mm_tcs",
         _ => mm,
     };
-    // The decode steps the tiled kernel takes: the streamed one with MOE_GPU_IDX_TCS=1.
+    // The decode steps the tiled kernel takes: the streamed one unless MOE_GPU_IDX_TCS=0.
     let (one, small) = match tcs {
         true => (
             if one == mm { chunk } else { one },
