@@ -37,6 +37,7 @@
 #define KID_DS4_ATTENTION_HEADS4 72
 #define KID_DS4_ATTENTION_TC 73
 #define KID_DS4_INDEX_SCORES_MM_TCS 74
+#define KID_DS4_INDEX_SCORES_MM_TCS4 75
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -1315,7 +1316,7 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // ---------------------------------------------------------------------------------
 // The indexer's scores with the rows streamed past resident queries
-// (ds4_index_scores_mm_tcs; CUDA sm_80+, where the host gives it DS4_IXS_SMEM(id) bytes
+// (ds4_index_scores_mm_tcs; CUDA sm_80+, where the host gives it DS4_IXS_SMEM(id, 32, 2) bytes
 // of dynamic shared memory; it traps elsewhere). ds4_index_scores_mm_tc loads each
 // 32-dim chunk of a tile synchronously, so its tensor cores wait for every load (~30% of
 // their TF32 rate in a 128K prefill chunk; a 128K decode step's ~22 us a layer against
@@ -1327,12 +1328,16 @@ extern "C" __global__ void __launch_bounds__(256)
 // with IXM_SPLIT_TRUNC). Every dot product takes the same mma in the same order as in
 // ds4_index_scores_mm_tc, and the end is ds4_ixm_tc_end: the same bits. Needs ih % 32
 // == 0, 128 % ih == 0, id % 32 == 0, q and rows 16-byte aligned.
+// ds4_index_scores_mm_tcs4 (opt-in, MOE_GPU_IDX_TCS=4) is the same with 16-dim chunks,
+// four in flight, and one barrier a chunk (wait for chunk it, barrier, ask for chunk
+// it + 3 into the buffer chunk it - 1 was read from, multiply): the rows' loads get
+// three chunks' products to land in, not one, in about the same shared memory (two
+// blocks an SM still fit). The same mma in the same order: the same bits again.
 // grid = (ceil(row tiles / per_block), ceil(n ih / 128)), block 256.
-#define DS4_IXS_LDB (DS4_IXM_K + 4)  // a staged row chunk's stride (conflict-free ldmatrix)
-// Queries [128][id + 4], two row chunks [128][DS4_IXS_LDB], the warps' sums [4][128]
-// (the host's ds4::idx_tcs_smem computes the same).
-#define DS4_IXS_SMEM(id) \
-    (4 * (DS4_IXM_M * ((id) + 4) + 2 * DS4_IXM_N * DS4_IXS_LDB + 4 * DS4_IXM_N))
+// Queries [128][id + 4], S row chunks of K dims [128][K + 4] (conflict-free ldmatrix at
+// both K), the warps' sums [4][128] (the host's ds4::idx_tcs_smem computes the same).
+#define DS4_IXS_SMEM(id, K, S) \
+    (4 * (DS4_IXM_M * ((id) + 4) + (S) * DS4_IXM_N * ((K) + 4) + 4 * DS4_IXM_N))
 
 #if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
 // cvt.rna.tf32.f32 (to nearest, ties away from zero) as two integer instructions: half
@@ -1356,14 +1361,16 @@ GPU_DEV void ds4_tf32_split_rna(float x, unsigned int& hi, unsigned int& lo) {
 #define DS4_IXS_SPLIT ds4_tf32_split_rna
 #endif
 
-// One staged chunk (DS4_IXM_K dims from k0 of the queries; the rows' chunk at Bs) of
+// One staged chunk (K dims from k0 of the queries; the rows' chunk at Bs) of
 // the warp's 32 x 64 products, as ds4_ixm_tc_chunk. ldmatrix on 32-bit values: matrix i
 // comes from lanes 8 i .. 8 i + 7's row addresses, and lane l gets row l / 4, value
 // l % 4 of it: for A, matrices (rows +0 / +8) x (k +0 / +4) are a0 .. a3; for B,
 // matrices (tile nt / nt + 1) x (k +0 / +4) are b0, b1 of tile nt, then of nt + 1.
+template <int K>
 GPU_DEV void ds4_ixs_chunk(unsigned int a_addr, unsigned int b_addr, int lda, float (&acc)[8][8]) {
+    constexpr int LDB = K + 4;
 #pragma unroll
-    for (int k = 0; k < DS4_IXM_K; k += 8) {
+    for (int k = 0; k < K; k += 8) {
         unsigned int ah[2][4], al[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
@@ -1375,7 +1382,7 @@ GPU_DEV void ds4_ixs_chunk(unsigned int a_addr, unsigned int b_addr, int lda, fl
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
             unsigned int b[4];
-            gpu_ldsm4(b_addr + 4 * (16 * np * DS4_IXS_LDB + k), b[0], b[1], b[2], b[3]);
+            gpu_ldsm4(b_addr + 4 * (16 * np * LDB + k), b[0], b[1], b[2], b[3]);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int nt = 2 * np + h;
@@ -1391,19 +1398,21 @@ GPU_DEV void ds4_ixs_chunk(unsigned int a_addr, unsigned int b_addr, int lda, fl
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, 2)
-    ds4_index_scores_mm_tcs(const float* __restrict__ q, const float* __restrict__ wproj,
-                            const float* __restrict__ rows, const int* __restrict__ pos, int ih,
-                            int id, int ratio, int cap, float sm, float ws,
-                            float* __restrict__ scores, int n, int per_block,
-                            unsigned int* counters) {
-    gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM_TCS);
+// The body of both forms: K dims a row chunk, S chunks in flight (32, 2 or 16, 4).
+template <int K, int S>
+GPU_DEV void ds4_ixs_body(const float* __restrict__ q, const float* __restrict__ wproj,
+                          const float* __restrict__ rows, const int* __restrict__ pos, int ih,
+                          int id, int ratio, int cap, float sm, float ws,
+                          float* __restrict__ scores, int n, int per_block) {
 #if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
+    constexpr int LDB = K + 4, CP = K / 4;  // a chunk row's stride; its 16-byte copies
+    constexpr int CP_LOG = CP == 8 ? 3 : 2;
+    static_assert((K == 32 || K == 16) && (S & (S - 1)) == 0, "K 32 or 16, S a power of two");
     extern __shared__ __attribute__((aligned(16))) float ds4_ixs_dyn[];
-    const int lda = id + 4, nk = id / DS4_IXM_K;
-    float* As = ds4_ixs_dyn;                          // [128][lda]
-    float* Bs = As + DS4_IXM_M * lda;                 // [2][128][DS4_IXS_LDB]
-    float* red = Bs + 2 * DS4_IXM_N * DS4_IXS_LDB;   // [4][128]
+    const int lda = id + 4, nk = id / K;
+    float* As = ds4_ixs_dyn;                 // [128][lda]
+    float* Bs = As + DS4_IXM_M * lda;        // [S][128][LDB]
+    float* red = Bs + S * DS4_IXM_N * LDB;   // [4][128]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int m0 = blockIdx.y * DS4_IXM_M, mq = n * ih;
     const int t0 = m0 / ih, tpb = DS4_IXM_M / ih;
@@ -1416,30 +1425,28 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     if (tiles > per_block) tiles = per_block;
     if (tiles <= 0) return;  // the same for the whole block
     // The queries (zeros past the chunk's), then each (tile, chunk) in turn: the rows of
-    // tile tile0 + it / nk, dims 32 (it % nk).., zeros past the visible ones.
+    // tile tile0 + it / nk, dims K (it % nk).., zeros past the visible ones.
     for (int e = tid; e < DS4_IXM_M * (id / 4); e += 256) {
         const int row = e / (id / 4), c4 = 4 * (e % (id / 4)), m = m0 + row;
         const bool on = m < mq;
         gpu_cp_async16(gpu_smem_addr(As + row * lda + c4), on ? q + (long long)m * id + c4 : q, on);
     }
     auto stage = [&](int it) {
-        const int r0 = (tile0 + it / nk) * DS4_IXM_N, k0 = DS4_IXM_K * (it % nk);
-        float* dst = Bs + (it & 1) * DS4_IXM_N * DS4_IXS_LDB;
+        const int r0 = (tile0 + it / nk) * DS4_IXM_N, k0 = K * (it % nk);
+        float* dst = Bs + (it & (S - 1)) * DS4_IXM_N * LDB;
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int e = tid + 256 * u, row = e >> 3, k4 = 4 * (e & 7), r = r0 + row;
+        for (int u = 0; u < DS4_IXM_N * CP / 256; ++u) {
+            const int e = tid + 256 * u, row = e >> CP_LOG, k4 = 4 * (e & (CP - 1)), r = r0 + row;
             const bool on = r < vis_last;
-            gpu_cp_async16(gpu_smem_addr(dst + row * DS4_IXS_LDB + k4),
+            gpu_cp_async16(gpu_smem_addr(dst + row * LDB + k4),
                            on ? rows + (long long)r * id + k0 + k4 : rows, on);
         }
     };
-    stage(0);
-    gpu_cp_commit();
     // This lane's ldmatrix rows: lane group lg = lane / 8 gives matrix lg's row lane % 8.
     const int lr = lane & 7, lg = lane >> 3;
     const int mb = 32 * (warp & 3), nb = 64 * (warp >> 2);
     const unsigned int a_row = gpu_smem_addr(As + (mb + lr + 8 * (lg & 1)) * lda + 4 * (lg >> 1));
-    const int b_off = (nb + lr + 8 * (lg >> 1)) * DS4_IXS_LDB + 4 * (lg & 1);
+    const int b_off = (nb + lr + 8 * (lg >> 1)) * LDB + 4 * (lg & 1);
     // A warp whose 32 queries all lie past the chunk's keeps its zeros; warp-uniform.
     const bool active = m0 + mb < mq;
     float acc[8][8];
@@ -1448,15 +1455,12 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
     const int total = tiles * nk;
-    for (int it = 0; it < total; ++it) {
-        if (it + 1 < total) stage(it + 1);  // (into the buffer chunk it - 1 was read from)
-        gpu_cp_commit();
-        gpu_cp_wait<1>();  // this thread's copies of chunk it (and the queries) landed
-        __syncthreads();   // and every thread's
+    // Chunk it's products, then, after a tile's last chunk, its scores.
+    auto step = [&](int it) {
         const int kc = it % nk;
         if (active)
-            ds4_ixs_chunk(a_row + 4 * DS4_IXM_K * kc,
-                          gpu_smem_addr(Bs + (it & 1) * DS4_IXM_N * DS4_IXS_LDB + b_off), lda, acc);
+            ds4_ixs_chunk<K>(a_row + 4 * K * kc,
+                             gpu_smem_addr(Bs + (it & (S - 1)) * DS4_IXM_N * LDB + b_off), lda, acc);
         if (kc == nk - 1) {
             ds4_ixm_tc_end(acc, red, m0, ih, n, wproj, sm, ws, pos, ratio, cap,
                            (tile0 + it / nk) * DS4_IXM_N, scores);
@@ -1465,11 +1469,61 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 #pragma unroll
                 for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
         }
-        __syncthreads();  // chunk it's buffer (and red) read by every thread
+    };
+    if constexpr (S == 2) {
+        stage(0);
+        gpu_cp_commit();
+        for (int it = 0; it < total; ++it) {
+            if (it + 1 < total) stage(it + 1);  // (into the buffer chunk it - 1 was read from)
+            gpu_cp_commit();
+            gpu_cp_wait<1>();  // this thread's copies of chunk it (and the queries) landed
+            __syncthreads();   // and every thread's
+            step(it);
+            __syncthreads();  // chunk it's buffer (and red) read by every thread
+        }
+    } else {
+        // Groups 0 .. S - 2 hold the queries and chunks 0 .. S - 2; before the wait of
+        // chunk it, S - 1 + it groups are committed, so chunk it is in once at most
+        // S - 2 are pending. The barrier after it also tells that every thread is done
+        // with chunk it - 1, whose buffer chunk it + S - 1 then takes (red: the end's own
+        // barriers, and the next end is nk chunks on).
+#pragma unroll
+        for (int c = 0; c < S - 1; ++c) {
+            if (c < total) stage(c);
+            gpu_cp_commit();
+        }
+        for (int it = 0; it < total; ++it) {
+            gpu_cp_wait<S - 2>();
+            __syncthreads();
+            if (it + S - 1 < total) stage(it + S - 1);
+            gpu_cp_commit();
+            step(it);
+        }
     }
 #else
     __builtin_trap();  // the host launches it only where the tensor cores run it
 #endif
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    ds4_index_scores_mm_tcs(const float* __restrict__ q, const float* __restrict__ wproj,
+                            const float* __restrict__ rows, const int* __restrict__ pos, int ih,
+                            int id, int ratio, int cap, float sm, float ws,
+                            float* __restrict__ scores, int n, int per_block,
+                            unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM_TCS);
+    ds4_ixs_body<DS4_IXM_K, 2>(q, wproj, rows, pos, ih, id, ratio, cap, sm, ws, scores, n,
+                               per_block);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    ds4_index_scores_mm_tcs4(const float* __restrict__ q, const float* __restrict__ wproj,
+                             const float* __restrict__ rows, const int* __restrict__ pos, int ih,
+                             int id, int ratio, int cap, float sm, float ws,
+                             float* __restrict__ scores, int n, int per_block,
+                             unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM_TCS4);
+    ds4_ixs_body<16, 4>(q, wproj, rows, pos, ih, id, ratio, cap, sm, ws, scores, n, per_block);
 }
 
 // ---------------------------------------------------------------------------------

@@ -3008,7 +3008,7 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// INDEX_SCORES against an f64 reference of its definition: score[t][r] = sum_h
 /// relu(q_th . row_r) * f[0] * (w_th * f[1]) over the rows visible to t. Prefill chunks
 /// (the tiled kernels: on the tensor cores `ds4_index_scores_mm_tcs`, or with
-/// `MOE_GPU_IDX_TCS=0` `ds4_index_scores_mm_tc`; with `MOE_GPU_IDX_TC=0`
+/// `MOE_GPU_IDX_TCS=0` `ds4_index_scores_mm_tc`, with `=4` `_tcs4`; with `MOE_GPU_IDX_TC=0`
 /// `ds4_index_scores_mm`): 41 tokens, 64 heads x 128, a partial last query tile and a
 /// partly visible row tile; 16 tokens over ~2100 rows (two blocks of 16 row tiles, the
 /// second partial); 600 tokens from position 0 (each sees its own number of rows, tiles
@@ -3033,6 +3033,11 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     };
     // Prefill chunks stream their rows past resident queries unless MOE_GPU_IDX_TCS=0.
     let tcs = !tc_off && std::env::var("MOE_GPU_IDX_TCS").as_deref() != Ok("0");
+    // (MOE_GPU_IDX_TCS=4: its four-stage form)
+    let tcs_name = match std::env::var("MOE_GPU_IDX_TCS").as_deref() {
+        Ok("4") => "ds4_index_scores_mm_tcs4",
+        _ => "ds4_index_scores_mm_tcs",
+    };
     // The decode cases' 20000 cached rows take the tiled kernel on the tensor cores
     // (IDX_MM_DECODE_MIN_ROWS), unless MOE_GPU_IDX_MM=0 or MOE_GPU_IDX_TC=0.
     let mm_env = std::env::var("MOE_GPU_IDX_MM");
@@ -3053,7 +3058,7 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     };
     let chunk = match (mm_env.as_deref(), tcs) {
         (Ok("0"), _) => "ds4_index_scores",
-        (_, true) => "ds4_index_scores_mm_tcs",
+        (_, true) => tcs_name,
         _ => mm,
     };
     // The decode steps the tiled kernel takes: the streamed one unless MOE_GPU_IDX_TCS=0.
@@ -3080,13 +3085,13 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         let seed = rng.next();
         let (case_ok, got) = index_scores_case(g, seed, json, (n, cap, p0, bound), kernel);
         ok &= case_ok;
-        if kernel == "ds4_index_scores_mm_tcs" {
+        if kernel == tcs_name {
             FORCE_IDX_TCS.store(2, Ordering::Relaxed);
             let (tc_ok, tc) = index_scores_case(g, seed, json, (n, cap, p0, bound), mm);
             FORCE_IDX_TCS.store(0, Ordering::Relaxed);
             let same = same_bits(&got, &tc);
             println!(
-                "  {n} tokens: ds4_index_scores_mm_tcs and ds4_index_scores_mm_tc the same bits: {same} {}",
+                "  {n} tokens: {kernel} and ds4_index_scores_mm_tc the same bits: {same} {}",
                 if same { "ok" } else { "FAIL" }
             );
             json.push(format!(
@@ -3097,18 +3102,24 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     }
     if tcs {
         // A 128K prefill chunk and a 128K decode step.
-        ok &= index_scores_tcs_timing(g, rng, json, 1024);
-        ok &= index_scores_tcs_timing(g, rng, json, 1);
+        ok &= index_scores_tcs_timing(g, rng, json, 1024, tcs_name);
+        ok &= index_scores_tcs_timing(g, rng, json, 1, tcs_name);
     }
     ok
 }
 
 /// `n` tokens' scores at 128K (64 heads x 128 over 32768 rows, each token seeing
-/// ~32500: a prefill chunk of 1024 or a decode step) on `ds4_index_scores_mm_tcs` and
-/// on `ds4_index_scores_mm_tc`: the same bits, and each kernel's time (CUDA events, 5
+/// ~32500: a prefill chunk of 1024 or a decode step) on the streamed kernel (`name`, the
+/// form MOE_GPU_IDX_TCS picks) and on `ds4_index_scores_mm_tc`: the same bits, and each kernel's time (CUDA events, 5
 /// runs after a warm-up) with its rate in f32 TFLOP/s (2 flops a product) and in GB/s
 /// of rows read. Too large for the f64 reference; the cases above check the values.
-fn index_scores_tcs_timing(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>, n: usize) -> bool {
+fn index_scores_tcs_timing(
+    g: &Gpu,
+    rng: &mut Rng,
+    json: &mut Vec<String>,
+    n: usize,
+    name: &str,
+) -> bool {
     let (ih, id, cap, ratio) = (64usize, 128usize, 32768usize, 4usize);
     let p0 = ratio * cap - n - 2000;
     let q: Vec<f32> = (0..n * ih * id).map(|_| rng.f32()).collect();
@@ -3145,7 +3156,7 @@ fn index_scores_tcs_timing(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>, n: us
     // (the rows each kernel reads at least once: those the last token sees)
     let gbs = |ms: f64| (((p0 + n) / ratio).min(cap) * id * 4) as f64 / (ms * 1e-3) / 1e9;
     println!(
-        "  128K, {n} tokens over {cap} rows: ds4_index_scores_mm_tcs {:.1} us ({:.1} TFLOP/s, {:.0} GB/s of rows), ds4_index_scores_mm_tc {:.1} us ({:.1}, {:.0}), {:.2}x, the same bits: {same} {}",
+        "  128K, {n} tokens over {cap} rows: {name} {:.1} us ({:.1} TFLOP/s, {:.0} GB/s of rows), ds4_index_scores_mm_tc {:.1} us ({:.1}, {:.0}), {:.2}x, the same bits: {same} {}",
         1e3 * ms_s,
         rate(ms_s),
         gbs(ms_s),
@@ -3156,7 +3167,7 @@ fn index_scores_tcs_timing(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>, n: us
         if same { "ok" } else { "FAIL" }
     );
     json.push(format!(
-        "{{\"test\":\"index_scores_tcs_128k\",\"tokens\":{n},\"tcs_ms\":{ms_s},\"tc_ms\":{ms_t},\"same_bits\":{same},\"ok\":{same}}}"
+        "{{\"test\":\"index_scores_tcs_128k\",\"kernel\":\"{name}\",\"tokens\":{n},\"tcs_ms\":{ms_s},\"tc_ms\":{ms_t},\"same_bits\":{same},\"ok\":{same}}}"
     ));
     for b in [bq, bw, br, bp, bo] {
         into_result((g.be.free)(b)).unwrap();

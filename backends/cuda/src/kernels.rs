@@ -186,7 +186,7 @@ unsafe fn smem_room(
 }
 
 /// Asks the driver to give kernel `name` the largest shared-memory carveout (a hint):
-/// `ds4_index_scores_mm_tcs` runs two blocks an SM only with nearly all of it.
+/// `ds4_index_scores_mm_tcs` (and `_tcs4`) run two blocks an SM only with nearly all of it.
 unsafe fn prefer_shared(funcs: &HashMap<&'static str, Raw<sys::CUfunction>>, name: &str) {
     use sys::CUfunction_attribute as FA;
     if let Some(f) = funcs.get(name) {
@@ -368,7 +368,12 @@ impl Module {
             let (mmw_smem, ds4_tc_smem) = match dev.cc.0 >= 8 {
                 true => {
                     prefer_shared(&funcs, "ds4_index_scores_mm_tcs");
-                    let ds4_tc = ["ds4_attention_tc", "ds4_index_scores_mm_tcs"];
+                    prefer_shared(&funcs, "ds4_index_scores_mm_tcs4");
+                    let ds4_tc = [
+                        "ds4_attention_tc",
+                        "ds4_index_scores_mm_tcs",
+                        "ds4_index_scores_mm_tcs4",
+                    ];
                     (
                         smem_room(dev, &funcs, &MMW_KERNELS),
                         smem_room(dev, &funcs, &ds4_tc),

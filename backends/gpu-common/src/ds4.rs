@@ -872,11 +872,11 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         && prows.is_multiple_of(16)
     {
         let mm = base.i(to_i32(n, "tokens")?);
-        if let Some(smem) = idx_tcs(gpu, ih, id) {
+        if let Some((name, smem)) = idx_tcs(gpu, ih, id) {
             let per_block = idx_tcs_tiles(n);
             return mm.i(per_block as i32).launch_smem(
                 gpu,
-                "ds4_index_scores_mm_tcs",
+                name,
                 (
                     cap.div_ceil(128).div_ceil(per_block),
                     (n * ih).div_ceil(128),
@@ -963,11 +963,23 @@ fn idx_tcs_tiles(n: u64) -> u64 {
     }
 }
 
-/// Dynamic shared memory `ds4_index_scores_mm_tcs` takes for index width `id`
-/// (DS4_IXS_SMEM): the queries at row stride id + 4, two 32-dim row chunks at stride 36,
-/// the warps' sums.
-fn idx_tcs_smem(id: u64) -> u64 {
-    4 * (128 * (id + 4) + 2 * 128 * 36 + 4 * 128)
+/// Dynamic shared memory a streamed index kernel takes for index width `id` with
+/// `stages` row chunks of `k` dims in flight (DS4_IXS_SMEM): the queries at row stride
+/// id + 4, the chunks at stride k + 4, the warps' sums.
+fn idx_tcs_smem(id: u64, (k, stages): (u64, u64)) -> u64 {
+    4 * (128 * (id + 4) + stages * 128 * (k + 4) + 4 * 128)
+}
+
+/// The streamed index kernel's form: `ds4_index_scores_mm_tcs` (32-dim row chunks, two
+/// in flight), or with `MOE_GPU_IDX_TCS=4` (opt-in until it has run on a GPU; read
+/// once) `ds4_index_scores_mm_tcs4` (16-dim chunks, four in flight, one barrier a
+/// chunk; the same bits). Its name and (chunk dims, chunks in flight).
+fn idx_tcs_form() -> (&'static str, (u64, u64)) {
+    static FOUR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match FOUR.get_or_init(|| std::env::var("MOE_GPU_IDX_TCS").as_deref() == Ok("4")) {
+        true => ("ds4_index_scores_mm_tcs4", (16, 4)),
+        false => ("ds4_index_scores_mm_tcs", (32, 2)),
+    }
 }
 
 /// Whether the tiled scores of `ih` heads x `id` (a prefill chunk, or a decode step over
@@ -975,16 +987,18 @@ fn idx_tcs_smem(id: u64) -> u64 {
 /// queries; the same bits as `ds4_index_scores_mm_tc`, 1.37x faster on a 128K chunk
 /// on an H100, 2026-12-07) wherever that tensor-core kernel would run and the backend
 /// gives the kernel its shared memory, unless `MOE_GPU_IDX_TCS=0` (read once;
-/// FORCE_IDX_TCS overrides). With the dynamic shared memory to launch it with.
-fn idx_tcs(gpu: &impl Gpu, ih: u64, id: u64) -> Option<u32> {
+/// FORCE_IDX_TCS overrides). The kernel ([`idx_tcs_form`]) and the dynamic shared
+/// memory to launch it with.
+fn idx_tcs(gpu: &impl Gpu, ih: u64, id: u64) -> Option<(&'static str, u32)> {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let on = forced_switch(&FORCE_IDX_TCS, &MODE, "MOE_GPU_IDX_TCS", true);
-    let smem = idx_tcs_smem(id);
+    let (name, form) = idx_tcs_form();
+    let smem = idx_tcs_smem(id, form);
     (on && ih.is_multiple_of(32)
         && id.is_multiple_of(32)
         && idx_mm_kernel().ends_with("_tc")
         && smem <= gpu.ds4_tc_smem() as u64)
-        .then_some(smem as u32)
+        .then_some((name, smem as u32))
 }
 
 /// `ds4_index_scores_mm_tcs` for prefill chunks in device tests: 0 as configured, 1 on
@@ -2004,7 +2018,9 @@ mod tests {
         let l = g.0.borrow();
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tcs", (1, 10, 1)));
         assert_eq!(g.3.borrow()[..], [106_496]);
-        assert_eq!(idx_tcs_smem(128), 106_496);
+        assert_eq!(idx_tcs_smem(128, (32, 2)), 106_496);
+        // The four-stage form's chunks: two blocks an SM still fit in 228 KB.
+        assert_eq!(idx_tcs_smem(128, (16, 4)), 110_592);
         drop(l);
         // Too little room: the tiled kernel.
         let l = run_on(

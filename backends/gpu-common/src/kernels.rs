@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 75] = [
+pub const KERNELS: [&str; 76] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -85,6 +85,7 @@ pub const KERNELS: [&str; 75] = [
     "ds4_attention_heads4",
     "ds4_attention_tc",
     "ds4_index_scores_mm_tcs",
+    "ds4_index_scores_mm_tcs4",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();
