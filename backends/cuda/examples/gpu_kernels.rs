@@ -3095,7 +3095,7 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                 if same { "ok" } else { "FAIL" }
             );
             json.push(format!(
-                "{{\"test\":\"index_scores_tcs_bits\",\"tokens\":{n},\"ok\":{same}}}"
+                "{{\"test\":\"index_scores_tcs_bits\",\"kernel\":\"{kernel}\",\"tokens\":{n},\"ok\":{same}}}"
             ));
             ok &= tc_ok && same;
         }

@@ -120,7 +120,7 @@ pub struct Module {
     /// Dynamic shared memory the streamed bf16 tiles may take (0: none; sm_80 on).
     pub mmw_smem: u32,
     /// Dynamic shared memory the DS4 tensor-core prefill kernels (`ds4_attention_tc`,
-    /// `ds4_index_scores_mm_tcs`) may take (0: none; sm_80 on).
+    /// `ds4_index_scores_mm_tcs` and `_tcs4`) may take (0: none; sm_80 on).
     pub ds4_tc_smem: u32,
 }
 

@@ -2009,15 +2009,16 @@ mod tests {
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (3, 10, 1)));
         // With the streamed kernel on and the tensor-core kernels' shared
         // memory, a chunk streams its rows past resident queries: 16 row tiles a block,
-        // 106,496 bytes at 128 dims.
+        // 106,496 bytes at 128 dims (110,592 in the four-stage form).
+        let (tcs, form) = idx_tcs_form();
         FORCE_IDX_TCS.store(1, std::sync::atomic::Ordering::Relaxed);
         let g = Rec::on(132, 227 * 1024);
         run(&g, ops::INDEX_SCORES, &prm(&[0.1, 0.5], &[4]), &mm_args)
             .expect("an op of this module")
             .unwrap();
         let l = g.0.borrow();
-        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tcs", (1, 10, 1)));
-        assert_eq!(g.3.borrow()[..], [106_496]);
+        assert_eq!((l[0].0, l[0].1), (tcs, (1, 10, 1)));
+        assert_eq!(g.3.borrow()[..], [idx_tcs_smem(128, form) as u32]);
         assert_eq!(idx_tcs_smem(128, (32, 2)), 106_496);
         // The four-stage form's chunks: two blocks an SM still fit in 228 KB.
         assert_eq!(idx_tcs_smem(128, (16, 4)), 110_592);
@@ -2039,7 +2040,7 @@ mod tests {
             prm(&[0.1, 0.5], &[4]),
             &mm_args,
         );
-        let want = ["ds4_index_scores_mm_tc", "ds4_index_scores_mm_tcs"][on as usize];
+        let want = ["ds4_index_scores_mm_tc", tcs][on as usize];
         assert_eq!(l[0].0, want);
         // Off: the tiled kernel, room or not.
         FORCE_IDX_TCS.store(2, std::sync::atomic::Ordering::Relaxed);
@@ -2071,7 +2072,7 @@ mod tests {
             &dec,
         );
         FORCE_IDX_TCS.store(0, std::sync::atomic::Ordering::Relaxed);
-        assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tcs", (63, 1, 1)));
+        assert_eq!((l[0].0, l[0].1), (tcs, (63, 1, 1)));
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4, 0, 520]), &dec);
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_few", (130, 1, 1)));
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4, 0, 6144]), &dec);
