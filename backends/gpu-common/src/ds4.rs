@@ -2023,34 +2023,30 @@ mod tests {
         // The four-stage form's chunks: two blocks an SM still fit in 228 KB.
         assert_eq!(idx_tcs_smem(128, (16, 4)), 110_592);
         drop(l);
+        FORCE_IDX_TCS.store(0, std::sync::atomic::Ordering::Relaxed);
+        // INDEX_SCORES with the switch forced (1 on, 2 off, 0 as configured) and `room`
+        // bytes of the tensor-core kernels' shared memory.
+        let forced = |force: u8, room: u32, a: &[TensorRef]| {
+            FORCE_IDX_TCS.store(force, std::sync::atomic::Ordering::Relaxed);
+            let l = run_on(
+                Rec::on(132, room),
+                ops::INDEX_SCORES,
+                prm(&[0.1, 0.5], &[4]),
+                a,
+            );
+            FORCE_IDX_TCS.store(0, std::sync::atomic::Ordering::Relaxed);
+            l
+        };
         // Too little room: the tiled kernel.
-        let l = run_on(
-            Rec::on(132, 100_000),
-            ops::INDEX_SCORES,
-            prm(&[0.1, 0.5], &[4]),
-            &mm_args,
-        );
+        let l = forced(1, 100_000, &mm_args);
         assert_eq!(l[0].0, "ds4_index_scores_mm_tc");
         // As configured (on unless MOE_GPU_IDX_TCS=0) with room: the streamed kernel.
-        FORCE_IDX_TCS.store(0, std::sync::atomic::Ordering::Relaxed);
         let on = std::env::var("MOE_GPU_IDX_TCS").as_deref() != Ok("0");
-        let l = run_on(
-            Rec::on(132, 227 * 1024),
-            ops::INDEX_SCORES,
-            prm(&[0.1, 0.5], &[4]),
-            &mm_args,
-        );
+        let l = forced(0, 227 * 1024, &mm_args);
         let want = ["ds4_index_scores_mm_tc", tcs][on as usize];
         assert_eq!(l[0].0, want);
         // Off: the tiled kernel, room or not.
-        FORCE_IDX_TCS.store(2, std::sync::atomic::Ordering::Relaxed);
-        let l = run_on(
-            Rec::on(132, 227 * 1024),
-            ops::INDEX_SCORES,
-            prm(&[0.1, 0.5], &[4]),
-            &mm_args,
-        );
-        FORCE_IDX_TCS.store(0, std::sync::atomic::Ordering::Relaxed);
+        let l = forced(2, 227 * 1024, &mm_args);
         assert_eq!(l[0].0, "ds4_index_scores_mm_tc");
         // A decode token over 6145+ cached rows and no bound: the tiled product; with
         // the engine's bound (i[2]) four rows a block, at most two blocks an SM.
@@ -2064,14 +2060,7 @@ mod tests {
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4]), &dec);
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (63, 1, 1)));
         // With the streamed kernel on and its room: a block a row tile.
-        FORCE_IDX_TCS.store(1, std::sync::atomic::Ordering::Relaxed);
-        let l = run_on(
-            Rec::on(132, 227 * 1024),
-            ops::INDEX_SCORES,
-            prm(&[0.1, 0.5], &[4]),
-            &dec,
-        );
-        FORCE_IDX_TCS.store(0, std::sync::atomic::Ordering::Relaxed);
+        let l = forced(1, 227 * 1024, &dec);
         assert_eq!((l[0].0, l[0].1), (tcs, (63, 1, 1)));
         let l = run_ok(ops::INDEX_SCORES, prm(&[0.1, 0.5], &[4, 0, 520]), &dec);
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_few", (130, 1, 1)));
