@@ -480,7 +480,35 @@ GPU_DEV void gpu_ldsm4(unsigned int addr, unsigned int& d0, unsigned int& d1, un
                  : "memory");
 }
 #endif
+
+// d += A B on the tensor cores, bf16 operands and f32 sums (mma m16n8k16, sm_80 on): A's
+// fragment a0..a3 (16 x 16, row-major), B's b0, b1 (16 x 8, column-major), d the C
+// fragment of 16 x 8.
+#if __CUDA_ARCH__ >= 800
+GPU_DEV void gpu_mma_bf16(float* d, unsigned int a0, unsigned int a1, unsigned int a2,
+                          unsigned int a3, unsigned int b0, unsigned int b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 #endif
+#endif
+
+// Two floats as bf16 (round to nearest even) in one word, lo in the low half (the lower
+// k of an mma fragment's pair).
+GPU_DEV unsigned int gpu_bf16x2(float lo, float hi) {
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    const unsigned int a = (unsigned int)__float_as_int(lo), b = (unsigned int)__float_as_int(hi);
+    const unsigned int ra = (a + 0x7fffu + ((a >> 16) & 1u)) >> 16;
+    const unsigned int rb = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+    return ra | (rb << 16);
+#endif
+}
 
 // Asynchronous 16-byte copies from global to shared memory (cp.async, CUDA sm_80+):
 // dst as gpu_smem_addr gives it; with on = false 16 zero bytes (src unread). Copies

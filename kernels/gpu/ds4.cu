@@ -37,7 +37,7 @@
 #define KID_DS4_ATTENTION_HEADS4 72
 #define KID_DS4_ATTENTION_TC 73
 #define KID_DS4_INDEX_SCORES_MM_TCS 74
-#define KID_DS4_INDEX_SCORES_MM_TCS4 75
+#define KID_DS4_INDEX_SCORES_MM_TCS_BF16 75
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -1316,7 +1316,7 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // ---------------------------------------------------------------------------------
 // The indexer's scores with the rows streamed past resident queries
-// (ds4_index_scores_mm_tcs; CUDA sm_80+, where the host gives it DS4_IXS_SMEM(id, 32, 2) bytes
+// (ds4_index_scores_mm_tcs; CUDA sm_80+, where the host gives it DS4_IXS_SMEM(id) bytes
 // of dynamic shared memory; it traps elsewhere). ds4_index_scores_mm_tc loads each
 // 32-dim chunk of a tile synchronously, so its tensor cores wait for every load (~30% of
 // their TF32 rate in a 128K prefill chunk; a 128K decode step's ~22 us a layer against
@@ -1328,16 +1328,16 @@ extern "C" __global__ void __launch_bounds__(256)
 // with IXM_SPLIT_TRUNC). Every dot product takes the same mma in the same order as in
 // ds4_index_scores_mm_tc, and the end is ds4_ixm_tc_end: the same bits. Needs ih % 32
 // == 0, 128 % ih == 0, id % 32 == 0, q and rows 16-byte aligned.
-// ds4_index_scores_mm_tcs4 (opt-in, MOE_GPU_IDX_TCS=4) is the same with 16-dim chunks,
-// four in flight, and one barrier a chunk (wait for chunk it, barrier, ask for chunk
-// it + 3 into the buffer chunk it - 1 was read from, multiply): the rows' loads get
-// three chunks' products to land in, not one, in about the same shared memory (two
-// blocks an SM still fit). The same mma in the same order: the same bits again.
+// ds4_index_scores_mm_tcs_bf16 (opt-in, MOE_GPU_IDX_PREC=bf16: reduced precision, as
+// DeepSeek's own inference scores in fp8) is the same kernel with each query and row
+// value rounded to bf16 and one bf16 product (m16n8k16) where the f32 form takes three
+// TF32 ones over half the dims: a sixth of the tensor-core work and no split. Not the
+// same bits: each dot product is that of the bf16-rounded operands, summed in f32.
 // grid = (ceil(row tiles / per_block), ceil(n ih / 128)), block 256.
-// Queries [128][id + 4], S row chunks of K dims [128][K + 4] (conflict-free ldmatrix at
-// both K), the warps' sums [4][128] (the host's ds4::idx_tcs_smem computes the same).
-#define DS4_IXS_SMEM(id, K, S) \
-    (4 * (DS4_IXM_M * ((id) + 4) + (S) * DS4_IXM_N * ((K) + 4) + 4 * DS4_IXM_N))
+// Queries [128][id + 4], two row chunks of 32 dims [128][36] (conflict-free ldmatrix),
+// the warps' sums [4][128] (the host's ds4::idx_tcs_smem computes the same).
+#define DS4_IXS_SMEM(id) \
+    (4 * (DS4_IXM_M * ((id) + 4) + 2 * DS4_IXM_N * (DS4_IXM_K + 4) + 4 * DS4_IXM_N))
 
 #if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
 // cvt.rna.tf32.f32 (to nearest, ties away from zero) as two integer instructions: half
@@ -1366,11 +1366,10 @@ GPU_DEV void ds4_tf32_split_rna(float x, unsigned int& hi, unsigned int& lo) {
 // comes from lanes 8 i .. 8 i + 7's row addresses, and lane l gets row l / 4, value
 // l % 4 of it: for A, matrices (rows +0 / +8) x (k +0 / +4) are a0 .. a3; for B,
 // matrices (tile nt / nt + 1) x (k +0 / +4) are b0, b1 of tile nt, then of nt + 1.
-template <int K>
 GPU_DEV void ds4_ixs_chunk(unsigned int a_addr, unsigned int b_addr, int lda, float (&acc)[8][8]) {
-    constexpr int LDB = K + 4;
+    constexpr int LDB = DS4_IXM_K + 4;
 #pragma unroll
-    for (int k = 0; k < K; k += 8) {
+    for (int k = 0; k < DS4_IXM_K; k += 8) {
         unsigned int ah[2][4], al[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
@@ -1396,23 +1395,66 @@ GPU_DEV void ds4_ixs_chunk(unsigned int a_addr, unsigned int b_addr, int lda, fl
         }
     }
 }
+
+// The bf16 form's chunk: the same ldmatrix loads, two 8-dim steps (k, k + 8) a bf16
+// product. A lane's f32 values at dims k + c and k + c + 4 (c = lane % 4) become the
+// bf16 pair the product takes as dims 2c, 2c + 1 (and k + 8 + c, k + 12 + c as 2c + 8,
+// 2c + 9), in the queries' fragments and the rows' alike: the dims are paired in
+// another order, each dot product still takes every dim once.
+GPU_DEV void ds4_ixs_chunk_bf16(unsigned int a_addr, unsigned int b_addr, int lda,
+                                float (&acc)[8][8]) {
+    constexpr int LDB = DS4_IXM_K + 4;
+#pragma unroll
+    for (int k = 0; k < DS4_IXM_K; k += 16) {
+        unsigned int a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            unsigned int x[4], y[4];  // dims k.. and k + 8..
+            gpu_ldsm4(a_addr + 4 * (16 * mt * lda + k), x[0], x[1], x[2], x[3]);
+            gpu_ldsm4(a_addr + 4 * (16 * mt * lda + k + 8), y[0], y[1], y[2], y[3]);
+            // (rows g / g + 8: x[0], x[1] at dim c, x[2], x[3] at c + 4)
+            a[mt][0] = gpu_bf16x2(__int_as_float((int)x[0]), __int_as_float((int)x[2]));
+            a[mt][1] = gpu_bf16x2(__int_as_float((int)x[1]), __int_as_float((int)x[3]));
+            a[mt][2] = gpu_bf16x2(__int_as_float((int)y[0]), __int_as_float((int)y[2]));
+            a[mt][3] = gpu_bf16x2(__int_as_float((int)y[1]), __int_as_float((int)y[3]));
+        }
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+            unsigned int x[4], y[4];  // (tiles nt, nt + 1) x (dim c, c + 4)
+            gpu_ldsm4(b_addr + 4 * (16 * np * LDB + k), x[0], x[1], x[2], x[3]);
+            gpu_ldsm4(b_addr + 4 * (16 * np * LDB + k + 8), y[0], y[1], y[2], y[3]);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int nt = 2 * np + h;
+                const unsigned int b0 = gpu_bf16x2(__int_as_float((int)x[2 * h]),
+                                                   __int_as_float((int)x[2 * h + 1]));
+                const unsigned int b1 = gpu_bf16x2(__int_as_float((int)y[2 * h]),
+                                                   __int_as_float((int)y[2 * h + 1]));
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+                    gpu_mma_bf16(&acc[4 * mt + nt / 2][4 * (nt & 1)], a[mt][0], a[mt][1],
+                                 a[mt][2], a[mt][3], b0, b1);
+            }
+        }
+    }
+}
 #endif
 
-// The body of both forms: K dims a row chunk, S chunks in flight (32, 2 or 16, 4).
-template <int K, int S>
+// The body of both forms (BF16: the bf16 products).
+template <bool BF16>
 GPU_DEV void ds4_ixs_body(const float* __restrict__ q, const float* __restrict__ wproj,
                           const float* __restrict__ rows, const int* __restrict__ pos, int ih,
                           int id, int ratio, int cap, float sm, float ws,
                           float* __restrict__ scores, int n, int per_block) {
 #if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
-    constexpr int LDB = K + 4, CP = K / 4;  // a chunk row's stride; its 16-byte copies
-    constexpr int CP_LOG = CP == 8 ? 3 : 2;
-    static_assert((K == 32 || K == 16) && (S & (S - 1)) == 0, "K 32 or 16, S a power of two");
+    constexpr int K = DS4_IXM_K, LDB = K + 4, CP = K / 4;  // a chunk row's stride, its 16-byte copies
+    constexpr int CP_LOG = 3;
+    static_assert(CP == 1 << CP_LOG, "a row chunk's copies");
     extern __shared__ __attribute__((aligned(16))) float ds4_ixs_dyn[];
     const int lda = id + 4, nk = id / K;
     float* As = ds4_ixs_dyn;                 // [128][lda]
-    float* Bs = As + DS4_IXM_M * lda;        // [S][128][LDB]
-    float* red = Bs + S * DS4_IXM_N * LDB;   // [4][128]
+    float* Bs = As + DS4_IXM_M * lda;        // [2][128][LDB]
+    float* red = Bs + 2 * DS4_IXM_N * LDB;   // [4][128]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int m0 = blockIdx.y * DS4_IXM_M, mq = n * ih;
     const int t0 = m0 / ih, tpb = DS4_IXM_M / ih;
@@ -1433,7 +1475,7 @@ GPU_DEV void ds4_ixs_body(const float* __restrict__ q, const float* __restrict__
     }
     auto stage = [&](int it) {
         const int r0 = (tile0 + it / nk) * DS4_IXM_N, k0 = K * (it % nk);
-        float* dst = Bs + (it & (S - 1)) * DS4_IXM_N * LDB;
+        float* dst = Bs + (it & 1) * DS4_IXM_N * LDB;
 #pragma unroll
         for (int u = 0; u < DS4_IXM_N * CP / 256; ++u) {
             const int e = tid + 256 * u, row = e >> CP_LOG, k4 = 4 * (e & (CP - 1)), r = r0 + row;
@@ -1458,9 +1500,14 @@ GPU_DEV void ds4_ixs_body(const float* __restrict__ q, const float* __restrict__
     // Chunk it's products, then, after a tile's last chunk, its scores.
     auto step = [&](int it) {
         const int kc = it % nk;
-        if (active)
-            ds4_ixs_chunk<K>(a_row + 4 * K * kc,
-                             gpu_smem_addr(Bs + (it & (S - 1)) * DS4_IXM_N * LDB + b_off), lda, acc);
+        if (active) {
+            if constexpr (BF16)
+                ds4_ixs_chunk_bf16(a_row + 4 * K * kc,
+                                   gpu_smem_addr(Bs + (it & 1) * DS4_IXM_N * LDB + b_off), lda, acc);
+            else
+                ds4_ixs_chunk(a_row + 4 * K * kc,
+                              gpu_smem_addr(Bs + (it & 1) * DS4_IXM_N * LDB + b_off), lda, acc);
+        }
         if (kc == nk - 1) {
             ds4_ixm_tc_end(acc, red, m0, ih, n, wproj, sm, ws, pos, ratio, cap,
                            (tile0 + it / nk) * DS4_IXM_N, scores);
@@ -1470,35 +1517,15 @@ GPU_DEV void ds4_ixs_body(const float* __restrict__ q, const float* __restrict__
                 for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
         }
     };
-    if constexpr (S == 2) {
-        stage(0);
+    stage(0);
+    gpu_cp_commit();
+    for (int it = 0; it < total; ++it) {
+        if (it + 1 < total) stage(it + 1);  // (into the buffer chunk it - 1 was read from)
         gpu_cp_commit();
-        for (int it = 0; it < total; ++it) {
-            if (it + 1 < total) stage(it + 1);  // (into the buffer chunk it - 1 was read from)
-            gpu_cp_commit();
-            gpu_cp_wait<1>();  // this thread's copies of chunk it (and the queries) landed
-            __syncthreads();   // and every thread's
-            step(it);
-            __syncthreads();  // chunk it's buffer (and red) read by every thread
-        }
-    } else {
-        // Groups 0 .. S - 2 hold the queries and chunks 0 .. S - 2; before the wait of
-        // chunk it, S - 1 + it groups are committed, so chunk it is in once at most
-        // S - 2 are pending. The barrier after it also tells that every thread is done
-        // with chunk it - 1, whose buffer chunk it + S - 1 then takes (red: the end's own
-        // barriers, and the next end is nk chunks on).
-#pragma unroll
-        for (int c = 0; c < S - 1; ++c) {
-            if (c < total) stage(c);
-            gpu_cp_commit();
-        }
-        for (int it = 0; it < total; ++it) {
-            gpu_cp_wait<S - 2>();
-            __syncthreads();
-            if (it + S - 1 < total) stage(it + S - 1);
-            gpu_cp_commit();
-            step(it);
-        }
+        gpu_cp_wait<1>();  // this thread's copies of chunk it (and the queries) landed
+        __syncthreads();   // and every thread's
+        step(it);
+        __syncthreads();  // chunk it's buffer (and red) read by every thread
     }
 #else
     __builtin_trap();  // the host launches it only where the tensor cores run it
@@ -1512,18 +1539,17 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                             float* __restrict__ scores, int n, int per_block,
                             unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM_TCS);
-    ds4_ixs_body<DS4_IXM_K, 2>(q, wproj, rows, pos, ih, id, ratio, cap, sm, ws, scores, n,
-                               per_block);
+    ds4_ixs_body<false>(q, wproj, rows, pos, ih, id, ratio, cap, sm, ws, scores, n, per_block);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2)
-    ds4_index_scores_mm_tcs4(const float* __restrict__ q, const float* __restrict__ wproj,
-                             const float* __restrict__ rows, const int* __restrict__ pos, int ih,
-                             int id, int ratio, int cap, float sm, float ws,
-                             float* __restrict__ scores, int n, int per_block,
-                             unsigned int* counters) {
-    gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM_TCS4);
-    ds4_ixs_body<16, 4>(q, wproj, rows, pos, ih, id, ratio, cap, sm, ws, scores, n, per_block);
+    ds4_index_scores_mm_tcs_bf16(const float* __restrict__ q, const float* __restrict__ wproj,
+                                 const float* __restrict__ rows, const int* __restrict__ pos,
+                                 int ih, int id, int ratio, int cap, float sm, float ws,
+                                 float* __restrict__ scores, int n, int per_block,
+                                 unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_INDEX_SCORES_MM_TCS_BF16);
+    ds4_ixs_body<true>(q, wproj, rows, pos, ih, id, ratio, cap, sm, ws, scores, n, per_block);
 }
 
 // ---------------------------------------------------------------------------------

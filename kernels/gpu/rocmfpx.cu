@@ -2922,20 +2922,6 @@ struct mmb_smem {
     int acol[MMA_BN], ocol[MMA_BN];
 };
 
-// Two floats as bf16 (round to nearest even) in one word, lo in the low half.
-GPU_DEV unsigned int gpu_bf16x2(float lo, float hi) {
-#if defined(RF_MMA_PTX)
-    unsigned int r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    const unsigned int a = (unsigned int)__float_as_int(lo), b = (unsigned int)__float_as_int(hi);
-    const unsigned int ra = (a + 0x7fffu + ((a >> 16) & 1u)) >> 16;
-    const unsigned int rb = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-    return ra | (rb << 16);
-#endif
-}
-
 // Both bf16 halves of a times those of b (exact here: code magnitudes times scales).
 GPU_DEV unsigned int gpu_bf16x2_mul(unsigned int a, unsigned int b) {
 #if defined(RF_MMA_PTX)
@@ -3267,13 +3253,6 @@ template <int BYTES>
 GPU_DEV void mmw_copy(void* dst, const void* src, bool on) {
     mmw_copy_s<BYTES>(gpu_smem_addr(dst), src, on);
 }
-GPU_DEV void mmw_mma(float* d, unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
-                     unsigned int b0, unsigned int b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // MMW_LDSM (a compile option, for A/B runs): the B fragments of two column tiles by one
 // ldmatrix.x4 (gpu_ldsm4; the same words as the scalar loads): matrix i of lane group i =
@@ -3378,8 +3357,8 @@ GPU_DEV void mmw_block(const unsigned char* rows, const unsigned int* as_, int l
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 float* d = acc + (mt * NT + nt) * 4;
-                mmw_mma(d, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[0], b[1]);
-                mmw_mma(d + 4, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[2], b[3]);
+                gpu_mma_bf16(d, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[0], b[1]);
+                gpu_mma_bf16(d + 4, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[2], b[3]);
             }
         }
 #else
@@ -3389,7 +3368,7 @@ GPU_DEV void mmw_block(const unsigned char* rows, const unsigned int* as_, int l
             const unsigned int b0 = c[nt * 8 * MMW_ALD], b1 = c[nt * 8 * MMW_ALD + 4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
-                mmw_mma(acc + (mt * NT + nt) * 4, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+                gpu_mma_bf16(acc + (mt * NT + nt) * 4, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
         }
 #endif
     }

@@ -6,8 +6,8 @@
 # widths). Steps (STEPS, in this order; default "kernels fixtures bench ab timeline"):
 #   kernels   gpu_kernels --quick (parity, ALL OK or FAILURES; carry .dev/gpu)
 #   attention gpu_kernels --attention (SPARSE_ATTENTION's and INDEX_SCORES' cases alone,
-#             with the streamed index kernel's bit checks against the plain tiled one
-#             and their 128K timings; not in the default list)
+#             with the streamed index kernel's bit checks against the plain tiled one,
+#             its bf16 form's cases, and their 128K timings; not in the default list)
 #   fixtures  spec_gpu.sh STEPS=fixtures (the tiny fixtures against the CPU and the oracle)
 #   bench     NOFILE=1 ds4_bench.sh (the table at depths 0, 4K, 32K, 128K)
 #   ab        ds4_ab.sh $AB (default "base base"; e.g. AB="base MOE_DS4_XQ=0 base

@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use moe_backend_cuda::{
     ops::{
         id_nosort, mmq_kernel, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4, FORCE_ATT_TC,
-        FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_IDX_TCS, FORCE_MMB, FORCE_MMQ_DP4A,
-        FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE,
-        OP_MATMUL_ID,
+        FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_IDX_BF16, FORCE_IDX_TCS, FORCE_MMB,
+        FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE,
+        FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -3007,13 +3007,16 @@ fn topk_rows(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 
 /// INDEX_SCORES against an f64 reference of its definition: score[t][r] = sum_h
 /// relu(q_th . row_r) * f[0] * (w_th * f[1]) over the rows visible to t. Prefill chunks
-/// (the tiled kernels: on the tensor cores `ds4_index_scores_mm_tcs`, or with
-/// `MOE_GPU_IDX_TCS=0` `ds4_index_scores_mm_tc`, with `=4` `_tcs4`; with `MOE_GPU_IDX_TC=0`
+/// (the tiled kernels: on the tensor cores `ds4_index_scores_mm_tcs`, with
+/// `MOE_GPU_IDX_PREC=bf16` `_tcs_bf16`, or with `MOE_GPU_IDX_TCS=0`
+/// `ds4_index_scores_mm_tc`; with `MOE_GPU_IDX_TC=0`
 /// `ds4_index_scores_mm`): 41 tokens, 64 heads x 128, a partial last query tile and a
 /// partly visible row tile; 16 tokens over ~2100 rows (two blocks of 16 row tiles, the
 /// second partial); 600 tokens from position 0 (each sees its own number of rows, tiles
 /// past a block's tokens skipped). Where the streamed kernel runs, each chunk again on
-/// `ds4_index_scores_mm_tc`: the same bits. A decode token over a cache of 4000 rows
+/// `ds4_index_scores_mm_tc`: the same bits; and the bf16 form on three chunks and a
+/// long decode step (forced), against the reference of bf16-rounded operands. A decode
+/// token over a cache of 4000 rows
 /// (3000 visible: `ds4_index_scores_few`, four rows a block, or with
 /// `MOE_GPU_IDX_FEW=0` the row-a-lane `ds4_index_scores`), two over 20000 (5000 and
 /// 12000 visible) and, with the engine's bound of 6144 rows, one token over 20000 (520
@@ -3031,11 +3034,12 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     } else {
         "ds4_index_scores_mm_tc"
     };
-    // Prefill chunks stream their rows past resident queries unless MOE_GPU_IDX_TCS=0.
+    // Prefill chunks stream their rows past resident queries unless MOE_GPU_IDX_TCS=0,
+    // in f32 (bf16 with MOE_GPU_IDX_PREC=bf16; its own cases below either way).
     let tcs = !tc_off && std::env::var("MOE_GPU_IDX_TCS").as_deref() != Ok("0");
-    // (MOE_GPU_IDX_TCS=4: its four-stage form)
-    let tcs_name = match std::env::var("MOE_GPU_IDX_TCS").as_deref() {
-        Ok("4") => "ds4_index_scores_mm_tcs4",
+    let bf16_name = "ds4_index_scores_mm_tcs_bf16";
+    let tcs_name = match std::env::var("MOE_GPU_IDX_PREC").as_deref() {
+        Ok("bf16") => bf16_name,
         _ => "ds4_index_scores_mm_tcs",
     };
     // The decode cases' 20000 cached rows take the tiled kernel on the tensor cores
@@ -3085,6 +3089,9 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         let seed = rng.next();
         let (case_ok, got) = index_scores_case(g, seed, json, (n, cap, p0, bound), kernel);
         ok &= case_ok;
+        if kernel == bf16_name {
+            continue; // (the bf16 cases below)
+        }
         if kernel == tcs_name {
             FORCE_IDX_TCS.store(2, Ordering::Relaxed);
             let (tc_ok, tc) = index_scores_case(g, seed, json, (n, cap, p0, bound), mm);
@@ -3100,19 +3107,39 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             ok &= tc_ok && same;
         }
     }
-    if tcs {
-        // A 128K prefill chunk and a 128K decode step.
-        ok &= index_scores_tcs_timing(g, rng, json, 1024, tcs_name);
-        ok &= index_scores_tcs_timing(g, rng, json, 1, tcs_name);
+    if tcs && mm_env.as_deref() != Ok("0") {
+        // The bf16 form on the chunks and a long decode step (forced: it runs where the
+        // f32 streamed kernel runs), against the reference of bf16-rounded operands.
+        FORCE_IDX_BF16.store(1, Ordering::Relaxed);
+        for (n, cap, p0) in [
+            (41usize, 3000usize, 9000usize),
+            (16, 2500, 4 * 2100),
+            (600, 3000, 0),
+            (1, 20000, 4 * 12000),
+        ] {
+            let seed = rng.next();
+            ok &= index_scores_case(g, seed, json, (n, cap, p0, 0), bf16_name).0;
+        }
+        FORCE_IDX_BF16.store(0, Ordering::Relaxed);
+        // A 128K prefill chunk and a 128K decode step: the f32 form against the tiled
+        // kernel, then the bf16 form against the f32 one (time and top-k agreement).
+        ok &= index_scores_tcs_timing(g, rng, json, 1024, "ds4_index_scores_mm_tcs");
+        ok &= index_scores_tcs_timing(g, rng, json, 1, "ds4_index_scores_mm_tcs");
+        ok &= index_scores_tcs_timing(g, rng, json, 1024, bf16_name);
+        ok &= index_scores_tcs_timing(g, rng, json, 1, bf16_name);
     }
     ok
 }
 
 /// `n` tokens' scores at 128K (64 heads x 128 over 32768 rows, each token seeing
-/// ~32500: a prefill chunk of 1024 or a decode step) on the streamed kernel (`name`, the
-/// form MOE_GPU_IDX_TCS picks) and on `ds4_index_scores_mm_tc`: the same bits, and each kernel's time (CUDA events, 5
-/// runs after a warm-up) with its rate in f32 TFLOP/s (2 flops a product) and in GB/s
-/// of rows read. Too large for the f64 reference; the cases above check the values.
+/// ~32500: a prefill chunk of 1024 or a decode step) on a streamed kernel (`name`) and
+/// the kernel it answers to: for `ds4_index_scores_mm_tcs` (f32) the tiled
+/// `ds4_index_scores_mm_tc`, whose bits it must give; for `_tcs_bf16` the f32 streamed
+/// one, whose top-512 rows a token it should mostly share (at least 90% on average: the
+/// engine's top-k over these random scores, whose neighbours near the 512th are far
+/// closer than a model's; a wrong product shares ~1.6%). Each kernel's time (CUDA
+/// events, 5 runs after a warm-up) with its rate in TFLOP/s (2 flops a product) and in
+/// GB/s of rows read. Too large for the f64 reference; the cases above check values.
 fn index_scores_tcs_timing(
     g: &Gpu,
     rng: &mut Rng,
@@ -3120,7 +3147,7 @@ fn index_scores_tcs_timing(
     n: usize,
     name: &str,
 ) -> bool {
-    let (ih, id, cap, ratio) = (64usize, 128usize, 32768usize, 4usize);
+    let (ih, id, cap, ratio, topk) = (64usize, 128usize, 32768usize, 4usize, 512usize);
     let p0 = ratio * cap - n - 2000;
     let q: Vec<f32> = (0..n * ih * id).map(|_| rng.f32()).collect();
     let w: Vec<f32> = (0..n * ih).map(|_| rng.f32()).collect();
@@ -3140,23 +3167,50 @@ fn index_scores_tcs_timing(
     prm.f[1] = 0.125;
     prm.i[0] = ratio as i64;
     let args = index_args([bq, bw, br, bp, bo], [id, ih, n, cap]);
-    let run = |force: u8| {
-        FORCE_IDX_TCS.store(force, Ordering::Relaxed);
+    // (FORCE_IDX_TCS: 1 streamed, 2 tiled; FORCE_IDX_BF16: 1 bf16, 2 f32)
+    let run = |tcs: u8, bf16: u8| {
+        FORCE_IDX_TCS.store(tcs, Ordering::Relaxed);
+        FORCE_IDX_BF16.store(bf16, Ordering::Relaxed);
         let ms = g.time(5, || g.op_with(ops::INDEX_SCORES, prm, &args));
         FORCE_IDX_TCS.store(0, Ordering::Relaxed);
+        FORCE_IDX_BF16.store(0, Ordering::Relaxed);
         (ms, g.read_f32(bo, 0, cap * n))
     };
-    let (ms_s, tcs) = run(1);
-    let (ms_t, tc) = run(2);
-    let same = same_bits(&tcs, &tc);
-    let flops: f64 = (0..n)
-        .map(|t| (((p0 + t + 1) / ratio).min(cap) * ih * id * 2) as f64)
-        .sum();
+    let bf16 = name.ends_with("_bf16");
+    let (ms_s, got) = run(1, if bf16 { 1 } else { 2 });
+    let (other, (ms_t, want)) = match bf16 {
+        true => ("ds4_index_scores_mm_tcs", run(1, 2)),
+        false => ("ds4_index_scores_mm_tc", run(2, 2)),
+    };
+    let visible = |t: usize| ((p0 + t + 1) / ratio).min(cap);
+    // Each token's top-k rows in both (by score, ties by row), the share in common.
+    let top = |s: &[f32], t: usize| {
+        let mut r: Vec<usize> = (0..visible(t)).collect();
+        let row = &s[t * cap..][..cap];
+        r.select_nth_unstable_by(topk - 1, |&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        r.truncate(topk);
+        r.sort_unstable();
+        r
+    };
+    let shared: Vec<f64> = (0..n)
+        .map(|t| {
+            let (a, b) = (top(&got, t), top(&want, t));
+            a.iter().filter(|x| b.binary_search(x).is_ok()).count() as f64 / topk as f64
+        })
+        .collect();
+    let mean = shared.iter().sum::<f64>() / n as f64;
+    let least = shared.iter().copied().fold(1.0, f64::min);
+    let same = same_bits(&got, &want);
+    let ok = match bf16 {
+        true => mean >= 0.9,
+        false => same,
+    };
+    let flops: f64 = (0..n).map(|t| (visible(t) * ih * id * 2) as f64).sum();
     let rate = |ms: f64| flops / (ms * 1e-3) / 1e12;
     // (the rows each kernel reads at least once: those the last token sees)
-    let gbs = |ms: f64| (((p0 + n) / ratio).min(cap) * id * 4) as f64 / (ms * 1e-3) / 1e9;
+    let gbs = |ms: f64| (visible(n - 1) * id * 4) as f64 / (ms * 1e-3) / 1e9;
     println!(
-        "  128K, {n} tokens over {cap} rows: {name} {:.1} us ({:.1} TFLOP/s, {:.0} GB/s of rows), ds4_index_scores_mm_tc {:.1} us ({:.1}, {:.0}), {:.2}x, the same bits: {same} {}",
+        "  128K, {n} tokens over {cap} rows: {name} {:.1} us ({:.1} TFLOP/s, {:.0} GB/s of rows), {other} {:.1} us ({:.1}, {:.0}), {:.2}x; the same bits: {same}, top-{topk} rows shared {:.4} (least {:.4}) {}",
         1e3 * ms_s,
         rate(ms_s),
         gbs(ms_s),
@@ -3164,15 +3218,17 @@ fn index_scores_tcs_timing(
         rate(ms_t),
         gbs(ms_t),
         ms_t / ms_s,
-        if same { "ok" } else { "FAIL" }
+        mean,
+        least,
+        if ok { "ok" } else { "FAIL" }
     );
     json.push(format!(
-        "{{\"test\":\"index_scores_tcs_128k\",\"kernel\":\"{name}\",\"tokens\":{n},\"tcs_ms\":{ms_s},\"tc_ms\":{ms_t},\"same_bits\":{same},\"ok\":{same}}}"
+        "{{\"test\":\"index_scores_tcs_128k\",\"kernel\":\"{name}\",\"against\":\"{other}\",\"tokens\":{n},\"ms\":{ms_s},\"against_ms\":{ms_t},\"same_bits\":{same},\"topk_shared_mean\":{mean},\"topk_shared_least\":{least},\"ok\":{ok}}}"
     ));
     for b in [bq, bw, br, bp, bo] {
         into_result((g.be.free)(b)).unwrap();
     }
-    same
+    ok
 }
 
 /// INDEX_SCORES' tensors on buffers [queries, head weights, rows, positions, scores] for
@@ -3203,6 +3259,19 @@ fn index_scores_case(
     let q: Vec<f32> = (0..n * ih * id).map(|_| rng.f32()).collect();
     let w: Vec<f32> = (0..n * ih).map(|_| rng.f32()).collect();
     let rows: Vec<f32> = (0..cap * id).map(|_| rng.f32()).collect();
+    // The bf16 form's dot products are those of the operands rounded to bf16 (to nearest
+    // even, as the `half` crate rounds): the reference rounds them too.
+    let bf16 = kernel == "ds4_index_scores_mm_tcs_bf16";
+    let round = |v: &[f32]| -> Vec<f32> {
+        match bf16 {
+            true => v
+                .iter()
+                .map(|&x| half::bf16::from_f32(x).to_f32())
+                .collect(),
+            false => v.to_vec(),
+        }
+    };
+    let (rq, rrows) = (round(&q), round(&rows));
     let pos: Vec<i32> = (0..n).map(|t| (p0 + t) as i32).collect();
     let nan = f32_bytes(&vec![f32::NAN; cap * n]);
     let (bq, bw, br, bp, bo) = (
@@ -3235,10 +3304,10 @@ fn index_scores_case(
         for r in 0..visible {
             let mut want = 0f64;
             for h in 0..ih {
-                let qh = &q[(t * ih + h) * id..][..id];
+                let qh = &rq[(t * ih + h) * id..][..id];
                 let dot: f64 = qh
                     .iter()
-                    .zip(&rows[r * id..][..id])
+                    .zip(&rrows[r * id..][..id])
                     .map(|(a, b)| *a as f64 * *b as f64)
                     .sum();
                 want += dot.max(0.0) * sm as f64 * (w[t * ih + h] as f64 * ws as f64);
@@ -3251,7 +3320,8 @@ fn index_scores_case(
     let ok = rel <= 1e-5 && ran == 1;
     let visible = ((p0 + n) / ratio).min(cap);
     println!(
-        "{n} tokens x {ih} heads x {id}, {visible} rows visible: max rel err {rel:.2e}, {kernel} launches {ran} {}",
+        "{n} tokens x {ih} heads x {id}, {visible} rows visible: max rel err {rel:.2e}{}, {kernel} launches {ran} {}",
+        if bf16 { " (of bf16 operands)" } else { "" },
         if ok { "ok" } else { "FAIL" }
     );
     json.push(format!(

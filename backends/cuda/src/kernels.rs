@@ -120,7 +120,7 @@ pub struct Module {
     /// Dynamic shared memory the streamed bf16 tiles may take (0: none; sm_80 on).
     pub mmw_smem: u32,
     /// Dynamic shared memory the DS4 tensor-core prefill kernels (`ds4_attention_tc`,
-    /// `ds4_index_scores_mm_tcs` and `_tcs4`) may take (0: none; sm_80 on).
+    /// `ds4_index_scores_mm_tcs` and `_tcs_bf16`) may take (0: none; sm_80 on).
     pub ds4_tc_smem: u32,
 }
 
@@ -186,7 +186,7 @@ unsafe fn smem_room(
 }
 
 /// Asks the driver to give kernel `name` the largest shared-memory carveout (a hint):
-/// `ds4_index_scores_mm_tcs` (and `_tcs4`) run two blocks an SM only with nearly all of it.
+/// `ds4_index_scores_mm_tcs` (and `_tcs_bf16`) run two blocks an SM only with nearly all of it.
 unsafe fn prefer_shared(funcs: &HashMap<&'static str, Raw<sys::CUfunction>>, name: &str) {
     use sys::CUfunction_attribute as FA;
     if let Some(f) = funcs.get(name) {
@@ -347,6 +347,7 @@ fn switch_on(value: Option<&str>, on: &str, default: bool) -> bool {
 impl Module {
     /// Compiles (or reads from cache) and loads the kernels; the device is bound.
     pub fn load(dev: &Device) -> Result<Module, String> {
+        moe_gpu_common::ds4::check_idx_prec()?;
         let (img, from_cache) = compile(&dev.arch)?;
         // SAFETY: a cubin produced by NVRTC for this arch; module kept for the process.
         unsafe {
@@ -368,11 +369,11 @@ impl Module {
             let (mmw_smem, ds4_tc_smem) = match dev.cc.0 >= 8 {
                 true => {
                     prefer_shared(&funcs, "ds4_index_scores_mm_tcs");
-                    prefer_shared(&funcs, "ds4_index_scores_mm_tcs4");
+                    prefer_shared(&funcs, "ds4_index_scores_mm_tcs_bf16");
                     let ds4_tc = [
                         "ds4_attention_tc",
                         "ds4_index_scores_mm_tcs",
-                        "ds4_index_scores_mm_tcs4",
+                        "ds4_index_scores_mm_tcs_bf16",
                     ];
                     (
                         smem_room(dev, &funcs, &MMW_KERNELS),

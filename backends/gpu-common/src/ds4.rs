@@ -872,7 +872,7 @@ unsafe fn index_scores(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<
         && prows.is_multiple_of(16)
     {
         let mm = base.i(to_i32(n, "tokens")?);
-        if let Some((name, smem)) = idx_tcs(gpu, ih, id) {
+        if let Some((name, smem)) = idx_tcs(gpu, ih, id)? {
             let per_block = idx_tcs_tiles(n);
             return mm.i(per_block as i32).launch_smem(
                 gpu,
@@ -963,22 +963,47 @@ fn idx_tcs_tiles(n: u64) -> u64 {
     }
 }
 
-/// Dynamic shared memory a streamed index kernel takes for index width `id` with
-/// `stages` row chunks of `k` dims in flight (DS4_IXS_SMEM): the queries at row stride
-/// id + 4, the chunks at stride k + 4, the warps' sums.
-fn idx_tcs_smem(id: u64, (k, stages): (u64, u64)) -> u64 {
-    4 * (128 * (id + 4) + stages * 128 * (k + 4) + 4 * 128)
+/// Dynamic shared memory the streamed index kernel takes for index width `id`
+/// (DS4_IXS_SMEM): the queries at row stride id + 4, two 32-dim row chunks at stride 36,
+/// the warps' sums. Either precision.
+fn idx_tcs_smem(id: u64) -> u64 {
+    4 * (128 * (id + 4) + 2 * 128 * 36 + 4 * 128)
 }
 
-/// The streamed index kernel's form: `ds4_index_scores_mm_tcs` (32-dim row chunks, two
-/// in flight), or with `MOE_GPU_IDX_TCS=4` (opt-in until it has run on a GPU; read
-/// once) `ds4_index_scores_mm_tcs4` (16-dim chunks, four in flight, one barrier a
-/// chunk; the same bits). Its name and (chunk dims, chunks in flight).
-fn idx_tcs_form() -> (&'static str, (u64, u64)) {
-    static FOUR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    match FOUR.get_or_init(|| std::env::var("MOE_GPU_IDX_TCS").as_deref() == Ok("4")) {
-        true => ("ds4_index_scores_mm_tcs4", (16, 4)),
-        false => ("ds4_index_scores_mm_tcs", (32, 2)),
+/// The streamed index kernel for the indexer's precision: `ds4_index_scores_mm_tcs` (f32,
+/// the default: the oracle's selection), or with `MOE_GPU_IDX_PREC=bf16`
+/// `ds4_index_scores_mm_tcs_bf16` (queries and rows rounded to bf16, products summed in
+/// f32: reduced precision as DeepSeek's own inference, which scores in fp8; other rows
+/// may win the top-k near its ties). Read once; FORCE_IDX_BF16 (1 bf16, 2 f32) overrides.
+/// Any other value is an error.
+fn idx_tcs_name() -> Result<&'static str, String> {
+    static BF16: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
+    let bf16 = match FORCE_IDX_BF16.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => BF16
+            .get_or_init(|| idx_prec_bf16(std::env::var("MOE_GPU_IDX_PREC").ok().as_deref()))
+            .clone()?,
+        forced => forced == 1,
+    };
+    Ok(match bf16 {
+        true => "ds4_index_scores_mm_tcs_bf16",
+        false => "ds4_index_scores_mm_tcs",
+    })
+}
+
+/// `MOE_GPU_IDX_PREC` checked when a backend loads its kernels, so that a bad value
+/// stops the load with its message rather than the first long prompt.
+pub fn check_idx_prec() -> Result<(), String> {
+    idx_prec_bf16(std::env::var("MOE_GPU_IDX_PREC").ok().as_deref()).map(|_| ())
+}
+
+/// `MOE_GPU_IDX_PREC`'s value (None: unset) as "the indexer scores in bf16".
+fn idx_prec_bf16(v: Option<&str>) -> Result<bool, String> {
+    match v {
+        None | Some("f32") => Ok(false),
+        Some("bf16") => Ok(true),
+        Some(v) => Err(format!(
+            "MOE_GPU_IDX_PREC={v}: the indexer's precision is \"f32\" (the default) or \"bf16\""
+        )),
     }
 }
 
@@ -987,23 +1012,30 @@ fn idx_tcs_form() -> (&'static str, (u64, u64)) {
 /// queries; the same bits as `ds4_index_scores_mm_tc`, 1.37x faster on a 128K chunk
 /// on an H100, 2026-12-07) wherever that tensor-core kernel would run and the backend
 /// gives the kernel its shared memory, unless `MOE_GPU_IDX_TCS=0` (read once;
-/// FORCE_IDX_TCS overrides). The kernel ([`idx_tcs_form`]) and the dynamic shared
+/// FORCE_IDX_TCS overrides). The kernel ([`idx_tcs_name`]) and the dynamic shared
 /// memory to launch it with.
-fn idx_tcs(gpu: &impl Gpu, ih: u64, id: u64) -> Option<(&'static str, u32)> {
+fn idx_tcs(gpu: &impl Gpu, ih: u64, id: u64) -> Result<Option<(&'static str, u32)>, String> {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let on = forced_switch(&FORCE_IDX_TCS, &MODE, "MOE_GPU_IDX_TCS", true);
-    let (name, form) = idx_tcs_form();
-    let smem = idx_tcs_smem(id, form);
-    (on && ih.is_multiple_of(32)
+    let smem = idx_tcs_smem(id);
+    let runs = on
+        && ih.is_multiple_of(32)
         && id.is_multiple_of(32)
         && idx_mm_kernel().ends_with("_tc")
-        && smem <= gpu.ds4_tc_smem() as u64)
-        .then_some((name, smem as u32))
+        && smem <= gpu.ds4_tc_smem() as u64;
+    Ok(match runs {
+        true => Some((idx_tcs_name()?, smem as u32)),
+        false => None,
+    })
 }
 
 /// `ds4_index_scores_mm_tcs` for prefill chunks in device tests: 0 as configured, 1 on
 /// where it runs, 2 off.
 pub static FORCE_IDX_TCS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The streamed index kernel's precision in device tests: 0 as configured
+/// (`MOE_GPU_IDX_PREC`), 1 bf16, 2 f32.
+pub static FORCE_IDX_BF16: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Head groups of a decode step's `ds4_index_scores` (its warps' split of the heads;
 /// 256 / groups rows a block): `MOE_GPU_IDX_GROUPS` (4 or 8, for A/B runs; read once),
@@ -2009,21 +2041,35 @@ mod tests {
         assert_eq!((l[0].0, l[0].1), ("ds4_index_scores_mm_tc", (3, 10, 1)));
         // With the streamed kernel on and the tensor-core kernels' shared
         // memory, a chunk streams its rows past resident queries: 16 row tiles a block,
-        // 106,496 bytes at 128 dims (110,592 in the four-stage form).
-        let (tcs, form) = idx_tcs_form();
+        // 106,496 bytes at 128 dims (two blocks an SM fit in 228 KB), in either precision.
+        let tcs = idx_tcs_name().unwrap();
         FORCE_IDX_TCS.store(1, std::sync::atomic::Ordering::Relaxed);
-        let g = Rec::on(132, 227 * 1024);
-        run(&g, ops::INDEX_SCORES, &prm(&[0.1, 0.5], &[4]), &mm_args)
-            .expect("an op of this module")
-            .unwrap();
-        let l = g.0.borrow();
-        assert_eq!((l[0].0, l[0].1), (tcs, (1, 10, 1)));
-        assert_eq!(g.3.borrow()[..], [idx_tcs_smem(128, form) as u32]);
-        assert_eq!(idx_tcs_smem(128, (32, 2)), 106_496);
-        // The four-stage form's chunks: two blocks an SM still fit in 228 KB.
-        assert_eq!(idx_tcs_smem(128, (16, 4)), 110_592);
-        drop(l);
+        for (bf16, want) in [
+            (0, tcs),
+            (1, "ds4_index_scores_mm_tcs_bf16"),
+            (2, "ds4_index_scores_mm_tcs"),
+        ] {
+            FORCE_IDX_BF16.store(bf16, std::sync::atomic::Ordering::Relaxed);
+            let g = Rec::on(132, 227 * 1024);
+            run(&g, ops::INDEX_SCORES, &prm(&[0.1, 0.5], &[4]), &mm_args)
+                .expect("an op of this module")
+                .unwrap();
+            let l = g.0.borrow();
+            assert_eq!((l[0].0, l[0].1), (want, (1, 10, 1)));
+            assert_eq!(g.3.borrow()[..], [106_496]);
+        }
+        assert_eq!(idx_tcs_smem(128), 106_496);
+        FORCE_IDX_BF16.store(0, std::sync::atomic::Ordering::Relaxed);
         FORCE_IDX_TCS.store(0, std::sync::atomic::Ordering::Relaxed);
+        // The precision's values: unset or f32, bf16; anything else says what it takes.
+        assert_eq!(idx_prec_bf16(None), Ok(false));
+        assert_eq!(idx_prec_bf16(Some("f32")), Ok(false));
+        assert_eq!(idx_prec_bf16(Some("bf16")), Ok(true));
+        let e = idx_prec_bf16(Some("fp8")).unwrap_err();
+        assert!(
+            e.contains("MOE_GPU_IDX_PREC=fp8") && e.contains("\"bf16\""),
+            "{e}"
+        );
         // INDEX_SCORES with the switch forced (1 on, 2 off, 0 as configured) and `room`
         // bytes of the tensor-core kernels' shared memory.
         let forced = |force: u8, room: u32, a: &[TensorRef]| {

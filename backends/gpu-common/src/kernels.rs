@@ -85,7 +85,7 @@ pub const KERNELS: [&str; 76] = [
     "ds4_attention_heads4",
     "ds4_attention_tc",
     "ds4_index_scores_mm_tcs",
-    "ds4_index_scores_mm_tcs4",
+    "ds4_index_scores_mm_tcs_bf16",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

@@ -1480,7 +1480,7 @@ pub trait Gpu {
     }
     /// Bytes of dynamic shared memory the DS4 tensor-core prefill kernels may take
     /// (`ds4_attention_tc`, a chunk's attention, and `ds4_index_scores_mm_tcs` /
-    /// `_tcs4`, its indexer's scores: CUDA sm_80+); 0 where they do not run.
+    /// `_tcs_bf16`, its indexer's scores: CUDA sm_80+); 0 where they do not run.
     fn ds4_tc_smem(&self) -> u32 {
         0
     }
