@@ -38,6 +38,7 @@
 #define KID_DS4_ATTENTION_TC 73
 #define KID_DS4_INDEX_SCORES_MM_TCS 74
 #define KID_DS4_INDEX_SCORES_MM_TCS_BF16 75
+#define KID_DS4_ATTENTION_TC_BF16 76
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -2787,6 +2788,12 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 1)
 // kernels, in another summation order.
 // Needs hd % 16 == 0, hd <= DS4_HEAD_MAX, q / kv / ring / rows / out 16-byte aligned,
 // and DS4_ATC_SMEM(hd) bytes of dynamic shared memory; kper = 0 (part unused).
+// ds4_attention_tc_bf16 (opt-in, MOE_GPU_ATT_PREC=bf16; hd % 32 == 0) rounds the
+// queries, keys and P to bf16 and takes one m16n8k16 bf16 product where this takes three
+// TF32 ones over half the k: S over 16 dims a step (the dims of a lane's pair taken as
+// c and c + 4 of an 8-dim group, for Q and K alike, as in ds4_ixs_chunk_bf16), P V over
+// the tile's 16 keys in one step (S's C fragments are P's A fragment: keys 2c, 2c + 1
+// and 8 + 2c, 8 + 2c + 1, the pairs a bf16 fragment takes). The softmax stays in f32.
 // grid = (ceil(heads / DS4_ATC_HEADS), n), block = 32 * DS4_ATC_WARPS.
 #define DS4_ATC_HEADS 64
 #define DS4_ATC_KEYS 16
@@ -2856,8 +2863,8 @@ GPU_DEV void ds4_atc_stage(const ds4_atc_smem_t& s, int ld, int b, int k0, const
 
 #if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
 // ds4_attention_tc's body for head width HD (0: hd as given; V4-Flash's 512 has its own
-// copy, whose shared-memory offsets are constants).
-template <int HD>
+// copy, whose shared-memory offsets are constants); BF16: ds4_attention_tc_bf16's.
+template <int HD, bool BF16>
 GPU_DEV void ds4_atc_body(const float* __restrict__ q, const float* __restrict__ kv,
                           const float* __restrict__ ring, const float* __restrict__ rows,
                           const int* __restrict__ sel, const float* __restrict__ sinks,
@@ -2912,6 +2919,20 @@ GPU_DEV void ds4_atc_body(const float* __restrict__ q, const float* __restrict__
         // S over dims cb .. cb + cols: keys 8 kt .. + 7 in C fragment kt, its small
         // terms in two more chains (three chains of hd / 16 mma, not one of 3 hd / 16).
         float sm[2][4] = {}, sa[2][4] = {}, sb[2][4] = {};
+        if constexpr (BF16) {
+            for (int d = 0; d < cols; d += 16) {
+                const float* q0 = qa + g * ld + d + c;
+                const float* q1 = q0 + 8 * ld;
+                const unsigned int a0 = gpu_bf16x2(q0[0], q0[4]), a1 = gpu_bf16x2(q1[0], q1[4]);
+                const unsigned int a2 = gpu_bf16x2(q0[8], q0[12]), a3 = gpu_bf16x2(q1[8], q1[12]);
+#pragma unroll
+                for (int kt = 0; kt < 2; ++kt) {
+                    const float* kr = kb + (8 * kt + g) * ld + cb + d + c;
+                    gpu_mma_bf16(sm[kt], a0, a1, a2, a3, gpu_bf16x2(kr[0], kr[4]),
+                                 gpu_bf16x2(kr[8], kr[12]));
+                }
+            }
+        } else
         for (int d = 0; d < cols; d += 8) {
             unsigned int ah[4], al[4];
             ds4_tf32_split_t(qa[g * ld + d + c], ah[0], al[0]);
@@ -2967,6 +2988,27 @@ GPU_DEV void ds4_atc_body(const float* __restrict__ q, const float* __restrict__
             lr[r] = lr[r] * corr[r] + sum;
             mr[r] = mn;
         }
+        const float* v0 = kb + 2 * c * ld + cb + g;
+        if constexpr (BF16) {
+            // P as bf16: rows g / g + 8 at keys 2c, 2c + 1 (a0 / a1), then 8 + 2c, 9 + 2c
+            // (a2 / a3); V's rows 2c, 2c + 1 (b0) and 8 + 2c, 9 + 2c (b1) at column 8 j + g.
+            const unsigned int p0 = gpu_bf16x2(x[0], x[1]), p1 = gpu_bf16x2(x[2], x[3]);
+            const unsigned int p2 = gpu_bf16x2(x[4], x[5]), p3 = gpu_bf16x2(x[6], x[7]);
+#pragma unroll
+            for (int j = 0; j < DS4_HEAD_MAX / 16; ++j) {
+                if (8 * j < cols) {  // the same for the whole block
+                    float dj[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const float* vj = v0 + 8 * j;
+                    gpu_mma_bf16(dj, p0, p1, p2, p3, gpu_bf16x2(vj[0], vj[ld]),
+                                 gpu_bf16x2(vj[8 * ld], vj[9 * ld]));
+                    o[j][0] = fmaf(o[j][0], corr[0], dj[0]);
+                    o[j][1] = fmaf(o[j][1], corr[0], dj[1]);
+                    o[j][2] = fmaf(o[j][2], corr[1], dj[2]);
+                    o[j][3] = fmaf(o[j][3], corr[1], dj[3]);
+                }
+            }
+            continue;
+        }
         // P's A fragments: k-step kt, a0 / a1 = rows g / g + 8 at key 2c, a2 / a3 at 2c + 1.
         unsigned int ph[2][4], pl[2][4];
 #pragma unroll
@@ -2978,7 +3020,6 @@ GPU_DEV void ds4_atc_body(const float* __restrict__ q, const float* __restrict__
         }
         // O: rows 16 hg .. x columns cb .. of P V; B fragment b0 / b1 = V rows 8 kt + 2c,
         // + 1 at column 8 j + g.
-        const float* v0 = kb + 2 * c * ld + cb + g;
 #pragma unroll
         for (int j = 0; j < DS4_HEAD_MAX / 16; ++j) {
             if (8 * j < cols) {  // the same for the whole block
@@ -3026,11 +3067,33 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
     (void)part;
 #if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
     if (hd == DS4_HEAD_MAX)
-        ds4_atc_body<DS4_HEAD_MAX>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio,
-                                   mode, k_sel, cap, scale, out);
+        ds4_atc_body<DS4_HEAD_MAX, false>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window,
+                                          ratio, mode, k_sel, cap, scale, out);
     else
-        ds4_atc_body<0>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio, mode, k_sel,
-                        cap, scale, out);
+        ds4_atc_body<0, false>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio, mode,
+                               k_sel, cap, scale, out);
+#else
+    __builtin_trap();  // the host launches it only where the tensor cores run it
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
+    ds4_attention_tc_bf16(const float* __restrict__ q, const float* __restrict__ kv,
+                          const float* __restrict__ ring, const float* __restrict__ rows,
+                          const int* __restrict__ sel, const float* __restrict__ sinks,
+                          const int* __restrict__ pos, int heads, int hd, int window, int ratio,
+                          int mode, int k_sel, int cap, float scale, float* __restrict__ out,
+                          int kper, float* __restrict__ part, unsigned int* counters) {
+    gpu_count_launch(counters, KID_DS4_ATTENTION_TC_BF16);
+    (void)kper;
+    (void)part;
+#if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
+    if (hd == DS4_HEAD_MAX)
+        ds4_atc_body<DS4_HEAD_MAX, true>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window,
+                                         ratio, mode, k_sel, cap, scale, out);
+    else
+        ds4_atc_body<0, true>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio, mode,
+                              k_sel, cap, scale, out);
 #else
     __builtin_trap();  // the host launches it only where the tensor cores run it
 #endif

@@ -21,10 +21,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use moe_backend_cuda::{
     ops::{
-        id_nosort, mmq_kernel, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4, FORCE_ATT_TC,
-        FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_IDX_BF16, FORCE_IDX_TCS, FORCE_MMB,
-        FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE,
-        FP2_TWO_SCALE, OP_MATMUL_ID,
+        id_nosort, mmq_kernel, FORCE_ATT_BF16, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4,
+        FORCE_ATT_TC, FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_IDX_BF16, FORCE_IDX_TCS,
+        FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS, FORCE_Q8_DECODE,
+        FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -2714,7 +2714,9 @@ fn attention_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// entries past the rows), softmax with the sink. `ds4_attention_heads` (two heads a
 /// warp), `ds4_attention_heads4` (four a warp, its staging a pipeline) and
 /// `ds4_attention_tc` (the tensor cores, three TF32 products a pair), each within 1e-5
-/// of the largest value, the latter two the same bits over 20 reruns.
+/// of the largest value, the latter two the same bits over 20 reruns; and
+/// `ds4_attention_tc_bf16` (forced) within 2^-8 of a reference of bf16-rounded queries
+/// and keys (its softmax weights are rounded too), the same bits over 20 reruns.
 fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== SPARSE_ATTENTION, a prefill chunk, vs f64 reference ==");
     let mut all = true;
@@ -2786,36 +2788,49 @@ fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             })
             .collect();
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut want = vec![0f64; hd * heads * n];
-        for t in 0..n {
-            let p = p0 + t;
-            let mut keys: Vec<&[f32]> = (p.saturating_sub(window - 1)..=p)
-                .map(|qp| {
-                    if qp >= p0 {
-                        &kv[(qp - p0) * hd..(qp - p0 + 1) * hd]
-                    } else {
-                        &ring[(qp % window) * hd..(qp % window + 1) * hd]
-                    }
-                })
-                .collect();
-            match mode {
-                1 => keys
-                    .extend((0..((p + 1) / ratio).min(cap)).map(|r| &rows[r * hd..(r + 1) * hd])),
-                2 => keys.extend(
-                    sel[t * k_sel..(t + 1) * k_sel]
-                        .iter()
-                        .filter(|&&r| r >= 0 && (r as usize) < cap)
-                        .map(|&r| &rows[r as usize * hd..(r as usize + 1) * hd]),
-                ),
-                _ => {}
+        // The f64 reference of (q, kv, ring, rows), closed over the rest.
+        let reference = |q: &[f32], kv: &[f32], ring: &[f32], rows: &[f32]| -> Vec<f64> {
+            let mut want = vec![0f64; hd * heads * n];
+            for t in 0..n {
+                let p = p0 + t;
+                let mut keys: Vec<&[f32]> = (p.saturating_sub(window - 1)..=p)
+                    .map(|qp| {
+                        if qp >= p0 {
+                            &kv[(qp - p0) * hd..(qp - p0 + 1) * hd]
+                        } else {
+                            &ring[(qp % window) * hd..(qp % window + 1) * hd]
+                        }
+                    })
+                    .collect();
+                match mode {
+                    1 => keys.extend(
+                        (0..((p + 1) / ratio).min(cap)).map(|r| &rows[r * hd..(r + 1) * hd]),
+                    ),
+                    2 => keys.extend(
+                        sel[t * k_sel..(t + 1) * k_sel]
+                            .iter()
+                            .filter(|&&r| r >= 0 && (r as usize) < cap)
+                            .map(|&r| &rows[r as usize * hd..(r as usize + 1) * hd]),
+                    ),
+                    _ => {}
+                }
+                for h in 0..heads {
+                    let qh = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                    let qf: Vec<f64> = qh.iter().map(|&x| x as f64).collect();
+                    let o = &mut want[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                    attend_f64(&qf, &keys, sinks[h], scale, o);
+                }
             }
-            for h in 0..heads {
-                let qh = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                let qf: Vec<f64> = qh.iter().map(|&x| x as f64).collect();
-                let o = &mut want[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                attend_f64(&qf, &keys, sinks[h], scale, o);
-            }
-        }
+            want
+        };
+        let want = reference(&q, &kv, &ring, &rows);
+        // The bf16 form's: queries and keys rounded as the kernel rounds them.
+        let r16 = |v: &[f32]| -> Vec<f32> {
+            v.iter()
+                .map(|&x| half::bf16::from_f32(x).to_f32())
+                .collect()
+        };
+        let want16 = reference(&r16(&q), &r16(&kv), &r16(&ring), &r16(&rows));
         let b = |x: &[f32]| g.buf(&f32_bytes(x));
         let i32b = |x: &[i32]| g.buf(&x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
         let pos: Vec<i32> = (0..n).map(|t| (p0 + t) as i32).collect();
@@ -2854,6 +2869,7 @@ fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                     k("ds4_attention_heads"),
                     k("ds4_attention_heads4"),
                     k("ds4_attention_tc"),
+                    k("ds4_attention_tc_bf16"),
                 ],
             )
         };
@@ -2866,20 +2882,33 @@ fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         FORCE_ATT_TC.store(1, Ordering::Relaxed);
         let tc = run();
         let tc_repeats = (0..20).all(|_| same_bits(&run().0, &tc.0));
+        // The bf16 form: the softmax weights rounded too, each by at most 2^-9, so the
+        // output moves by at most 2^-9 of the largest |key| (~1) from want16 (the bound
+        // below leaves a factor of two for the f32 sums).
+        FORCE_ATT_BF16.store(1, Ordering::Relaxed);
+        let tc16 = run();
+        let tc16_repeats = (0..20).all(|_| same_bits(&run().0, &tc16.0));
+        FORCE_ATT_BF16.store(0, Ordering::Relaxed);
         FORCE_ATT_TC.store(0, Ordering::Relaxed);
         let (e2, e4, etc) = (rel(&two.0, &want), rel(&four.0, &want), rel(&tc.0, &want));
-        let launches = (two.1, four.1, tc.1) == ([1, 0, 0], [0, 1, 0], [0, 0, 1]);
-        let ok = e2.max(e4).max(etc) <= 1e-5 && repeats && tc_repeats && launches;
+        let e16 = tc16
+            .0
+            .iter()
+            .zip(&want16)
+            .fold(0f64, |a, (&g, w)| a.max((g as f64 - w).abs()));
+        let e16_f32 = rel(&tc16.0, &want);
+        let launches = (two.1, four.1, tc.1, tc16.1)
+            == ([1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]);
+        let repeats = repeats && tc_repeats && tc16_repeats;
+        let ok = e2.max(e4).max(etc) <= 1e-5 && e16 <= 1.0 / 256.0 && repeats && launches;
         all &= ok;
         println!(
-            "{name:<50}: two heads a warp {e2:.2e}, four {e4:.2e}, tensor cores {etc:.2e}, 20 reruns bit-identical {}, launches {} {}",
-            repeats && tc_repeats,
+            "{name:<50}: two heads a warp {e2:.2e}, four {e4:.2e}, tensor cores {etc:.2e}, bf16 {e16:.2e} of bf16 operands ({e16_f32:.2e} of f32's largest), 20 reruns bit-identical {repeats}, launches {} {}",
             if launches { "as expected" } else { "WRONG" },
             if ok { "ok" } else { "FAIL" }
         );
         json.push(format!(
-            "{{\"test\":\"attention_prefill\",\"case\":\"{name}\",\"hpw2_rel\":{e2:e},\"hpw4_rel\":{e4:e},\"tc_rel\":{etc:e},\"repeats\":{},\"launches\":{launches},\"ok\":{ok}}}",
-            repeats && tc_repeats
+            "{{\"test\":\"attention_prefill\",\"case\":\"{name}\",\"hpw2_rel\":{e2:e},\"hpw4_rel\":{e4:e},\"tc_rel\":{etc:e},\"bf16_abs\":{e16:e},\"bf16_rel_f32\":{e16_f32:e},\"repeats\":{repeats},\"launches\":{launches},\"ok\":{ok}}}"
         ));
         for buf in [bq, bkv, bring, brows, bsk, bsel, bpos, bout] {
             into_result((g.be.free)(buf)).unwrap();

@@ -120,7 +120,7 @@ pub struct Module {
     /// Dynamic shared memory the streamed bf16 tiles may take (0: none; sm_80 on).
     pub mmw_smem: u32,
     /// Dynamic shared memory the DS4 tensor-core prefill kernels (`ds4_attention_tc`,
-    /// `ds4_index_scores_mm_tcs` and `_tcs_bf16`) may take (0: none; sm_80 on).
+    /// `ds4_index_scores_mm_tcs` and their `_bf16` forms) may take (0: none; sm_80 on).
     pub ds4_tc_smem: u32,
 }
 
@@ -347,7 +347,7 @@ fn switch_on(value: Option<&str>, on: &str, default: bool) -> bool {
 impl Module {
     /// Compiles (or reads from cache) and loads the kernels; the device is bound.
     pub fn load(dev: &Device) -> Result<Module, String> {
-        moe_gpu_common::ds4::check_idx_prec()?;
+        moe_gpu_common::ds4::check_prec()?;
         let (img, from_cache) = compile(&dev.arch)?;
         // SAFETY: a cubin produced by NVRTC for this arch; module kept for the process.
         unsafe {
@@ -372,6 +372,7 @@ impl Module {
                     prefer_shared(&funcs, "ds4_index_scores_mm_tcs_bf16");
                     let ds4_tc = [
                         "ds4_attention_tc",
+                        "ds4_attention_tc_bf16",
                         "ds4_index_scores_mm_tcs",
                         "ds4_index_scores_mm_tcs_bf16",
                     ];

@@ -15,8 +15,8 @@ use std::{
 
 use cudarc::driver::{result as cu, sys};
 pub use moe_gpu_common::ds4::{
-    FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4, FORCE_ATT_TC, FORCE_HC_GSYNC, FORCE_IDX_BF16,
-    FORCE_IDX_TCS,
+    FORCE_ATT_BF16, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4, FORCE_ATT_TC, FORCE_HC_GSYNC,
+    FORCE_IDX_BF16, FORCE_IDX_TCS,
 };
 use moe_gpu_common::ops::{self as plan, bytes_of, check_placement, Launch};
 pub use moe_gpu_common::ops::{

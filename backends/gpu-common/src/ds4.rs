@@ -979,9 +979,7 @@ fn idx_tcs_smem(id: u64) -> u64 {
 fn idx_tcs_name() -> Result<&'static str, String> {
     static BF16: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
     let bf16 = match FORCE_IDX_BF16.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => BF16
-            .get_or_init(|| idx_prec_bf16(std::env::var("MOE_GPU_IDX_PREC").ok().as_deref()))
-            .clone()?,
+        0 => BF16.get_or_init(|| prec_env("MOE_GPU_IDX_PREC")).clone()?,
         forced => forced == 1,
     };
     Ok(match bf16 {
@@ -990,19 +988,28 @@ fn idx_tcs_name() -> Result<&'static str, String> {
     })
 }
 
-/// `MOE_GPU_IDX_PREC` checked when a backend loads its kernels, so that a bad value
-/// stops the load with its message rather than the first long prompt.
-pub fn check_idx_prec() -> Result<(), String> {
-    idx_prec_bf16(std::env::var("MOE_GPU_IDX_PREC").ok().as_deref()).map(|_| ())
+/// The precision switches (`MOE_GPU_IDX_PREC`, `MOE_GPU_ATT_PREC`) checked when a
+/// backend loads its kernels, so that a bad value stops the load with its message
+/// rather than the first long prompt.
+pub fn check_prec() -> Result<(), String> {
+    for var in ["MOE_GPU_IDX_PREC", "MOE_GPU_ATT_PREC"] {
+        prec_env(var)?;
+    }
+    Ok(())
 }
 
-/// `MOE_GPU_IDX_PREC`'s value (None: unset) as "the indexer scores in bf16".
-fn idx_prec_bf16(v: Option<&str>) -> Result<bool, String> {
+/// Precision switch `var` as "bf16 products" (unset: f32).
+fn prec_env(var: &str) -> Result<bool, String> {
+    prec_bf16(var, std::env::var(var).ok().as_deref())
+}
+
+/// A precision switch `var`'s value (None: unset) as "bf16 products".
+fn prec_bf16(var: &str, v: Option<&str>) -> Result<bool, String> {
     match v {
         None | Some("f32") => Ok(false),
         Some("bf16") => Ok(true),
         Some(v) => Err(format!(
-            "MOE_GPU_IDX_PREC={v}: the indexer's precision is \"f32\" (the default) or \"bf16\""
+            "{var}={v}: the precision is \"f32\" (the default) or \"bf16\""
         )),
     }
 }
@@ -1179,6 +1186,27 @@ fn att_tc(gpu: &impl Gpu, hd: u64) -> Option<u32> {
 /// `ds4_attention_tc` for prefill chunks in device tests: 0 as configured, 1 on where
 /// it runs, 2 off.
 pub static FORCE_ATT_TC: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The tensor-core attention's precision in device tests: 0 as configured
+/// (`MOE_GPU_ATT_PREC`), 1 bf16, 2 f32.
+pub static FORCE_ATT_BF16: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The tensor-core attention for head width `hd`: `ds4_attention_tc` (f32 products, the
+/// default), or with `MOE_GPU_ATT_PREC=bf16` and `hd` a multiple of 32
+/// `ds4_attention_tc_bf16` (queries, keys and the softmax weights rounded to bf16 for
+/// the products, sums and softmax in f32, as bf16 inference runs attention). Read once;
+/// FORCE_ATT_BF16 (1 bf16, 2 f32) overrides. Any other value is an error.
+fn att_tc_name(hd: u64) -> Result<&'static str, String> {
+    static BF16: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
+    let bf16 = match FORCE_ATT_BF16.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => BF16.get_or_init(|| prec_env("MOE_GPU_ATT_PREC")).clone()?,
+        forced => forced == 1,
+    };
+    Ok(match bf16 && hd.is_multiple_of(32) {
+        true => "ds4_attention_tc_bf16",
+        false => "ds4_attention_tc",
+    })
+}
 
 /// Forces `ds4_attention_heads4` for prefill chunks (device tests).
 pub static FORCE_ATT_HPW4: std::sync::atomic::AtomicBool =
@@ -1405,7 +1433,7 @@ unsafe fn sparse_attention(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Res
     if let Some(smem) = chunk.then(|| att_tc(gpu, hd)).flatten() {
         att.i(0).p(0).launch_smem(
             gpu,
-            "ds4_attention_tc",
+            att_tc_name(hd)?,
             (heads.div_ceil(ATT_TC_HEADS), n, 1),
             ATT_TC_THREADS,
             smem,
@@ -2062,10 +2090,11 @@ mod tests {
         FORCE_IDX_BF16.store(0, std::sync::atomic::Ordering::Relaxed);
         FORCE_IDX_TCS.store(0, std::sync::atomic::Ordering::Relaxed);
         // The precision's values: unset or f32, bf16; anything else says what it takes.
-        assert_eq!(idx_prec_bf16(None), Ok(false));
-        assert_eq!(idx_prec_bf16(Some("f32")), Ok(false));
-        assert_eq!(idx_prec_bf16(Some("bf16")), Ok(true));
-        let e = idx_prec_bf16(Some("fp8")).unwrap_err();
+        let v = "MOE_GPU_IDX_PREC";
+        assert_eq!(prec_bf16(v, None), Ok(false));
+        assert_eq!(prec_bf16(v, Some("f32")), Ok(false));
+        assert_eq!(prec_bf16(v, Some("bf16")), Ok(true));
+        let e = prec_bf16(v, Some("fp8")).unwrap_err();
         assert!(
             e.contains("MOE_GPU_IDX_PREC=fp8") && e.contains("\"bf16\""),
             "{e}"
@@ -2340,6 +2369,17 @@ mod tests {
             ("ds4_attention_tc", (1, 20, 1), tc_smem)
         );
         assert_eq!(sig["ds4_attention_tc"], sig["ds4_attention_heads"]);
+        // Its bf16 form where asked for (the same arguments and room).
+        FORCE_ATT_BF16.store(1, std::sync::atomic::Ordering::Relaxed);
+        let g = Rec::on(132, tc_smem);
+        let r = run(&g, ops::SPARSE_ATTENTION, &prm(&[0.1], &[4, 2]), &chunk);
+        FORCE_ATT_BF16.store(0, std::sync::atomic::Ordering::Relaxed);
+        r.unwrap().unwrap();
+        assert_eq!(
+            (g.0.borrow()[0].0, g.3.borrow()[0]),
+            ("ds4_attention_tc_bf16", tc_smem)
+        );
+        assert_eq!(sig["ds4_attention_tc_bf16"], sig["ds4_attention_tc"]);
         let g = Rec::on(132, tc_smem - 1);
         run(&g, ops::SPARSE_ATTENTION, &prm(&[0.1], &[4, 2]), &chunk)
             .unwrap()

@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 76] = [
+pub const KERNELS: [&str; 77] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -86,6 +86,7 @@ pub const KERNELS: [&str; 76] = [
     "ds4_attention_tc",
     "ds4_index_scores_mm_tcs",
     "ds4_index_scores_mm_tcs_bf16",
+    "ds4_attention_tc_bf16",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();
