@@ -2816,41 +2816,37 @@ GPU_DEV ds4_atc_smem_t ds4_atc_carve(float* base, int ld) {
     return s;
 }
 
-// A thread's share of a key tile: elements threadIdx.x + 256 i (i < DS4_ATC_PER), each
-// a float4 of key (element / (hd / 4)).
-#define DS4_ATC_PER (DS4_ATC_KEYS * DS4_HEAD_MAX / 4 / (32 * DS4_ATC_WARPS))
+// A thread's share of a key tile: key threadIdx.x / 16 of the tile, its float4s
+// threadIdx.x % 16 + 16 i (i < DS4_ATC_PER), so that a thread works out one key's
+// address a tile (16 threads a key; a warp's copy is two 256-byte runs of two keys).
+#define DS4_ATC_PER (DS4_HEAD_MAX / 4 / 16)
+static_assert(DS4_ATC_KEYS * 16 == 32 * DS4_ATC_WARPS, "16 threads a key of a tile");
 
-// The selection entries of a thread's keys in the tile at k0 (mode 2, past the window;
-// else unused), all asked for at once: loaded a tile ahead, so that staging a tile
-// waits for no round trip of its own.
-GPU_DEV void ds4_atc_sel(int (&sv)[DS4_ATC_PER], int k0, int hd4, int n_keys, int n_win,
-                         int mode, const int* tsel) {
-#pragma unroll
-    for (int i = 0; i < DS4_ATC_PER; ++i) {
-        const int e = threadIdx.x + 32 * DS4_ATC_WARPS * i, a = k0 + e / hd4;
-        sv[i] = mode == 2 && e < DS4_ATC_KEYS * hd4 && a >= n_win && a < n_keys ? tsel[a - n_win] : 0;
-    }
+// The selection entry of this thread's key in the tile at k0 (mode 2, past the window;
+// else unused): read a tile ahead, so that staging a tile waits for no round trip.
+GPU_DEV int ds4_atc_sel(int k0, int n_keys, int n_win, int mode, const int* tsel) {
+    const int a = k0 + (threadIdx.x >> 4);
+    return mode == 2 && a >= n_win && a < n_keys ? tsel[a - n_win] : 0;
 }
 
-// Keys k0 .. k0 + 15 of the token into K buffer b, their selection entries sv given:
-// every thread's share by cp.async, zeros (and flag 0) past the keys and for selection
-// entries outside the rows; one commit group.
-GPU_DEV void ds4_atc_stage(const ds4_atc_smem_t& s, int ld, int b, int k0, const int (&sv)[DS4_ATC_PER],
-                           int n_keys, int p0, int hd, int first, int n_win, const float* kv,
+// Keys k0 .. k0 + 15 of the token into K buffer b, this thread's key's selection entry
+// sv given: every thread's share by cp.async, zeros (and flag 0) past the keys and for
+// selection entries outside the rows; one commit group.
+GPU_DEV void ds4_atc_stage(const ds4_atc_smem_t& s, int ld, int b, int k0, int sv, int n_keys,
+                           int p0, int hd, int first, int n_win, const float* kv,
                            const float* ring, int window, int mode, const float* rows, int cap) {
-    const int hd4 = hd / 4;
-    float* kb = s.ks + b * DS4_ATC_KEYS * ld;
+    const int hd4 = hd / 4, kk = threadIdx.x >> 4, c0 = threadIdx.x & 15, a = k0 + kk;
+    float* kr = s.ks + (b * DS4_ATC_KEYS + kk) * ld;
+    const float* key = a < n_keys ? ds4_att_key_sel(a, sv, n_win, first, p0, kv, ring, window,
+                                                    hd, mode, rows, cap)
+                                  : nullptr;
 #pragma unroll
     for (int i = 0; i < DS4_ATC_PER; ++i) {
-        const int e = threadIdx.x + 32 * DS4_ATC_WARPS * i;
-        if (e >= DS4_ATC_KEYS * hd4) break;  // (hd < DS4_HEAD_MAX)
-        const int kk = e / hd4, c4 = e % hd4, a = k0 + kk;
-        const float* key = a < n_keys ? ds4_att_key_sel(a, sv[i], n_win, first, p0, kv, ring,
-                                                        window, hd, mode, rows, cap)
-                                      : nullptr;
-        gpu_cp_async16(gpu_smem_addr(kb + kk * ld + 4 * c4), key ? key + 4 * c4 : kv, key != nullptr);
-        if (c4 == 0) s.kok[b * DS4_ATC_KEYS + kk] = key != nullptr;
+        const int c4 = c0 + 16 * i;
+        if (c4 >= hd4) break;  // (hd < DS4_HEAD_MAX)
+        gpu_cp_async16(gpu_smem_addr(kr + 4 * c4), key ? key + 4 * c4 : kv, key != nullptr);
     }
+    if (c0 == 0) s.kok[b * DS4_ATC_KEYS + kk] = key != nullptr;
     gpu_cp_commit();
 }
 
@@ -2883,10 +2879,9 @@ GPU_DEV void ds4_atc_body(const float* __restrict__ q, const float* __restrict__
     // The first tile's rows on their way while the queries are staged, and the second
     // tile's selection entries.
     const int* tsel = sel + (long long)t * k_sel;
-    int sv[DS4_ATC_PER];
-    ds4_atc_sel(sv, 0, hd4, n_keys, n_win, mode, tsel);
+    int sv = ds4_atc_sel(0, n_keys, n_win, mode, tsel);
     ds4_atc_stage(s, ld, 0, 0, sv, n_keys, p0, hd, first, n_win, kv, ring, window, mode, rows, cap);
-    ds4_atc_sel(sv, DS4_ATC_KEYS, hd4, n_keys, n_win, mode, tsel);
+    sv = ds4_atc_sel(DS4_ATC_KEYS, n_keys, n_win, mode, tsel);
     for (int e = threadIdx.x; e < DS4_ATC_HEADS * hd4; e += blockDim.x) {
         const int hh = e / hd4, c4 = e % hd4;
         *(gpu_f4*)(s.qs + hh * ld + 4 * c4) =
@@ -2908,7 +2903,7 @@ GPU_DEV void ds4_atc_body(const float* __restrict__ q, const float* __restrict__
         if (it + 1 < tiles) {
             ds4_atc_stage(s, ld, b ^ 1, k0 + DS4_ATC_KEYS, sv, n_keys, p0, hd, first, n_win, kv,
                           ring, window, mode, rows, cap);
-            ds4_atc_sel(sv, k0 + 2 * DS4_ATC_KEYS, hd4, n_keys, n_win, mode, tsel);
+            sv = ds4_atc_sel(k0 + 2 * DS4_ATC_KEYS, n_keys, n_win, mode, tsel);
         }
         const int* kok = s.kok + b * DS4_ATC_KEYS;
         int any = 0;
