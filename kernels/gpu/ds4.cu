@@ -2793,7 +2793,9 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATH_WARPS, 1)
 // TF32 ones over half the k: S over 16 dims a step (the dims of a lane's pair taken as
 // c and c + 4 of an 8-dim group, for Q and K alike, as in ds4_ixs_chunk_bf16), P V over
 // the tile's 16 keys in one step (S's C fragments are P's A fragment: keys 2c, 2c + 1
-// and 8 + 2c, 8 + 2c + 1, the pairs a bf16 fragment takes). The softmax stays in f32.
+// and 8 + 2c, 8 + 2c + 1, the pairs a bf16 fragment takes). The softmax stays in f32;
+// its sums take the unrounded weights, the products the rounded ones (as flash
+// attention in bf16 does).
 // grid = (ceil(heads / DS4_ATC_HEADS), n), block = 32 * DS4_ATC_WARPS.
 #define DS4_ATC_HEADS 64
 #define DS4_ATC_KEYS 16
@@ -2911,7 +2913,7 @@ GPU_DEV void ds4_atc_body(const float* __restrict__ q, const float* __restrict__
         for (int kk = 0; kk < DS4_ATC_KEYS; ++kk) any |= kok[kk];
         if (!any) continue;  // only null keys (the same for the whole block)
         const float* kb = s.ks + b * DS4_ATC_KEYS * ld;
-        // S over dims cb .. cb + cols: keys 8 kt .. + 7 in C fragment kt, its small
+        // S over dims cb .. cb + cols: keys 8 kt .. + 7 in C fragment kt; in f32 its small
         // terms in two more chains (three chains of hd / 16 mma, not one of 3 hd / 16).
         float sm[2][4] = {}, sa[2][4] = {}, sb[2][4] = {};
         if constexpr (BF16) {
@@ -3083,6 +3085,7 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
     (void)kper;
     (void)part;
 #if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
+    if (hd & 31) asm volatile("trap;");  // (the host sends it head widths of 32 k only)
     if (hd == DS4_HEAD_MAX)
         ds4_atc_body<DS4_HEAD_MAX, true>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window,
                                          ratio, mode, k_sel, cap, scale, out);

@@ -2716,7 +2716,9 @@ fn attention_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// `ds4_attention_tc` (the tensor cores, three TF32 products a pair), each within 1e-5
 /// of the largest value, the latter two the same bits over 20 reruns; and
 /// `ds4_attention_tc_bf16` (forced) within 2^-8 of a reference of bf16-rounded queries
-/// and keys (its softmax weights are rounded too), the same bits over 20 reruns.
+/// and keys (its softmax weights are rounded too) and 1e-2 of the largest f32 value,
+/// the same bits over 20 reruns; where the head width is not a multiple of 32 (the
+/// 48-wide case) the forced bf16 form falls back to the f32 kernel.
 fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== SPARSE_ATTENTION, a prefill chunk, vs f64 reference ==");
     let mut all = true;
@@ -2769,6 +2771,32 @@ fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             4,
             1,
             0,
+        ),
+        // Narrow heads: a key's 12 float4s (fewer than its 16 stagers), and 24 (not a
+        // multiple of 16); 48 is not a multiple of 32, so bf16 falls back to f32.
+        (
+            "16 x 48, 24 tokens at 40, ratio 4",
+            16,
+            48,
+            16,
+            24,
+            40,
+            1,
+            4,
+            30,
+            0,
+        ),
+        (
+            "8 x 96, 20 tokens at 100, 24 selected",
+            8,
+            96,
+            32,
+            20,
+            100,
+            2,
+            4,
+            60,
+            24,
         ),
     ] {
         let mut v = |k: usize| -> Vec<f32> { (0..k).map(|_| rng.f32()).collect() };
@@ -2897,10 +2925,21 @@ fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             .zip(&want16)
             .fold(0f64, |a, (&g, w)| a.max((g as f64 - w).abs()));
         let e16_f32 = rel(&tc16.0, &want);
+        let bf16_runs = hd % 32 == 0;
         let launches = (two.1, four.1, tc.1, tc16.1)
-            == ([1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]);
+            == (
+                [1, 0, 0, 0],
+                [0, 1, 0, 0],
+                [0, 0, 1, 0],
+                [0, 0, !bf16_runs as u64, bf16_runs as u64],
+            );
         let repeats = repeats && tc_repeats && tc16_repeats;
-        let ok = e2.max(e4).max(etc) <= 1e-5 && e16 <= 1.0 / 256.0 && repeats && launches;
+        // (falling back, the f32 kernel's own bits)
+        let bf16_ok = match bf16_runs {
+            true => e16 <= 1.0 / 256.0 && e16_f32 <= 1e-2,
+            false => same_bits(&tc16.0, &tc.0),
+        };
+        let ok = e2.max(e4).max(etc) <= 1e-5 && bf16_ok && repeats && launches;
         all &= ok;
         println!(
             "{name:<50}: two heads a warp {e2:.2e}, four {e4:.2e}, tensor cores {etc:.2e}, bf16 {e16:.2e} of bf16 operands ({e16_f32:.2e} of f32's largest), 20 reruns bit-identical {repeats}, launches {} {}",
@@ -3164,7 +3203,7 @@ fn index_scores(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 /// ~32500: a prefill chunk of 1024 or a decode step) on a streamed kernel (`name`) and
 /// the kernel it answers to: for `ds4_index_scores_mm_tcs` (f32) the tiled
 /// `ds4_index_scores_mm_tc`, whose bits it must give; for `_tcs_bf16` the f32 streamed
-/// one, whose top-512 rows a token it should mostly share (at least 90% on average: the
+/// one, whose top-512 rows a token it should mostly share (at least 98% on average: the
 /// engine's top-k over these random scores, whose neighbours near the 512th are far
 /// closer than a model's; a wrong product shares ~1.6%). Each kernel's time (CUDA
 /// events, 5 runs after a warm-up) with its rate in TFLOP/s (2 flops a product) and in
@@ -3231,7 +3270,7 @@ fn index_scores_tcs_timing(
     let least = shared.iter().copied().fold(1.0, f64::min);
     let same = same_bits(&got, &want);
     let ok = match bf16 {
-        true => mean >= 0.9,
+        true => mean >= 0.98,
         false => same,
     };
     let flops: f64 = (0..n).map(|t| (visible(t) * ih * id * 2) as f64).sum();

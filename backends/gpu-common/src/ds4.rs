@@ -1017,7 +1017,8 @@ fn prec_bf16(var: &str, v: Option<&str>) -> Result<bool, String> {
 /// Whether the tiled scores of `ih` heads x `id` (a prefill chunk, or a decode step over
 /// a long context) run as `ds4_index_scores_mm_tcs` (the rows streamed past resident
 /// queries; the same bits as `ds4_index_scores_mm_tc`, 1.37x faster on a 128K chunk
-/// on an H100, 2026-12-07) wherever that tensor-core kernel would run and the backend
+/// on an H100, 2026-12-07; or its bf16 form, see [`idx_tcs_name`]) wherever that
+/// tensor-core kernel would run and the backend
 /// gives the kernel its shared memory, unless `MOE_GPU_IDX_TCS=0` (read once;
 /// FORCE_IDX_TCS overrides). The kernel ([`idx_tcs_name`]) and the dynamic shared
 /// memory to launch it with.
@@ -2358,12 +2359,14 @@ mod tests {
         // Where the backend gives ds4_attention_tc its shared memory (queries, two key
         // tiles at stride d + 4, 2048 floats of partial logits, 32 flags): a block per 64
         // heads of a token, that much dynamic shared memory; a byte less, the heads kernel.
+        // (f32 forced: the test does not depend on MOE_GPU_ATT_PREC)
         let tc_smem = 4 * (96 * (d as u32 + 4) + 2048 + 32);
         assert_eq!(att_tc_smem(512), 206_464);
         let g = Rec::on(132, tc_smem);
-        run(&g, ops::SPARSE_ATTENTION, &prm(&[0.1], &[4, 2]), &chunk)
-            .unwrap()
-            .unwrap();
+        FORCE_ATT_BF16.store(2, std::sync::atomic::Ordering::Relaxed);
+        let r = run(&g, ops::SPARSE_ATTENTION, &prm(&[0.1], &[4, 2]), &chunk);
+        FORCE_ATT_BF16.store(0, std::sync::atomic::Ordering::Relaxed);
+        r.unwrap().unwrap();
         assert_eq!(
             (g.0.borrow()[0].0, g.0.borrow()[0].1, g.3.borrow()[0]),
             ("ds4_attention_tc", (1, 20, 1), tc_smem)
