@@ -3052,6 +3052,27 @@ GPU_DEV void ds4_atc_body(const float* __restrict__ q, const float* __restrict__
 }
 #endif
 
+// Both entry points: the body for V4-Flash's width or any other, BF16 its form.
+#if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
+template <bool BF16>
+GPU_DEV void ds4_atc_run(const float* q, const float* kv, const float* ring, const float* rows,
+                         const int* sel, const float* sinks, const int* pos, int heads, int hd,
+                         int window, int ratio, int mode, int k_sel, int cap, float scale,
+                         float* out) {
+    if (BF16 && (hd & 31)) asm volatile("trap;");  // (the host sends it widths of 32 k only)
+    if (hd == DS4_HEAD_MAX)
+        ds4_atc_body<DS4_HEAD_MAX, BF16>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window,
+                                         ratio, mode, k_sel, cap, scale, out);
+    else
+        ds4_atc_body<0, BF16>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio, mode,
+                              k_sel, cap, scale, out);
+}
+#define DS4_ATC_RUN(BF16) \
+    ds4_atc_run<BF16>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio, mode, k_sel, cap, scale, out)
+#else
+#define DS4_ATC_RUN(BF16) __builtin_trap()  // the host launches it only where the tensor cores run it
+#endif
+
 extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
     ds4_attention_tc(const float* __restrict__ q, const float* __restrict__ kv,
                      const float* __restrict__ ring, const float* __restrict__ rows,
@@ -3062,16 +3083,7 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
     gpu_count_launch(counters, KID_DS4_ATTENTION_TC);
     (void)kper;
     (void)part;
-#if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
-    if (hd == DS4_HEAD_MAX)
-        ds4_atc_body<DS4_HEAD_MAX, false>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window,
-                                          ratio, mode, k_sel, cap, scale, out);
-    else
-        ds4_atc_body<0, false>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio, mode,
-                               k_sel, cap, scale, out);
-#else
-    __builtin_trap();  // the host launches it only where the tensor cores run it
-#endif
+    DS4_ATC_RUN(false);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
@@ -3084,17 +3096,7 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATC_WARPS, 1)
     gpu_count_launch(counters, KID_DS4_ATTENTION_TC_BF16);
     (void)kper;
     (void)part;
-#if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
-    if (hd & 31) asm volatile("trap;");  // (the host sends it head widths of 32 k only)
-    if (hd == DS4_HEAD_MAX)
-        ds4_atc_body<DS4_HEAD_MAX, true>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window,
-                                         ratio, mode, k_sel, cap, scale, out);
-    else
-        ds4_atc_body<0, true>(q, kv, ring, rows, sel, sinks, pos, heads, hd, window, ratio, mode,
-                              k_sel, cap, scale, out);
-#else
-    __builtin_trap();  // the host launches it only where the tensor cores run it
-#endif
+    DS4_ATC_RUN(true);
 }
 
 // Merging one head's splits (slots slot0 .. slot0 + splits - 1 of `slots`, as
