@@ -11,7 +11,8 @@
 #   fixtures  spec_gpu.sh STEPS=fixtures (the tiny fixtures against the CPU and the oracle)
 #   bench     NOFILE=1 ds4_bench.sh (the table at depths 0, 4K, 32K, 128K)
 #   ab        ds4_ab.sh $AB (default "base base"; e.g. AB="base MOE_DS4_XQ=0 base
-#             MOE_DS4_XQ=0"), depth AB_DEPTHS (0), pp512, tg32, REPS=2
+#             MOE_DS4_XQ=0"), depths AB_DEPTHS (0; "0,131072" or "0 131072"), pp512,
+#             tg32, REPS=2
 #   timeline  ds4_timeline.sh, then timeline_layer.py (one decode layer's kernels in order);
 #             TL_SET=VAR=VALUE[,VAR=VALUE...] applies to this step only
 #   site      hc_site_bench.sh (the MoE site after a product, its phases, the router
@@ -73,7 +74,9 @@ for step in ${STEPS:-kernels fixtures bench ab timeline}; do
         ab)
             need 40 ab || continue
             # shellcheck disable=SC2086 # the settings are words
-            OUT="$OUT/ab" DEPTHS="${AB_DEPTHS:-0}" PP=512 REPS=2 timeout "$(left)" \
+            # (depths by commas or spaces: "0,131072" or "0 131072")
+            depths=${AB_DEPTHS:-0}
+            OUT="$OUT/ab" DEPTHS="${depths// /,}" PP=512 REPS=2 timeout "$(left)" \
                 bash scripts/device/ds4_ab.sh ${AB:-base base} > "$OUT/ab.log" 2>&1
             echo "rc=$?"
             grep -E '^\||: [0-9]+ s' "$OUT/ab.log"
