@@ -26,7 +26,7 @@ use moe_plugin_api::{
     abi_stable::{
         export_root_module,
         prefix_type::PrefixTypeTrait,
-        std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec, Tuple2},
+        std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec, Tuple2},
     },
     defaults, guard, guard_or, AbiVersion, Backend, DeviceInfo, OpParams, Plugin, PluginInfo,
     PluginKind, PluginRef, QuantFormat, TensorRef,
@@ -37,12 +37,40 @@ pub fn get_root_module() -> PluginRef {
     Plugin {
         abi: AbiVersion::CURRENT,
         info,
-        configure: defaults::accept_any_settings,
+        configure,
         quant_formats: defaults::no_quant_formats,
         backend,
         policies: defaults::no_policies,
     }
     .leak_into_prefix()
+}
+
+/// The backend's plugins.toml settings (`[plugin.settings]`). Both precisions are
+/// DeepSeek-V4's reduced-precision paths on the tensor cores, "f32" (the default) or
+/// "bf16" (see the README); `MOE_GPU_IDX_PREC` / `MOE_GPU_ATT_PREC` override them.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    /// The indexer's scores.
+    indexer_precision: Option<String>,
+    /// A prefill chunk's attention products.
+    attention_precision: Option<String>,
+}
+
+extern "C" fn configure(settings: RStr<'_>) -> RResult<(), RString> {
+    guard("cuda configure", || {
+        let s: Settings = toml::from_str(settings.as_str()).map_err(|e| e.message().to_string())?;
+        let prec = |key: &str, v: &Option<String>| {
+            v.as_deref()
+                .map(|v| moe_gpu_common::ds4::prec_bf16(key, v))
+                .transpose()
+        };
+        moe_gpu_common::ds4::set_precision(
+            prec("indexer_precision", &s.indexer_precision)?,
+            prec("attention_precision", &s.attention_precision)?,
+        );
+        Ok(())
+    })
 }
 
 extern "C" fn info() -> PluginInfo {
@@ -194,6 +222,21 @@ extern "C" fn kernel_counters() -> RVec<Tuple2<RString, u64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_take_the_precisions_and_refuse_the_rest() {
+        let conf = |t: &str| moe_plugin_api::into_result(configure(t.into()));
+        assert!(conf("").is_ok());
+        assert!(conf("indexer_precision = \"bf16\"\nattention_precision = \"f32\"").is_ok());
+        let e = conf("indexer_precision = \"fp8\"").unwrap_err();
+        assert!(
+            e.contains("indexer_precision=fp8") && e.contains("\"bf16\""),
+            "{e}"
+        );
+        let e = conf("threads = 4").unwrap_err();
+        assert!(e.contains("threads"), "{e}");
+        moe_gpu_common::ds4::set_precision(None, None);
+    }
 
     #[test]
     fn no_driver_is_an_error_not_a_crash() {

@@ -971,20 +971,52 @@ fn idx_tcs_smem(id: u64) -> u64 {
 }
 
 /// The streamed index kernel for the indexer's precision: `ds4_index_scores_mm_tcs` (f32,
-/// the default: the oracle's selection), or with `MOE_GPU_IDX_PREC=bf16`
-/// `ds4_index_scores_mm_tcs_bf16` (queries and rows rounded to bf16, products summed in
-/// f32: reduced precision as DeepSeek's own inference, which scores in fp8; other rows
-/// may win the top-k near its ties). Read once; FORCE_IDX_BF16 (1 bf16, 2 f32) overrides.
-/// Any other value is an error.
+/// the default: the oracle's selection), or in bf16 `ds4_index_scores_mm_tcs_bf16`
+/// (queries and rows rounded to bf16, products summed in f32: reduced precision as
+/// DeepSeek's own inference, which scores in fp8; other rows may win the top-k near its
+/// ties). See [`precision`] for where the choice comes from.
 fn idx_tcs_name() -> Result<&'static str, String> {
-    static BF16: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
-    let bf16 = match FORCE_IDX_BF16.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => BF16.get_or_init(|| prec_env("MOE_GPU_IDX_PREC")).clone()?,
-        forced => forced == 1,
-    };
+    static ENV: std::sync::OnceLock<Result<Option<bool>, String>> = std::sync::OnceLock::new();
+    let bf16 = precision(&FORCE_IDX_BF16, &ENV, "MOE_GPU_IDX_PREC", &CONFIG_IDX_BF16)?;
     Ok(match bf16 {
         true => "ds4_index_scores_mm_tcs_bf16",
         false => "ds4_index_scores_mm_tcs",
+    })
+}
+
+/// The indexer's and a prefill chunk's attention precision as a backend's plugins.toml
+/// settings give them (`indexer_precision`, `attention_precision`): 0 not set, 1 bf16,
+/// 2 f32. The backend's `configure` stores them ([`set_precision`]).
+static CONFIG_IDX_BF16: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+static CONFIG_ATT_BF16: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Stores the plugins.toml precisions (None: not set; Some(true): bf16).
+pub fn set_precision(indexer: Option<bool>, attention: Option<bool>) {
+    let code = |v: Option<bool>| match v {
+        None => 0,
+        Some(true) => 1,
+        Some(false) => 2,
+    };
+    CONFIG_IDX_BF16.store(code(indexer), std::sync::atomic::Ordering::Relaxed);
+    CONFIG_ATT_BF16.store(code(attention), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether a precision switch means bf16: a device test's force (1 bf16, 2 f32), else
+/// the environment variable `var` where set (A/B runs; read once into `env`), else the
+/// plugins.toml setting, else f32.
+fn precision(
+    force: &std::sync::atomic::AtomicU8,
+    env: &std::sync::OnceLock<Result<Option<bool>, String>>,
+    var: &str,
+    config: &std::sync::atomic::AtomicU8,
+) -> Result<bool, String> {
+    let code = |a: &std::sync::atomic::AtomicU8| a.load(std::sync::atomic::Ordering::Relaxed);
+    Ok(match code(force) {
+        0 => match env.get_or_init(|| prec_env(var)).clone()? {
+            Some(bf16) => bf16,
+            None => code(config) == 1,
+        },
+        forced => forced == 1,
     })
 }
 
@@ -998,17 +1030,20 @@ pub fn check_prec() -> Result<(), String> {
     Ok(())
 }
 
-/// Precision switch `var` as "bf16 products" (unset: f32).
-fn prec_env(var: &str) -> Result<bool, String> {
-    prec_bf16(var, std::env::var(var).ok().as_deref())
+/// Precision switch `var` as "bf16 products" (None: unset).
+fn prec_env(var: &str) -> Result<Option<bool>, String> {
+    std::env::var(var)
+        .ok()
+        .map(|v| prec_bf16(var, &v))
+        .transpose()
 }
 
-/// A precision switch `var`'s value (None: unset) as "bf16 products".
-fn prec_bf16(var: &str, v: Option<&str>) -> Result<bool, String> {
+/// A precision switch `var`'s value as "bf16 products".
+pub fn prec_bf16(var: &str, v: &str) -> Result<bool, String> {
     match v {
-        None | Some("f32") => Ok(false),
-        Some("bf16") => Ok(true),
-        Some(v) => Err(format!(
+        "f32" => Ok(false),
+        "bf16" => Ok(true),
+        v => Err(format!(
             "{var}={v}: the precision is \"f32\" (the default) or \"bf16\""
         )),
     }
@@ -1193,16 +1228,12 @@ pub static FORCE_ATT_TC: std::sync::atomic::AtomicU8 = std::sync::atomic::Atomic
 pub static FORCE_ATT_BF16: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// The tensor-core attention for head width `hd`: `ds4_attention_tc` (f32 products, the
-/// default), or with `MOE_GPU_ATT_PREC=bf16` and `hd` a multiple of 32
-/// `ds4_attention_tc_bf16` (queries, keys and the softmax weights rounded to bf16 for
-/// the products, sums and softmax in f32, as bf16 inference runs attention). Read once;
-/// FORCE_ATT_BF16 (1 bf16, 2 f32) overrides. Any other value is an error.
+/// default), or in bf16 with `hd` a multiple of 32 `ds4_attention_tc_bf16` (queries, keys
+/// and the softmax weights rounded to bf16 for the products, sums and softmax in f32, as
+/// bf16 inference runs attention). See [`precision`] for where the choice comes from.
 fn att_tc_name(hd: u64) -> Result<&'static str, String> {
-    static BF16: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
-    let bf16 = match FORCE_ATT_BF16.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => BF16.get_or_init(|| prec_env("MOE_GPU_ATT_PREC")).clone()?,
-        forced => forced == 1,
-    };
+    static ENV: std::sync::OnceLock<Result<Option<bool>, String>> = std::sync::OnceLock::new();
+    let bf16 = precision(&FORCE_ATT_BF16, &ENV, "MOE_GPU_ATT_PREC", &CONFIG_ATT_BF16)?;
     Ok(match bf16 && hd.is_multiple_of(32) {
         true => "ds4_attention_tc_bf16",
         false => "ds4_attention_tc",
@@ -2091,11 +2122,29 @@ mod tests {
         FORCE_IDX_BF16.store(0, std::sync::atomic::Ordering::Relaxed);
         FORCE_IDX_TCS.store(0, std::sync::atomic::Ordering::Relaxed);
         // The precision's values: unset or f32, bf16; anything else says what it takes.
+        // Where a precision comes from: a force, else the variable, else plugins.toml.
+        let (force, config) = (
+            std::sync::atomic::AtomicU8::new(0),
+            std::sync::atomic::AtomicU8::new(1),
+        );
+        let env = |v: Option<bool>| {
+            let l = std::sync::OnceLock::new();
+            l.set(Ok(v)).unwrap();
+            l
+        };
+        assert_eq!(precision(&force, &env(None), "X", &config), Ok(true));
+        assert_eq!(
+            precision(&force, &env(Some(false)), "X", &config),
+            Ok(false)
+        );
+        config.store(0, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(precision(&force, &env(None), "X", &config), Ok(false));
+        force.store(1, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(precision(&force, &env(Some(false)), "X", &config), Ok(true));
         let v = "MOE_GPU_IDX_PREC";
-        assert_eq!(prec_bf16(v, None), Ok(false));
-        assert_eq!(prec_bf16(v, Some("f32")), Ok(false));
-        assert_eq!(prec_bf16(v, Some("bf16")), Ok(true));
-        let e = prec_bf16(v, Some("fp8")).unwrap_err();
+        assert_eq!(prec_bf16(v, "f32"), Ok(false));
+        assert_eq!(prec_bf16(v, "bf16"), Ok(true));
+        let e = prec_bf16(v, "fp8").unwrap_err();
         assert!(
             e.contains("MOE_GPU_IDX_PREC=fp8") && e.contains("\"bf16\""),
             "{e}"
