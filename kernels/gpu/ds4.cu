@@ -2860,6 +2860,15 @@ GPU_DEV void ds4_atc_stage(const ds4_atc_smem_t& s, int ld, int b, int k0, int s
     (4 * ((DS4_ATC_HEADS + 2 * DS4_ATC_KEYS) * ((hd) + 4) + 2 * DS4_ATC_WARPS * 32 * 4 + 2 * DS4_ATC_KEYS))
 
 #if defined(DS4_IXM_TC) && defined(GPU_CP_ASYNC)
+// An O fragment after a tile: rows g / g + 8 rescaled by their max's correction, plus
+// the tile's P V (f32 FMAs, both forms).
+GPU_DEV void ds4_atc_rescale_add(float (&o)[4], const float (&corr)[2], const float (&dj)[4]) {
+    o[0] = fmaf(o[0], corr[0], dj[0]);
+    o[1] = fmaf(o[1], corr[0], dj[1]);
+    o[2] = fmaf(o[2], corr[1], dj[2]);
+    o[3] = fmaf(o[3], corr[1], dj[3]);
+}
+
 // ds4_attention_tc's body for head width HD (0: hd as given; V4-Flash's 512 has its own
 // copy, whose shared-memory offsets are constants); BF16: ds4_attention_tc_bf16's.
 template <int HD, bool BF16>
@@ -2998,10 +3007,7 @@ GPU_DEV void ds4_atc_body(const float* __restrict__ q, const float* __restrict__
                     const float* vj = v0 + 8 * j;
                     gpu_mma_bf16(dj, p0, p1, p2, p3, gpu_bf16x2(vj[0], vj[ld]),
                                  gpu_bf16x2(vj[8 * ld], vj[9 * ld]));
-                    o[j][0] = fmaf(o[j][0], corr[0], dj[0]);
-                    o[j][1] = fmaf(o[j][1], corr[0], dj[1]);
-                    o[j][2] = fmaf(o[j][2], corr[1], dj[2]);
-                    o[j][3] = fmaf(o[j][3], corr[1], dj[3]);
+                    ds4_atc_rescale_add(o[j], corr, dj);
                 }
             }
             continue;
@@ -3028,10 +3034,7 @@ GPU_DEV void ds4_atc_body(const float* __restrict__ q, const float* __restrict__
                     ds4_tf32_split_t(v0[(8 * kt + 1) * ld + 8 * j], bh1, bl1);
                     ds4_mma3(dj, ph[kt], pl[kt], bh0, bh1, bl0, bl1);
                 }
-                o[j][0] = fmaf(o[j][0], corr[0], dj[0]);
-                o[j][1] = fmaf(o[j][1], corr[0], dj[1]);
-                o[j][2] = fmaf(o[j][2], corr[1], dj[2]);
-                o[j][3] = fmaf(o[j][3], corr[1], dj[3]);
+                ds4_atc_rescale_add(o[j], corr, dj);
             }
         }
     }

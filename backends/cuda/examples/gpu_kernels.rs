@@ -41,6 +41,14 @@ fn mmb(cc: (i32, i32)) -> bool {
 }
 
 /// Whether two runs' outputs are the same bits, value for value.
+/// Each value rounded to bf16 (to nearest even, as the kernels' `cvt.rn.bf16x2` rounds)
+/// and back: the operands the bf16 kernels multiply.
+fn bf16_rounded(v: &[f32]) -> Vec<f32> {
+    v.iter()
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect()
+}
+
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
 }
@@ -2853,11 +2861,7 @@ fn attention_prefill(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         };
         let want = reference(&q, &kv, &ring, &rows);
         // The bf16 form's: queries and keys rounded as the kernel rounds them.
-        let r16 = |v: &[f32]| -> Vec<f32> {
-            v.iter()
-                .map(|&x| half::bf16::from_f32(x).to_f32())
-                .collect()
-        };
+        let r16 = bf16_rounded;
         let want16 = reference(&r16(&q), &r16(&kv), &r16(&ring), &r16(&rows));
         let b = |x: &[f32]| g.buf(&f32_bytes(x));
         let i32b = |x: &[i32]| g.buf(&x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
@@ -3327,18 +3331,10 @@ fn index_scores_case(
     let q: Vec<f32> = (0..n * ih * id).map(|_| rng.f32()).collect();
     let w: Vec<f32> = (0..n * ih).map(|_| rng.f32()).collect();
     let rows: Vec<f32> = (0..cap * id).map(|_| rng.f32()).collect();
-    // The bf16 form's dot products are those of the operands rounded to bf16 (to nearest
-    // even, as the `half` crate rounds): the reference rounds them too.
+    // The bf16 form's dot products are those of the operands rounded to bf16: the
+    // reference rounds them too.
     let bf16 = kernel == "ds4_index_scores_mm_tcs_bf16";
-    let round = |v: &[f32]| -> Vec<f32> {
-        match bf16 {
-            true => v
-                .iter()
-                .map(|&x| half::bf16::from_f32(x).to_f32())
-                .collect(),
-            false => v.to_vec(),
-        }
-    };
+    let round = |v: &[f32]| if bf16 { bf16_rounded(v) } else { v.to_vec() };
     let (rq, rrows) = (round(&q), round(&rows));
     let pos: Vec<i32> = (0..n).map(|t| (p0 + t) as i32).collect();
     let nan = f32_bytes(&vec![f32::NAN; cap * n]);

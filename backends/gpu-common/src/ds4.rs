@@ -2121,7 +2121,6 @@ mod tests {
         assert_eq!(idx_tcs_smem(128), 106_496);
         FORCE_IDX_BF16.store(0, std::sync::atomic::Ordering::Relaxed);
         FORCE_IDX_TCS.store(0, std::sync::atomic::Ordering::Relaxed);
-        // The precision's values: unset or f32, bf16; anything else says what it takes.
         // Where a precision comes from: a force, else the variable, else plugins.toml.
         let (force, config) = (
             std::sync::atomic::AtomicU8::new(0),
@@ -2141,6 +2140,7 @@ mod tests {
         assert_eq!(precision(&force, &env(None), "X", &config), Ok(false));
         force.store(1, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(precision(&force, &env(Some(false)), "X", &config), Ok(true));
+        // The precision's values: f32, bf16; anything else says what it takes.
         let v = "MOE_GPU_IDX_PREC";
         assert_eq!(prec_bf16(v, "f32"), Ok(false));
         assert_eq!(prec_bf16(v, "bf16"), Ok(true));
