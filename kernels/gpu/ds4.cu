@@ -9,6 +9,12 @@
 // chunk's first at pos[0]) and sizes its grid for the worst case, so a captured decode
 // step replays correctly at any position.
 #include "common.cuh"
+// The fused routed MoE (ds4_moe_routed) runs rocmfpx.cu's mat-vec warps. The backends
+// compile the two files as one unit, rocmfpx.cu first; a compile of this file alone
+// (kernels/check.sh) takes it in here.
+#ifndef MOE_ROCMFPX_CU
+#include "rocmfpx.cu"
+#endif
 
 #define KID_DS4_NORM_ROPE 18
 #define KID_DS4_HC_PRE 19
@@ -39,6 +45,7 @@
 #define KID_DS4_INDEX_SCORES_MM_TCS 74
 #define KID_DS4_INDEX_SCORES_MM_TCS_BF16 75
 #define KID_DS4_ATTENTION_TC_BF16 76
+#define KID_DS4_MOE_ROUTED 77
 
 #define DS4_HC_MAX 8           // mHC streams
 #define DS4_COMP_MAX_DIM 1024  // compressed row width
@@ -3573,35 +3580,33 @@ extern "C" __global__ void __launch_bounds__(256)
 #define DS4_ROUTER_MM_THREADS 256
 #define DS4_ROUTER_MM_PARTS (1024 / DS4_ROUTER_MM_THREADS)
 
-extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS)
-    ds4_router_mm(const float* __restrict__ wr, int d, const float* __restrict__ x,
-                  float* logits, const float* __restrict__ bias, const int* __restrict__ table,
-                  int table_rows, const int* __restrict__ tokens, int n_expert, int k,
-                  int gating, int norm_topk, float routed_scale, int mode,
-                  int* __restrict__ ids, float* __restrict__ wout, unsigned int* sync,
-                  unsigned int* counters) {
+// ds4_router_mm's block b computes rows r0 = 2b and r1 = r0 + 1 (the last block of an
+// odd count reads its one row twice); with d <= 4096 its thread's float4s of both come
+// first (`ds4_rmm_load`, before the dependent-launch wait: weights).
+GPU_DEV void ds4_rmm_load(const float* __restrict__ wr, int d, int n_expert, int b,
+                          gpu_u4 (&u)[2][DS4_ROUTER_MM_PARTS]) {
     constexpr int T = DS4_ROUTER_MM_THREADS, Q = DS4_ROUTER_MM_PARTS;
-    __shared__ float sh[2 * 32];
-    __shared__ float sc[1024], sv[1024];
-    __shared__ int chosen[DS4_TOPK_MAX];
-    __shared__ unsigned int last;
+    const int r0 = 2 * b, r1 = r0 + 1 < n_expert ? r0 + 1 : r0;
+    const float* row[2] = {wr + (long long)r0 * d, wr + (long long)r1 * d};
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+            const int i = 4 * ((int)threadIdx.x + T * q);
+            if (i < d) u[r][q] = gpu_load_stream_u4(row[r] + i);
+        }
+}
+
+// Block b's two logits into `logits` (thread 0 stores them; sh: 64 floats of shared
+// memory). u: what ds4_rmm_load loaded where d <= 4096.
+GPU_DEV void ds4_rmm_logits(const float* __restrict__ wr, int d, const float* __restrict__ x,
+                            int n_expert, int b, const gpu_u4 (&u)[2][DS4_ROUTER_MM_PARTS],
+                            float* sh, float* logits) {
+    constexpr int T = DS4_ROUTER_MM_THREADS, Q = DS4_ROUTER_MM_PARTS;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    // Rows r0 and r1 = r0 + 1 (the last block of an odd count reads its one row twice).
-    const int r0 = 2 * (int)blockIdx.x, r1 = r0 + 1 < n_expert ? r0 + 1 : r0;
+    const int r0 = 2 * b, r1 = r0 + 1 < n_expert ? r0 + 1 : r0;
     const float* row[2] = {wr + (long long)r0 * d, wr + (long long)r1 * d};
     const bool early = d <= 4 * 1024;
-    gpu_u4 u[2][Q];
-    if (early) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int q = 0; q < Q; ++q) {
-                const int i = 4 * (tid + T * q);
-                if (i < d) u[r][q] = gpu_load_stream_u4(row[r] + i);
-            }
-    }
-    const float bias_t = mode == 1 && tid < n_expert ? bias[tid] : 0.0f;
-    gpu_count_launch(counters, KID_DS4_ROUTER_MM);
     float acc[2][Q];
 #pragma unroll
     for (int q = 0; q < Q; ++q) {
@@ -3636,19 +3641,24 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS)
         if (lane == 0) {
             logits[r0] = l0;
             if (r1 != r0) logits[r1] = l1;
-            last = gpu_count_last(sync, gridDim.x);
         }
     }
-    __syncthreads();
-    if (!last) return;
-    // The whole block takes the scores and selection values (a logit a thread: one
-    // round trip to L2), then warp 0 selects.
-    for (int e = tid; e < n_expert; e += T) {
+}
+
+// The selection from the token's logits (read from L2: other blocks wrote them) into
+// chosen[0..k) on warp 0, with the scores in sc (the whole block takes a logit a thread,
+// then warp 0 selects). bias_t: thread tid's expert's bias, loaded early.
+GPU_DEV void ds4_rmm_select(float* logits, const float* __restrict__ bias, float bias_t,
+                            const int* __restrict__ table, int table_rows,
+                            const int* __restrict__ tokens, int n_expert, int k, int gating,
+                            int mode, float* sc, float* sv, int* chosen) {
+    const int tid = threadIdx.x;
+    for (int e = tid; e < n_expert; e += DS4_ROUTER_MM_THREADS) {
         sc[e] = ds4_router_score(gpu_load_l2(logits + e), gating);
         sv[e] = ds4_router_key(sc[e], e == tid ? bias_t : (mode == 1 ? bias[e] : 0.0f), mode);
     }
     __syncthreads();
-    if (warp != 0) return;
+    if ((tid >> 5) != 0) return;
     if (mode == 2) {
         ds4_router_hashed(table, table_rows, tokens, 0, n_expert, k, chosen);
     } else if (n_expert <= 256) {
@@ -3657,7 +3667,131 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS)
         ds4_router_pick<0>(sv, n_expert, k, chosen);
     }
     gpu_syncwarp();
-    if (lane == 0) ds4_router_write(sc, chosen, k, norm_topk, routed_scale, 0, ids, wout);
+}
+
+extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS)
+    ds4_router_mm(const float* __restrict__ wr, int d, const float* __restrict__ x,
+                  float* logits, const float* __restrict__ bias, const int* __restrict__ table,
+                  int table_rows, const int* __restrict__ tokens, int n_expert, int k,
+                  int gating, int norm_topk, float routed_scale, int mode,
+                  int* __restrict__ ids, float* __restrict__ wout, unsigned int* sync,
+                  unsigned int* counters) {
+    __shared__ float sh[2 * 32];
+    __shared__ float sc[1024], sv[1024];
+    __shared__ int chosen[DS4_TOPK_MAX];
+    __shared__ unsigned int last;
+    const int tid = threadIdx.x;
+    gpu_u4 u[2][DS4_ROUTER_MM_PARTS];
+    if (d <= 4 * 1024) ds4_rmm_load(wr, d, n_expert, blockIdx.x, u);
+    const float bias_t = mode == 1 && tid < n_expert ? bias[tid] : 0.0f;
+    gpu_count_launch(counters, KID_DS4_ROUTER_MM);
+    ds4_rmm_logits(wr, d, x, n_expert, blockIdx.x, u, sh, logits);
+    if (tid == 0) last = gpu_count_last(sync, gridDim.x);
+    __syncthreads();
+    if (!last) return;
+    ds4_rmm_select(logits, bias, bias_t, table, table_rows, tokens, n_expert, k, gating, mode,
+                   sc, sv, chosen);
+    if (tid == 0) ds4_router_write(sc, chosen, k, norm_topk, routed_scale, 0, ids, wout);
+}
+
+// MOE_ROUTED for one token (a decode step) in one launch: ds4_router_mm's product and
+// selection, mmvq_id_107's gate and up products of the chosen experts, the SwiGLU
+// quantised as quantize_q8_1_swiglu does, then mmvq_id_107's down product, with a grid
+// barrier after each stage but the last, so no stage waits for a launch of its own.
+// Every stage runs the warps of the kernel it stands for (a block holds two of
+// mmvq_id_107's 128-thread blocks), so the same bits. Each block selects the experts
+// from the logits itself (a logit a thread from L2 and warp 0's pick) rather than wait
+// at one more barrier for block 0's choice. The barriers need every block resident:
+// the host launches it cooperatively, at most DS4_MOER_BLOCKS_PER_SM blocks a
+// multiprocessor. gu: gate's weights, up's gu_step bytes on; eg: gate's outputs, up's
+// eu_step bytes on; aq: the SwiGLU's q8_1 blocks (k ff / 32); 4 rows a warp. pf_down:
+// ask L2 for the chosen experts' down rows once they are known (A/B runs).
+#define DS4_MOER_BLOCKS_PER_SM 2
+extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLOCKS_PER_SM)
+    ds4_moe_routed(const float* __restrict__ wr, int d, const float* __restrict__ x,
+                   float* logits, const float* __restrict__ bias,
+                   const int* __restrict__ table, int table_rows,
+                   const int* __restrict__ tokens, int n_expert, int k, int gating,
+                   int norm_topk, float routed_scale, int mode, int* __restrict__ ids,
+                   float* __restrict__ wout, const unsigned char* __restrict__ gu,
+                   long long gu_step, long long gu_expert_bytes, int ff, int gu_affine,
+                   const q8_1_block* __restrict__ xq, float* eg, long long eu_step,
+                   const unsigned char* __restrict__ wd, long long d_expert_bytes,
+                   int d_affine, float lim, q8_1_block* aq, float* ey, unsigned int* sync,
+                   int pf_down, unsigned int* counters) {
+    __shared__ float sh[2 * 32];
+    __shared__ float sc[1024], sv[1024];
+    __shared__ int chosen[DS4_TOPK_MAX];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+#if defined(RF2_ID_LEAN)
+    __shared__ float sct[256];
+    for (int i = tid; i < 256; i += DS4_ROUTER_MM_THREADS) sct[i] = ue4m3(i);
+    const rf2_sc_lut scale = {sct};
+#else
+    const rf2_sc_calc scale;
+#endif
+    const int nrb = (n_expert + 1) / 2;
+    const bool early = d <= 4 * 1024;
+    gpu_u4 u[2][DS4_ROUTER_MM_PARTS];
+    if (early && (int)blockIdx.x < nrb) ds4_rmm_load(wr, d, n_expert, blockIdx.x, u);
+    const float bias_t = mode == 1 && tid < n_expert ? bias[tid] : 0.0f;
+    gpu_count_launch(counters, KID_DS4_MOE_ROUTED);
+    for (int b = blockIdx.x; b < nrb; b += gridDim.x) {
+        if (early && b != (int)blockIdx.x) ds4_rmm_load(wr, d, n_expert, b, u);
+        ds4_rmm_logits(wr, d, x, n_expert, b, u, sh, logits);
+        __syncthreads();  // (sh again)
+    }
+    gpu_group_barrier(sync, gridDim.x);
+    ds4_rmm_select(logits, bias, bias_t, table, table_rows, tokens, n_expert, k, gating, mode,
+                   sc, sv, chosen);
+    __syncthreads();
+    if (blockIdx.x == 0 && tid == 0)
+        ds4_router_write(sc, chosen, k, norm_topk, routed_scale, 0, ids, wout);
+    if (pf_down) {
+        // The chosen experts' down rows asked into L2 in 4 KB pieces while gate and up
+        // stream (16-byte aligned starts, whole 16-byte units inside each expert's rows).
+        const long long per = (d_expert_bytes + 4095) / 4096;
+        for (long long c = (long long)blockIdx.x * DS4_ROUTER_MM_THREADS + tid; c < k * per;
+             c += (long long)gridDim.x * DS4_ROUTER_MM_THREADS) {
+            const long long off = c % per * 4096;
+            const unsigned long long a =
+                (unsigned long long)(wd + chosen[c / per] * d_expert_bytes + off);
+            const long long n = d_expert_bytes - off < 4096 ? d_expert_bytes - off : 4096;
+            const unsigned long long a16 = (a + 15) & ~15ull;
+            const long long len = (n - (long long)(a16 - a)) & ~15ll;
+            if (len > 0) gpu_prefetch_l2((const void*)a16, (unsigned int)len);
+        }
+    }
+    // A warp's rows: mmvq_id_107's warp (threadIdx.x >> 5) & 3 of its block (rg, p, z).
+    const int half = warp >> 2, wib = warp & 3, nbd = d / 32, nbf = ff / 32;
+    const int gg = (ff + 15) / 16, gd = (d + 15) / 16;
+#if defined(RF2_ID_LEAN)
+#define DS4_MOER_ROWS(W, EB, NB, M, COL, E, R0, O, AFF)                                         \
+    ((AFF) ? mmvq_id_warp<4, 1>(W, EB, NB, M, n_expert, COL, E, R0, O, AFF, scale)              \
+           : mmvq_id_warp<4, 0>(W, EB, NB, M, n_expert, COL, E, R0, O, AFF, scale))
+#else
+#define DS4_MOER_ROWS(W, EB, NB, M, COL, E, R0, O, AFF)                                         \
+    mmvq_id_warp<4>(W, EB, NB, M, n_expert, COL, E, R0, O, AFF, scale)
+#endif
+    for (int v = 2 * blockIdx.x + half; v < 2 * k * gg; v += 2 * gridDim.x) {
+        const int z = v / (k * gg), p = v / gg % k, rg = v % gg;
+        float* o = (float*)((char*)eg + z * eu_step) + (long long)p * ff;
+        DS4_MOER_ROWS(gu + z * gu_step, gu_expert_bytes, nbd, ff, xq, chosen[p], (4 * rg + wib) * 4,
+                      o, gu_affine);
+    }
+    gpu_group_barrier(sync, gridDim.x);
+    const float* eu = (const float*)((const char*)eg + eu_step);
+    for (int b = 8 * blockIdx.x + warp; b < k * nbf; b += 8 * gridDim.x) {
+        const long long i = (long long)b * 32 + lane;
+        q8_1_store(gpu_swiglu(gpu_load_l2(eg + i), gpu_load_l2(eu + i), lim), b, lane, aq, 1);
+    }
+    gpu_group_barrier(sync, gridDim.x);
+    for (int v = 2 * blockIdx.x + half; v < 2 * k * gd; v += 2 * gridDim.x) {
+        const int p = v / gd, rg = v % gd;
+        DS4_MOER_ROWS(wd, d_expert_bytes, nbf, d, aq + (long long)p * nbf, chosen[p],
+                      (4 * rg + wib) * 4, ey + (long long)p * d, d_affine);
+    }
+#undef DS4_MOER_ROWS
 }
 
 // out = silu(min(g, lim)) * clamp(u, -lim, lim) (no clamp when lim <= 0).

@@ -12,6 +12,7 @@
 // A_h has 4 significant bits and |sum c*q| < 2^13, so both products are exact in f32
 // and the only rounding is the subtraction: two-scale gives exactly d*E*sum(kv*q).
 #include "common.cuh"
+#define MOE_ROCMFPX_CU  // (ds4.cu reads its mat-vec warps: see there)
 
 // Launch-counter slots (kept in sync with KERNELS in backends/gpu-common/src/kernels.rs).
 #define KID_QUANTIZE_Q8_1 0
@@ -511,15 +512,14 @@ extern "C" __global__ void __launch_bounds__(128)
 // constant (AFF) and the scales come from a shared table (SC): a warp's 4-row stage of
 // affine blocks 1001 -> ~740 instructions by count, the same values.
 // grid = (ceil(m / (4 R)), pairs, products), block = 128.
+// One warp's part of mmvq_id_107 (its R rows from r0 of expert e's product into o, from
+// the activation column col), also run by the fused routed MoE (ds4_moe_routed).
 template <int R, int AFF = -1, typename SC = rf2_sc_calc>
-GPU_DEV void mmvq_id_rows(const unsigned char* __restrict__ w, long long expert_bytes, int nb,
-                          int m, int n_experts, const q8_1_block* __restrict__ act,
-                          int act_per_pair, int n_slots, const int* __restrict__ ids,
-                          float* __restrict__ out, int affine, const SC& sc = SC()) {
-    const int r0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R, p = blockIdx.y, e = ids[p];
+GPU_DEV void mmvq_id_warp(const unsigned char* __restrict__ w, long long expert_bytes, int nb,
+                          int m, int n_experts, const q8_1_block* col, int e, int r0, float* o,
+                          int affine, const SC& sc = SC()) {
     if (r0 >= m) return;
     const bool lead = (threadIdx.x & 31) == 0;
-    float* o = out + (long long)p * m;
     if (e < 0 || e >= n_experts) {
         if (lead)
 #pragma unroll
@@ -534,13 +534,25 @@ GPU_DEV void mmvq_id_rows(const unsigned char* __restrict__ w, long long expert_
         const int rr = r0 + r < m ? r0 + r : m - 1;
         rows[r] = w + (long long)e * expert_bytes + (long long)rr * nb * RF2_BLOCK_BYTES;
     }
-    const q8_1_block* const cols[1] = {act + (long long)(act_per_pair ? p : p / n_slots) * nb};
+    const q8_1_block* const cols[1] = {col};
     float acc[R][1];
     rf2_rows_dot<1, R, AFF>(rows, nb, cols, affine, acc, sc);
     if (lead)
 #pragma unroll
         for (int r = 0; r < R; ++r)
             if (r0 + r < m) o[r0 + r] = acc[r][0];
+}
+
+template <int R, int AFF = -1, typename SC = rf2_sc_calc>
+GPU_DEV void mmvq_id_rows(const unsigned char* __restrict__ w, long long expert_bytes, int nb,
+                          int m, int n_experts, const q8_1_block* __restrict__ act,
+                          int act_per_pair, int n_slots, const int* __restrict__ ids,
+                          float* __restrict__ out, int affine, const SC& sc = SC()) {
+    const int r0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R, p = blockIdx.y;
+    if (r0 >= m) return;
+    mmvq_id_warp<R, AFF>(w, expert_bytes, nb, m, n_experts,
+                         act + (long long)(act_per_pair ? p : p / n_slots) * nb, ids[p], r0,
+                         out + (long long)p * m, affine, sc);
 }
 
 extern "C" __global__ void __launch_bounds__(128)

@@ -235,6 +235,18 @@ pub mod ops {
     /// the stream's later ops need not wait for them. args: 1 to 4 tensors of any type
     /// on one device. A backend that cannot prefetch answers "not supported".
     pub const PREFETCH: u32 = 35;
+    /// One token's routed experts as one op (ABI 1.13): ROUTER with its product (ABI
+    /// 1.7), then MATMUL_ID_MULTI of the gate and up products on x's quantisation xq
+    /// (its i[0] = 1), then SWIGLU_MATMUL_ID of the down product, for the ids ROUTER
+    /// chose, with the same results as the three ops. args: ROUTER's nine, xq (as
+    /// MATMUL_ID_MULTI takes it), gate w, gate out, up w, up out, down w, down out, act
+    /// (SWIGLU_MATMUL_ID's), sync (I32 [1]: zero before the first call, used by no other
+    /// op; the backend may count blocks there and leave what its next call expects).
+    /// ROUTER's params in f[0] and i[0..3]; f[1] = the SwiGLU's clamp (SWIGLU_MATMUL_ID's
+    /// f[0]). A backend may run the three ops, or all of it in one launch.
+    pub const MOE_ROUTED: u32 = 36;
+    /// MOE_ROUTED's arguments.
+    pub const MOE_ROUTED_ARGS: usize = 18;
 }
 
 /// MOE_COMBINE's arguments: (y, w, out, optional shared expert output).

@@ -55,7 +55,8 @@ pub const ABI_MAJOR: u32 = 1;
 /// 11: HC_POST_PRE's routing (i[4]): ROUTER with its product of the site's x, in the op.
 /// 12: MATMUL_ID's and SWIGLU_MATMUL_ID's fixed ids (i[0]): their weights may stream
 ///     before the ops ahead of them finish.
-pub const ABI_MINOR: u32 = 12;
+/// 13: MOE_ROUTED (`backend::ops` 36): one token's router and routed experts as one op.
+pub const ABI_MINOR: u32 = 13;
 
 /// Explicit ABI version carried by every root module.
 #[repr(C)]

@@ -13,6 +13,8 @@
 #   ab        ds4_ab.sh $AB (default "base base"; e.g. AB="base MOE_DS4_XQ=0 base
 #             MOE_DS4_XQ=0"), depths AB_DEPTHS (0; "0,131072" or "0 131072"), pp512,
 #             tg32, REPS=2
+#   routed    gpu_kernels --routed (ROUTER's and MOE_ROUTED's cases alone; not in the
+#             default list)
 #   timeline  ds4_timeline.sh, then timeline_layer.py (one decode layer's kernels in order);
 #             TL_SET=VAR=VALUE[,VAR=VALUE...] applies to this step only
 #   site      hc_site_bench.sh (the MoE site after a product, its phases, the router
@@ -50,10 +52,11 @@ need() {
 }
 for step in ${STEPS:-kernels fixtures bench ab timeline}; do
     case "$step" in
-        kernels | attention)
+        kernels | attention | routed)
             need 60 "$step" || continue
             flag=--quick pat="FAIL|parity" cap=180
-            [ "$step" = kernels ] || flag=--attention pat="FAIL|parity|128K|same bits|launches" cap=200
+            [ "$step" = attention ] && flag=--attention pat="FAIL|parity|128K|same bits|launches" cap=200
+            [ "$step" = routed ] && flag=--routed pat="FAIL|parity|same bits" cap=120
             OUT="$OUT" timeout "$(( $(left) < cap ? $(left) : cap ))" \
                 bash scripts/device/gpu_kernels.sh "$flag" > /dev/null 2>&1
             echo "rc=$?"

@@ -2059,6 +2059,222 @@ fn router_mm(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all
 }
 
+/// x's q8_1 blocks as the mHC site stores them for the routed products (HC_POST_PRE's
+/// xq: `q8_1_store` with planes = 1): d = amax / 127, q = round(v / d), each half's
+/// values plane-ordered (value 4r + s of a half at position 4s + r), the halves' sums
+/// of q.
+fn xq_bytes(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for blk in x.chunks_exact(32) {
+        let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let q: Vec<i32> = blk.iter().map(|v| (v * inv).round() as i32).collect();
+        let mut qs = [0u8; 32];
+        for (l, &v) in q.iter().enumerate() {
+            qs[(l & 16) | ((l & 3) << 2) | ((l >> 2) & 3)] = v as i8 as u8;
+        }
+        out.extend(d.to_le_bytes());
+        for h in 0..2 {
+            out.extend((q[16 * h..16 * h + 16].iter().sum::<i32>() as i16).to_le_bytes());
+        }
+        out.extend(qs);
+    }
+    out
+}
+
+/// MOE_ROUTED (ABI 1.13: `ds4_moe_routed`, one cooperative launch for one token) against
+/// the three ops it stands for (ROUTER with its product, MATMUL_ID_MULTI on xq,
+/// SWIGLU_MATMUL_ID), from the same random inputs: logits, ids, weights, gate and up
+/// and the down outputs bit for bit (the fused kernel runs the same warps); one launch
+/// of `ds4_moe_routed` and none of the three ops' kernels; then 50 more fused runs on
+/// outputs overwritten with 0xff bytes, each the same bits (a barrier that let a stage
+/// read what another block had not yet written would not repeat). Type-107 affine
+/// experts; cases: V4-Flash's widths (4096, ff 2048, 6 of 16 experts, sqrt-softplus +
+/// bias, normalised, clamp 7), and 1024 / ff 512 with 4 of 40 by the hash table.
+fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== MOE_ROUTED (one launch) vs ROUTER + MATMUL_ID_MULTI + SWIGLU_MATMUL_ID ==");
+    let mut all = true;
+    for (name, d, ff, e, k, gating, mode) in [
+        (
+            "4096, ff 2048, 6 of 16, bias",
+            4096usize,
+            2048usize,
+            16usize,
+            6usize,
+            4i64,
+            1i64,
+        ),
+        ("1024, ff 512, 4 of 40, hash table", 1024, 512, 40, 4, 2, 2),
+    ] {
+        let x: Vec<f32> = (0..d).map(|_| rng.f32()).collect();
+        let wr: Vec<f32> = (0..d * e).map(|_| 0.05 * rng.f32()).collect();
+        let bias: Vec<f32> = (0..e).map(|_| 0.1 * rng.f32()).collect();
+        let vocab = 8usize;
+        let table: Vec<i32> = (0..vocab * k).map(|_| rng.below(e as u64) as i32).collect();
+        let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (bx, bwr, bb) = (
+            g.buf(&f32_bytes(&x)),
+            g.buf(&f32_bytes(&wr)),
+            g.buf(&f32_bytes(&bias)),
+        );
+        let (btab, btok, bxq) = (
+            g.buf(&i32b(&table)),
+            g.buf(&i32b(&[3])),
+            g.buf(&xq_bytes(&x)),
+        );
+        let (bg, bu, bd) = (
+            g.buf(&random_weights(rng, e * ff, d)),
+            g.buf(&random_weights(rng, e * ff, d)),
+            g.buf(&random_weights(rng, e * d, ff)),
+        );
+        let it = |b, n: usize| t(b, 0, types::I32, 0, [n as u64, 1, 1, 1]);
+        // Per run: logits, ids, weights, gate, up, down, act, sync.
+        let outs = || {
+            [
+                g.zeros(e * 4),
+                g.zeros(k * 4),
+                g.zeros(k * 4),
+                g.zeros(ff * k * 4),
+                g.zeros(ff * k * 4),
+                g.zeros(d * k * 4),
+                g.zeros(ff * k * 4),
+                g.zeros(4),
+            ]
+        };
+        let (fo, so) = (outs(), outs());
+        let router = |o: &[u64; 8]| {
+            [
+                f32_t(o[0], [e, 1, 1]),
+                f32_t(bb, [e, 1, 1]),
+                t(btab, 0, types::I32, 0, [k as u64, vocab as u64, 1, 1]),
+                it(btok, 1),
+                it(o[1], k),
+                f32_t(o[2], [k, 1, 1]),
+                f32_t(bx, [d, 1, 1]),
+                f32_t(bwr, [d, e, 1]),
+                it(o[7], 1),
+            ]
+        };
+        let w107 =
+            |b, k: usize, m: usize| t(b, 0, 107, FP2_AFFINE, [k as u64, m as u64, e as u64, 1]);
+        let xq = it(bxq, d / 32 * 10);
+        let mut prm = OpParams::default();
+        prm.f[..2].copy_from_slice(&[1.5, 7.0]);
+        prm.i[..3].copy_from_slice(&[gating, 1, mode]);
+        let mut fused = router(&fo).to_vec();
+        fused.extend([
+            xq,
+            w107(bg, d, ff),
+            f32_t(fo[3], [ff, k, 1]),
+            w107(bu, d, ff),
+            f32_t(fo[4], [ff, k, 1]),
+            w107(bd, ff, d),
+            f32_t(fo[5], [d, k, 1]),
+            f32_t(fo[6], [ff, k, 1]),
+            it(fo[7], 1),
+        ]);
+        let read = |o: &[u64; 8]| -> Vec<u32> {
+            [
+                (o[0], e),
+                (o[1], k),
+                (o[2], k),
+                (o[3], ff * k),
+                (o[4], ff * k),
+                (o[5], d * k),
+            ]
+            .iter()
+            .flat_map(|&(b, n)| g.read_f32(b, 0, n))
+            .map(f32::to_bits)
+            .collect()
+        };
+        let c0 = g.counters();
+        g.op_with(ops::MOE_ROUTED, prm, &fused);
+        let c1 = g.counters();
+        let got = read(&fo);
+        // The three ops on the second set of outputs.
+        let mut rp = OpParams::default();
+        rp.f[0] = prm.f[0];
+        rp.i[..3].copy_from_slice(&prm.i[..3]);
+        g.op_with(ops::ROUTER, rp, &router(&so));
+        let mut mp = OpParams::default();
+        mp.i[0] = 1;
+        let ids = it(so[1], k);
+        let (sg, su) = (f32_t(so[3], [ff, k, 1]), f32_t(so[4], [ff, k, 1]));
+        g.op_with(
+            ops::MATMUL_ID_MULTI,
+            mp,
+            &[
+                f32_t(bx, [d, 1, 1]),
+                ids,
+                xq,
+                w107(bg, d, ff),
+                sg,
+                w107(bu, d, ff),
+                su,
+            ],
+        );
+        let mut sp = OpParams::default();
+        sp.f[0] = prm.f[1];
+        let down = [
+            w107(bd, ff, d),
+            sg,
+            su,
+            ids,
+            f32_t(so[5], [d, k, 1]),
+            f32_t(so[6], [ff, k, 1]),
+        ];
+        g.op_with(ops::SWIGLU_MATMUL_ID, sp, &down);
+        let want = read(&so);
+        let same = got == want;
+        let launches: Vec<u64> = [
+            "ds4_moe_routed",
+            "ds4_router_mm",
+            "mmvq_id_107",
+            "quantize_q8_1_swiglu",
+        ]
+        .iter()
+        .map(|n| device_launches(&c0, &c1, n))
+        .collect();
+        // The chosen experts are distinct and in range (a choice of nothing would repeat).
+        let chosen: Vec<i32> = got[e..e + k].iter().map(|&v| v as i32).collect();
+        let distinct = chosen.iter().all(|&c| (0..e as i32).contains(&c))
+            && (mode == 2 || (1..k).all(|i| !chosen[..i].contains(&chosen[i])));
+        let mut repeat_same = true;
+        for _ in 0..50 {
+            for (b, n) in [
+                (fo[0], e),
+                (fo[1], k),
+                (fo[2], k),
+                (fo[3], ff * k),
+                (fo[4], ff * k),
+                (fo[5], d * k),
+            ] {
+                into_result((g.be.upload)(b, 0, vec![0xffu8; n * 4].as_slice().into())).unwrap();
+            }
+            g.op_with(ops::MOE_ROUTED, prm, &fused);
+            repeat_same &= read(&fo) == got;
+        }
+        let ok = same && launches == [1, 0, 0, 0] && distinct && repeat_same;
+        all &= ok;
+        println!(
+            "{name:<36} same bits {same}, launches (fused, router, mmvq_id, swiglu q8) {launches:?}, experts {chosen:?}, 50 repeats {repeat_same} {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"moe_routed\",\"case\":\"{name}\",\"bit_identical\":{same},\"repeats_same\":{repeat_same},\"ok\":{ok}}}"
+        ));
+        for b in [bx, bwr, bb, btab, btok, bxq, bg, bu, bd]
+            .into_iter()
+            .chain(fo)
+            .chain(so)
+        {
+            into_result((g.be.free)(b)).unwrap();
+        }
+    }
+    all
+}
+
 /// HC_POST_PRE for one token with its blocks waiting for each other (gsync) against the
 /// last-block form, from the same random inputs: the streams after the post and the
 /// weights bit for bit, x within 1e-5 of its largest value (only its norm's sum
@@ -3565,6 +3781,8 @@ fn main() {
     // --attention: SPARSE_ATTENTION's and INDEX_SCORES' parity alone (decode steps and
     // prefill chunks).
     let attention_only = std::env::args().any(|a| a == "--attention");
+    // --routed: the router's and MOE_ROUTED's parity alone.
+    let routed_only = std::env::args().any(|a| a == "--routed");
     let ref_ok = check_reference(&mut Rng(0x0123_4567_89ab_cdef));
     let be = moe_backend_cuda::table();
     let devs = match into_result((be.devices)()) {
@@ -3623,6 +3841,15 @@ fn main() {
     let mut all_ok = ref_ok;
 
     // ---------------------------------------------------------------- parity
+    if routed_only {
+        all_ok &= router_mm(&g, &mut rng, &mut json);
+        all_ok &= moe_routed(&g, &mut rng, &mut json);
+        println!(
+            "\nparity (routed only): {}",
+            if all_ok { "ALL OK" } else { "FAILURES" }
+        );
+        return;
+    }
     if attention_only {
         all_ok &= attention_decode(&g, &mut rng, &mut json);
         all_ok &= attention_prefill(&g, &mut rng, &mut json);
@@ -3803,6 +4030,7 @@ fn main() {
         }
         all_ok &= id_multi(&g, &mut rng, &mut json);
         all_ok &= swiglu_id(&g, &mut rng, &mut json);
+        all_ok &= moe_routed(&g, &mut rng, &mut json);
         if grouped_only {
             println!(
                 "\nparity (grouped only): {}",

@@ -124,6 +124,17 @@ pub struct Module {
     pub ds4_tc_smem: u32,
 }
 
+/// Kernels launched cooperatively: their blocks wait for each other at grid barriers,
+/// so the launch fails rather than run with some of them not yet resident.
+/// `MOE_GPU_MOER_COOP=0` launches them plainly (A/B runs; their grids are sized to fit).
+static COOPERATIVE: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+    if moe_gpu_common::ds4::env_off("MOE_GPU_MOER_COOP") {
+        vec![]
+    } else {
+        vec!["ds4_moe_routed"]
+    }
+});
+
 /// The streamed bf16 tiles, whose stages live in dynamic shared memory (mmw_tile in
 /// kernels/gpu/rocmfpx.cu).
 const MMW_KERNELS: [&str; 4] = ["mmw_dense", "mmw_id", "mmw_dense_m2", "mmw_id_m2"];
@@ -455,23 +466,29 @@ impl Module {
         };
         let timed = profiling() && uncaptured();
         let start = if timed { record(stream) } else { None };
-        if self.pdl && !(pdl_graph_only() && uncaptured()) {
-            let mut attr = sys::CUlaunchAttribute {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                pad: [0; 4],
-                value: std::mem::zeroed(),
-            };
-            attr.value.programmaticStreamSerializationAllowed = 1;
-            let mut attrs = [attr, attr];
-            let mut n_attrs = 1;
-            if crate::rt::stream_prio() != crate::rt::StreamPrio::Off {
-                let mut prio = 0;
-                if sys::cuStreamGetPriority(stream, &mut prio) == sys::CUresult::CUDA_SUCCESS {
-                    attrs[1].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PRIORITY;
-                    attrs[1].value = std::mem::zeroed();
-                    attrs[1].value.priority = prio;
-                    n_attrs = 2;
+        let pdl = self.pdl && !(pdl_graph_only() && uncaptured());
+        let coop = COOPERATIVE.contains(&name);
+        if pdl || coop {
+            let mut attrs: [sys::CUlaunchAttribute; 3] = [std::mem::zeroed(); 3];
+            let mut n_attrs = 0;
+            if pdl {
+                attrs[0].id =
+                    sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attrs[0].value.programmaticStreamSerializationAllowed = 1;
+                n_attrs = 1;
+                if crate::rt::stream_prio() != crate::rt::StreamPrio::Off {
+                    let mut prio = 0;
+                    if sys::cuStreamGetPriority(stream, &mut prio) == sys::CUresult::CUDA_SUCCESS {
+                        attrs[n_attrs].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PRIORITY;
+                        attrs[n_attrs].value.priority = prio;
+                        n_attrs += 1;
+                    }
                 }
+            }
+            if coop {
+                attrs[n_attrs].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+                attrs[n_attrs].value.cooperative = 1;
+                n_attrs += 1;
             }
             let cfg = sys::CUlaunchConfig {
                 gridDimX: grid.0,
@@ -483,7 +500,7 @@ impl Module {
                 sharedMemBytes: smem,
                 hStream: stream,
                 attrs: attrs.as_mut_ptr(),
-                numAttrs: n_attrs,
+                numAttrs: n_attrs as u32,
             };
             sys::cuLaunchKernelEx(&cfg, f.0, all.as_mut_ptr(), std::ptr::null_mut())
                 .result()

@@ -174,6 +174,10 @@ impl plan::Gpu for Stream<'_> {
         self.module.l2_prefetch
     }
 
+    fn grid_sync(&self) -> bool {
+        true
+    }
+
     fn multiprocessors(&self) -> u32 {
         rt::runtime()
             .and_then(|r| r.device(self.device))

@@ -1578,6 +1578,48 @@ pub fn router_mm(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<Prepar
     router_kargs(gpu, p, &a[..6], Some((x, wr, sync, d)))
 }
 
+/// MOE_ROUTED's one launch, `ds4_moe_routed` (see [`crate::moe_routed`]): ROUTER with
+/// its product as [`router_mm`] checks and passes it (less its sync words), then the
+/// gate + up pair `gu` (up's weights and outputs `steps` bytes on), reading x's q8_1
+/// blocks at `xq`, and the down product `down` on the SwiGLU's q8_1 blocks at `aq`;
+/// `sync`: the barriers' word. [`crate::moe_routed::blocks_per_sm`] blocks a
+/// multiprocessor.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_routed(
+    gpu: &impl Gpu,
+    p: &OpParams,
+    router: &[TensorRef],
+    gu: &crate::ops::MatmulId,
+    steps: (i64, i64),
+    xq: u64,
+    down: &crate::ops::MatmulId,
+    aq: u64,
+    sync: u64,
+) -> Result<Prepared, String> {
+    let Prepared(mut ka, ..) = router_mm(gpu, p, router)?;
+    ka.0.pop(); // ds4_router_mm's sync words: the barriers count in their own
+    let ka = ka
+        .p(gu.w)
+        .p(steps.0 as u64)
+        .p(gu.expert_bytes as u64)
+        .i(gu.m)
+        .i(gu.affine)
+        .p(xq)
+        .p(gu.out)
+        .p(steps.1 as u64)
+        .p(down.w)
+        .p(down.expert_bytes as u64)
+        .i(down.affine)
+        .f(p.f[1])
+        .p(aq)
+        .p(down.out)
+        .p(sync)
+        .i(crate::moe_routed::prefetch_down() as i32);
+    let blocks = crate::moe_routed::blocks_per_sm() as u64 * gpu.multiprocessors() as u64;
+    // (256 threads: DS4_ROUTER_MM_THREADS, kernels/gpu/ds4.cu)
+    Ok(Prepared(ka, "ds4_moe_routed", (blocks, 1, 1), 256))
+}
+
 unsafe fn router(gpu: &impl Gpu, p: &OpParams, a: &[TensorRef]) -> Result<(), String> {
     router_kargs(gpu, p, a, None)?.launch(gpu)
 }

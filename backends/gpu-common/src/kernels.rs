@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 77] = [
+pub const KERNELS: [&str; 78] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -87,6 +87,7 @@ pub const KERNELS: [&str; 77] = [
     "ds4_index_scores_mm_tcs",
     "ds4_index_scores_mm_tcs_bf16",
     "ds4_attention_tc_bf16",
+    "ds4_moe_routed",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();
@@ -112,7 +113,8 @@ pub(crate) fn signatures() -> std::collections::HashMap<String, usize> {
 
 /// The full translation unit: the `units` in order, the first one's
 /// `#include "common.cuh"` replaced by `common_cuh` (less its `#pragma once`), the
-/// others' dropped.
+/// others' dropped, and so are the units' includes of each other (a unit that reads an
+/// earlier one includes it for compiles of it alone, kernels/check.sh).
 pub fn source(common_cuh: &str, units: &[&str]) -> String {
     let inc = "#include \"common.cuh\"";
     let mut out = String::new();
@@ -122,8 +124,13 @@ pub fn source(common_cuh: &str, units: &[&str]) -> String {
         } else {
             String::new()
         };
-        out.push_str(&u.replace(inc, &with));
-        out.push('\n');
+        for line in u.replace(inc, &with).lines() {
+            let unit_include = line.starts_with("#include \"") && line.ends_with(".cu\"");
+            if !unit_include {
+                out.push_str(line);
+            }
+            out.push('\n');
+        }
     }
     out
 }

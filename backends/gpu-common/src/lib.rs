@@ -6,6 +6,7 @@
 
 pub mod ds4;
 pub mod kernels;
+pub mod moe_routed;
 pub mod ops;
 
 /// Builds the `void**` argument list of a kernel launch from local variables.

@@ -1301,7 +1301,7 @@ fn id_multi_xq(
 
 /// Whether xq holds a one-token plan's q8_1 blocks in the order its kernel reads
 /// (`mmvq_id_107`: planes), so the plan may skip its quantisation.
-fn xq_fits(xq: &TensorRef, p: &MatmulId) -> bool {
+pub(crate) fn xq_fits(xq: &TensorRef, p: &MatmulId) -> bool {
     rf2_planes(p.grouped.name) == 1
         && p.per_pair == 0
         && p.x_cols == 1
@@ -1489,6 +1489,12 @@ pub trait Gpu {
     /// fragment feeds two products).
     fn bf16_streamed_rows(&self) -> u32 {
         16
+    }
+    /// Whether the backend launches `ds4_moe_routed` cooperatively (every block resident
+    /// at once, so its blocks may wait for each other at grid barriers: MOE_ROUTED's one
+    /// launch; CUDA).
+    fn grid_sync(&self) -> bool {
+        false
     }
 }
 
@@ -1821,6 +1827,9 @@ pub fn run(
     }
     if op == ops::NORM_MATMUL {
         return norm_matmul(gpu, backend, mmq, params, args);
+    }
+    if op == ops::MOE_ROUTED {
+        return crate::moe_routed::run(gpu, backend, mmq, params, args);
     }
     if op == ops::PREFETCH {
         return prefetch(gpu, backend, args);

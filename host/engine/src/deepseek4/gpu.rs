@@ -81,6 +81,8 @@ struct Work {
     att_sync: Tensor,
     /// ROUTER's block counts (with its product, ABI 1.7), zero between ops.
     router_sync: Tensor,
+    /// MOE_ROUTED's barrier word (zero at first, kept between steps).
+    moe_sync: Tensor,
     /// TOPK_ROWS's work words (zero, kept between steps; see `topk_work`).
     topk_work: Tensor,
     mix: Tensor,
@@ -254,6 +256,10 @@ pub(super) struct GpuPath {
     /// products (HC_POST_PRE's xq, ABI 1.10), which then skip their own quantisation
     /// launch (see `probe_xq`).
     xq: bool,
+    /// A decode step's router, routed gate + up and down as one op (MOE_ROUTED, ABI
+    /// 1.13: one launch on CUDA; opt-in, `MOE_DS4_MOE_ROUTED=1`: see
+    /// `probe_moe_routed`).
+    moe_routed: bool,
     /// A decode step's MoE site routes too (HC_POST_PRE's routing, ABI 1.11): the
     /// router's product and selection in the site's launch, not one of their own
     /// (opt-in, `MOE_DS4_SITE_ROUTE=1`: see `probe_site_route`).
@@ -537,6 +543,7 @@ impl GpuPath {
             att_sync: probe_att_sync(dev),
             topk_work: probe_topk_work(dev),
             router_mm: probe_router_mm(dev),
+            moe_routed: multi && swiglu_id && probe_moe_routed(dev),
             norm_mm: probe_norm_mm(dev),
             idx_rope: probe_idx_rope(dev),
             hc_defer: !sides.is_empty() && probe_hc_sinkhorn(dev),
@@ -766,6 +773,7 @@ impl GpuPath {
                 ops::sparse_attention_sync_words(p.n_head as u64) as usize,
             )?,
             router_sync: zeros_i32(dev, n)?,
+            moe_sync: zeros_i32(dev, 1)?,
             topk_work: zeros_i32(dev, ops::TOPK_ROWS_WORK_WORDS as usize)?,
             mix: f(nm * n)?,
             wts: f(nm * n)?,
@@ -1807,12 +1815,6 @@ impl GpuPath {
         if !of_x.is_empty() {
             self.mm_multi(dev, x, &of_x)?;
         }
-        // (the MoE site's op routed where it could)
-        if !self.routes_in_site(dl, n) {
-            let (ra, rp) = self.router_args(m, lay, dl, w, n);
-            op(ops::ROUTER, rp, &ra)?;
-        }
-        let (ids, rw) = (v(&w.rids, [k, n, 1, 1]), v(&w.rw, [k, n, 1, 1]));
         let ff = lay.gate_exps.r.dims[1] as usize;
         let (eg, eu, ea) = (
             v(&w.eg, [ff, k * n, 1, 1]),
@@ -1820,6 +1822,42 @@ impl GpuPath {
             v(&w.ea, [ff, k * n, 1, 1]),
         );
         let ey = v(&w.ey, [d, k * n, 1, 1]);
+        let clamp = pr(&[p.clamp_exp[l]], &[]);
+        let routed = self.moe_routed && self.router_mm && !self.routes_in_site(dl, n);
+        if let (true, Some(xq)) = (routed, self.moe_xq(w, n)) {
+            // The router, gate + up and down as one op.
+            let (mut a, mut prm) = self.router_args(m, lay, dl, w, n);
+            a.extend([xq, lay.gate_exps.r, eg, lay.up_exps.r, eu]);
+            a.extend([lay.down_exps.r, ey, ea, w.moe_sync.r]);
+            prm.f[1] = p.clamp_exp[l];
+            op(ops::MOE_ROUTED, prm, &a)?;
+        } else {
+            // (the MoE site's op routed where it could)
+            if !self.routes_in_site(dl, n) {
+                let (ra, rp) = self.router_args(m, lay, dl, w, n);
+                op(ops::ROUTER, rp, &ra)?;
+            }
+            self.moe_experts(m, lay, w, n, [eg, eu, ea, ey], clamp)?;
+        }
+        self.moe_end(m, l, lay, w, n, branched, [sg, su, sa, sy])
+    }
+
+    /// The routed experts' products after ROUTER (`moe`): gate and up, then down on their
+    /// SwiGLU.
+    fn moe_experts(
+        &self,
+        m: &Deepseek4,
+        lay: &Layer,
+        w: &Work,
+        n: usize,
+        [eg, eu, ea, ey]: [TensorRef; 4],
+        clamp: OpParams,
+    ) -> Result<()> {
+        let (p, dev) = (&m.p, &m.dev);
+        let (d, k) = (p.d, p.n_used);
+        let op = |code: u32, prm: OpParams, args: &[TensorRef]| dev.op(code, prm, args);
+        let x = v(&w.x, [d, n, 1, 1]);
+        let ids = v(&w.rids, [k, n, 1, 1]);
         if self.multi {
             // Gate and up on one quantisation of x (one launch for a decode step), the
             // one the mHC site made where it made one.
@@ -1841,18 +1879,36 @@ impl GpuPath {
                 &[lay.up_exps.r, x, ids, eu],
             )?;
         }
-        let clamp = pr(&[p.clamp_exp[l]], &[]);
         if self.swiglu_id {
             let args = [lay.down_exps.r, eg, eu, ids, ey, ea];
-            op(ops::SWIGLU_MATMUL_ID, clamp, &args)?;
+            op(ops::SWIGLU_MATMUL_ID, clamp, &args)
         } else {
             op(ops::SWIGLU, clamp, &[eg, eu, ea])?;
             op(
                 ops::MATMUL_ID,
                 OpParams::default(),
                 &[lay.down_exps.r, ea, ids, ey],
-            )?;
+            )
         }
+    }
+
+    /// The MoE's end (`moe`): the shared expert joined (or run here without side
+    /// streams), and the combine where mHC post does not take it.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_end(
+        &self,
+        m: &Deepseek4,
+        l: usize,
+        lay: &Layer,
+        w: &Work,
+        n: usize,
+        branched: bool,
+        [sg, su, sa, sy]: [TensorRef; 4],
+    ) -> Result<()> {
+        let (p, dev) = (&m.p, &m.dev);
+        let (d, k) = (p.d, p.n_used);
+        let op = |code: u32, prm: OpParams, args: &[TensorRef]| dev.op(code, prm, args);
+        let rw = v(&w.rw, [k, n, 1, 1]);
         let out = v(&w.mo, [d, n, 1, 1]);
         let y = v(&w.ey, [d, k, n, 1]);
         let shared = match &lay.shexp {
@@ -2131,6 +2187,41 @@ fn probe_router_mm(dev: &Arc<Device>) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether to send MOE_ROUTED (ABI 1.13; opt-in, `MOE_DS4_MOE_ROUTED=1`, until measured
+/// on the model) and the backend runs it: one tiny call of f32 weights (two experts of
+/// d = 2, one chosen), its choice read back.
+fn probe_moe_routed(dev: &Arc<Device>) -> bool {
+    if std::env::var_os("MOE_DS4_MOE_ROUTED").is_none_or(|v| v != "1") {
+        return false;
+    }
+    let mut id = None;
+    let ran = probe_op(dev, "ROUTER, then the routed products", || {
+        let f = |k, m| filled(dev, k, m);
+        let (x, wr, w3) = (f(2, 1)?, dev.f32([2, 2, 1, 1])?, dev.f32([2, 2, 2, 1])?);
+        // Expert 1's logit (2) beats expert 0's (1).
+        wr.upload_f32(&[1.0, 1.0, 2.0, 2.0])?;
+        w3.upload_f32(&[0.5; 8])?;
+        let (logits, rw, out) = (f(2, 1)?, f(1, 1)?, f(2, 1)?);
+        let (g, u, act) = (f(2, 1)?, f(2, 1)?, f(2, 1)?);
+        let (tokens, ids, rsync, xq, sync) = (
+            zeros_i32(dev, 1)?,
+            zeros_i32(dev, 1)?,
+            zeros_i32(dev, 1)?,
+            zeros_i32(dev, 1)?,
+            zeros_i32(dev, 1)?,
+        );
+        let args = [
+            logits.r, logits.r, tokens.r, tokens.r, ids.r, rw.r, x.r, wr.r, rsync.r, xq.r, w3.r,
+            g.r, w3.r, u.r, w3.r, out.r, act.r, sync.r,
+        ];
+        dev.op(ops::MOE_ROUTED, pr(&[1.0, 0.0], &[2, 1, 0]), &args)?;
+        dev.sync()?;
+        id = Some(ids.download_f32(1)?[0].to_bits());
+        Ok(())
+    });
+    ran && id == Some(1)
 }
 
 /// A layer's positional rings: the window's, then the compressor's and the indexer's kv
