@@ -3705,8 +3705,11 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS)
 // the host launches it cooperatively, at most DS4_MOER_BLOCKS_PER_SM blocks a
 // multiprocessor. gu: gate's weights, up's gu_step bytes on; eg: gate's outputs, up's
 // eu_step bytes on; aq: the SwiGLU's q8_1 blocks (k ff / 32); 4 rows a warp. pf_down:
-// ask L2 for the chosen experts' down rows once they are known (A/B runs).
+// ask L2 for the chosen experts' down rows once they are known (A/B runs). q8_local
+// (ff <= 32 DS4_MOER_Q8_LOCAL, at least k blocks): each block takes one expert's down
+// rows, quantising its SwiGLU itself (A/B runs).
 #define DS4_MOER_BLOCKS_PER_SM 2
+#define DS4_MOER_Q8_LOCAL 128
 extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLOCKS_PER_SM)
     ds4_moe_routed(const float* __restrict__ wr, int d, const float* __restrict__ x,
                    float* logits, const float* __restrict__ bias,
@@ -3718,7 +3721,7 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLO
                    const q8_1_block* __restrict__ xq, float* eg, long long eu_step,
                    const unsigned char* __restrict__ wd, long long d_expert_bytes,
                    int d_affine, float lim, q8_1_block* aq, float* ey, unsigned int* sync,
-                   int pf_down, unsigned int* counters) {
+                   int pf_down, int q8_local, unsigned int* counters) {
     __shared__ float sh[2 * 32];
     __shared__ float sc[1024], sv[1024];
     __shared__ int chosen[DS4_TOPK_MAX];
@@ -3781,15 +3784,34 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLO
     }
     gpu_group_barrier(sync, gridDim.x);
     const float* eu = (const float*)((const char*)eg + eu_step);
-    for (int b = 8 * blockIdx.x + warp; b < k * nbf; b += 8 * gridDim.x) {
-        const long long i = (long long)b * 32 + lane;
-        q8_1_store(gpu_swiglu(gpu_load_l2(eg + i), gpu_load_l2(eu + i), lim), b, lane, aq, 1);
-    }
-    gpu_group_barrier(sync, gridDim.x);
-    for (int v = 2 * blockIdx.x + half; v < 2 * k * gd; v += 2 * gridDim.x) {
-        const int p = v / gd, rg = v % gd;
-        DS4_MOER_ROWS(wd, d_expert_bytes, nbf, d, aq + (long long)p * nbf, chosen[p],
-                      (4 * rg + wib) * 4, ey + (long long)p * d, d_affine);
+    if (q8_local) {
+        // gridDim.x / k blocks an expert (the rest idle), each with the expert's SwiGLU
+        // quantised into its own shared memory: no stage and no barrier of its own.
+        __shared__ __align__(16) q8_1_block aqs[DS4_MOER_Q8_LOCAL];
+        const int per = gridDim.x / k, p = blockIdx.x / per;
+        if (p < k) {
+            for (int b = warp; b < nbf; b += 8) {
+                const long long i = (long long)p * ff + b * 32 + lane;
+                q8_1_store(gpu_swiglu(gpu_load_l2(eg + i), gpu_load_l2(eu + i), lim), b, lane,
+                           aqs, 1);
+            }
+            __syncthreads();
+            for (int rg = 2 * (blockIdx.x % per) + half; rg < gd; rg += 2 * per)
+                DS4_MOER_ROWS(wd, d_expert_bytes, nbf, d, aqs, chosen[p], (4 * rg + wib) * 4,
+                              ey + (long long)p * d, d_affine);
+        }
+    } else {
+        for (int b = 8 * blockIdx.x + warp; b < k * nbf; b += 8 * gridDim.x) {
+            const long long i = (long long)b * 32 + lane;
+            q8_1_store(gpu_swiglu(gpu_load_l2(eg + i), gpu_load_l2(eu + i), lim), b, lane, aq,
+                       1);
+        }
+        gpu_group_barrier(sync, gridDim.x);
+        for (int v = 2 * blockIdx.x + half; v < k * gd; v += 2 * gridDim.x) {
+            const int p = v / gd, rg = v % gd;
+            DS4_MOER_ROWS(wd, d_expert_bytes, nbf, d, aq + (long long)p * nbf, chosen[p],
+                          (4 * rg + wib) * 4, ey + (long long)p * d, d_affine);
+        }
     }
 #undef DS4_MOER_ROWS
 }

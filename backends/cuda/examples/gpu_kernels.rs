@@ -2089,9 +2089,11 @@ fn xq_bytes(x: &[f32]) -> Vec<u8> {
 /// and the down outputs bit for bit (the fused kernel runs the same warps); one launch
 /// of `ds4_moe_routed` and none of the three ops' kernels; then 50 more fused runs on
 /// outputs overwritten with 0xff bytes, each the same bits (a barrier that let a stage
-/// read what another block had not yet written would not repeat). Type-107 affine
+/// read what another block had not yet written would not repeat), and nothing written
+/// past any output (1024 guard values after each, checked after all runs). Type-107 affine
 /// experts; cases: V4-Flash's widths (4096, ff 2048, 6 of 16 experts, sqrt-softplus +
-/// bias, normalised, clamp 7), and 1024 / ff 512 with 4 of 40 by the hash table.
+/// bias, normalised, clamp 7), 1024 / ff 512 with 4 of 40 by the hash table, and the
+/// tiny fixtures' 64 / ff 32 with 2 of 8 (by the table, and by the bias).
 fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== MOE_ROUTED (one launch) vs ROUTER + MATMUL_ID_MULTI + SWIGLU_MATMUL_ID ==");
     let mut all = true;
@@ -2106,6 +2108,9 @@ fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             1i64,
         ),
         ("1024, ff 512, 4 of 40, hash table", 1024, 512, 40, 4, 2, 2),
+        // the tiny fixtures' widths: one q8_1 block a down row (the per-half path)
+        ("64, ff 32, 2 of 8, hash table", 64, 32, 8, 2, 4, 2),
+        ("64, ff 32, 2 of 8, bias", 64, 32, 8, 2, 4, 1),
     ] {
         let x: Vec<f32> = (0..d).map(|_| rng.f32()).collect();
         let wr: Vec<f32> = (0..d * e).map(|_| 0.05 * rng.f32()).collect();
@@ -2129,18 +2134,23 @@ fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             g.buf(&random_weights(rng, e * d, ff)),
         );
         let it = |b, n: usize| t(b, 0, types::I32, 0, [n as u64, 1, 1, 1]);
-        // Per run: logits, ids, weights, gate, up, down, act, sync.
+        // Per run: logits, ids, weights, gate, up, down, act, sync; each with GUARD
+        // values of 0xff bytes after it, which no run may touch.
+        const GUARD: usize = 1024;
+        let sizes = [e, k, k, ff * k, ff * k, d * k, ff * k, 1];
         let outs = || {
-            [
-                g.zeros(e * 4),
-                g.zeros(k * 4),
-                g.zeros(k * 4),
-                g.zeros(ff * k * 4),
-                g.zeros(ff * k * 4),
-                g.zeros(d * k * 4),
-                g.zeros(ff * k * 4),
-                g.zeros(4),
-            ]
+            sizes.map(|n| {
+                let mut b = vec![0u8; n * 4];
+                b.extend(vec![0xffu8; GUARD * 4]);
+                g.buf(&b)
+            })
+        };
+        let guards_kept = |o: &[u64; 8]| {
+            o.iter().zip(sizes).all(|(&b, n)| {
+                g.read_f32(b, (n * 4) as u64, GUARD)
+                    .iter()
+                    .all(|v| v.to_bits() == u32::MAX)
+            })
         };
         let (fo, so) = (outs(), outs());
         let router = |o: &[u64; 8]| {
@@ -2255,14 +2265,15 @@ fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             g.op_with(ops::MOE_ROUTED, prm, &fused);
             repeat_same &= read(&fo) == got;
         }
-        let ok = same && launches == [1, 0, 0, 0] && distinct && repeat_same;
+        let guards = guards_kept(&fo) && guards_kept(&so);
+        let ok = same && launches == [1, 0, 0, 0] && distinct && repeat_same && guards;
         all &= ok;
         println!(
-            "{name:<36} same bits {same}, launches (fused, router, mmvq_id, swiglu q8) {launches:?}, experts {chosen:?}, 50 repeats {repeat_same} {}",
+            "{name:<36} same bits {same}, launches (fused, router, mmvq_id, swiglu q8) {launches:?}, experts {chosen:?}, 50 repeats {repeat_same}, nothing written past the outputs {guards} {}",
             if ok { "ok" } else { "FAIL" }
         );
         json.push(format!(
-            "{{\"test\":\"moe_routed\",\"case\":\"{name}\",\"bit_identical\":{same},\"repeats_same\":{repeat_same},\"ok\":{ok}}}"
+            "{{\"test\":\"moe_routed\",\"case\":\"{name}\",\"bit_identical\":{same},\"repeats_same\":{repeat_same},\"guards_kept\":{guards},\"ok\":{ok}}}"
         ));
         for b in [bx, bwr, bb, btab, btok, bxq, bg, bu, bd]
             .into_iter()

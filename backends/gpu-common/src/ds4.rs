@@ -1616,6 +1616,9 @@ pub fn moe_routed(
         .p(sync)
         .i(crate::moe_routed::prefetch_down() as i32);
     let blocks = crate::moe_routed::blocks_per_sm() as u64 * gpu.multiprocessors() as u64;
+    // (DS4_MOER_Q8_LOCAL q8_1 blocks of shared memory, kernels/gpu/ds4.cu)
+    let local = crate::moe_routed::q8_local() && down.k <= 32 * 128 && blocks >= gu.pairs as u64;
+    let ka = ka.i(local as i32);
     // (256 threads: DS4_ROUTER_MM_THREADS, kernels/gpu/ds4.cu)
     Ok(Prepared(ka, "ds4_moe_routed", (blocks, 1, 1), 256))
 }

@@ -22,6 +22,14 @@ pub fn blocks_per_sm() -> u32 {
     })
 }
 
+/// `MOE_GPU_MOER_Q8=block`: each `ds4_moe_routed` block of the down product quantises
+/// its expert's SwiGLU itself, with no stage and barrier of their own (A/B runs; read
+/// once).
+pub fn q8_local() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MOE_GPU_MOER_Q8").is_some_and(|v| v == "block"))
+}
+
 /// `MOE_GPU_MOER_PF=1`: `ds4_moe_routed` asks L2 for the chosen experts' down rows as
 /// soon as it has chosen them (A/B runs; read once).
 pub fn prefetch_down() -> bool {
