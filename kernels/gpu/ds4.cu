@@ -3787,7 +3787,9 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLO
     if (q8_local) {
         // gridDim.x / k blocks an expert (the rest idle), each with the expert's SwiGLU
         // quantised into its own shared memory: no stage and no barrier of its own.
-        __shared__ __align__(16) q8_1_block aqs[DS4_MOER_Q8_LOCAL];
+        // (as float4s: 16-byte aligned, as the global blocks' 256-byte aligned start)
+        __shared__ gpu_f4 aqs_raw[DS4_MOER_Q8_LOCAL * sizeof(q8_1_block) / 16];
+        q8_1_block* aqs = (q8_1_block*)aqs_raw;
         const int per = gridDim.x / k, p = blockIdx.x / per;
         if (p < k) {
             for (int b = warp; b < nbf; b += 8) {
