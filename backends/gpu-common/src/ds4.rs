@@ -1945,25 +1945,37 @@ unsafe fn matmul_id_dense_inner(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::{cell::RefCell, ffi::c_void};
 
     use super::*;
 
     /// One recorded launch: (kernel, grid, block, parameter count).
-    type Launched = (&'static str, (u32, u32, u32), u32, usize);
+    pub(crate) type Launched = (&'static str, (u32, u32, u32), u32, usize);
 
     /// Records launches; reports `.1` multiprocessors (0: unknown, as the trait's default)
-    /// and `.2` bytes of shared memory for `ds4_attention_tc` (0: it does not run), and
-    /// records each launch's dynamic shared memory in `.3`.
+    /// and `.2` bytes of shared memory for `ds4_attention_tc` (0: it does not run),
+    /// records each launch's dynamic shared memory in `.3`, and reports `.4` as
+    /// [`Gpu::grid_sync`] (also the moe_routed tests' recorder).
     #[derive(Default)]
-    struct Rec(RefCell<Vec<Launched>>, u32, u32, RefCell<Vec<u32>>);
+    pub(crate) struct Rec(
+        pub(crate) RefCell<Vec<Launched>>,
+        u32,
+        u32,
+        RefCell<Vec<u32>>,
+        bool,
+    );
 
     impl Rec {
         /// A recorder reporting `sms` multiprocessors and `tc_smem` bytes for
         /// `ds4_attention_tc`.
         fn on(sms: u32, tc_smem: u32) -> Rec {
-            Rec(Default::default(), sms, tc_smem, Default::default())
+            Rec(Default::default(), sms, tc_smem, Default::default(), false)
+        }
+
+        /// A recorder of `sms` multiprocessors that launches cooperatively or not.
+        pub(crate) fn grid_synced(sms: u32, sync: bool) -> Rec {
+            Rec(Default::default(), sms, 0, Default::default(), sync)
         }
     }
 
@@ -1994,6 +2006,9 @@ mod tests {
         }
         fn ds4_tc_smem(&self) -> u32 {
             self.2
+        }
+        fn grid_sync(&self) -> bool {
+            self.4
         }
     }
 

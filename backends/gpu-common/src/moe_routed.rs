@@ -201,36 +201,8 @@ fn fused_plan(gpu: &impl Gpu, mmq: &'static str, a: &Args) -> Result<Option<Fuse
 
 #[cfg(test)]
 mod tests {
-    use std::{cell::RefCell, ffi::c_void};
-
     use super::*;
-    use crate::{kernels::signatures, ops::Launch};
-
-    /// A recorded launch: kernel, grid, parameter count.
-    type Launched = (&'static str, (u32, u32, u32), usize);
-
-    /// Records launches; `.1`: whether it launches cooperatively.
-    #[derive(Default)]
-    struct Rec(RefCell<Vec<Launched>>, bool);
-
-    impl Gpu for Rec {
-        fn ptr(&self, _t: &TensorRef, _align: u64) -> Result<u64, String> {
-            Ok(0x10000)
-        }
-        fn scratch(&self, _bytes: usize) -> Result<u64, String> {
-            Ok(0x100000)
-        }
-        unsafe fn launch(&self, l: Launch, params: &[*mut c_void]) -> Result<(), String> {
-            self.0.borrow_mut().push((l.name, l.grid, params.len()));
-            Ok(())
-        }
-        fn multiprocessors(&self) -> u32 {
-            132
-        }
-        fn grid_sync(&self) -> bool {
-            self.1
-        }
-    }
+    use crate::{ds4::tests::Rec, kernels::signatures};
 
     fn t(type_id: u32, dims: [u64; 4]) -> TensorRef {
         TensorRef {
@@ -277,21 +249,21 @@ mod tests {
         run(&g, "test", "mmq_mma_107", &p, a).unwrap();
         let sig = signatures();
         let l = g.0.into_inner();
-        for &(name, _, n) in &l {
+        for &(name, _, _, n) in &l {
             assert_eq!(
                 Some(&(n + 1)),
                 sig.get(name),
                 "{name}: arguments vs signature"
             );
         }
-        l.into_iter().map(|(n, grid, _)| (n, grid)).collect()
+        l.into_iter().map(|(n, grid, _, _)| (n, grid)).collect()
     }
 
     #[test]
     fn one_launch_where_cooperative_else_the_three_ops() {
-        let fused = launched(Rec(Default::default(), true), &args(256));
+        let fused = launched(Rec::grid_synced(132, true), &args(256));
         assert_eq!(fused, [("ds4_moe_routed", (2 * 132, 1, 1))]);
-        let names: Vec<&str> = launched(Rec::default(), &args(256))
+        let names: Vec<&str> = launched(Rec::grid_synced(132, false), &args(256))
             .into_iter()
             .map(|l| l.0)
             .collect();
@@ -308,7 +280,7 @@ mod tests {
         // launch.
         let mut short = args(256);
         short[9].dims[0] = 1;
-        let names: Vec<&str> = launched(Rec(Default::default(), true), &short)
+        let names: Vec<&str> = launched(Rec::grid_synced(132, true), &short)
             .into_iter()
             .map(|l| l.0)
             .collect();
@@ -317,7 +289,14 @@ mod tests {
         bad.pop();
         let mut p = OpParams::default();
         p.i[0] = 4;
-        let e = run(&Rec::default(), "test", "mmq_mma_107", &p, &bad).unwrap_err();
+        let e = run(
+            &Rec::grid_synced(132, false),
+            "test",
+            "mmq_mma_107",
+            &p,
+            &bad,
+        )
+        .unwrap_err();
         assert!(e.contains("expected 18 tensor arguments"), "{e}");
     }
 }
