@@ -202,17 +202,7 @@ fn fused_plan(gpu: &impl Gpu, mmq: &'static str, a: &Args) -> Result<Option<Fuse
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ds4::tests::Rec, kernels::signatures};
-
-    fn t(type_id: u32, dims: [u64; 4]) -> TensorRef {
-        TensorRef {
-            buffer: 1,
-            offset: 0,
-            type_id,
-            variant: 1,
-            dims,
-        }
-    }
+    use crate::{ds4::tests::Rec, kernels::signatures, ops::tests::t};
 
     /// V4-Flash's MoE for one token: 4096 wide, 6 of 256 experts of 2048.
     fn args(e: u64) -> Vec<TensorRef> {

@@ -2193,10 +2193,11 @@ pub fn run(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn t(type_id: u32, dims: [u64; 4]) -> TensorRef {
+    /// A tensor of `type_id` and `dims` (type 107's affine variant where it applies).
+    pub(crate) fn t(type_id: u32, dims: [u64; 4]) -> TensorRef {
         TensorRef {
             buffer: 1,
             offset: 0,
