@@ -13,8 +13,8 @@
 #   ab        ds4_ab.sh $AB (default "base base"; e.g. AB="base MOE_DS4_XQ=0 base
 #             MOE_DS4_XQ=0"), depths AB_DEPTHS (0; "0,131072" or "0 131072"), pp512,
 #             tg32, REPS=2
-#   routed    gpu_kernels --routed (ROUTER's and MOE_ROUTED's cases alone; not in the
-#             default list)
+#   routed    gpu_kernels --routed (ROUTER's and MOE_ROUTED's cases alone), then again
+#             with the fused kernel's A/B switches on (not in the default list)
 #   timeline  ds4_timeline.sh, then timeline_layer.py (one decode layer's kernels in order);
 #             TL_SET=VAR=VALUE[,VAR=VALUE...] applies to this step only
 #   site      hc_site_bench.sh (the MoE site after a product, its phases, the router
@@ -61,6 +61,15 @@ for step in ${STEPS:-kernels fixtures bench ab timeline}; do
                 bash scripts/device/gpu_kernels.sh "$flag" > /dev/null 2>&1
             echo "rc=$?"
             grep -E "$pat" "$OUT/gpu_kernels.log" | cut -c1-230 | head -40
+            if [ "$step" = routed ] && [ "$(left)" -gt 40 ]; then
+                # (again under the fused kernel's A/B switches, read once a process)
+                echo "-- with MOE_GPU_MOER_Q8=block MOE_GPU_MOER_PF=1 MOE_GPU_MOER_BLOCKS=1"
+                MOE_GPU_MOER_Q8=block MOE_GPU_MOER_PF=1 MOE_GPU_MOER_BLOCKS=1 OUT="$OUT/alt" \
+                    timeout "$(( $(left) < cap ? $(left) : cap ))" \
+                    bash scripts/device/gpu_kernels.sh --routed > /dev/null 2>&1
+                echo "rc=$?"
+                grep -E "$pat" "$OUT/alt/gpu_kernels.log" | cut -c1-230 | head -20
+            fi
             ;;
         fixtures)
             need 60 fixtures || continue

@@ -2088,16 +2088,19 @@ fn xq_bytes(x: &[f32]) -> Vec<u8> {
 /// SWIGLU_MATMUL_ID), from the same random inputs: logits, ids, weights, gate and up
 /// and the down outputs bit for bit (the fused kernel runs the same warps); one launch
 /// of `ds4_moe_routed` and none of the three ops' kernels; then 50 more fused runs on
-/// outputs overwritten with 0xff bytes, each the same bits (a barrier that let a stage
-/// read what another block had not yet written would not repeat), and nothing written
-/// past any output (1024 guard values after each, checked after all runs). Type-107 affine
-/// experts; cases: V4-Flash's widths (4096, ff 2048, 6 of 16 experts, sqrt-softplus +
-/// bias, normalised, clamp 7), 1024 / ff 512 with 4 of 40 by the hash table, and the
-/// tiny fixtures' 64 / ff 32 with 2 of 8 (by the table, and by the bias).
+/// outputs overwritten with 0xff bytes, alternating with a second input, each the bits
+/// of the three ops on its input (a barrier that let a stage read what another block
+/// had not yet written, or what the run before left, would not repeat), and nothing
+/// written past any output (1024 guard values after each, checked after all runs).
+/// Type-107 experts (affine; two-scale in the second case); cases: V4-Flash's widths
+/// (4096, ff 2048, 6 of 16 experts, sqrt-softplus + bias, normalised, clamp 7), 1024 /
+/// ff 512 with 4 of 40 by the hash table, and the tiny fixtures' 64 / ff 32 with 2 of 8
+/// (by the table, and by the bias). `ds4_session.sh`'s step `routed` runs it again under
+/// the A/B switches (`MOE_GPU_MOER_*`, read once a process).
 fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== MOE_ROUTED (one launch) vs ROUTER + MATMUL_ID_MULTI + SWIGLU_MATMUL_ID ==");
     let mut all = true;
-    for (name, d, ff, e, k, gating, mode) in [
+    for (name, d, ff, e, k, gating, mode, variant) in [
         (
             "4096, ff 2048, 6 of 16, bias",
             4096usize,
@@ -2106,13 +2109,35 @@ fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             6usize,
             4i64,
             1i64,
+            FP2_AFFINE,
         ),
-        ("1024, ff 512, 4 of 40, hash table", 1024, 512, 40, 4, 2, 2),
+        (
+            "1024, ff 512, 4 of 40, table, two-scale",
+            1024,
+            512,
+            40,
+            4,
+            2,
+            2,
+            FP2_TWO_SCALE,
+        ),
         // the tiny fixtures' widths: one q8_1 block a down row (the per-half path)
-        ("64, ff 32, 2 of 8, hash table", 64, 32, 8, 2, 4, 2),
-        ("64, ff 32, 2 of 8, bias", 64, 32, 8, 2, 4, 1),
+        (
+            "64, ff 32, 2 of 8, hash table",
+            64,
+            32,
+            8,
+            2,
+            4,
+            2,
+            FP2_AFFINE,
+        ),
+        ("64, ff 32, 2 of 8, bias", 64, 32, 8, 2, 4, 1, FP2_AFFINE),
     ] {
+        // Two inputs: the repeats alternate them, so a stage that read what the run
+        // before left in its buffers (the SwiGLU's q8_1 blocks are scratch) would differ.
         let x: Vec<f32> = (0..d).map(|_| rng.f32()).collect();
+        let x2: Vec<f32> = (0..d).map(|_| rng.f32()).collect();
         let wr: Vec<f32> = (0..d * e).map(|_| 0.05 * rng.f32()).collect();
         let bias: Vec<f32> = (0..e).map(|_| 0.1 * rng.f32()).collect();
         let vocab = 8usize;
@@ -2128,6 +2153,7 @@ fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             g.buf(&i32b(&[3])),
             g.buf(&xq_bytes(&x)),
         );
+        let (bx2, bxq2) = (g.buf(&f32_bytes(&x2)), g.buf(&xq_bytes(&x2)));
         let (bg, bu, bd) = (
             g.buf(&random_weights(rng, e * ff, d)),
             g.buf(&random_weights(rng, e * ff, d)),
@@ -2152,8 +2178,8 @@ fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                     .all(|v| v.to_bits() == u32::MAX)
             })
         };
-        let (fo, so) = (outs(), outs());
-        let router = |o: &[u64; 8]| {
+        let (fo, so, so2) = (outs(), outs(), outs());
+        let router = |o: &[u64; 8], bx| {
             [
                 f32_t(o[0], [e, 1, 1]),
                 f32_t(bb, [e, 1, 1]),
@@ -2166,24 +2192,26 @@ fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
                 it(o[7], 1),
             ]
         };
-        let w107 =
-            |b, k: usize, m: usize| t(b, 0, 107, FP2_AFFINE, [k as u64, m as u64, e as u64, 1]);
-        let xq = it(bxq, d / 32 * 10);
+        let w107 = |b, k: usize, m: usize| t(b, 0, 107, variant, [k as u64, m as u64, e as u64, 1]);
         let mut prm = OpParams::default();
         prm.f[..2].copy_from_slice(&[1.5, 7.0]);
         prm.i[..3].copy_from_slice(&[gating, 1, mode]);
-        let mut fused = router(&fo).to_vec();
-        fused.extend([
-            xq,
-            w107(bg, d, ff),
-            f32_t(fo[3], [ff, k, 1]),
-            w107(bu, d, ff),
-            f32_t(fo[4], [ff, k, 1]),
-            w107(bd, ff, d),
-            f32_t(fo[5], [d, k, 1]),
-            f32_t(fo[6], [ff, k, 1]),
-            it(fo[7], 1),
-        ]);
+        let fused_args = |bx, bxq| {
+            let mut a = router(&fo, bx).to_vec();
+            a.extend([
+                it(bxq, d / 32 * 10),
+                w107(bg, d, ff),
+                f32_t(fo[3], [ff, k, 1]),
+                w107(bu, d, ff),
+                f32_t(fo[4], [ff, k, 1]),
+                w107(bd, ff, d),
+                f32_t(fo[5], [d, k, 1]),
+                f32_t(fo[6], [ff, k, 1]),
+                it(fo[7], 1),
+            ]);
+            a
+        };
+        let (fused, fused2) = (fused_args(bx, bxq), fused_args(bx2, bxq2));
         let read = |o: &[u64; 8]| -> Vec<u32> {
             [
                 (o[0], e),
@@ -2202,40 +2230,32 @@ fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         g.op_with(ops::MOE_ROUTED, prm, &fused);
         let c1 = g.counters();
         let got = read(&fo);
-        // The three ops on the second set of outputs.
-        let mut rp = OpParams::default();
-        rp.f[0] = prm.f[0];
-        rp.i[..3].copy_from_slice(&prm.i[..3]);
-        g.op_with(ops::ROUTER, rp, &router(&so));
-        let mut mp = OpParams::default();
-        mp.i[0] = 1;
-        let ids = it(so[1], k);
-        let (sg, su) = (f32_t(so[3], [ff, k, 1]), f32_t(so[4], [ff, k, 1]));
-        g.op_with(
-            ops::MATMUL_ID_MULTI,
-            mp,
-            &[
-                f32_t(bx, [d, 1, 1]),
-                ids,
-                xq,
-                w107(bg, d, ff),
-                sg,
-                w107(bu, d, ff),
-                su,
-            ],
-        );
-        let mut sp = OpParams::default();
-        sp.f[0] = prm.f[1];
-        let down = [
-            w107(bd, ff, d),
-            sg,
-            su,
-            ids,
-            f32_t(so[5], [d, k, 1]),
-            f32_t(so[6], [ff, k, 1]),
-        ];
-        g.op_with(ops::SWIGLU_MATMUL_ID, sp, &down);
-        let want = read(&so);
+        // The three ops on another set of outputs.
+        let three = |o: &[u64; 8], bx, bxq| {
+            let mut rp = OpParams::default();
+            rp.f[0] = prm.f[0];
+            rp.i[..3].copy_from_slice(&prm.i[..3]);
+            g.op_with(ops::ROUTER, rp, &router(o, bx));
+            let mut mp = OpParams::default();
+            mp.i[0] = 1;
+            let ids = it(o[1], k);
+            let (sg, su) = (f32_t(o[3], [ff, k, 1]), f32_t(o[4], [ff, k, 1]));
+            let xq = it(bxq, d / 32 * 10);
+            let x = f32_t(bx, [d, 1, 1]);
+            let gu = [x, ids, xq, w107(bg, d, ff), sg, w107(bu, d, ff), su];
+            g.op_with(ops::MATMUL_ID_MULTI, mp, &gu);
+            let mut sp = OpParams::default();
+            sp.f[0] = prm.f[1];
+            let (y, act) = (f32_t(o[5], [d, k, 1]), f32_t(o[6], [ff, k, 1]));
+            g.op_with(
+                ops::SWIGLU_MATMUL_ID,
+                sp,
+                &[w107(bd, ff, d), sg, su, ids, y, act],
+            );
+            read(o)
+        };
+        let want = three(&so, bx, bxq);
+        let want2 = three(&so2, bx2, bxq2);
         let same = got == want;
         let launches: Vec<u64> = [
             "ds4_moe_routed",
@@ -2251,7 +2271,7 @@ fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         let distinct = chosen.iter().all(|&c| (0..e as i32).contains(&c))
             && (mode == 2 || (1..k).all(|i| !chosen[..i].contains(&chosen[i])));
         let mut repeat_same = true;
-        for _ in 0..50 {
+        for i in 0..50 {
             for (b, n) in [
                 (fo[0], e),
                 (fo[1], k),
@@ -2262,10 +2282,15 @@ fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
             ] {
                 into_result((g.be.upload)(b, 0, vec![0xffu8; n * 4].as_slice().into())).unwrap();
             }
-            g.op_with(ops::MOE_ROUTED, prm, &fused);
-            repeat_same &= read(&fo) == got;
+            let (args, expect) = if i % 2 == 0 {
+                (&fused2, &want2)
+            } else {
+                (&fused, &got)
+            };
+            g.op_with(ops::MOE_ROUTED, prm, args);
+            repeat_same &= read(&fo) == *expect;
         }
-        let guards = guards_kept(&fo) && guards_kept(&so);
+        let guards = guards_kept(&fo) && guards_kept(&so) && guards_kept(&so2);
         let ok = same && launches == [1, 0, 0, 0] && distinct && repeat_same && guards;
         all &= ok;
         println!(
@@ -2275,10 +2300,11 @@ fn moe_routed(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
         json.push(format!(
             "{{\"test\":\"moe_routed\",\"case\":\"{name}\",\"bit_identical\":{same},\"repeats_same\":{repeat_same},\"guards_kept\":{guards},\"ok\":{ok}}}"
         ));
-        for b in [bx, bwr, bb, btab, btok, bxq, bg, bu, bd]
+        for b in [bx, bx2, bwr, bb, btab, btok, bxq, bxq2, bg, bu, bd]
             .into_iter()
             .chain(fo)
             .chain(so)
+            .chain(so2)
         {
             into_result((g.be.free)(b)).unwrap();
         }

@@ -126,7 +126,9 @@ pub struct Module {
 
 /// Kernels launched cooperatively: their blocks wait for each other at grid barriers,
 /// so the launch fails rather than run with some of them not yet resident.
-/// `MOE_GPU_MOER_COOP=0` launches them plainly (A/B runs; their grids are sized to fit).
+/// `MOE_GPU_MOER_COOP=0` launches them plainly (A/B runs only: their grids are sized to
+/// fit an idle device, but nothing then keeps a side stream's kernels from holding the
+/// room some blocks need while the others wait for them).
 static COOPERATIVE: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
     if moe_gpu_common::ds4::env_off("MOE_GPU_MOER_COOP") {
         vec![]

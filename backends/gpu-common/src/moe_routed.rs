@@ -139,7 +139,12 @@ fn moe_act_bytes(down: &MatmulId) -> usize {
 /// down `mmvq_id_107` on a column a pair, 4 rows a warp throughout. None elsewhere;
 /// errors for arguments the three ops would refuse too.
 fn fused_plan(gpu: &impl Gpu, mmq: &'static str, a: &Args) -> Result<Option<Fused>, String> {
-    if !gpu.grid_sync() || fused_off() || gpu.multiprocessors() == 0 || id_rows() != 4 {
+    if !gpu.grid_sync()
+        || fused_off()
+        || crate::ops::router_mm_off()
+        || gpu.multiprocessors() == 0
+        || id_rows() != 4
+    {
         return Ok(None);
     }
     let (logits, x, wr) = (a.router[0], a.router[6], a.router[7]);
@@ -183,6 +188,7 @@ fn fused_plan(gpu: &impl Gpu, mmq: &'static str, a: &Args) -> Result<Option<Fuse
         || down.k != plan.m as u64
         || down.m as u64 != plan.k
         || down.experts != plan.experts
+        || plan.experts as u64 != e
         || down.x != plan.out
         || gpu.ptr(&u, 4)? != plan.out.wrapping_add(out_step as u64)
         || g.type_id != types::F32

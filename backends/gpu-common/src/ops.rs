@@ -395,7 +395,7 @@ pub fn f32_wide(ty: u32, k: u64, m: u64, n: u64, w: u64, x: u64) -> bool {
 
 /// `MOE_GPU_ROUTER_MM=0` runs ROUTER's product and selection as two launches (A/B runs;
 /// read once).
-fn router_mm_off() -> bool {
+pub(crate) fn router_mm_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| crate::ds4::env_off("MOE_GPU_ROUTER_MM"))
 }
