@@ -191,7 +191,7 @@ pub fn affine(w: &TensorRef) -> Result<i32, String> {
         FP2_TWO_SCALE => Ok(0),
         FP2_AFFINE => Ok(1),
         v => Err(format!(
-            "type 107: unknown variant {v} (0 two-scale, 1 affine)"
+            "type 107: unknown variant {v} ({FP2_TWO_SCALE} two-scale, {FP2_AFFINE} affine)"
         )),
     }
 }

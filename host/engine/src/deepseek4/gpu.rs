@@ -2190,38 +2190,53 @@ fn probe_router_mm(dev: &Arc<Device>) -> bool {
 }
 
 /// Whether to send MOE_ROUTED (ABI 1.13; opt-in, `MOE_DS4_MOE_ROUTED=1`, until measured
-/// on the model) and the backend runs it: one tiny call of f32 weights (two experts of
-/// d = 2, one chosen), its choice read back.
+/// on the model) and the backend runs it: one tiny call in the shape a decode step sends
+/// (x of 32 values, type-107 experts, 2 of 2 chosen, so a backend that runs it as one
+/// launch does so here too), its choice read back. Told of with a warning when asked
+/// for and refused.
 fn probe_moe_routed(dev: &Arc<Device>) -> bool {
     if std::env::var_os("MOE_DS4_MOE_ROUTED").is_none_or(|v| v != "1") {
         return false;
     }
     let mut id = None;
     let ran = probe_op(dev, "ROUTER, then the routed products", || {
-        let f = |k, m| filled(dev, k, m);
-        let (x, wr, w3) = (f(2, 1)?, dev.f32([2, 2, 1, 1])?, dev.f32([2, 2, 2, 1])?);
-        // Expert 1's logit (2) beats expert 0's (1).
-        wr.upload_f32(&[1.0, 1.0, 2.0, 2.0])?;
-        w3.upload_f32(&[0.5; 8])?;
-        let (logits, rw, out) = (f(2, 1)?, f(1, 1)?, f(2, 1)?);
-        let (g, u, act) = (f(2, 1)?, f(2, 1)?, f(2, 1)?);
-        let (tokens, ids, rsync, xq, sync) = (
-            zeros_i32(dev, 1)?,
-            zeros_i32(dev, 1)?,
-            zeros_i32(dev, 1)?,
-            zeros_i32(dev, 1)?,
-            zeros_i32(dev, 1)?,
-        );
+        let (d, e) = (32, 2);
+        let x = filled(dev, d, 1)?;
+        // Expert 1's logit beats expert 0's: it comes first.
+        let wr = dev.f32([d, e, 1, 1])?;
+        let mut rows = vec![0.5f32; d as usize];
+        rows.extend(vec![1.0f32; d as usize]);
+        wr.upload_f32(&rows)?;
+        // Zeroed type-107 experts, [32, 32, 2] (one 10-byte block a row), affine.
+        let w107 = || -> Result<Tensor> {
+            let mut t = dev.tensor(107, [d, d, e, 1], d * e * 10)?;
+            t.r.variant = 2;
+            Ok(t)
+        };
+        let (wg, wu, wd) = (w107()?, w107()?, w107()?);
+        let (logits, rw) = (f32s(dev, e as usize)?, f32s(dev, e as usize)?);
+        let f2 = || dev.f32([d, e, 1, 1]);
+        let (g, u, y, act) = (f2()?, f2()?, f2()?, f2()?);
+        let i = |n| zeros_i32(dev, n);
+        // (xq: x's one q8_1 block, 40 bytes; its values do not change the choice)
+        let (tokens, ids, rsync, xq, sync) = (i(1)?, i(2)?, i(1)?, i(10)?, i(1)?);
         let args = [
-            logits.r, logits.r, tokens.r, tokens.r, ids.r, rw.r, x.r, wr.r, rsync.r, xq.r, w3.r,
-            g.r, w3.r, u.r, w3.r, out.r, act.r, sync.r,
+            logits.r, logits.r, tokens.r, tokens.r, ids.r, rw.r, x.r, wr.r, rsync.r, xq.r, wg.r,
+            g.r, wu.r, u.r, wd.r, y.r, act.r, sync.r,
         ];
         dev.op(ops::MOE_ROUTED, pr(&[1.0, 0.0], &[2, 1, 0]), &args)?;
         dev.sync()?;
         id = Some(ids.download_f32(1)?[0].to_bits());
         Ok(())
     });
-    ran && id == Some(1)
+    let ok = ran && id == Some(1);
+    if !ok {
+        tracing::warn!(
+            "deepseek4: MOE_DS4_MOE_ROUTED=1, but the backend's MOE_ROUTED failed its probe \
+             (ran: {ran}, first expert {id:?} where 1 was due): ROUTER, then the products"
+        );
+    }
+    ok
 }
 
 /// A layer's positional rings: the window's, then the compressor's and the indexer's kv
