@@ -1823,7 +1823,8 @@ impl GpuPath {
         );
         let ey = v(&w.ey, [d, k * n, 1, 1]);
         let clamp = pr(&[p.clamp_exp[l]], &[]);
-        let routed = self.moe_routed && self.router_mm && !self.routes_in_site(dl, n);
+        let in_site = self.routes_in_site(dl, n);
+        let routed = self.moe_routed && self.router_mm && !in_site;
         if let (true, Some(xq)) = (routed, self.moe_xq(w, n)) {
             // The router, gate + up and down as one op.
             let (mut a, mut prm) = self.router_args(m, lay, dl, w, n);
@@ -1833,7 +1834,7 @@ impl GpuPath {
             op(ops::MOE_ROUTED, prm, &a)?;
         } else {
             // (the MoE site's op routed where it could)
-            if !self.routes_in_site(dl, n) {
+            if !in_site {
                 let (ra, rp) = self.router_args(m, lay, dl, w, n);
                 op(ops::ROUTER, rp, &ra)?;
             }
