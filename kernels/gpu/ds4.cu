@@ -3704,10 +3704,25 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS)
 // at one more barrier for block 0's choice. The barriers need every block resident:
 // the host launches it cooperatively, at most DS4_MOER_BLOCKS_PER_SM blocks a
 // multiprocessor. gu: gate's weights, up's gu_step bytes on; eg: gate's outputs, up's
-// eu_step bytes on; aq: the SwiGLU's q8_1 blocks (k ff / 32); 4 rows a warp. pf_down:
-// ask L2 for the chosen experts' down rows once they are known (A/B runs). q8_local
+// eu_step bytes on; aq: the SwiGLU's q8_1 blocks (k ff / 32); 4 rows a warp. pf (A/B
+// runs): 1 asks L2 for all the chosen experts' down rows once they are known; 2 has each
+// warp ask for its next task's rows (the next gate / up rows, after the last of those
+// its first down rows) before it sums the current one's, so DRAM streams while the warps
+// of a stage, all in the same phase, compute. q8_local
 // (ff <= 32 DS4_MOER_Q8_LOCAL, at least k blocks): each block takes one expert's down
 // rows, quantising its SwiGLU itself (A/B runs).
+// pf == 2's ask: lane 0 of a warp asks L2 for rows r0 .. r0 + 3 (those below m) of
+// expert e (nothing for an id outside 0 .. n_expert), rounded inwards to 16 bytes.
+GPU_DEV void ds4_moer_pf(const unsigned char* w, long long expert_bytes, int nb, int m,
+                         int n_expert, int e, int r0) {
+    if ((threadIdx.x & 31) != 0 || e < 0 || e >= n_expert || r0 >= m) return;
+    const int rows = m - r0 < 4 ? m - r0 : 4;
+    const unsigned long long a =
+        (unsigned long long)(w + e * expert_bytes + (long long)r0 * nb * RF2_BLOCK_BYTES);
+    const unsigned long long a16 = (a + 15) & ~15ull;
+    const long long len = ((long long)rows * nb * RF2_BLOCK_BYTES - (long long)(a16 - a)) & ~15ll;
+    if (len > 0) gpu_prefetch_l2((const void*)a16, (unsigned int)len);
+}
 #define DS4_MOER_BLOCKS_PER_SM 2
 #define DS4_MOER_Q8_LOCAL 128
 extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLOCKS_PER_SM)
@@ -3721,7 +3736,7 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLO
                    const q8_1_block* __restrict__ xq, float* eg, long long eu_step,
                    const unsigned char* __restrict__ wd, long long d_expert_bytes,
                    int d_affine, float lim, q8_1_block* aq, float* ey, unsigned int* sync,
-                   int pf_down, int q8_local, unsigned int* counters) {
+                   int pf, int q8_local, unsigned int* counters) {
     __shared__ float sh[2 * 32];
     __shared__ float sc[1024], sv[1024];
     __shared__ int chosen[DS4_TOPK_MAX];
@@ -3750,7 +3765,7 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLO
     __syncthreads();
     if (blockIdx.x == 0 && tid == 0)
         ds4_router_write(sc, chosen, k, norm_topk, routed_scale, 0, ids, wout);
-    if (pf_down) {
+    if (pf == 1) {
         // The chosen experts' down rows asked into L2 in 4 KB pieces while gate and up
         // stream (16-byte aligned starts, whole 16-byte units inside each expert's rows).
         const long long per = (d_expert_bytes + 4095) / 4096;
@@ -3776,9 +3791,23 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLO
 #define DS4_MOER_ROWS(W, EB, NB, M, COL, E, R0, O, AFF)                                         \
     mmvq_id_warp<4>(W, EB, NB, M, n_expert, COL, E, R0, O, AFF, scale)
 #endif
+    // pf == 2: this half's first down task (whichever form), asked for after its last
+    // gate / up one.
+    const int per = k > 0 ? gridDim.x / k : 1;
+    const int pd0 = q8_local ? blockIdx.x / per : (2 * blockIdx.x + half) / gd;
+    const int rd0 = q8_local ? 2 * (blockIdx.x % per) + half : (2 * blockIdx.x + half) % gd;
     for (int v = 2 * blockIdx.x + half; v < 2 * k * gg; v += 2 * gridDim.x) {
         const int z = v / (k * gg), p = v / gg % k, rg = v % gg;
         float* o = (float*)((char*)eg + z * eu_step) + (long long)p * ff;
+        if (pf == 2) {
+            const int n = v + 2 * gridDim.x;
+            if (n < 2 * k * gg)
+                ds4_moer_pf(gu + n / (k * gg) * gu_step, gu_expert_bytes, nbd, ff, n_expert,
+                            chosen[n / gg % k], (4 * (n % gg) + wib) * 4);
+            else if (pd0 < k && rd0 < gd)
+                ds4_moer_pf(wd, d_expert_bytes, nbf, d, n_expert, chosen[pd0],
+                            (4 * rd0 + wib) * 4);
+        }
         DS4_MOER_ROWS(gu + z * gu_step, gu_expert_bytes, nbd, ff, xq, chosen[p], (4 * rg + wib) * 4,
                       o, gu_affine);
     }
@@ -3790,7 +3819,7 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLO
         // (as float4s: 16-byte aligned, as the global blocks' 256-byte aligned start)
         __shared__ gpu_f4 aqs_raw[DS4_MOER_Q8_LOCAL * sizeof(q8_1_block) / 16];
         q8_1_block* aqs = (q8_1_block*)aqs_raw;
-        const int per = gridDim.x / k, p = blockIdx.x / per;
+        const int p = blockIdx.x / per;
         if (p < k) {
             for (int b = warp; b < nbf; b += 8) {
                 const long long i = (long long)p * ff + b * 32 + lane;
@@ -3798,9 +3827,13 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLO
                            aqs, 1);
             }
             __syncthreads();
-            for (int rg = 2 * (blockIdx.x % per) + half; rg < gd; rg += 2 * per)
+            for (int rg = 2 * (blockIdx.x % per) + half; rg < gd; rg += 2 * per) {
+                if (pf == 2 && rg + 2 * per < gd)
+                    ds4_moer_pf(wd, d_expert_bytes, nbf, d, n_expert, chosen[p],
+                                (4 * (rg + 2 * per) + wib) * 4);
                 DS4_MOER_ROWS(wd, d_expert_bytes, nbf, d, aqs, chosen[p], (4 * rg + wib) * 4,
                               ey + (long long)p * d, d_affine);
+            }
         }
     } else {
         for (int b = 8 * blockIdx.x + warp; b < k * nbf; b += 8 * gridDim.x) {
@@ -3810,7 +3843,10 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLO
         }
         gpu_group_barrier(sync, gridDim.x);
         for (int v = 2 * blockIdx.x + half; v < k * gd; v += 2 * gridDim.x) {
-            const int p = v / gd, rg = v % gd;
+            const int p = v / gd, rg = v % gd, n = v + 2 * gridDim.x;
+            if (pf == 2 && n < k * gd)
+                ds4_moer_pf(wd, d_expert_bytes, nbf, d, n_expert, chosen[n / gd],
+                            (4 * (n % gd) + wib) * 4);
             DS4_MOER_ROWS(wd, d_expert_bytes, nbf, d, aq + (long long)p * nbf, chosen[p],
                           (4 * rg + wib) * 4, ey + (long long)p * d, d_affine);
         }

@@ -63,8 +63,9 @@ for step in ${STEPS:-kernels fixtures bench ab timeline}; do
             grep -E "$pat" "$OUT/gpu_kernels.log" | cut -c1-230 | head -40
             if [ "$step" = routed ] && [ "$(left)" -gt 40 ]; then
                 # (again under the fused kernel's A/B switches, read once a process)
-                echo "-- with MOE_GPU_MOER_Q8=block MOE_GPU_MOER_PF=1 MOE_GPU_MOER_BLOCKS=1"
-                MOE_GPU_MOER_Q8=block MOE_GPU_MOER_PF=1 MOE_GPU_MOER_BLOCKS=1 OUT="$OUT/alt" \
+                echo "-- with MOE_GPU_MOER_Q8=block MOE_GPU_MOER_PF=2 MOE_GPU_MOER_BLOCKS=1"
+                mkdir -p "$OUT/alt"
+                MOE_GPU_MOER_Q8=block MOE_GPU_MOER_PF=2 MOE_GPU_MOER_BLOCKS=1 OUT="$OUT/alt" \
                     timeout "$(( $(left) < cap ? $(left) : cap ))" \
                     bash scripts/device/gpu_kernels.sh --routed > /dev/null 2>&1
                 echo "rc=$?"

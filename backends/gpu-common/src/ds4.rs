@@ -1614,7 +1614,7 @@ pub fn moe_routed(
         .p(aq)
         .p(down.out)
         .p(sync)
-        .i(crate::moe_routed::prefetch_down() as i32);
+        .i(crate::moe_routed::prefetch_mode());
     let blocks = crate::moe_routed::blocks_per_sm() as u64 * gpu.multiprocessors() as u64;
     // (DS4_MOER_Q8_LOCAL q8_1 blocks of shared memory, kernels/gpu/ds4.cu)
     let local = crate::moe_routed::q8_local() && down.k <= 32 * 128 && blocks >= gu.pairs as u64;

@@ -30,11 +30,16 @@ pub fn q8_local() -> bool {
     *ON.get_or_init(|| std::env::var_os("MOE_GPU_MOER_Q8").is_some_and(|v| v == "block"))
 }
 
-/// `MOE_GPU_MOER_PF=1`: `ds4_moe_routed` asks L2 for the chosen experts' down rows as
-/// soon as it has chosen them (A/B runs; read once).
-pub fn prefetch_down() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("MOE_GPU_MOER_PF").is_some_and(|v| v == "1"))
+/// `MOE_GPU_MOER_PF`: what `ds4_moe_routed` asks L2 for ahead of its loads (A/B runs;
+/// read once): `1` all the chosen experts' down rows as soon as it has chosen them; `2`
+/// each warp its next task's rows before it sums the current one's; else nothing (0).
+pub fn prefetch_mode() -> i32 {
+    static MODE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| {
+        crate::ops::env_num::<i32>("MOE_GPU_MOER_PF")
+            .filter(|m| matches!(m, 1 | 2))
+            .unwrap_or(0)
+    })
 }
 
 /// MOE_ROUTED's arguments by role.
