@@ -319,7 +319,8 @@ struct Rollback {
 /// Weights a decode step asks into the device's L2 (PREFETCH, ABI 1.9) on a stream of
 /// their own while the memory would otherwise idle under the glue before them: `q` (the
 /// query / KV products, at the mHC site before attention), `o` (the output products,
-/// once `wq_b` is queued: under the attention) and `moe` (the router's and the shared
+/// once `wq_b` is queued: under the attention; `ob` the second one, `wo_b`, alone: the
+/// first loads its own rows while it waits) and `moe` (the router's and the shared
 /// expert's, at the mHC site before the MoE) and `qn` (the next layer's query / KV
 /// products, at the mHC site before the MoE too: the MoE's glue is longer than its own
 /// weights take). `MOE_DS4_PREFETCH`: 1 (q, o, moe), 0 or unset (none: the default
@@ -328,6 +329,7 @@ struct Rollback {
 struct Prefetch {
     q: bool,
     o: bool,
+    ob: bool,
     moe: bool,
     qn: bool,
 }
@@ -338,7 +340,7 @@ impl Prefetch {
             return Ok(Prefetch::default());
         };
         Self::parse(&v).ok_or_else(|| {
-            anyhow!("MOE_DS4_PREFETCH={v}: expected 0, 1 or a list of q, o, moe and qn")
+            anyhow!("MOE_DS4_PREFETCH={v}: expected 0, 1 or a list of q, o, ob, moe and qn")
         })
     }
 
@@ -350,7 +352,7 @@ impl Prefetch {
                     q: true,
                     o: true,
                     moe: true,
-                    qn: false,
+                    ..Prefetch::default()
                 })
             }
             _ => {}
@@ -360,6 +362,7 @@ impl Prefetch {
             match part {
                 "q" => p.q = true,
                 "o" => p.o = true,
+                "ob" => p.ob = true,
                 "moe" => p.moe = true,
                 "qn" => p.qn = true,
                 _ => return None,
@@ -369,7 +372,7 @@ impl Prefetch {
     }
 
     fn any(&self) -> bool {
-        self.q || self.o || self.moe || self.qn
+        self.q || self.o || self.ob || self.moe || self.qn
     }
 }
 
@@ -1612,9 +1615,10 @@ impl GpuPath {
         } else {
             mm(wv(&lay.q_b), q_res, v(&w.q, [nh * hd, n, 1, 1]))?;
         }
-        // The output products' weights, under the attention.
+        // The output products' weights (or the second's alone), under the attention.
         let o = [wv(&lay.out_a), wv(&lay.out_b)];
-        self.prefetch(dev, self.prefetch.o, n, &o)?;
+        let o = if self.prefetch.o { &o[..] } else { &o[1..] };
+        self.prefetch(dev, self.prefetch.o || self.prefetch.ob, n, o)?;
         let q = v(&w.q, [hd, nh, n, 1]);
         // Decode steps: the rotaries inside the attention (a prefill chunk's many blocks
         // would each repeat q's norm; its separate launches cost little there).
@@ -2425,7 +2429,7 @@ mod tests {
             q: true,
             o: true,
             moe: true,
-            qn: false,
+            ..Prefetch::default()
         };
         assert_eq!(Prefetch::parse("1"), Some(all));
         assert_eq!(Prefetch::parse("0"), Some(Prefetch::default()));
@@ -2433,6 +2437,8 @@ mod tests {
         let qo = Prefetch::parse("q, o").unwrap();
         assert!(qo.q && qo.o && !qo.moe && !qo.qn && qo.any());
         assert!(Prefetch::parse("qn").unwrap().qn);
+        let ob = Prefetch::parse("ob").unwrap();
+        assert!(ob.ob && !ob.o && ob.any());
         assert_eq!(Prefetch::parse("q,x"), None);
         assert_eq!(Prefetch::parse("2"), None);
     }
