@@ -3694,6 +3694,22 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS)
     if (tid == 0) ds4_router_write(sc, chosen, k, norm_topk, routed_scale, 0, ids, wout);
 }
 
+// ds4_moe_routed's pf == 2 ask: lane 0 of a warp asks L2 for its rows of row group rg
+// (the rows DS4_MOER_ROWS takes: 4 from (4 rg + the warp's place in its half-block) 4,
+// those below m) of expert e (nothing for an id outside 0 .. n_expert), rounded
+// inwards to 16 bytes.
+GPU_DEV void ds4_moer_pf(const unsigned char* w, long long expert_bytes, int nb, int m,
+                         int n_expert, int e, int rg) {
+    const int r0 = (4 * rg + ((threadIdx.x >> 5) & 3)) * 4;
+    if ((threadIdx.x & 31) != 0 || e < 0 || e >= n_expert || r0 >= m) return;
+    const int rows = m - r0 < 4 ? m - r0 : 4;
+    const unsigned long long a =
+        (unsigned long long)(w + e * expert_bytes + (long long)r0 * nb * RF2_BLOCK_BYTES);
+    const unsigned long long a16 = (a + 15) & ~15ull;
+    const long long len = ((long long)rows * nb * RF2_BLOCK_BYTES - (long long)(a16 - a)) & ~15ll;
+    if (len > 0) gpu_prefetch_l2((const void*)a16, (unsigned int)len);
+}
+
 // MOE_ROUTED for one token (a decode step) in one launch: ds4_router_mm's product and
 // selection, mmvq_id_107's gate and up products of the chosen experts, the SwiGLU
 // quantised as quantize_q8_1_swiglu does, then mmvq_id_107's down product, with a grid
@@ -3711,18 +3727,6 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS)
 // of a stage, all in the same phase, compute. q8_local
 // (ff <= 32 DS4_MOER_Q8_LOCAL, at least k blocks): each block takes one expert's down
 // rows, quantising its SwiGLU itself (A/B runs).
-// pf == 2's ask: lane 0 of a warp asks L2 for rows r0 .. r0 + 3 (those below m) of
-// expert e (nothing for an id outside 0 .. n_expert), rounded inwards to 16 bytes.
-GPU_DEV void ds4_moer_pf(const unsigned char* w, long long expert_bytes, int nb, int m,
-                         int n_expert, int e, int r0) {
-    if ((threadIdx.x & 31) != 0 || e < 0 || e >= n_expert || r0 >= m) return;
-    const int rows = m - r0 < 4 ? m - r0 : 4;
-    const unsigned long long a =
-        (unsigned long long)(w + e * expert_bytes + (long long)r0 * nb * RF2_BLOCK_BYTES);
-    const unsigned long long a16 = (a + 15) & ~15ull;
-    const long long len = ((long long)rows * nb * RF2_BLOCK_BYTES - (long long)(a16 - a)) & ~15ll;
-    if (len > 0) gpu_prefetch_l2((const void*)a16, (unsigned int)len);
-}
 #define DS4_MOER_BLOCKS_PER_SM 2
 #define DS4_MOER_Q8_LOCAL 128
 extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLOCKS_PER_SM)
@@ -3803,10 +3807,9 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLO
             const int n = v + 2 * gridDim.x;
             if (n < 2 * k * gg)
                 ds4_moer_pf(gu + n / (k * gg) * gu_step, gu_expert_bytes, nbd, ff, n_expert,
-                            chosen[n / gg % k], (4 * (n % gg) + wib) * 4);
+                            chosen[n / gg % k], n % gg);
             else if (pd0 < k && rd0 < gd)
-                ds4_moer_pf(wd, d_expert_bytes, nbf, d, n_expert, chosen[pd0],
-                            (4 * rd0 + wib) * 4);
+                ds4_moer_pf(wd, d_expert_bytes, nbf, d, n_expert, chosen[pd0], rd0);
         }
         DS4_MOER_ROWS(gu + z * gu_step, gu_expert_bytes, nbd, ff, xq, chosen[p], (4 * rg + wib) * 4,
                       o, gu_affine);
@@ -3829,8 +3832,7 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLO
             __syncthreads();
             for (int rg = 2 * (blockIdx.x % per) + half; rg < gd; rg += 2 * per) {
                 if (pf == 2 && rg + 2 * per < gd)
-                    ds4_moer_pf(wd, d_expert_bytes, nbf, d, n_expert, chosen[p],
-                                (4 * (rg + 2 * per) + wib) * 4);
+                    ds4_moer_pf(wd, d_expert_bytes, nbf, d, n_expert, chosen[p], rg + 2 * per);
                 DS4_MOER_ROWS(wd, d_expert_bytes, nbf, d, aqs, chosen[p], (4 * rg + wib) * 4,
                               ey + (long long)p * d, d_affine);
             }
@@ -3845,8 +3847,7 @@ extern "C" __global__ void __launch_bounds__(DS4_ROUTER_MM_THREADS, DS4_MOER_BLO
         for (int v = 2 * blockIdx.x + half; v < k * gd; v += 2 * gridDim.x) {
             const int p = v / gd, rg = v % gd, n = v + 2 * gridDim.x;
             if (pf == 2 && n < k * gd)
-                ds4_moer_pf(wd, d_expert_bytes, nbf, d, n_expert, chosen[n / gd],
-                            (4 * (n % gd) + wib) * 4);
+                ds4_moer_pf(wd, d_expert_bytes, nbf, d, n_expert, chosen[n / gd], n % gd);
             DS4_MOER_ROWS(wd, d_expert_bytes, nbf, d, aq + (long long)p * nbf, chosen[p],
                           (4 * rg + wib) * 4, ey + (long long)p * d, d_affine);
         }
