@@ -2289,7 +2289,9 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
 // the runs kernel, for whose one-run-a-thread plans it can stand in (opt-in,
 // MOE_GPU_FP4_MMA: measured slower on the H200 2026-12-03, wq_b 10.57 us vs 11.00 but
 // wo_b 15.7 vs 12.9 and decode -2%: with a third fewer instructions the decode products
-// are no faster, so their issue count is not what bounds them).
+// are no faster, so their issue count is not what bounds them; again 2026-12-07, H100,
+// after the runs kernel's bulk path: decode 0.92 of it with 256 threads, 0.90 - 0.94
+// with 512).
 // A block is S = runs / 4 warps along k (warp ks's lanes take runs 4 ks + q) by G
 // (`groups`) groups of 16 rows: 32 S G threads. Needs k % 1024 == 0, k <=
 // FP4_RUNS_MAX_K, S G <= 16, w / row_bytes / x 16-byte aligned.
