@@ -203,7 +203,10 @@ GPU_DEV float gpu_i2f_small(int v) {
 // GPU_PDL_EARLY_SMALL: the same for grids of at most GPU_PDL_SMALL_GRID blocks only (a
 // decode step's glue, on a few SMs: the next product's blocks fit beside it and load
 // their weights before their wait; a prefill pass's large grids keep the default).
+// (MOE_GPU_PDL_SMALL_GRID sets another bound, for A/B runs)
+#if !defined(GPU_PDL_SMALL_GRID)
 #define GPU_PDL_SMALL_GRID 64
+#endif
 GPU_DEV void gpu_grid_wait() {
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #if defined(GPU_PDL_EARLY)

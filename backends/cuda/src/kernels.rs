@@ -344,6 +344,14 @@ fn ab_defines(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
             d.push(format!("-DFP4_BULK_INFLIGHT={n}"));
         }
     }
+    // The largest grid that lets its successor launch as it starts (GPU_PDL_SMALL_GRID,
+    // 64 by default): larger values let mid-sized decode kernels (the router, the rows
+    // products) start the next product's weight loads earlier.
+    if let Some(n) = env("MOE_GPU_PDL_SMALL_GRID").and_then(|n| n.parse::<u32>().ok()) {
+        if (1..=1 << 20).contains(&n) {
+            d.push(format!("-DGPU_PDL_SMALL_GRID={n}"));
+        }
+    }
     d
 }
 
@@ -609,6 +617,22 @@ mod tests {
         ];
         let off = |var: &str| DEFAULT_ON.contains(&var).then(|| "0".to_string());
         assert_eq!(compile_defines(&off), Vec::<String>::new());
+    }
+
+    #[test]
+    fn pdl_small_grid_takes_a_block_count_only() {
+        let with = |v: &'static str| {
+            compile_defines(&move |var: &str| {
+                (var == "MOE_GPU_PDL_SMALL_GRID").then(|| v.to_string())
+            })
+        };
+        assert!(with("256").contains(&"-DGPU_PDL_SMALL_GRID=256".to_string()));
+        for bad in ["0", "-4", "many", "99999999"] {
+            assert!(
+                !with(bad).iter().any(|d| d.contains("PDL_SMALL_GRID")),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
