@@ -203,19 +203,25 @@ GPU_DEV float gpu_i2f_small(int v) {
 // GPU_PDL_EARLY_SMALL: the same for grids of at most GPU_PDL_SMALL_GRID blocks only (a
 // decode step's glue, on a few SMs: the next product's blocks fit beside it and load
 // their weights before their wait; a prefill pass's large grids keep the default).
-// (MOE_GPU_PDL_SMALL_GRID sets another bound, for A/B runs)
+// (MOE_GPU_PDL_SMALL_GRID sets another bound, for A/B runs.) `early`: this launch lets
+// its successor go as it starts whatever its grid (the host asks for it per kernel:
+// MOE_GPU_PDL_EARLY_KERNELS, see gpu_count_launch).
 #if !defined(GPU_PDL_SMALL_GRID)
 #define GPU_PDL_SMALL_GRID 64
 #endif
-GPU_DEV void gpu_grid_wait() {
+GPU_DEV void gpu_grid_wait(bool early = false) {
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #if defined(GPU_PDL_EARLY)
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #elif defined(GPU_PDL_EARLY_SMALL)
-    if (gridDim.x * gridDim.y * gridDim.z <= GPU_PDL_SMALL_GRID)
+    if (early || gridDim.x * gridDim.y * gridDim.z <= GPU_PDL_SMALL_GRID)
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#else
+    if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#else
+    (void)early;
 #endif
 }
 
@@ -323,8 +329,12 @@ GPU_DEV bool gpu_count_last(unsigned int* count, unsigned int nb) {
 }
 
 // Every kernel's first statement: the dependent-launch wait, then the launch counter.
+// The counters' address (at least 4-byte aligned) carries one flag in its low bit: let
+// the successor launch early (gpu_grid_wait's `early`).
 GPU_DEV void gpu_count_launch(unsigned int* counters, int id) {
-    gpu_grid_wait();
+    const unsigned long long tagged = (unsigned long long)counters;
+    gpu_grid_wait((tagged & 1ull) != 0);
+    counters = (unsigned int*)(tagged & ~1ull);
     if (counters && threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.x == 0 && blockIdx.y == 0 &&
         blockIdx.z == 0) {
         atomicAdd(counters + id, 1u);

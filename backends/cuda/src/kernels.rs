@@ -249,6 +249,24 @@ fn compile_defines(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
     d
 }
 
+/// Kernels that let their successor launch as they start whatever their grid, while
+/// dependent launch is on (`MOE_GPU_PDL_EARLY_KERNELS`, names separated by commas; A/B
+/// runs: which product's early start pays); read once.
+fn early_kernels() -> &'static [String] {
+    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    NAMES.get_or_init(|| parse_names(std::env::var("MOE_GPU_PDL_EARLY_KERNELS").ok().as_deref()))
+}
+
+/// Kernel names from a comma-separated list (blanks trimmed, empty entries dropped).
+fn parse_names(list: Option<&str>) -> Vec<String> {
+    list.unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
 /// `MOE_GPU_PDL_EARLY=graph`, the default (see [`pdl_early`]); read once.
 fn pdl_graph_only() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -465,9 +483,6 @@ impl Module {
             .funcs
             .get(name)
             .ok_or_else(|| format!("kernel {name} is not loaded"))?;
-        let mut counters = self.counters;
-        let mut all: Vec<*mut c_void> = params.to_vec();
-        all.push(&mut counters as *mut u64 as *mut c_void);
         let uncaptured = || {
             matches!(
                 cu::stream::is_capturing(stream),
@@ -477,6 +492,12 @@ impl Module {
         let timed = profiling() && uncaptured();
         let start = if timed { record(stream) } else { None };
         let pdl = self.pdl && !(pdl_graph_only() && uncaptured());
+        // The low bit of the counters' address asks the kernel to let its successor
+        // launch as it starts (gpu_count_launch in kernels/gpu/common.cuh).
+        let early = pdl && early_kernels().iter().any(|k| k == name);
+        let mut counters = self.counters | u64::from(early);
+        let mut all: Vec<*mut c_void> = params.to_vec();
+        all.push(&mut counters as *mut u64 as *mut c_void);
         let coop = COOPERATIVE.contains(&name);
         if pdl || coop {
             let mut attrs: [sys::CUlaunchAttribute; 3] = [std::mem::zeroed(); 3];
@@ -592,7 +613,7 @@ pub fn host_counts() -> BTreeMap<&'static str, u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{compile_defines, switch_on};
+    use super::{compile_defines, parse_names, switch_on};
 
     /// The defines of a build with no variable set are the committed list that CI's NVRTC
     /// check compiles (kernels/gpu/default_options).
@@ -617,6 +638,15 @@ mod tests {
         ];
         let off = |var: &str| DEFAULT_ON.contains(&var).then(|| "0".to_string());
         assert_eq!(compile_defines(&off), Vec::<String>::new());
+    }
+
+    #[test]
+    fn early_kernel_names_parse() {
+        assert!(parse_names(None).is_empty());
+        assert_eq!(
+            parse_names(Some(" mmvq_id_107, ,ds4_router_mm,")),
+            ["mmvq_id_107", "ds4_router_mm"]
+        );
     }
 
     #[test]
