@@ -2223,8 +2223,9 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
 // change: MATMUL_ID's i[0], the output projection's groups and the shared expert's one
 // id) after its rows are asked for, as the plain kernel's, so the weights stream under
 // the previous kernel; else first, as the ids may be its output. A pair's zeros are
-// written after the wait either way (the previous kernel may still read `out`).
-template <typename SRC>
+// written after the wait either way (the previous kernel may still read `out`). MAXR:
+// the most rows a thread the kernel compiles (1: the two-blocks-an-SM forms).
+template <typename SRC, int MAXR = 2>
 GPU_DEV void fp4_runs_q8_pair(const unsigned char* __restrict__ w, long long expert_bytes,
                               long long row_bytes, int k, int m, int n_experts, const SRC& src,
                               int per_pair, int n_slots, const int* __restrict__ ids,
@@ -2238,7 +2239,7 @@ GPU_DEV void fp4_runs_q8_pair(const unsigned char* __restrict__ w, long long exp
                                                rows * (int)blockDim.x / fp4_runs_lanes(k));
     if (!we) return;
     const SRC col = src.column((long long)(per_pair ? p : p / n_slots) * k);
-    if (rows == 2) fp4_runs_q8<2>(we, row_bytes, k, m, col, o, early, counters, kid, sm);
+    if (MAXR == 2 && rows == 2) fp4_runs_q8<MAXR>(we, row_bytes, k, m, col, o, early, counters, kid, sm);
     else fp4_runs_q8<1>(we, row_bytes, k, m, col, o, early, counters, kid, sm);
 }
 
@@ -2252,6 +2253,33 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 1)
     __shared__ fp4_q8_smem sm;
     fp4_runs_q8_pair(w, expert_bytes, row_bytes, k, m, n_experts, fp4_src_x{x}, per_pair, n_slots,
                      ids, out, rows, fixed != 0, counters, KID_MATVEC_FP4_RUNS_Q8_ID, sm);
+}
+
+// FP4_B2 (A/B runs, MOE_GPU_FP4_B2=1): the plain and grouped kernels at one row a thread
+// with registers for two 512-thread blocks a multiprocessor (the bulk path takes 58
+// with one row), so that twice the warps hide the dot's shared-memory and dp4a
+// latencies after the weights have landed; each block takes half the rows (and
+// quantises all of x, as every block does). The same sums (a row's order depends only
+// on k). Arguments as the one-block forms, rows = 1.
+extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 2)
+    matvec_fp4_runs_q8_b2(const unsigned char* __restrict__ w, long long row_bytes, int k, int m,
+                          const float* __restrict__ x, float* __restrict__ out, int rows,
+                          unsigned int* counters) {
+    __shared__ fp4_q8_smem sm;
+    (void)rows;
+    fp4_runs_q8<1>(w, row_bytes, k, m, fp4_src_x{x}, out, true, counters, KID_MATVEC_FP4_RUNS_Q8, sm);
+}
+extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 2)
+    matvec_fp4_runs_q8_id_b2(const unsigned char* __restrict__ w, long long expert_bytes,
+                             long long row_bytes, int k, int m, int n_experts,
+                             const float* __restrict__ x, int per_pair, int n_slots,
+                             const int* __restrict__ ids, float* __restrict__ out, int rows,
+                             int fixed, unsigned int* counters) {
+    __shared__ fp4_q8_smem sm;
+    fp4_runs_q8_pair<fp4_src_x, 1>(w, expert_bytes, row_bytes, k, m, n_experts, fp4_src_x{x}, per_pair,
+                                   n_slots, ids, out, 1, fixed != 0, counters,
+                                   KID_MATVEC_FP4_RUNS_Q8_ID, sm);
+    (void)rows;
 }
 
 // The grouped form on the clamped SwiGLU of gate g and up u (fp4_src_swiglu, the same

@@ -143,11 +143,13 @@ const MMW_KERNELS: [&str; 4] = ["mmw_dense", "mmw_id", "mmw_dense_m2", "mmw_id_m
 
 /// The ROCmFP4 runs kernels, whose blocks bring their rows into shared memory with bulk
 /// copies where the launch gives them room (fp4_runs_q8_bulk in kernels/gpu/rocmfpx.cu).
-const BULK_KERNELS: [&str; 4] = [
+const BULK_KERNELS: [&str; 6] = [
     "matvec_fp4_runs_q8",
     "matvec_fp4_runs_q8_norm",
     "matvec_fp4_runs_q8_id",
     "matvec_fp4_runs_q8_id_swiglu",
+    "matvec_fp4_runs_q8_b2",
+    "matvec_fp4_runs_q8_id_b2",
 ];
 
 /// Bulk copies (cp.async.bulk) from compute capability 9.0 (measured on the H200 only;

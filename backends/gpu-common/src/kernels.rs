@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Kernel names in launch-counter slot order (the `KID_*` defines of rocmfpx.cu).
-pub const KERNELS: [&str; 78] = [
+pub const KERNELS: [&str; 80] = [
     "quantize_q8_1",
     "mmvq_107_n1",
     "mmvq_107_n2",
@@ -88,6 +88,8 @@ pub const KERNELS: [&str; 78] = [
     "ds4_index_scores_mm_tcs_bf16",
     "ds4_attention_tc_bf16",
     "ds4_moe_routed",
+    "matvec_fp4_runs_q8_b2",
+    "matvec_fp4_runs_q8_id_b2",
 ];
 /// Device-side launch counters (u32 each) the kernels bump: one a kernel.
 pub const COUNTER_SLOTS: usize = KERNELS.len();

@@ -506,15 +506,27 @@ pub struct RunsPlan {
 }
 
 impl RunsPlan {
-    /// The kernel the plan launches, plain or `grouped` (one token's MATMUL_ID).
+    /// The kernel the plan launches, plain or `grouped` (one token's MATMUL_ID): with
+    /// [`fp4_b2`] a one-row, 512-thread plan takes the two-blocks-a-multiprocessor forms.
     pub fn kernel(&self, grouped: bool) -> &'static str {
-        match (self.mma, grouped) {
-            (false, false) => "matvec_fp4_runs_q8",
-            (false, true) => "matvec_fp4_runs_q8_id",
-            (true, false) => "matvec_fp4_mma",
-            (true, true) => "matvec_fp4_mma_id",
+        let b2 = fp4_b2() && self.rows == 1 && self.threads == 512;
+        match (self.mma, grouped, b2) {
+            (false, false, false) => "matvec_fp4_runs_q8",
+            (false, true, false) => "matvec_fp4_runs_q8_id",
+            (false, false, true) => "matvec_fp4_runs_q8_b2",
+            (false, true, true) => "matvec_fp4_runs_q8_id_b2",
+            (true, false, _) => "matvec_fp4_mma",
+            (true, true, _) => "matvec_fp4_mma_id",
         }
     }
+}
+
+/// `MOE_GPU_FP4_B2=1` (A/B runs; read once): the ROCmFP4 decode products at one row a
+/// thread on 512-thread blocks, two a multiprocessor (`matvec_fp4_runs_q8_b2` and
+/// `_id_b2`: the same sums), instead of two rows a thread on one or two blocks.
+pub fn fp4_b2() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MOE_GPU_FP4_B2").is_some_and(|v| v == "1"))
 }
 
 /// Forces `matvec_fp4_mma` on (its threads a block, 256 or 512) or off (1) for the
@@ -557,6 +569,7 @@ fn fp4_mma_plan(k: u64, plan: RunsPlan, threads: Option<u64>) -> RunsPlan {
 /// The runs kernel's rows a thread and threads a block for `m` rows of `k` values.
 fn fp4_plain_plan(m: u64, k: u64) -> RunsPlan {
     let (rows, threads) = match (m, k) {
+        _ if fp4_b2() => (1, 512),
         (16384.., _) => (2, 256),
         (_, FP4_RUNS_MAX_K) => (2, 512),
         _ => (1, 256),
@@ -613,7 +626,7 @@ pub fn fp4_runs_id(
     fp4_runs(ty, k, all, tokens, w, x).map(|p| {
         if all < 16384 && !p.mma {
             RunsPlan {
-                rows: 2,
+                rows: if fp4_b2() { 1 } else { 2 },
                 threads: 512,
                 mma: false,
             }
