@@ -54,6 +54,8 @@
 #define KID_MATVEC_DENSE_COLS 67
 #define KID_MATVEC_FP4_RUNS_Q8_COLS 68
 #define KID_MATVEC_DENSE_COLS_MULTI 69
+#define KID_MATVEC_FP4_RUNS_Q8_B2 78
+#define KID_MATVEC_FP4_RUNS_Q8_ID_B2 79
 #define KID_MATMUL_F32_TILES 54
 #define KID_MATMUL_F32_REDUCE 55
 
@@ -2267,7 +2269,7 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 2)
                           unsigned int* counters) {
     __shared__ fp4_q8_smem sm;
     (void)rows;
-    fp4_runs_q8<1>(w, row_bytes, k, m, fp4_src_x{x}, out, true, counters, KID_MATVEC_FP4_RUNS_Q8, sm);
+    fp4_runs_q8<1>(w, row_bytes, k, m, fp4_src_x{x}, out, true, counters, KID_MATVEC_FP4_RUNS_Q8_B2, sm);
 }
 extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 2)
     matvec_fp4_runs_q8_id_b2(const unsigned char* __restrict__ w, long long expert_bytes,
@@ -2278,7 +2280,7 @@ extern "C" __global__ void __launch_bounds__(FP4_RUNS_MAX_THREADS, 2)
     __shared__ fp4_q8_smem sm;
     fp4_runs_q8_pair<fp4_src_x, 1>(w, expert_bytes, row_bytes, k, m, n_experts, fp4_src_x{x}, per_pair,
                                    n_slots, ids, out, 1, fixed != 0, counters,
-                                   KID_MATVEC_FP4_RUNS_Q8_ID, sm);
+                                   KID_MATVEC_FP4_RUNS_Q8_ID_B2, sm);
     (void)rows;
 }
 

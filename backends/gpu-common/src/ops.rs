@@ -523,7 +523,9 @@ impl RunsPlan {
 
 /// `MOE_GPU_FP4_B2=1` (A/B runs; read once): the ROCmFP4 decode products at one row a
 /// thread on 512-thread blocks, two a multiprocessor (`matvec_fp4_runs_q8_b2` and
-/// `_id_b2`: the same sums), instead of two rows a thread on one or two blocks.
+/// `_id_b2`: the same sums), instead of two rows a thread on one or two blocks. The
+/// other runs kernels (`_id_swiglu`, `_cols`) then take one row a thread on their
+/// one-block form, and q_a's norm inside `wq_b` (`MOE_DS4_NORM_MM=1`) is not fused.
 pub fn fp4_b2() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("MOE_GPU_FP4_B2").is_some_and(|v| v == "1"))
