@@ -23,6 +23,11 @@
 #             prefill pass (serve's chunk: 2048 tokens, 1024 from 32768) at each depth
 #             of PROFILE_DEPTHS (default "0 32768 131072"), on one stream
 #             (MOE_DS4_BRANCHES=0 unless set; not in the default list)
+#   peak      vendor_peak.py: cuBLAS bf16 GEMM TFLOP/s and the runtime's copy GB/s, the
+#             yardsticks for bench's own matrix rate and bandwidth (not in the default list)
+#   llamacpp  ds4_llamacpp_gpu.sh: llama.cpp built here for CUDA, its llama-bench against
+#             ours on a LAYERS_LL-layer (4) Q8_0 file; carry .dev/llama.cpp.tar.xz (not in
+#             the default list)
 # A step starts only with at least its minimum time left (see `need`), so a slow
 # machine skips the last ones rather than cutting one short. Carry .dev/ds4 (and
 # .dev/gpu for kernels). Built here first: scripts/device/carry_ds4.sh and
@@ -126,8 +131,20 @@ for step in ${STEPS:-kernels fixtures bench ab timeline}; do
                 grep -E "^pp|^\|" "$OUT/profile$d.log" | grep -vE "\| 0\.[0-4]%" | head -40
             done
             ;;
+        peak)
+            need 30 peak || continue
+            timeout "$(( $(left) < 90 ? $(left) : 90 ))" \
+                python3 scripts/device/vendor_peak.py --json "$OUT/peak.json" 2>&1 | tail -8
+            ;;
+        llamacpp)
+            need 150 llamacpp || continue
+            LAYERS=${LAYERS_LL:-4} OUT="$OUT/llamacpp" timeout "$(left)" \
+                bash scripts/device/ds4_llamacpp_gpu.sh > "$OUT/llamacpp.log" 2>&1
+            echo "rc=$?"
+            grep -E "^\||built in|llama.cpp:|failed" "$OUT/llamacpp.log"
+            ;;
         *)
-            echo "unknown step '$step' (kernels, attention, fixtures, bench, ab, timeline, site, profile)" >&2
+            echo "unknown step '$step' (kernels, attention, fixtures, bench, ab, timeline, site, profile, peak, llamacpp)" >&2
             exit 2
             ;;
     esac
