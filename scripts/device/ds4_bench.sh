@@ -4,7 +4,8 @@
 # TEMPLATE-layer synthetic file (`moeserve synth`; layers past the file's repeat its last
 # two, each as its own device copy: the real 43-layer memory and traffic), then
 # `moeserve bench --limits` at context depths DEPTHS: decode tok/s vs bytes per token /
-# streaming bandwidth, prefill (in serve's GPU chunks: PP 2048 tokens, PP_LONG 1024 from
+# bandwidth (the faster of the runtime's device-to-device copy and our streaming add),
+# prefill (in serve's GPU chunks: PP 2048 tokens, PP_LONG 1024 from
 # depth 32768) vs the ROCmFP2 matrix rate, all measured in this run.
 # With PARITY=1 it first runs scripts/device/ds4_gpu.sh (the fixtures) while the file is
 # written, then decodes 8 tokens of the full-width file twice (bit-identical?) and with
@@ -135,15 +136,19 @@ RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench "${SRC[@]}" \
 python3 - "$OUT/bench.json" <<'PY'
 import json, sys
 b = json.load(open(sys.argv[1]))
-print(f"device {b['device']}, {b['layers']} layers, stream bandwidth {b['stream_bandwidth_bytes_s']/1e9:.0f} GB/s, "
+gb = lambda k: f"{b[k]/1e9:.0f} GB/s" if b.get(k) else "-"
+print(f"device {b['device']}, {b['layers']} layers, device-to-device copy {gb('copy_bandwidth_bytes_s')}, "
+      f"stream add {gb('stream_bandwidth_bytes_s')} (the limit: the faster), "
       f"ROCmFP2 matrix rate {b['matrix_rate_flop_s']/1e12:.0f} TFLOP/s")
-print("| depth | pp chunk | pp tok/s | pp / matrix rate | tg tok/s | MiB read per token (weights + cache) | tg limit tok/s | tg / limit |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| depth | pp chunk | pp tok/s | pp / matrix rate | tg tok/s | MiB read per token (weights + cache) | tg limit tok/s | tg / limit | tg / add-only limit |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for d in b["depths"]:
     mib = (d["weight_bytes_per_token"] + d["cache_bytes_per_token"]) / 2**20
+    add = d.get("tg_fraction_of_stream_limit")
     print(f"| {d['depth']} | {d['pp_tokens']} | {d['pp_tok_s']:.1f} | {100*d['pp_fraction_of_matrix_rate']:.1f}% | {d['tg_tok_s']:.1f} | "
           f"{mib:.0f} ({d['weight_bytes_per_token']/2**20:.0f} + {d['cache_bytes_per_token']/2**20:.1f}) | "
-          f"{d['tg_limit_tok_s']:.0f} | {100*d['tg_fraction_of_limit']:.1f}% |")
+          f"{d['tg_limit_tok_s']:.0f} | {100*d['tg_fraction_of_limit']:.1f}% | "
+          f"{'-' if add is None else f'{100*add:.1f}%'} |")
 k = dict(b["kernels"])
 print("device launches:", {n: v for n, v in k.items() if n.endswith(".device")})
 PY

@@ -15,7 +15,7 @@ RUST_LOG=warn .dev/ds4/moeserve --config "$W/plugins.toml" bench --model "$W/t.g
 python3 - "$W/limits.json" <<'PY'
 import json, sys
 b = json.load(open(sys.argv[1]))
-print(f"stream {b['stream_bandwidth_bytes_s']/1e9:.0f} GB/s, matrix {b['matrix_rate_flop_s']/1e12:.0f} TFLOP/s")
+print(f"stream {b['stream_bandwidth_bytes_s']/1e9:.0f} GB/s, copy {(b.get('copy_bandwidth_bytes_s') or 0)/1e9:.0f} GB/s, matrix {b['matrix_rate_flop_s']/1e12:.0f} TFLOP/s")
 for d in b["dense_matvec"]:
     print(f"dense mat-vec {d['shape']}: {d['bytes_s']/1e9:.0f} GB/s")
 PY

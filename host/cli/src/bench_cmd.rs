@@ -5,8 +5,9 @@
 //! many rows as a real one; DeepSeek-V4 fills them with unit-variance values, so its
 //! attention and index scores are a filled context's). With `--limits` it also measures,
 //! in the same run, the device's streaming bandwidth and ROCmFP2 matrix rate and reports
-//! decode as a fraction of bytes-per-token / bandwidth and prefill as a fraction of the
-//! matrix rate.
+//! decode as a fraction of bytes-per-token / bandwidth (the faster of that stream and the
+//! device-to-device copy the backend measured) and prefill as a fraction of the matrix
+//! rate.
 
 use std::{path::Path, sync::Arc, time::Instant};
 
@@ -130,6 +131,16 @@ fn matvec_rate(dev: &Arc<Device>, ty: u32, k: u64, m: u64, row_bytes: u64) -> Re
     let x = dev.f32([k, 1, 1, 1])?;
     let out = dev.f32([m, 1, 1, 1])?;
     Ok(bytes as f64 * runs_per_second(dev, ops::MATMUL, &[w.r, x.r, out.r], 20)?)
+}
+
+/// The decode limit's bandwidth from the backend's device-to-device copy and our
+/// streaming add: the faster of those measured, so that a slow measuring kernel never
+/// flatters the fraction (on an H200 the runtime's copy moves ~25% more than the add).
+fn limit_bandwidth(copy: Option<f64>, stream: Option<f64>) -> Option<f64> {
+    match (copy, stream) {
+        (Some(c), Some(s)) => Some(c.max(s)),
+        (c, s) => c.or(s),
+    }
 }
 
 /// Decode tok/s at the memory's limit for passes of `draft` drafts, all taken: `bw` over
@@ -345,6 +356,15 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
     } else {
         (None, None)
     };
+    // The device-to-device copy bandwidth the backend reports for this device (CUDA:
+    // the runtime's copy of 256 MiB, timed when it listed its devices in this process;
+    // the CPU: a timed 64 MiB copy; HIP: the datasheet figure).
+    let copy = a
+        .limits
+        .then(|| dev.info().map(|i| i.bandwidth_bytes_per_s))
+        .flatten()
+        .filter(|b| b.is_finite() && *b > 0.0);
+    let lim_bw = limit_bandwidth(copy, bw);
     // The dense mat-vec's own read rate on the shapes decode runs (output head, the
     // attention's wide and narrow products, an mHC mix).
     let mut dense = Vec::new();
@@ -369,8 +389,10 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
         .iter()
         .map(|r| {
             let t = r.traffic.unwrap_or_default();
-            // The main run's limit at its draft count (one token a step without drafts).
-            let limit = pass_limit(&t, bw, r.run.draft);
+            // The main run's limit at its draft count (one token a step without drafts),
+            // and the same from the stream add alone (the tables before 2026-12-07 20:30).
+            let limit = pass_limit(&t, lim_bw, r.run.draft);
+            let stream_limit = pass_limit(&t, bw, r.run.draft);
             let pp_flops = 2.0 * t.weight_params as f64 * r.run.pp.0;
             json!({
                 "depth": r.depth, "pp_tokens": r.pp_tokens,
@@ -378,7 +400,7 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 "tg_tok_s": r.run.tg.0, "tg_tok_s_sd": r.run.tg.1,
                 "tg_split": r.run.split(),
                 "tg_drafted": r.drafted.iter().map(|d| {
-                    let limit = pass_limit(&t, bw, d.draft);
+                    let limit = pass_limit(&t, lim_bw, d.draft);
                     json!({
                         "drafts": d.draft, "tg_tok_s": d.tg.0, "passes": d.passes,
                         "chain_s": d.chain_s, "decode_s": d.tg_s,
@@ -390,6 +412,8 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 "weight_params_per_token": t.weight_params,
                 "tg_limit_tok_s": limit,
                 "tg_fraction_of_limit": limit.map(|l| r.run.tg.0 / l),
+                "tg_stream_limit_tok_s": stream_limit,
+                "tg_fraction_of_stream_limit": stream_limit.map(|l| r.run.tg.0 / l),
                 "pp_weight_flop_s": pp_flops,
                 "pp_fraction_of_matrix_rate": rate.map(|x| pp_flops / x),
             })
@@ -406,7 +430,8 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
                 "tg_tokens": a.gen_tokens, "tg_tok_s": rows[0].run.tg.0, "tg_tok_s_sd": rows[0].run.tg.1,
                 "tg_drafts_a_pass": a.draft,
                 "tg_drafts_from_mtp": m.model.has_drafter(),
-                "stream_bandwidth_bytes_s": bw, "matrix_rate_flop_s": rate,
+                "stream_bandwidth_bytes_s": bw, "copy_bandwidth_bytes_s": copy,
+                "limit_bandwidth_bytes_s": lim_bw, "matrix_rate_flop_s": rate,
                 "dense_matvec": dense,
                 "depths": depth_json,
                 "kernels": dev.counters(),
@@ -473,8 +498,17 @@ pub fn run(config: &Path, source: &ModelSource, a: &BenchArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{pass_limit, threads_used};
+    use super::{limit_bandwidth, pass_limit, threads_used};
     use moe_engine::StepTraffic;
+
+    #[test]
+    fn the_limit_takes_the_faster_measured_bandwidth() {
+        assert_eq!(limit_bandwidth(Some(4.2e12), Some(3.4e12)), Some(4.2e12));
+        assert_eq!(limit_bandwidth(Some(2.0e10), Some(9.0e10)), Some(9.0e10));
+        assert_eq!(limit_bandwidth(None, Some(3.4e12)), Some(3.4e12));
+        assert_eq!(limit_bandwidth(Some(4.2e12), None), Some(4.2e12));
+        assert_eq!(limit_bandwidth(None, None), None);
+    }
 
     #[test]
     fn a_drafted_pass_reads_each_tokens_experts_and_the_rest_once() {

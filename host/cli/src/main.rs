@@ -53,7 +53,8 @@ enum Command {
         #[arg(long)]
         layers: Option<usize>,
         /// Also measure the device's streaming bandwidth and ROCmFP2 matrix rate, and
-        /// report decode and prefill as fractions of those limits.
+        /// report decode and prefill as fractions of those limits (decode's bandwidth:
+        /// the faster of that stream and the backend's device-to-device copy).
         #[arg(long)]
         limits: bool,
         /// Decode in passes of a token and this many drafts, every draft taken (what

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
-use moe_plugin_api::{into_result, types, Backend, OpParams, TensorRef};
+use moe_plugin_api::{into_result, types, Backend, DeviceInfo, OpParams, TensorRef};
 
 /// One device of one backend, with its stream.
 pub struct Device {
@@ -31,11 +31,16 @@ impl Device {
     /// The backend's own name for this device (its `DeviceInfo` name, e.g. the CPU
     /// backend's "<model> (N threads)"), or [`Device::name`] when it lists no such device.
     pub fn description(&self) -> String {
+        self.info()
+            .map(|d| d.name.to_string())
+            .unwrap_or_else(|| self.name())
+    }
+
+    /// What the backend says of this device (`DeviceInfo`), if it lists it.
+    pub fn info(&self) -> Option<DeviceInfo> {
         into_result((self.be.devices)())
             .ok()
             .and_then(|v| v.into_iter().find(|d| d.index == self.index))
-            .map(|d| d.name.to_string())
-            .unwrap_or_else(|| self.name())
     }
 
     /// A new zeroed tensor.
