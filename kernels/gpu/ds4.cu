@@ -84,13 +84,76 @@ GPU_DEV void ds4_rotate(float& a, float& b, float pos, float f, float mscale, in
 // RMS norm (norm 0: none, 1: plain, 2: times w) then rotary on the trailing 2*n_pairs
 // values (interleaved pairs) of each d-row. x and out are [n][heads][d] (may alias).
 // grid = (heads, n), block = 128.
-extern "C" __global__ void __launch_bounds__(128)
+#define DS4_NR_THREADS 128
+// NR_ROW (a compile option, opt-in until measured: MOE_GPU_NORM_ROPE=row): rows up to
+// this many values take ds4_norm_rope_row, for a decode step's one-block norms (q_a's
+// 1024 values, a head's 512), which sit on the layer's critical path.
+#define DS4_NR_ROW_MAX 1024
+
+// One row of ds4_norm_rope with every load asked for at once: a thread's values of the
+// sum (those of the loop below: t, t + 128, ..; the same sum in the same order) and its
+// pairs (t, t + 128, ..), where the loop's stores (x and out may alias) keep each of
+// its iterations' loads waiting for the one before: ~8 L2 round trips for q_a's norm
+// against 1. The same bits as the loop.
+GPU_DEV void ds4_norm_rope_row(const float* x, const float* __restrict__ w, int norm,
+                               float eps, int d, const float* __restrict__ inv_freq,
+                               int n_pairs, float mscale, int inverse, float p, long long base,
+                               float* out, float* sh) {
+    constexpr int T = DS4_NR_THREADS, NV = DS4_NR_ROW_MAX / T, NP = NV / 2;
+    const int t = threadIdx.x;
+    float v[NV], a[NP], b[NP];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) v[k] = norm && t + T * k < d ? x[base + t + T * k] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < NP; ++j) {
+        const int i = t + T * j;
+        a[j] = 2 * i < d ? x[base + 2 * i] : 0.0f;
+        b[j] = 2 * i < d ? x[base + 2 * i + 1] : 0.0f;
+    }
+    float r = 1.0f;
+    if (norm) {
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+            if (t + T * k < d) s += v[k] * v[k];
+        s = ds4_block_sum(s, sh, T);
+        r = 1.0f / sqrtf(s / (float)d + eps);
+    }
+    const int tail = d - 2 * n_pairs;
+#pragma unroll
+    for (int j = 0; j < NP; ++j) {
+        const int i = t + T * j;
+        if (2 * i >= d) continue;
+        float aj = a[j], bj = b[j];
+        if (norm) {
+            aj *= r;
+            bj *= r;
+            if (norm == 2) {
+                aj = w[2 * i] * aj;
+                bj = w[2 * i + 1] * bj;
+            }
+        }
+        if (2 * i >= tail) ds4_rotate(aj, bj, p, inv_freq[(2 * i - tail) / 2], mscale, inverse);
+        out[base + 2 * i] = aj;
+        out[base + 2 * i + 1] = bj;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DS4_NR_THREADS)
     ds4_norm_rope(const float* x, const float* __restrict__ w, int norm, float eps, int d,
                   int heads, const float* __restrict__ inv_freq, int n_pairs, float mscale,
                   int inverse, const int* __restrict__ pos, float* out, unsigned int* counters) {
     gpu_count_launch(counters, KID_DS4_NORM_ROPE);
     __shared__ float sh[32];
     const long long base = ((long long)blockIdx.y * heads + blockIdx.x) * d;
+#if defined(NR_ROW)
+    if (d <= DS4_NR_ROW_MAX) {
+        const float p = n_pairs ? (float)pos[blockIdx.y] : 0.0f;
+        ds4_norm_rope_row(x, w, norm, eps, d, inv_freq, n_pairs, mscale, inverse, p, base, out,
+                          sh);
+        return;
+    }
+#endif
     float r = 1.0f;
     if (norm) {
         float s = 0.0f;

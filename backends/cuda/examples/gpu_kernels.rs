@@ -21,10 +21,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use moe_backend_cuda::{
     ops::{
-        id_nosort, mmq_kernel, FORCE_ATT_BF16, FORCE_ATT_DEC, FORCE_ATT_GRP, FORCE_ATT_HPW4,
-        FORCE_ATT_TC, FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC, FORCE_IDX_BF16, FORCE_IDX_TCS,
-        FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW, FORCE_MMW_ROWS, FORCE_Q8_DECODE,
-        FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
+        fp4_b2, id_nosort, mmq_kernel, FORCE_ATT_BF16, FORCE_ATT_DEC, FORCE_ATT_GRP,
+        FORCE_ATT_HPW4, FORCE_ATT_TC, FORCE_FP4_MMA, FORCE_FP4_REGS, FORCE_HC_GSYNC,
+        FORCE_IDX_BF16, FORCE_IDX_TCS, FORCE_MMB, FORCE_MMQ_DP4A, FORCE_MMW, FORCE_MMW_NARROW,
+        FORCE_MMW_ROWS, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
     },
     rt,
 };
@@ -952,9 +952,17 @@ fn dense_cols(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
 fn dense_decode(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     println!("\n== Q8_0 / ROCmFP4 decode products (f32 activations) vs f64 reference ==");
     let mut all_ok = true;
+    // (`MOE_GPU_FP4_B2=1` runs the runs kernels' 512-thread plans as their `_b2` forms)
     let ran = |before: &std::collections::BTreeMap<String, u64>, name: &str| {
-        let key = format!("{name}.device");
-        g.counters().get(&key) > before.get(&key)
+        let after = g.counters();
+        let b2 = fp4_b2() && name.starts_with("matvec_fp4_runs_q8");
+        [name.to_string(), format!("{name}_b2")]
+            .iter()
+            .take(1 + b2 as usize)
+            .any(|n| {
+                let key = format!("{n}.device");
+                after.get(&key) > before.get(&key)
+            })
     };
     let mut report = |what: String, e: f64, ran: bool, want: &str| {
         let ok = ran && e <= 1e-5;
@@ -1740,6 +1748,97 @@ fn swiglu_id_fp4(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     all
 }
 
+/// NORM_ROPE (RMS norm: none, plain or times a weight; rotary on each row's trailing
+/// pairs, forward or inverse) against an f64 reference on random rows: within 1e-5 of
+/// the largest output (the angle is the kernel's f32 product of position and frequency;
+/// the rest f64). Rows of up to 1024 values take the kernel's one-round-trip path, the
+/// 2048 and 4096 rows its loop; the decode shapes (q_a's 1024-value norm, a head's 512
+/// with rotary, the inverse rotary) in place, as the model runs them.
+fn norm_rope(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
+    println!("\n== NORM_ROPE vs f64 reference ==");
+    let mut all = true;
+    // (d, heads, tokens, norm mode, rotated pairs, inverse, in place)
+    let cases = [
+        (1024usize, 1usize, 1usize, 2i64, 0usize, 0i64, true),
+        (512, 8, 2, 1, 32, 0, true),
+        (512, 8, 1, 0, 32, 1, true),
+        (128, 4, 3, 2, 32, 0, false),
+        (1000, 3, 2, 1, 10, 0, false),
+        (2048, 2, 1, 2, 0, 0, true),
+        (4096, 1, 2, 2, 16, 1, false),
+    ];
+    for (d, heads, n, norm, pairs, inverse, in_place) in cases {
+        let x: Vec<f32> = (0..d * heads * n).map(|_| 2.0 * rng.f32()).collect();
+        let w: Vec<f32> = (0..d).map(|_| 1.0 + 0.5 * rng.f32()).collect();
+        let inv: Vec<f32> = (0..pairs.max(1)).map(|i| 0.9f32.powi(i as i32)).collect();
+        let pos: Vec<i32> = (0..n).map(|_| rng.below(4096) as i32).collect();
+        let (eps, ms) = (1e-6f32, 0.75f32);
+        let mut want = vec![0f64; x.len()];
+        for (ri, (row, out)) in x.chunks_exact(d).zip(want.chunks_exact_mut(d)).enumerate() {
+            let ss: f64 = row.iter().map(|&v| v as f64 * v as f64).sum();
+            let r = match norm {
+                0 => 1.0,
+                _ => 1.0 / (ss / d as f64 + eps as f64).sqrt(),
+            };
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = row[i] as f64 * r * if norm == 2 { w[i] as f64 } else { 1.0 };
+            }
+            let tail = d - 2 * pairs;
+            let p = pos[ri / heads] as f32;
+            for j in 0..pairs {
+                let ang = (p * inv[j]) as f64;
+                let (c, sn) = (ang.cos() * ms as f64, ang.sin() * ms as f64);
+                let sn = if inverse == 1 { -sn } else { sn };
+                let (a, b) = (out[tail + 2 * j], out[tail + 2 * j + 1]);
+                out[tail + 2 * j] = a * c - b * sn;
+                out[tail + 2 * j + 1] = b * c + a * sn;
+            }
+        }
+        let bx = g.buf(&f32_bytes(&x));
+        let bo = if in_place { bx } else { g.zeros(x.len() * 4) };
+        let (bw, binv) = (g.buf(&f32_bytes(&w)), g.buf(&f32_bytes(&inv)));
+        let pos_bytes: Vec<u8> = pos.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bpos = g.buf(&pos_bytes);
+        let mut prm = OpParams::default();
+        prm.f[0] = eps;
+        prm.f[1] = ms;
+        prm.i[0] = norm;
+        prm.i[1] = pairs as i64;
+        prm.i[2] = inverse;
+        let before = g.counters();
+        g.op_with(
+            ops::NORM_ROPE,
+            prm,
+            &[
+                f32_t(bx, [d, heads, n]),
+                f32_t(bw, [d, 1, 1]),
+                f32_t(binv, [pairs, 1, 1]),
+                t(bpos, 0, types::I32, 0, [n as u64, 1, 1, 1]),
+                f32_t(bo, [d, heads, n]),
+            ],
+        );
+        let launches = device_launches(&before, &g.counters(), "ds4_norm_rope");
+        let e = rel(&g.read_f32(bo, 0, x.len()), &want);
+        let ok = e <= 1e-5 && launches == 1;
+        all &= ok;
+        println!(
+            "d {d:>4}, {heads} heads, {n} tokens, norm {norm}, {pairs:>2} pairs, inverse {inverse}, in place {in_place:>5}: {e:.2e} {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        json.push(format!(
+            "{{\"test\":\"norm_rope\",\"d\":{d},\"heads\":{heads},\"n\":{n},\"norm\":{norm},\"pairs\":{pairs},\"inverse\":{inverse},\"err\":{e:e},\"ok\":{ok}}}"
+        ));
+        let mut bufs = vec![bx, bw, binv, bpos];
+        if !in_place {
+            bufs.push(bo);
+        }
+        for b in bufs {
+            into_result((g.be.free)(b)).unwrap();
+        }
+    }
+    all
+}
+
 /// NORM_MATMUL (ABI 1.8) of ROCmFP4 weights for one token (`matvec_fp4_runs_q8_norm`,
 /// launched once, its sum of squares taken in another order) against NORM_ROPE, then
 /// MATMUL, on the same random inputs: that pair within 1e-5 of the largest output of an
@@ -1755,7 +1854,8 @@ fn norm_matmul(g: &Gpu, rng: &mut Rng, json: &mut Vec<String>) -> bool {
     // MOE_GPU_NORM_MM=0 the two launches are what must run.
     FORCE_FP4_MMA.store(1, Ordering::Relaxed);
     let on = |v: &str| std::env::var_os(v).is_none_or(|v| v != "0");
-    let want_launches = (on("MOE_GPU_FP4_RUNS") && on("MOE_GPU_NORM_MM")) as u64;
+    // (`MOE_GPU_FP4_B2=1` does not fuse the norm either)
+    let want_launches = (on("MOE_GPU_FP4_RUNS") && on("MOE_GPU_NORM_MM") && !fp4_b2()) as u64;
     for (k, m) in [(1024usize, 32768usize), (2048, 4096), (8192, 4096)] {
         let (w, wv) = random_dense(rng, 100, m, k);
         let x: Vec<f32> = (0..k).map(|_| 3.0 * rng.f32()).collect();
@@ -4079,6 +4179,7 @@ fn main() {
         all_ok &= hc_xq(&g, &mut rng, &mut json);
         all_ok &= hc_route(&g, &mut rng, &mut json);
         all_ok &= router_mm(&g, &mut rng, &mut json);
+        all_ok &= norm_rope(&g, &mut rng, &mut json);
         all_ok &= norm_matmul(&g, &mut rng, &mut json);
         all_ok &= attention_decode(&g, &mut rng, &mut json);
         all_ok &= attention_prefill(&g, &mut rng, &mut json);

@@ -311,14 +311,17 @@ fn pdl_graph_only() -> bool {
 /// (the same values); `MOE_GPU_IDX_SPLIT=trunc` has the indexer's tensor-core scores
 /// split their f32 operands into TF32 parts by truncation (three instructions, as
 /// `ds4_attention_tc` does) instead of `cvt.rna` (within 2^-20 of each value instead of
-/// 2^-22: other bits, so possibly other rows at the top-k's ties).
+/// 2^-22: other bits, so possibly other rows at the top-k's ties);
+/// `MOE_GPU_NORM_ROPE=row` has `ds4_norm_rope` ask for a row of up to 1024 values at
+/// once instead of taking it in its general loop, one L2 round trip an iteration (the
+/// same bits).
 ///
 /// The seven from `MOE_GPU_MMW_ISSUE` to `MOE_GPU_POLICY` are on by default since 2026-12-05 (H200, with `MOE_GPU_PDL_EARLY=graph`:
 /// depth-0 decode 182.8 / 183.1 / 179.0 tok/s against 173.5 / 176.1 / 171.6 in the same
 /// runs, prefill ~1% lower, the fixtures' digits unchanged); `=0` turns each off (A/B runs).
 fn ab_defines(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
     // (variable, the value that switches it on, the define, on when the variable is unset)
-    const SWITCHES: [(&str, &str, &str, bool); 15] = [
+    const SWITCHES: [(&str, &str, &str, bool); 16] = [
         ("MOE_GPU_PLAIN_I2F", "1", "-DGPU_PLAIN_I2F=1", false),
         ("MOE_GPU_MMQ_NARROW", "0", "-DMMQ_NARROW_OFF=1", false),
         (
@@ -344,6 +347,7 @@ fn ab_defines(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
             false,
         ),
         ("MOE_GPU_IDX_SPLIT", "trunc", "-DIXM_SPLIT_TRUNC=1", false),
+        ("MOE_GPU_NORM_ROPE", "row", "-DNR_ROW=1", false),
     ];
     let mut d: Vec<&str> = SWITCHES
         .iter()

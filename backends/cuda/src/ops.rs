@@ -20,7 +20,7 @@ pub use moe_gpu_common::ds4::{
 };
 use moe_gpu_common::ops::{self as plan, bytes_of, check_placement, Launch};
 pub use moe_gpu_common::ops::{
-    id_nosort, FORCE_FP4_MMA, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
+    fp4_b2, id_nosort, FORCE_FP4_MMA, FORCE_Q8_DECODE, FP2_AFFINE, FP2_TWO_SCALE, OP_MATMUL_ID,
     TYPE_Q2_0_ROCMFP2,
 };
 use moe_plugin_api::{ops, OpParams, TensorRef};
