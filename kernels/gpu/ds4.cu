@@ -85,7 +85,7 @@ GPU_DEV void ds4_rotate(float& a, float& b, float pos, float f, float mscale, in
 // values (interleaved pairs) of each d-row. x and out are [n][heads][d] (may alias).
 // grid = (heads, n), block = 128.
 #define DS4_NR_THREADS 128
-// NR_ROW (a compile option, opt-in until measured: MOE_GPU_NORM_ROPE=row): rows up to
+// ONE_TRIP (a compile option, opt-in until measured: MOE_GPU_ONE_TRIP=1): rows up to
 // this many values take ds4_norm_rope_row, for a decode step's one-block norms (q_a's
 // 1024 values, a head's 512), which sit on the layer's critical path.
 #define DS4_NR_ROW_MAX 1024
@@ -146,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(DS4_NR_THREADS)
     gpu_count_launch(counters, KID_DS4_NORM_ROPE);
     __shared__ float sh[32];
     const long long base = ((long long)blockIdx.y * heads + blockIdx.x) * d;
-#if defined(NR_ROW)
+#if defined(ONE_TRIP)
     if (d <= DS4_NR_ROW_MAX) {
         const float p = n_pairs ? (float)pos[blockIdx.y] : 0.0f;
         ds4_norm_rope_row(x, w, norm, eps, d, inv_freq, n_pairs, mscale, inverse, p, base, out,
@@ -458,9 +458,28 @@ extern "C" __global__ void __launch_bounds__(DS4_HC_THREADS)
 
 // The MoE's output: sum_j w[t][j] * y[t*k + j] (+ shared[t]), value i of token t. One
 // definition for ds4_moe_combine and the mHC post that takes the MoE's outputs.
+// ONE_TRIP: up to DS4_COMBINE_BATCH experts, every weight and value is asked for before
+// the first product (the loop of runtime length leaves its loads in groups, one round
+// trip each, on the mHC site's critical path); the same products in the same order.
+#define DS4_COMBINE_BATCH 8
 GPU_DEV float ds4_combine(const float* __restrict__ y, const float* __restrict__ w,
                           const float* __restrict__ shared, int d, int k, int t, int i) {
     float acc = 0.0f;
+#if defined(ONE_TRIP)
+    if (k <= DS4_COMBINE_BATCH) {
+        float wv[DS4_COMBINE_BATCH], yv[DS4_COMBINE_BATCH];
+#pragma unroll
+        for (int j = 0; j < DS4_COMBINE_BATCH; ++j) {
+            wv[j] = j < k ? w[(long long)t * k + j] : 0.0f;
+            yv[j] = j < k ? y[((long long)t * k + j) * d + i] : 0.0f;
+        }
+        const float sh = shared ? shared[(long long)t * d + i] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < DS4_COMBINE_BATCH; ++j)
+            if (j < k) acc = fmaf(wv[j], yv[j], acc);
+        return shared ? acc + sh : acc;
+    }
+#endif
     for (int j = 0; j < k; ++j)
         acc = fmaf(w[(long long)t * k + j], y[((long long)t * k + j) * d + i], acc);
     if (shared) acc += shared[(long long)t * d + i];
@@ -2363,6 +2382,10 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
                   int window, int ratio, int mode, int k_sel, int cap, float scale,
                   float* __restrict__ out, int nw, const float* __restrict__ inv_freq,
                   int n_pairs, float eps, float mscale, int store, unsigned int* counters) {
+#if defined(ONE_TRIP)
+    // (a weight: asked for before the dependent-launch wait, not after the warps' merge)
+    const float sink_w = sinks[blockIdx.x];
+#endif
     gpu_count_launch(counters, KID_DS4_ATTENTION);
     __shared__ float wm[DS4_ATT_MAX_WARPS], wl[DS4_ATT_MAX_WARPS];
     __shared__ float wacc[DS4_ATT_MAX_WARPS * DS4_HEAD_MAX];
@@ -2462,7 +2485,11 @@ extern "C" __global__ void __launch_bounds__(32 * DS4_ATT_MAX_WARPS)
 #pragma unroll
     for (int j = 0; j < DS4_HEAD_MAX / 32; ++j) wacc[warp * DS4_HEAD_MAX + j * 32 + lane] = acc[j];
     __syncthreads();
+#if defined(ONE_TRIP)
+    const float sink = sink_w;
+#else
     const float sink = sinks[h];
+#endif
     float mx = sink;
     for (int w = 0; w < nw; ++w) mx = fmaxf(mx, wm[w]);
     float den = expf(sink - mx);

@@ -96,8 +96,9 @@ def test_drafted_passes_give_decode_logits(tmp_path, name):
     """Passes of a token plus drafts, some made up and dropped after (the slot goes back
     into the pass: its window and compressor rings restored), give every position the
     logits of token-by-token decoding on the CPU backend: bit for bit on tiny_release;
-    on the others within 1e-5, the gap a batched prefill has too (some multi-token ops
-    sum in another order; a ring row restored wrong moves logits by ~1-10), with the
+    on the others within 5e-5, the order of the gap a batched prefill has too (some
+    multi-token ops sum in another order: both gaps reached 1.0 - 1.1e-5 on some fresh
+    tokens of tiny_odd; a ring row restored wrong moves logits by ~1-10), with the
     same greedy token everywhere. Fresh random tokens; 40 positions cross several
     compressor windows and wrap the sliding window (5 - 16 rows here) many times."""
     import json
@@ -115,7 +116,7 @@ def test_drafted_passes_give_decode_logits(tmp_path, name):
     if name == "tiny_release":
         assert gap == 0, (tokens, gap)
     prefill_gap = np.abs(logits(model, tokens, "prefill") - decode).max()
-    assert gap <= 1e-5, (tokens, gap, prefill_gap)
+    assert gap <= 5e-5, (tokens, gap, prefill_gap)
     assert (drafted.argmax(axis=1) == decode.argmax(axis=1)).all(), tokens
 
 

@@ -312,9 +312,12 @@ fn pdl_graph_only() -> bool {
 /// split their f32 operands into TF32 parts by truncation (three instructions, as
 /// `ds4_attention_tc` does) instead of `cvt.rna` (within 2^-20 of each value instead of
 /// 2^-22: other bits, so possibly other rows at the top-k's ties);
-/// `MOE_GPU_NORM_ROPE=row` has `ds4_norm_rope` ask for a row of up to 1024 values at
-/// once instead of taking it in its general loop, one L2 round trip an iteration (the
-/// same bits).
+/// `MOE_GPU_ONE_TRIP=1` has three decode-path loads leave in one L2 round trip where
+/// they took several (the same bits): `ds4_norm_rope` asks for a row of up to 1024
+/// values at once instead of one iteration of its general loop at a time, the MoE
+/// output's combine in the mHC site asks for its up to 8 experts' values before the
+/// first product, and `ds4_attention` asks for its head's sink before its
+/// dependent-launch wait instead of after its warps' merge.
 ///
 /// The seven from `MOE_GPU_MMW_ISSUE` to `MOE_GPU_POLICY` are on by default since 2026-12-05 (H200, with `MOE_GPU_PDL_EARLY=graph`:
 /// depth-0 decode 182.8 / 183.1 / 179.0 tok/s against 173.5 / 176.1 / 171.6 in the same
@@ -347,7 +350,7 @@ fn ab_defines(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
             false,
         ),
         ("MOE_GPU_IDX_SPLIT", "trunc", "-DIXM_SPLIT_TRUNC=1", false),
-        ("MOE_GPU_NORM_ROPE", "row", "-DNR_ROW=1", false),
+        ("MOE_GPU_ONE_TRIP", "1", "-DONE_TRIP=1", false),
     ];
     let mut d: Vec<&str> = SWITCHES
         .iter()
