@@ -90,6 +90,24 @@ GPU_DEV void ds4_rotate(float& a, float& b, float pos, float f, float mscale, in
 // 1024 values, a head's 512), which sit on the layer's critical path.
 #define DS4_NR_ROW_MAX 1024
 
+// Pair (2i, 2i + 1) of a ds4_norm_rope row: times r (and w where norm == 2), rotated
+// where it lies in the trailing 2 n_pairs values (tail = d - 2 n_pairs), stored in row.
+GPU_DEV void ds4_nr_pair(float a, float b, int i, int norm, float r, const float* __restrict__ w,
+                         int tail, float p, const float* __restrict__ inv_freq, float mscale,
+                         int inverse, float* row) {
+    if (norm) {
+        a *= r;
+        b *= r;
+        if (norm == 2) {
+            a = w[2 * i] * a;
+            b = w[2 * i + 1] * b;
+        }
+    }
+    if (2 * i >= tail) ds4_rotate(a, b, p, inv_freq[(2 * i - tail) / 2], mscale, inverse);
+    row[2 * i] = a;
+    row[2 * i + 1] = b;
+}
+
 // One row of ds4_norm_rope with every load asked for at once: a thread's values of the
 // sum (those of the loop below: t, t + 128, ..; the same sum in the same order) and its
 // pairs (t, t + 128, ..), where the loop's stores (x and out may alias) keep each of
@@ -123,19 +141,8 @@ GPU_DEV void ds4_norm_rope_row(const float* x, const float* __restrict__ w, int 
 #pragma unroll
     for (int j = 0; j < NP; ++j) {
         const int i = t + T * j;
-        if (2 * i >= d) continue;
-        float aj = a[j], bj = b[j];
-        if (norm) {
-            aj *= r;
-            bj *= r;
-            if (norm == 2) {
-                aj = w[2 * i] * aj;
-                bj = w[2 * i + 1] * bj;
-            }
-        }
-        if (2 * i >= tail) ds4_rotate(aj, bj, p, inv_freq[(2 * i - tail) / 2], mscale, inverse);
-        out[base + 2 * i] = aj;
-        out[base + 2 * i + 1] = bj;
+        if (2 * i < d) ds4_nr_pair(a[j], b[j], i, norm, r, w, tail, p, inv_freq, mscale, inverse,
+                                   out + base);
     }
 }
 
@@ -163,20 +170,9 @@ extern "C" __global__ void __launch_bounds__(DS4_NR_THREADS)
     }
     const int tail = d - 2 * n_pairs;
     const float p = n_pairs ? (float)pos[blockIdx.y] : 0.0f;
-    for (int i = threadIdx.x; 2 * i < d; i += 128) {
-        float a = x[base + 2 * i], b = x[base + 2 * i + 1];
-        if (norm) {
-            a *= r;
-            b *= r;
-            if (norm == 2) {
-                a = w[2 * i] * a;
-                b = w[2 * i + 1] * b;
-            }
-        }
-        if (2 * i >= tail) ds4_rotate(a, b, p, inv_freq[(2 * i - tail) / 2], mscale, inverse);
-        out[base + 2 * i] = a;
-        out[base + 2 * i + 1] = b;
-    }
+    for (int i = threadIdx.x; 2 * i < d; i += 128)
+        ds4_nr_pair(x[base + 2 * i], x[base + 2 * i + 1], i, norm, r, w, tail, p, inv_freq, mscale,
+                    inverse, out + base);
 }
 
 // Divides each row (ROWS = 1) or column (ROWS = 0) of the HC x HC matrix c by its
